@@ -1,0 +1,2081 @@
+//! The kernel archive: every compiled kernel image of one GPU arch in one file.
+//!
+//! The compile driver (`python/compile.py`) leaves a directory of `<id>.json` metadata files and
+//! `.cubin`/`.hsaco` images. [`pack_dir`] turns that directory into one archive per arch (e.g.
+//! `aotriton-sm_90.images`); the runtime opens it with [`Archive::open`] (or [`Archive::parse`]
+//! on embedded bytes), looks a functional up with [`Archive::find`] and decompresses only the
+//! functionals it actually launches with [`Archive::load_images`].
+//!
+//! # Byte layout (format version 1, all integers little-endian)
+//!
+//! ```text
+//! offset  size  field
+//! 0       8     magic  b"AOTRIMG\0"
+//! 8       4     u32    format version (1)
+//! 12      4     u32    index length L
+//! 16      4     u32    CRC32 of the index bytes
+//! 20      L     index  UTF-8 JSON (below)
+//! 20+L    P     payload: one xz stream per functional, back to back, in index order
+//! ```
+//!
+//! The file ends exactly at `20 + L + P`, where `P` is the index's `payload_size`.
+//!
+//! The index:
+//!
+//! ```text
+//! { "format_version": 1, "arch": "sm_90", "triton_version": "3.6.0",
+//!   "target": {...as in the manifest...}, "payload_size": P,
+//!   "functionals": [
+//!     { "family": "attn_fwd", "axes": {"causal": "false", "dtype": "fp16", "head_dim": "64"},
+//!       "offset": 0,                 // of the xz stream, relative to the payload start
+//!       "compressed_size": C, "uncompressed_size": U,
+//!       "crc32": X,                  // of the C compressed bytes
+//!       "kernels": [
+//!         { "id": ..., "symbol": ..., "variant": ..., "config": {"BLOCK_M": 128, ...},
+//!           "args": [{"name": "Q", "type": "*fp16", "divisibility": 16}, ...],
+//!           "shared": ..., "num_warps": ..., "warp_size": ..., "num_ctas": ...,
+//!           "global_scratch_size": ..., "global_scratch_align": ...,
+//!           "profile_scratch_size": ..., "profile_scratch_align": ...,
+//!           "image_offset": O, "image_size": S,   // inside the U decompressed bytes
+//!           "image_crc32": Y } ] } ] }
+//! ```
+//!
+//! A functional is (family, functional axes); its xz stream is the concatenation of its
+//! kernels' images, so one functional decompresses independently of all others. Functionals are
+//! sorted by (family, axes) and kernels by id, streams and images are laid out contiguously in
+//! that order, and the writer is deterministic, so rebuilding from the same inputs gives a
+//! byte-identical file. The reader insists on exactly that layout, so any inconsistency in an
+//! index is reported instead of being half-trusted.
+//!
+//! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
+//! script includes it by path to pack images at build time, so the same code writes and reads the
+//! format. Nothing here panics on bad input; every problem is an [`ArchiveError`].
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use liblzma::stream::{Action, Check, Filters, LzmaOptions, Status, Stream};
+use serde_json::{Map, Value, json};
+
+/// First eight bytes of every archive.
+pub const MAGIC: [u8; 8] = *b"AOTRIMG\0";
+/// The format version this code writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// magic + version + index length + index CRC.
+const HEADER_LEN: usize = 20;
+/// xz preset used for every functional's stream.
+const XZ_PRESET: u32 = 9;
+/// Largest dictionary the writer uses (that of preset 9). The writer shrinks the dictionary to
+/// the blob size, as `xz` does for files of known size, so decoding small blobs stays cheap.
+const MAX_DICT_SIZE: u32 = 64 << 20;
+/// liblzma's smallest allowed dictionary.
+const MIN_DICT_SIZE: u32 = 4096;
+/// Decoder memory limit: enough for the largest dictionary the writer produces plus decoder
+/// state, so a corrupt or hostile stream header cannot make the decoder allocate without bound.
+const DECODER_MEMLIMIT: u64 = 128 << 20;
+
+/// Anything wrong with an archive or with the packer's input. `file` names the file at fault,
+/// `problem` says what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveError {
+    pub file: String,
+    pub problem: String,
+}
+
+impl ArchiveError {
+    fn new(file: impl Into<String>, problem: impl Into<String>) -> ArchiveError {
+        ArchiveError {
+            file: file.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ArchiveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel archive {}: {}", self.file, self.problem)
+    }
+}
+
+impl std::error::Error for ArchiveError {}
+
+/// One kernel argument as Triton compiled it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelArg {
+    pub name: String,
+    /// Triton type string: `*fp16`, `fp32`, `i32`, ...
+    pub ty: String,
+    pub divisibility: u32,
+}
+
+/// Everything the runtime needs to launch one compiled kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelMeta {
+    pub id: String,
+    pub symbol: String,
+    pub variant: String,
+    /// BLOCK_M, BLOCK_N, num_warps, num_stages.
+    pub config: BTreeMap<String, i64>,
+    pub args: Vec<KernelArg>,
+    pub shared: u32,
+    pub num_warps: u32,
+    pub warp_size: u32,
+    pub num_ctas: u32,
+    pub global_scratch_size: u32,
+    pub global_scratch_align: u32,
+    pub profile_scratch_size: u32,
+    pub profile_scratch_align: u32,
+}
+
+/// Where one kernel's image sits inside its functional's decompressed blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ImageSlot {
+    offset: u64,
+    size: u64,
+    crc32: u32,
+}
+
+/// A kernel family at fixed functional axes, with all its compiled kernels (configs × variants).
+#[derive(Debug, Clone)]
+pub struct Functional {
+    pub family: String,
+    /// Canonical text of each axis value (see [`canonical_axis_value`]).
+    pub axes: BTreeMap<String, String>,
+    pub kernels: Vec<KernelMeta>,
+    /// Offset of the xz stream, relative to the payload start.
+    offset: u64,
+    compressed_size: u64,
+    uncompressed_size: u64,
+    crc32: u32,
+    /// One per kernel, same order.
+    images: Vec<ImageSlot>,
+}
+
+impl Functional {
+    /// `family{axis=value,...}`, for messages and listings.
+    pub fn display_name(&self) -> String {
+        functional_name(&self.family, &self.axes)
+    }
+    /// Size of this functional's xz stream.
+    pub fn compressed_size(&self) -> u64 {
+        self.compressed_size
+    }
+    /// Total size of its kernels' images.
+    pub fn uncompressed_size(&self) -> u64 {
+        self.uncompressed_size
+    }
+    /// Size of the image of `kernels[kernel]`, if there is such a kernel.
+    pub fn image_size(&self, kernel: usize) -> Option<u64> {
+        self.images.get(kernel).map(|s| s.size)
+    }
+}
+
+fn functional_name(family: &str, axes: &BTreeMap<String, String>) -> String {
+    let inner: Vec<String> = axes.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!("{family}{{{}}}", inner.join(","))
+}
+
+/// Canonical text of a JSON scalar axis value: bools as `true`/`false`, integers in decimal,
+/// strings as they are. Anything else (floats, null, arrays, objects) has none. The writer and
+/// the runtime's lookup-key builder both go through this, so their keys always agree.
+pub fn canonical_axis_value(v: &Value) -> Option<String> {
+    match v {
+        Value::Bool(b) => Some(b.to_string()),
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Some(i.to_string())
+            } else {
+                n.as_u64().map(|u| u.to_string())
+            }
+        }
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------------------------
+
+/// An opened archive: the raw bytes plus the checked index. Images stay compressed until
+/// [`Archive::load_images`] asks for them.
+pub struct Archive {
+    name: String,
+    bytes: Cow<'static, [u8]>,
+    payload_start: usize,
+    arch: String,
+    triton_version: String,
+    target: Value,
+    functionals: Vec<Functional>,
+}
+
+impl fmt::Debug for Archive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Archive")
+            .field("name", &self.name)
+            .field("bytes", &self.bytes.len())
+            .field("arch", &self.arch)
+            .field("triton_version", &self.triton_version)
+            .field("functionals", &self.functionals.len())
+            .finish()
+    }
+}
+
+impl Archive {
+    /// Checks the header (magic, version, length, index CRC) and the whole index (schema and
+    /// layout). Payload CRCs are checked later, per functional, by [`Archive::load_images`].
+    pub fn parse(name: &str, bytes: Cow<'static, [u8]>) -> Result<Archive, ArchiveError> {
+        let err = |problem: String| ArchiveError::new(name, problem);
+        let len = bytes.len();
+
+        // Magic first, even on a short file: a short file that starts like an archive is
+        // truncated, anything else is not an archive at all.
+        let magic_len = len.min(MAGIC.len());
+        if bytes[..magic_len] != MAGIC[..magic_len] {
+            return Err(err("bad magic (not an aotriton archive)".into()));
+        }
+        // The version is checked before the rest of the header, so a future format with a
+        // different header still gets the clearer message.
+        if let Some(version) = read_u32(&bytes, 8) {
+            if version > FORMAT_VERSION {
+                return Err(err(format!(
+                    "format version {version} is newer than this runtime reads ({FORMAT_VERSION})"
+                )));
+            }
+            if version == 0 {
+                return Err(err("format version 0 is not valid".into()));
+            }
+        }
+        let (Some(index_len), Some(index_crc)) = (read_u32(&bytes, 12), read_u32(&bytes, 16))
+        else {
+            return Err(err(format!(
+                "truncated: expected at least {HEADER_LEN} bytes, file has {len}"
+            )));
+        };
+        let payload_start = HEADER_LEN
+            .checked_add(index_len as usize)
+            .ok_or_else(|| err(format!("index length {index_len} is impossible")))?;
+        let Some(index_bytes) = bytes.get(HEADER_LEN..payload_start) else {
+            return Err(err(format!(
+                "truncated: expected at least {payload_start} bytes, file has {len}"
+            )));
+        };
+        let computed = crc32fast::hash(index_bytes);
+        if computed != index_crc {
+            return Err(err(format!(
+                "index checksum mismatch (stored {index_crc:#010x}, computed {computed:#010x})"
+            )));
+        }
+        let index: Value = serde_json::from_slice(index_bytes)
+            .map_err(|e| err(format!("index is not valid JSON: {e}")))?;
+        let parsed = parse_index(&index).map_err(|p| err(format!("index: {p}")))?;
+
+        let expected = (payload_start as u64).checked_add(parsed.payload_size);
+        match expected {
+            Some(expected) if expected == len as u64 => {}
+            Some(expected) if expected > len as u64 => {
+                return Err(err(format!(
+                    "truncated: expected {expected} bytes, file has {len}"
+                )));
+            }
+            Some(expected) => {
+                return Err(err(format!(
+                    "trailing garbage: expected {expected} bytes, file has {len}"
+                )));
+            }
+            None => {
+                return Err(err(format!(
+                    "index: payload_size {} is impossible",
+                    parsed.payload_size
+                )));
+            }
+        }
+
+        Ok(Archive {
+            name: name.to_string(),
+            bytes,
+            payload_start,
+            arch: parsed.arch,
+            triton_version: parsed.triton_version,
+            target: parsed.target,
+            functionals: parsed.functionals,
+        })
+    }
+
+    /// Reads and parses the archive at `path`; its name in errors is the path.
+    pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
+        let name = path.display().to_string();
+        let bytes = std::fs::read(path)
+            .map_err(|e| ArchiveError::new(&name, format!("cannot read: {e}")))?;
+        Archive::parse(&name, Cow::Owned(bytes))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn triton_version(&self) -> &str {
+        &self.triton_version
+    }
+    /// The compile target as the manifest gave it (`backend`, `arch`, `warp_size`).
+    pub fn target(&self) -> &Value {
+        &self.target
+    }
+    /// Sorted by (family, axes).
+    pub fn functionals(&self) -> &[Functional] {
+        &self.functionals
+    }
+
+    /// Index of the functional of `family` whose axes equal `axes` exactly (same keys, same
+    /// canonical values). A query naming one key twice matches nothing.
+    pub fn find(&self, family: &str, axes: &[(&str, &str)]) -> Option<usize> {
+        let mut query: Vec<(&str, &str)> = axes.to_vec();
+        query.sort_unstable();
+        if query.windows(2).any(|w| w[0].0 == w[1].0) {
+            return None;
+        }
+        // The parser checked the functionals are strictly sorted by (family, axes); comparing a
+        // BTreeMap's (key, value) sequence lexicographically is exactly BTreeMap's own order.
+        self.functionals
+            .binary_search_by(|f| {
+                f.family.as_str().cmp(family).then_with(|| {
+                    f.axes
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .cmp(query.iter().copied())
+                })
+            })
+            .ok()
+    }
+
+    /// Decompresses functional `index`, verifies blob and per-image CRCs, returns one image per
+    /// kernel in `functionals()[index].kernels` order.
+    pub fn load_images(&self, index: usize) -> Result<Vec<Vec<u8>>, ArchiveError> {
+        let err = |problem: String| ArchiveError::new(&self.name, problem);
+        let f = self.functionals.get(index).ok_or_else(|| {
+            err(format!(
+                "no functional {index} (archive has {})",
+                self.functionals.len()
+            ))
+        })?;
+        let fname = f.display_name();
+        // Offsets were checked against the file length by `parse`; stay defensive anyway.
+        let compressed = (self.payload_start as u64)
+            .checked_add(f.offset)
+            .and_then(|start| Some((start, start.checked_add(f.compressed_size)?)))
+            .and_then(|(s, e)| {
+                self.bytes
+                    .get(usize::try_from(s).ok()?..usize::try_from(e).ok()?)
+            })
+            .ok_or_else(|| err(format!("functional {fname} lies outside the file")))?;
+        let computed = crc32fast::hash(compressed);
+        if computed != f.crc32 {
+            return Err(err(format!(
+                "checksum mismatch in functional {fname} (stored {:#010x}, computed {computed:#010x})",
+                f.crc32
+            )));
+        }
+        let blob = decompress(compressed, f.uncompressed_size)
+            .map_err(|p| err(format!("decompression failed for functional {fname}: {p}")))?;
+
+        let mut images = Vec::with_capacity(f.kernels.len());
+        for (kernel, slot) in f.kernels.iter().zip(&f.images) {
+            let image = usize::try_from(slot.offset)
+                .ok()
+                .and_then(|s| Some(s..s.checked_add(usize::try_from(slot.size).ok()?)?))
+                .and_then(|r| blob.get(r))
+                .ok_or_else(|| {
+                    err(format!(
+                        "image of kernel {} lies outside its functional",
+                        kernel.id
+                    ))
+                })?;
+            let computed = crc32fast::hash(image);
+            if computed != slot.crc32 {
+                return Err(err(format!(
+                    "image checksum mismatch for kernel {} (stored {:#010x}, computed {computed:#010x})",
+                    kernel.id, slot.crc32
+                )));
+            }
+            images.push(image.to_vec());
+        }
+        Ok(images)
+    }
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let b: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+/// Decompresses one xz stream that must yield exactly `expected` bytes and use all its input.
+/// Returns the problem as text; the caller adds which functional it was.
+fn decompress(input: &[u8], expected: u64) -> Result<Vec<u8>, String> {
+    let expected = usize::try_from(expected).map_err(|_| format!("size {expected} too large"))?;
+    // Room for one byte more than expected, so an oversized stream shows up as such instead of
+    // as "no progress".
+    let capacity = expected.checked_add(1).ok_or("size too large")?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(capacity)
+        .map_err(|e| format!("cannot allocate {expected} bytes: {e}"))?;
+    // No CONCATENATED flag: one functional is exactly one stream.
+    let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
+    loop {
+        let consumed = usize::try_from(stream.total_in()).map_err(|e| e.to_string())?;
+        let rest = input.get(consumed..).ok_or("decoder overran its input")?;
+        let before = (consumed, out.len());
+        let status = stream
+            .process_vec(rest, &mut out, Action::Finish)
+            .map_err(|e| e.to_string())?;
+        if out.len() > expected {
+            return Err(format!(
+                "stream decompresses to more than the {expected} bytes in the index"
+            ));
+        }
+        if status == Status::StreamEnd {
+            break;
+        }
+        let after = (
+            usize::try_from(stream.total_in()).map_err(|e| e.to_string())?,
+            out.len(),
+        );
+        if after == before {
+            return Err("compressed stream ends early".into());
+        }
+    }
+    if stream.total_in() != input.len() as u64 {
+        return Err(format!(
+            "{} bytes after the end of the compressed stream",
+            input.len() as u64 - stream.total_in().min(input.len() as u64)
+        ));
+    }
+    if out.len() != expected {
+        return Err(format!(
+            "decompressed to {} bytes, but the index says {expected}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Compresses one functional's blob as a single xz stream, preset 9, with the dictionary
+/// shrunk to the input size (this changes no output byte, only the memory both sides need).
+fn compress(input: &[u8]) -> Result<Vec<u8>, String> {
+    let mut opts = LzmaOptions::new_preset(XZ_PRESET).map_err(|e| e.to_string())?;
+    let dict = u32::try_from(input.len())
+        .unwrap_or(u32::MAX)
+        .clamp(MIN_DICT_SIZE, MAX_DICT_SIZE);
+    opts.dict_size(dict);
+    let mut filters = Filters::new();
+    filters.lzma2(&opts);
+    let mut stream =
+        Stream::new_stream_encoder(&filters, Check::Crc64).map_err(|e| e.to_string())?;
+    let mut out: Vec<u8> = Vec::with_capacity(input.len() / 2 + 4096);
+    loop {
+        let consumed = usize::try_from(stream.total_in()).map_err(|e| e.to_string())?;
+        let rest = input.get(consumed..).ok_or("encoder overran its input")?;
+        if out.len() == out.capacity() {
+            out.reserve(out.capacity().max(4096));
+        }
+        match stream
+            .process_vec(rest, &mut out, Action::Finish)
+            .map_err(|e| e.to_string())?
+        {
+            Status::StreamEnd => return Ok(out),
+            _ => continue,
+        }
+    }
+}
+
+struct ParsedIndex {
+    arch: String,
+    triton_version: String,
+    target: Value,
+    payload_size: u64,
+    functionals: Vec<Functional>,
+}
+
+// Field accessors for the index and the packer's JSON. Each returns the problem as text,
+// naming the field; callers add where the object is.
+
+fn field<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Value, String> {
+    obj.get(key).ok_or_else(|| format!("missing field `{key}`"))
+}
+fn get_obj<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Map<String, Value>, String> {
+    field(obj, key)?
+        .as_object()
+        .ok_or_else(|| format!("field `{key}` must be an object"))
+}
+fn get_arr<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a Vec<Value>, String> {
+    field(obj, key)?
+        .as_array()
+        .ok_or_else(|| format!("field `{key}` must be an array"))
+}
+fn get_str(obj: &Map<String, Value>, key: &str) -> Result<String, String> {
+    field(obj, key)?
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("field `{key}` must be a string"))
+}
+fn get_u64(obj: &Map<String, Value>, key: &str) -> Result<u64, String> {
+    field(obj, key)?
+        .as_u64()
+        .ok_or_else(|| format!("field `{key}` must be a non-negative integer"))
+}
+fn get_u32(obj: &Map<String, Value>, key: &str) -> Result<u32, String> {
+    field(obj, key)?
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| format!("field `{key}` must be an unsigned 32-bit integer"))
+}
+fn as_obj<'a>(v: &'a Value, what: &str) -> Result<&'a Map<String, Value>, String> {
+    v.as_object()
+        .ok_or_else(|| format!("{what} must be an object"))
+}
+
+/// The per-kernel metadata fields shared by the index and the compile driver's `<id>.json`.
+fn kernel_meta_from_json(k: &Map<String, Value>) -> Result<KernelMeta, String> {
+    let mut config = BTreeMap::new();
+    for (key, v) in get_obj(k, "config")? {
+        let v = v
+            .as_i64()
+            .ok_or_else(|| format!("config `{key}` must be an integer"))?;
+        config.insert(key.clone(), v);
+    }
+    let mut args = Vec::new();
+    for (i, a) in get_arr(k, "args")?.iter().enumerate() {
+        let a = as_obj(a, &format!("args[{i}]"))?;
+        let arg = (|| -> Result<KernelArg, String> {
+            Ok(KernelArg {
+                name: get_str(a, "name")?,
+                ty: get_str(a, "type")?,
+                divisibility: get_u32(a, "divisibility")?,
+            })
+        })()
+        .map_err(|p| format!("args[{i}]: {p}"))?;
+        args.push(arg);
+    }
+    Ok(KernelMeta {
+        id: get_str(k, "id")?,
+        symbol: get_str(k, "symbol")?,
+        variant: get_str(k, "variant")?,
+        config,
+        args,
+        shared: get_u32(k, "shared")?,
+        num_warps: get_u32(k, "num_warps")?,
+        warp_size: get_u32(k, "warp_size")?,
+        num_ctas: get_u32(k, "num_ctas")?,
+        global_scratch_size: get_u32(k, "global_scratch_size")?,
+        global_scratch_align: get_u32(k, "global_scratch_align")?,
+        profile_scratch_size: get_u32(k, "profile_scratch_size")?,
+        profile_scratch_align: get_u32(k, "profile_scratch_align")?,
+    })
+}
+
+fn kernel_meta_to_json(m: &KernelMeta) -> Map<String, Value> {
+    let args: Vec<Value> = m
+        .args
+        .iter()
+        .map(|a| json!({"name": a.name, "type": a.ty, "divisibility": a.divisibility}))
+        .collect();
+    let mut k = Map::new();
+    k.insert("id".into(), json!(m.id));
+    k.insert("symbol".into(), json!(m.symbol));
+    k.insert("variant".into(), json!(m.variant));
+    k.insert("config".into(), json!(m.config));
+    k.insert("args".into(), Value::Array(args));
+    k.insert("shared".into(), json!(m.shared));
+    k.insert("num_warps".into(), json!(m.num_warps));
+    k.insert("warp_size".into(), json!(m.warp_size));
+    k.insert("num_ctas".into(), json!(m.num_ctas));
+    k.insert("global_scratch_size".into(), json!(m.global_scratch_size));
+    k.insert("global_scratch_align".into(), json!(m.global_scratch_align));
+    k.insert("profile_scratch_size".into(), json!(m.profile_scratch_size));
+    k.insert(
+        "profile_scratch_align".into(),
+        json!(m.profile_scratch_align),
+    );
+    k
+}
+
+/// Checks the index schema and layout. Errors are relative to the index ("missing field ...").
+fn parse_index(index: &Value) -> Result<ParsedIndex, String> {
+    let top = as_obj(index, "the index")?;
+    let version = get_u64(top, "format_version")?;
+    if version != FORMAT_VERSION as u64 {
+        return Err(format!(
+            "format_version {version} differs from the header's {FORMAT_VERSION}"
+        ));
+    }
+    let arch = get_str(top, "arch")?;
+    let triton_version = get_str(top, "triton_version")?;
+    let target = get_obj(top, "target")?.clone();
+    let payload_size = get_u64(top, "payload_size")?;
+
+    let mut functionals: Vec<Functional> = Vec::new();
+    let mut ids = BTreeSet::new();
+    // Streams must follow each other with no gap or overlap, and fill the payload exactly.
+    let mut next_offset = 0u64;
+    for (fi, fv) in get_arr(top, "functionals")?.iter().enumerate() {
+        let at = |p: String| format!("functionals[{fi}]: {p}");
+        let fo = as_obj(fv, "functional").map_err(at)?;
+        let family = get_str(fo, "family").map_err(at)?;
+        let mut axes = BTreeMap::new();
+        for (k, v) in get_obj(fo, "axes").map_err(at)? {
+            let v = v
+                .as_str()
+                .ok_or_else(|| at(format!("axis `{k}` must be a string")))?;
+            axes.insert(k.clone(), v.to_string());
+        }
+        let name = functional_name(&family, &axes);
+        let at = |p: String| format!("functional {name}: {p}");
+        let offset = get_u64(fo, "offset").map_err(at)?;
+        let compressed_size = get_u64(fo, "compressed_size").map_err(at)?;
+        let uncompressed_size = get_u64(fo, "uncompressed_size").map_err(at)?;
+        let crc32 = get_u32(fo, "crc32").map_err(at)?;
+        if offset != next_offset {
+            return Err(at(format!(
+                "offset {offset} should be {next_offset} (streams are contiguous)"
+            )));
+        }
+        next_offset = offset
+            .checked_add(compressed_size)
+            .filter(|end| *end <= payload_size)
+            .ok_or_else(|| {
+                at(format!(
+                    "compressed bytes run past payload_size {payload_size}"
+                ))
+            })?;
+        if let Some(prev) = functionals.last()
+            && (prev.family.as_str(), &prev.axes) >= (family.as_str(), &axes)
+        {
+            return Err(at(format!(
+                "out of order or duplicate after {} (functionals are sorted)",
+                prev.display_name()
+            )));
+        }
+
+        let mut kernels = Vec::new();
+        let mut images = Vec::new();
+        let mut next_image = 0u64;
+        for (ki, kv) in get_arr(fo, "kernels").map_err(at)?.iter().enumerate() {
+            let at = |p: String| at(format!("kernels[{ki}]: {p}"));
+            let ko = as_obj(kv, "kernel").map_err(at)?;
+            let meta = kernel_meta_from_json(ko).map_err(at)?;
+            let slot = ImageSlot {
+                offset: get_u64(ko, "image_offset").map_err(at)?,
+                size: get_u64(ko, "image_size").map_err(at)?,
+                crc32: get_u32(ko, "image_crc32").map_err(at)?,
+            };
+            if slot.offset != next_image {
+                return Err(at(format!(
+                    "image_offset {} should be {next_image} (images are contiguous)",
+                    slot.offset
+                )));
+            }
+            next_image = next_image
+                .checked_add(slot.size)
+                .filter(|end| *end <= uncompressed_size)
+                .ok_or_else(|| {
+                    at(format!(
+                        "image runs past uncompressed_size {uncompressed_size}"
+                    ))
+                })?;
+            if let Some(prev) = kernels.last().map(|k: &KernelMeta| &k.id)
+                && *prev >= meta.id
+            {
+                return Err(at(format!(
+                    "kernel {} is out of order after {prev} (kernels are sorted by id)",
+                    meta.id
+                )));
+            }
+            if !ids.insert(meta.id.clone()) {
+                return Err(at(format!("duplicate kernel id {}", meta.id)));
+            }
+            kernels.push(meta);
+            images.push(slot);
+        }
+        if next_image != uncompressed_size {
+            return Err(at(format!(
+                "images cover {next_image} bytes but uncompressed_size is {uncompressed_size}"
+            )));
+        }
+        functionals.push(Functional {
+            family,
+            axes,
+            kernels,
+            offset,
+            compressed_size,
+            uncompressed_size,
+            crc32,
+            images,
+        });
+    }
+    if next_offset != payload_size {
+        return Err(format!(
+            "functionals cover {next_offset} bytes but payload_size is {payload_size}"
+        ));
+    }
+    Ok(ParsedIndex {
+        arch,
+        triton_version,
+        target: Value::Object(target),
+        payload_size,
+        functionals,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+// ---------------------------------------------------------------------------------------------
+
+/// (family, axes).
+type FunctionalKey = (String, BTreeMap<String, String>);
+
+/// Collects kernels and writes an archive. Output depends only on what was added, not on the
+/// order it was added in.
+pub struct ArchiveWriter {
+    arch: String,
+    triton_version: String,
+    target: Value,
+    /// (family, axes) → id → (meta, image). BTreeMaps give the archive's sort order for free.
+    functionals: BTreeMap<FunctionalKey, BTreeMap<String, (KernelMeta, Vec<u8>)>>,
+}
+
+impl ArchiveWriter {
+    pub fn new(arch: &str, triton_version: &str, target: Value) -> Self {
+        ArchiveWriter {
+            arch: arch.to_string(),
+            triton_version: triton_version.to_string(),
+            target,
+            functionals: BTreeMap::new(),
+        }
+    }
+
+    fn err_name(&self) -> String {
+        format!("(new archive for {})", self.arch)
+    }
+
+    /// Adds one kernel of functional (`family`, `axes`). Kernel ids are unique in an archive.
+    pub fn add(
+        &mut self,
+        family: &str,
+        axes: &[(&str, &str)],
+        meta: KernelMeta,
+        image: Vec<u8>,
+    ) -> Result<(), ArchiveError> {
+        let err = |p: String| ArchiveError::new(self.err_name(), p);
+        let mut axis_map = BTreeMap::new();
+        for (k, v) in axes {
+            if axis_map.insert(k.to_string(), v.to_string()).is_some() {
+                return Err(err(format!("kernel {}: axis `{k}` given twice", meta.id)));
+            }
+        }
+        if self
+            .functionals
+            .values()
+            .any(|ks| ks.contains_key(&meta.id))
+        {
+            return Err(err(format!("duplicate kernel id {}", meta.id)));
+        }
+        self.functionals
+            .entry((family.to_string(), axis_map))
+            .or_default()
+            .insert(meta.id.clone(), (meta, image));
+        Ok(())
+    }
+
+    /// The complete archive file.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ArchiveError> {
+        let err = |p: String| ArchiveError::new(self.err_name(), p);
+        // The reader requires an object; refuse to write what could not be read back.
+        if !self.target.is_object() {
+            return Err(err(format!(
+                "target must be a JSON object, not {}",
+                self.target
+            )));
+        }
+
+        // Compression dominates packing time and each functional is independent, so compress
+        // them on all cores; the result is the same whatever the thread count.
+        let blobs: Vec<Vec<u8>> = self
+            .functionals
+            .values()
+            .map(|ks| {
+                ks.values()
+                    .flat_map(|(_, image)| image.iter().copied())
+                    .collect()
+            })
+            .collect();
+        let compressed = parallel_map(&blobs, |b| compress(b)).map_err(err)?;
+
+        let mut entries = Vec::new();
+        let mut offset = 0u64;
+        for (((family, axes), kernels), (blob, packed)) in
+            self.functionals.iter().zip(blobs.iter().zip(&compressed))
+        {
+            let packed = packed.as_ref().map_err(|e| {
+                err(format!(
+                    "compressing {}: {e}",
+                    functional_name(family, axes)
+                ))
+            })?;
+            let mut kentries = Vec::new();
+            let mut image_offset = 0u64;
+            for (meta, image) in kernels.values() {
+                let mut k = kernel_meta_to_json(meta);
+                k.insert("image_offset".into(), json!(image_offset));
+                k.insert("image_size".into(), json!(image.len() as u64));
+                k.insert("image_crc32".into(), json!(crc32fast::hash(image)));
+                image_offset += image.len() as u64;
+                kentries.push(Value::Object(k));
+            }
+            entries.push(json!({
+                "family": family,
+                "axes": axes,
+                "offset": offset,
+                "compressed_size": packed.len() as u64,
+                "uncompressed_size": blob.len() as u64,
+                "crc32": crc32fast::hash(packed),
+                "kernels": kentries,
+            }));
+            offset += packed.len() as u64;
+        }
+        let index = json!({
+            "format_version": FORMAT_VERSION,
+            "arch": self.arch,
+            "triton_version": self.triton_version,
+            "target": self.target,
+            "payload_size": offset,
+            "functionals": entries,
+        });
+        let index =
+            serde_json::to_vec(&index).map_err(|e| err(format!("cannot encode index: {e}")))?;
+        let index_len = u32::try_from(index.len()).map_err(|_| {
+            err(format!(
+                "index of {} bytes does not fit the header",
+                index.len()
+            ))
+        })?;
+
+        let mut out = Vec::with_capacity(HEADER_LEN + index.len() + offset as usize);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&index_len.to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&index).to_le_bytes());
+        out.extend_from_slice(&index);
+        for packed in compressed.iter().flatten() {
+            out.extend_from_slice(packed);
+        }
+        Ok(out)
+    }
+
+    /// Writes the archive to `path` atomically: a temporary file beside it, then a rename, so a
+    /// reader (or an interrupted build) never sees a half-written archive.
+    pub fn write(&self, path: &Path) -> Result<(), ArchiveError> {
+        let bytes = self
+            .to_bytes()
+            .map_err(|e| ArchiveError::new(path.display().to_string(), e.problem))?;
+        write_atomic(path, &bytes)
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ArchiveError> {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+    let err = |p: String| ArchiveError::new(path.display().to_string(), p);
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| err("output path has no file name".into()))?
+        .to_string_lossy();
+    // Unique per process and per call, so concurrent writers never share a temporary.
+    let tmp_name = format!(
+        ".{file_name}.tmp-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(err(format!("cannot write: {e}")));
+    }
+    Ok(())
+}
+
+/// `f` over `items` on up to all cores, results in input order.
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> R + Sync,
+) -> Result<Vec<R>, String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len())
+        .max(1);
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        done.push((i, f(item)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        for w in workers {
+            let done = w
+                .join()
+                .map_err(|_| "compression thread panicked".to_string())?;
+            for (i, r) in done {
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = Some(r);
+                }
+            }
+        }
+        Ok::<(), String>(())
+    })?;
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| "missing compression result".to_string()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing a compile-driver output directory
+// ---------------------------------------------------------------------------------------------
+
+/// What [`pack_dir`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackSummary {
+    pub arch: String,
+    pub functionals: usize,
+    pub kernels: usize,
+    /// Total size of the images.
+    pub raw_bytes: u64,
+    /// Size of the archive file.
+    pub archive_bytes: u64,
+}
+
+/// The packer: reads a compile-driver output dir and writes its archive. Checks every kernel's
+/// arch and triton_version equal the manifest's, that files exist, and that fields have the
+/// right types; errors name the file.
+pub fn pack_dir(kernel_dir: &Path, out: &Path) -> Result<PackSummary, ArchiveError> {
+    let manifest_path = kernel_dir.join("manifest.json");
+    let manifest = read_json(&manifest_path)?;
+    let merr = |p: String| ArchiveError::new(manifest_path.display().to_string(), p);
+    let m = as_obj(&manifest, "the manifest").map_err(merr)?;
+    let arch = get_str(m, "arch").map_err(merr)?;
+    let triton_version = get_str(m, "triton_version").map_err(merr)?;
+    let target = get_obj(m, "target").map_err(merr)?.clone();
+    let listed = get_arr(m, "kernels").map_err(merr)?;
+    if listed.is_empty() {
+        return Err(merr("lists no kernels".into()));
+    }
+
+    let mut writer = ArchiveWriter::new(&arch, &triton_version, Value::Object(target));
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    let mut raw_bytes = 0u64;
+    for (i, entry) in listed.iter().enumerate() {
+        let rel = entry.as_str().ok_or_else(|| {
+            merr(format!(
+                "kernels[{i}] must be a string (a kernel JSON file name)"
+            ))
+        })?;
+        let json_path = kernel_dir.join(rel);
+        let kerr = |p: String| ArchiveError::new(json_path.display().to_string(), p);
+        let kv = read_json(&json_path)?;
+        let k = as_obj(&kv, "a kernel file").map_err(kerr)?;
+
+        let meta = kernel_meta_from_json(k).map_err(kerr)?;
+        let family = get_str(k, "family").map_err(kerr)?;
+        for (key, want) in [("arch", &arch), ("triton_version", &triton_version)] {
+            let got = get_str(k, key).map_err(kerr)?;
+            if &got != want {
+                return Err(kerr(format!(
+                    "{key} is {got:?} but the manifest says {want:?}"
+                )));
+            }
+        }
+        // Not stored (they are fixed by the axes and the config and compiled into the image),
+        // but a kernel file without them is malformed.
+        get_obj(k, "constexprs").map_err(kerr)?;
+        let mut axes = Vec::new();
+        for (key, v) in get_obj(k, "functional").map_err(kerr)? {
+            let v = canonical_axis_value(v).ok_or_else(|| {
+                kerr(format!(
+                    "functional axis `{key}` must be a bool, integer or string, not {v}"
+                ))
+            })?;
+            axes.push((key.clone(), v));
+        }
+        let image_name = get_str(k, "image").map_err(kerr)?;
+        // Images sit beside their JSON.
+        let image_path = json_path.parent().unwrap_or(kernel_dir).join(&image_name);
+        let image = std::fs::read(&image_path).map_err(|e| {
+            kerr(format!(
+                "cannot read image file {}: {e}",
+                image_path.display()
+            ))
+        })?;
+        if image.is_empty() {
+            return Err(kerr(format!(
+                "image file {} is empty",
+                image_path.display()
+            )));
+        }
+        if let Some(first) = seen.get(&meta.id) {
+            return Err(kerr(format!(
+                "duplicate kernel id {} (also in {})",
+                meta.id,
+                first.display()
+            )));
+        }
+        seen.insert(meta.id.clone(), json_path.clone());
+        raw_bytes += image.len() as u64;
+        let axes_ref: Vec<(&str, &str)> =
+            axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        writer
+            .add(&family, &axes_ref, meta, image)
+            .map_err(|e| kerr(e.problem))?;
+    }
+
+    writer.write(out)?;
+    let archive_bytes = std::fs::metadata(out)
+        .map_err(|e| ArchiveError::new(out.display().to_string(), format!("cannot stat: {e}")))?
+        .len();
+    Ok(PackSummary {
+        arch,
+        functionals: writer.functionals.len(),
+        kernels: seen.len(),
+        raw_bytes,
+        archive_bytes,
+    })
+}
+
+fn read_json(path: &Path) -> Result<Value, ArchiveError> {
+    let err = |p: String| ArchiveError::new(path.display().to_string(), p);
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    serde_json::from_slice(&bytes).map_err(|e| err(format!("not valid JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            static COUNTER: AtomicU64 = AtomicU64::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "aotriton-archive-test-{}-{tag}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            TempDir(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Random-ish bytes with some repetition, like a real image: compressible, but not trivially.
+    fn fake_image(seed: &str, len: usize) -> Vec<u8> {
+        let mut x = crc32fast::hash(seed.as_bytes()) as u64 | 1;
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x.is_multiple_of(4) {
+                out.extend_from_slice(b"\x7fELF.nv.shared.attn_fwd");
+            } else {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        out.truncate(len);
+        out
+    }
+
+    struct Spec {
+        family: &'static str,
+        dtype: &'static str,
+        head_dim: i64,
+        causal: bool,
+        cfg: (i64, i64, i64, i64),
+        variant: &'static str,
+    }
+
+    impl Spec {
+        fn id(&self) -> String {
+            let (m, n, w, s) = self.cfg;
+            format!(
+                "{}-{}-hd{}-causal{}-m{m}n{n}w{w}s{s}-{}",
+                self.family, self.dtype, self.head_dim, self.causal as u8, self.variant
+            )
+        }
+        fn json(&self, arch: &str) -> Value {
+            let (m, n, w, s) = self.cfg;
+            let id = self.id();
+            json!({
+                "id": id,
+                "family": self.family,
+                "functional": {"dtype": self.dtype, "head_dim": self.head_dim, "causal": self.causal},
+                "config": {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s},
+                "variant": self.variant,
+                "arch": arch,
+                "triton_version": "3.6.0",
+                "symbol": self.family,
+                "image": format!("{id}.cubin"),
+                "args": [{"name": "Q", "type": format!("*{}", self.dtype), "divisibility": 16},
+                         {"name": "sm_scale", "type": "fp32", "divisibility": 1}],
+                "constexprs": {"HEAD_DIM": self.head_dim, "BLOCK_M": m, "BLOCK_N": n, "CAUSAL": self.causal},
+                "shared": 1024 * m, "num_warps": w, "warp_size": 32, "num_ctas": 1,
+                "global_scratch_size": 0, "global_scratch_align": 1,
+                "profile_scratch_size": 0, "profile_scratch_align": 1
+            })
+        }
+        fn image(&self) -> Vec<u8> {
+            let id = self.id();
+            fake_image(&id, 2000 + (crc32fast::hash(id.as_bytes()) % 3000) as usize)
+        }
+    }
+
+    /// 3 functionals, 9 kernels.
+    fn specs() -> Vec<Spec> {
+        let mut v = Vec::new();
+        for (head_dim, causal) in [(64, false), (128, true)] {
+            for cfg in [(128, 64, 4, 2), (64, 64, 4, 3)] {
+                for variant in ["aligned", "unaligned"] {
+                    v.push(Spec {
+                        family: "attn_fwd",
+                        dtype: "fp16",
+                        head_dim,
+                        causal,
+                        cfg,
+                        variant,
+                    });
+                }
+            }
+        }
+        v.push(Spec {
+            family: "attn_bwd",
+            dtype: "bf16",
+            head_dim: 64,
+            causal: false,
+            cfg: (64, 64, 8, 1),
+            variant: "aligned",
+        });
+        v
+    }
+
+    /// Writes a compile-driver output dir for `specs`, returns the kernel JSON values by id.
+    fn write_dir(dir: &Path, specs: &[Spec]) -> BTreeMap<String, Value> {
+        let mut listed = Vec::new();
+        let mut by_id = BTreeMap::new();
+        // Listed in reverse so the packer's sorting is exercised.
+        for s in specs.iter().rev() {
+            let id = s.id();
+            let j = s.json("sm_90");
+            std::fs::write(
+                dir.join(format!("{id}.json")),
+                serde_json::to_vec_pretty(&j).unwrap(),
+            )
+            .unwrap();
+            std::fs::write(dir.join(format!("{id}.cubin")), s.image()).unwrap();
+            listed.push(format!("{id}.json"));
+            by_id.insert(id, j);
+        }
+        let manifest = json!({
+            "arch": "sm_90", "triton_version": "3.6.0",
+            "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+            "kernels": listed,
+        });
+        std::fs::write(
+            dir.join("manifest.json"),
+            serde_json::to_vec_pretty(&manifest).unwrap(),
+        )
+        .unwrap();
+        by_id
+    }
+
+    /// Packs the standard specs; returns (temp dir guard, archive path).
+    fn packed(tag: &str) -> (TempDir, PathBuf) {
+        let t = TempDir::new(tag);
+        let kdir = t.0.join("kernels");
+        std::fs::create_dir(&kdir).unwrap();
+        write_dir(&kdir, &specs());
+        let out = t.0.join("aotriton-sm_90.images");
+        pack_dir(&kdir, &out).unwrap();
+        (t, out)
+    }
+
+    fn archive_bytes(tag: &str) -> Vec<u8> {
+        let (_t, out) = packed(tag);
+        std::fs::read(out).unwrap()
+    }
+
+    fn parse(bytes: Vec<u8>) -> Result<Archive, ArchiveError> {
+        Archive::parse("test.images", Cow::Owned(bytes))
+    }
+
+    /// Parsing must fail with a problem containing `want`, naming the file.
+    fn parse_err(bytes: Vec<u8>, want: &str) -> ArchiveError {
+        let e = parse(bytes).expect_err("parse should fail");
+        assert_eq!(e.file, "test.images");
+        assert!(
+            e.problem.contains(want),
+            "problem {:?} should contain {want:?}",
+            e.problem
+        );
+        e
+    }
+
+    fn index_len(bytes: &[u8]) -> usize {
+        read_u32(bytes, 12).unwrap() as usize
+    }
+
+    /// Replaces the index with `index` (any bytes) and a matching length and CRC.
+    fn with_raw_index(bytes: &[u8], index: &[u8]) -> Vec<u8> {
+        let payload = &bytes[HEADER_LEN + index_len(bytes)..];
+        let mut out = bytes[..8].to_vec();
+        out.extend_from_slice(&bytes[8..12]);
+        out.extend_from_slice(&(index.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(index).to_le_bytes());
+        out.extend_from_slice(index);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Edits the index JSON, keeping the header consistent, so only the edit is wrong.
+    fn with_index(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+        let mut index: Value =
+            serde_json::from_slice(&bytes[HEADER_LEN..HEADER_LEN + index_len(bytes)]).unwrap();
+        edit(&mut index);
+        with_raw_index(bytes, &serde_json::to_vec(&index).unwrap())
+    }
+
+    fn fwd_axes(head_dim: &'static str, causal: &'static str) -> [(&'static str, &'static str); 3] {
+        [
+            ("dtype", "fp16"),
+            ("head_dim", head_dim),
+            ("causal", causal),
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        let t = TempDir::new("roundtrip");
+        let specs = specs();
+        let jsons = write_dir(&t.0, &specs);
+        let out = t.0.join("aotriton-sm_90.images");
+        let summary = pack_dir(&t.0, &out).unwrap();
+        let raw: u64 = specs.iter().map(|s| s.image().len() as u64).sum();
+        assert_eq!(
+            summary,
+            PackSummary {
+                arch: "sm_90".into(),
+                functionals: 3,
+                kernels: 9,
+                raw_bytes: raw,
+                archive_bytes: std::fs::metadata(&out).unwrap().len(),
+            }
+        );
+
+        let a = Archive::open(&out).unwrap();
+        assert_eq!(a.name(), out.display().to_string());
+        assert_eq!(a.arch(), "sm_90");
+        assert_eq!(a.triton_version(), "3.6.0");
+        assert_eq!(
+            a.target(),
+            &json!({"backend": "cuda", "arch": 90, "warp_size": 32})
+        );
+        assert_eq!(a.functionals().len(), 3);
+        // Sorted by (family, axes).
+        let names: Vec<String> = a.functionals().iter().map(|f| f.display_name()).collect();
+        assert_eq!(
+            names,
+            [
+                "attn_bwd{causal=false,dtype=bf16,head_dim=64}",
+                "attn_fwd{causal=false,dtype=fp16,head_dim=64}",
+                "attn_fwd{causal=true,dtype=fp16,head_dim=128}",
+            ]
+        );
+
+        for s in &specs {
+            let (hd, causal) = (s.head_dim.to_string(), s.causal.to_string());
+            let axes = [
+                ("dtype", s.dtype),
+                ("head_dim", hd.as_str()),
+                ("causal", causal.as_str()),
+            ];
+            let fi = a.find(s.family, &axes).expect("functional found");
+            let f = &a.functionals()[fi];
+            let ki = f
+                .kernels
+                .iter()
+                .position(|k| k.id == s.id())
+                .expect("kernel present");
+            let images = a.load_images(fi).unwrap();
+            assert_eq!(images.len(), f.kernels.len());
+            assert_eq!(images[ki], s.image());
+            assert_eq!(f.image_size(ki), Some(s.image().len() as u64));
+
+            let j = jsons[&s.id()].as_object().unwrap();
+            let want = kernel_meta_from_json(j).unwrap();
+            assert_eq!(f.kernels[ki], want);
+            let k = &f.kernels[ki];
+            assert_eq!(k.config["BLOCK_M"], s.cfg.0);
+            assert_eq!(k.config["num_stages"], s.cfg.3);
+            assert_eq!(k.shared as i64, 1024 * s.cfg.0);
+            assert_eq!(k.variant, s.variant);
+            assert_eq!(k.symbol, s.family);
+            assert_eq!(
+                k.args[0],
+                KernelArg {
+                    name: "Q".into(),
+                    ty: format!("*{}", s.dtype),
+                    divisibility: 16
+                }
+            );
+        }
+        // Kernels sorted by id within a functional.
+        for f in a.functionals() {
+            assert!(f.kernels.windows(2).all(|w| w[0].id < w[1].id));
+        }
+    }
+
+    #[test]
+    fn find_requires_exact_axes() {
+        let (_t, out) = packed("find");
+        let a = Archive::open(&out).unwrap();
+        assert!(a.find("attn_fwd", &fwd_axes("64", "false")).is_some());
+        // Order of the query does not matter.
+        assert_eq!(
+            a.find(
+                "attn_fwd",
+                &[("causal", "false"), ("head_dim", "64"), ("dtype", "fp16")]
+            ),
+            a.find("attn_fwd", &fwd_axes("64", "false"))
+        );
+        assert_eq!(a.find("attn_fwd", &fwd_axes("64", "true")), None);
+        assert_eq!(a.find("attn_fwd", &fwd_axes("96", "false")), None);
+        assert_eq!(a.find("attn_bwd", &fwd_axes("64", "false")), None);
+        assert_eq!(a.find("nope", &fwd_axes("64", "false")), None);
+        // Missing key, extra key, repeated key.
+        assert_eq!(
+            a.find("attn_fwd", &[("dtype", "fp16"), ("head_dim", "64")]),
+            None
+        );
+        let mut extra = fwd_axes("64", "false").to_vec();
+        extra.push(("dropout", "false"));
+        assert_eq!(a.find("attn_fwd", &extra), None);
+        assert_eq!(
+            a.find(
+                "attn_fwd",
+                &[("dtype", "fp16"), ("head_dim", "64"), ("head_dim", "64")]
+            ),
+            None
+        );
+        // Non-canonical spelling does not match.
+        assert_eq!(a.find("attn_fwd", &fwd_axes("64", "False")), None);
+        assert_eq!(a.find("attn_fwd", &fwd_axes("064", "false")), None);
+    }
+
+    #[test]
+    fn canonical_axis_values() {
+        assert_eq!(canonical_axis_value(&json!(true)).as_deref(), Some("true"));
+        assert_eq!(
+            canonical_axis_value(&json!(false)).as_deref(),
+            Some("false")
+        );
+        assert_eq!(canonical_axis_value(&json!(64)).as_deref(), Some("64"));
+        assert_eq!(canonical_axis_value(&json!(-3)).as_deref(), Some("-3"));
+        assert_eq!(
+            canonical_axis_value(&json!(u64::MAX)),
+            Some(u64::MAX.to_string())
+        );
+        assert_eq!(
+            canonical_axis_value(&json!("fp16")).as_deref(),
+            Some("fp16")
+        );
+        assert_eq!(canonical_axis_value(&json!(1.5)), None);
+        assert_eq!(canonical_axis_value(&Value::Null), None);
+        assert_eq!(canonical_axis_value(&json!([1])), None);
+        assert_eq!(canonical_axis_value(&json!({"a": 1})), None);
+    }
+
+    #[test]
+    fn packing_is_deterministic() {
+        let a = archive_bytes("det-a");
+        let b = archive_bytes("det-b");
+        assert!(a == b, "two packs of the same input differ");
+
+        // Insertion order into the writer does not matter either.
+        let build = |rev: bool| {
+            let mut w = ArchiveWriter::new("sm_90", "3.6.0", json!({"backend": "cuda"}));
+            let mut specs = specs();
+            if rev {
+                specs.reverse();
+            }
+            for s in &specs {
+                let meta = kernel_meta_from_json(s.json("sm_90").as_object().unwrap()).unwrap();
+                let (hd, causal) = (s.head_dim.to_string(), s.causal.to_string());
+                let axes = [
+                    ("dtype", s.dtype),
+                    ("head_dim", hd.as_str()),
+                    ("causal", causal.as_str()),
+                ];
+                w.add(s.family, &axes, meta, s.image()).unwrap();
+            }
+            w.to_bytes().unwrap()
+        };
+        assert!(build(false) == build(true));
+    }
+
+    #[test]
+    fn corrupt_functional_does_not_affect_others() {
+        let bytes = archive_bytes("lazy");
+        let a = parse(bytes.clone()).unwrap();
+        let b_index = a.find("attn_fwd", &fwd_axes("128", "true")).unwrap();
+        let f = &a.functionals()[b_index];
+        let at = a.payload_start + f.offset as usize + f.compressed_size as usize / 2;
+        let mut bad = bytes;
+        bad[at] ^= 0x40;
+        let a = parse(bad).expect("the index is intact, so parse succeeds");
+        for (i, f) in a.functionals().iter().enumerate() {
+            if i == b_index {
+                let e = a.load_images(i).unwrap_err();
+                assert_eq!(e.file, "test.images");
+                assert!(
+                    e.problem.starts_with(
+                        "checksum mismatch in functional attn_fwd{causal=true,dtype=fp16,head_dim=128}"
+                    ),
+                    "{e}"
+                );
+            } else {
+                assert_eq!(a.load_images(i).unwrap().len(), f.kernels.len());
+            }
+        }
+        assert!(a.load_images(99).is_err());
+    }
+
+    #[test]
+    fn bad_magic() {
+        let mut bytes = archive_bytes("magic");
+        bytes[0] = b'X';
+        let e = parse_err(bytes, "bad magic (not an aotriton archive)");
+        assert_eq!(
+            e.to_string(),
+            "kernel archive test.images: bad magic (not an aotriton archive)"
+        );
+        parse_err(b"hello".to_vec(), "bad magic");
+        parse_err(
+            b"\x7fELF\x02\x01\x01\0 some other file entirely".to_vec(),
+            "bad magic",
+        );
+    }
+
+    #[test]
+    fn newer_format_version() {
+        let mut bytes = archive_bytes("version");
+        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        parse_err(
+            bytes.clone(),
+            "format version 7 is newer than this runtime reads (1)",
+        );
+        // Even when the rest of the header is missing.
+        parse_err(bytes[..12].to_vec(), "format version 7 is newer");
+        bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
+        parse_err(bytes, "format version 0 is not valid");
+    }
+
+    #[test]
+    fn truncated() {
+        let bytes = archive_bytes("trunc");
+        let payload_start = HEADER_LEN + index_len(&bytes);
+        let len = bytes.len();
+        let cuts = [
+            0,
+            3,
+            8,
+            12,
+            19,
+            20,
+            21,
+            HEADER_LEN + index_len(&bytes) / 2,
+            payload_start - 1,
+            payload_start,
+            payload_start + 1,
+            (payload_start + len) / 2,
+            len - 1,
+        ];
+        for cut in cuts {
+            let e = parse_err(bytes[..cut].to_vec(), "truncated: expected ");
+            assert!(
+                e.problem.ends_with(&format!("file has {cut}")),
+                "cut {cut}: {e}"
+            );
+            if cut < HEADER_LEN {
+                assert!(e.problem.contains("at least 20 bytes"), "cut {cut}: {e}");
+            } else if cut < payload_start {
+                assert!(
+                    e.problem
+                        .contains(&format!("at least {payload_start} bytes")),
+                    "{e}"
+                );
+            } else {
+                assert!(
+                    e.problem.contains(&format!("expected {len} bytes")),
+                    "cut {cut}: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_garbage() {
+        let mut bytes = archive_bytes("trailing");
+        let len = bytes.len();
+        bytes.extend_from_slice(b"junk");
+        parse_err(
+            bytes,
+            &format!(
+                "trailing garbage: expected {len} bytes, file has {}",
+                len + 4
+            ),
+        );
+    }
+
+    #[test]
+    fn flipped_index_byte() {
+        let mut bytes = archive_bytes("flip-index");
+        let at = HEADER_LEN + index_len(&bytes) / 3;
+        bytes[at] ^= 0x01;
+        parse_err(bytes.clone(), "index checksum mismatch");
+        // The stored CRC itself damaged.
+        bytes[at] ^= 0x01;
+        bytes[17] ^= 0x10;
+        parse_err(bytes, "index checksum mismatch");
+    }
+
+    #[test]
+    fn flipped_blob_byte() {
+        let bytes = archive_bytes("flip-blob");
+        let a = parse(bytes.clone()).unwrap();
+        for (i, f) in a.functionals().iter().enumerate() {
+            for at in [0, f.compressed_size as usize - 1] {
+                let mut bad = bytes.clone();
+                bad[a.payload_start + f.offset as usize + at] ^= 0x80;
+                let e = parse(bad).unwrap().load_images(i).unwrap_err();
+                let want = format!("checksum mismatch in functional {}", f.display_name());
+                assert!(e.problem.starts_with(&want), "{e}");
+                assert_eq!(e.file, "test.images");
+            }
+        }
+    }
+
+    #[test]
+    fn image_checksum_mismatch() {
+        let bytes = archive_bytes("image-crc");
+        let bad = with_index(&bytes, |v| {
+            let k = &mut v["functionals"][1]["kernels"][2];
+            k["image_crc32"] = json!(k["image_crc32"].as_u64().unwrap() ^ 1);
+        });
+        let a = parse(bad).unwrap();
+        let id = a.functionals()[1].kernels[2].id.clone();
+        assert!(a.load_images(0).is_ok());
+        let e = a.load_images(1).unwrap_err();
+        assert!(
+            e.problem
+                .starts_with(&format!("image checksum mismatch for kernel {id}")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn decompression_failure_and_size_mismatch() {
+        let bytes = archive_bytes("lzma");
+        let a = parse(bytes.clone()).unwrap();
+        let f = &a.functionals()[0];
+        let start = a.payload_start + f.offset as usize;
+        let end = start + f.compressed_size as usize;
+
+        // Damage the stream, then fix up its CRC so the damage reaches the decoder.
+        let mut bad = bytes.clone();
+        for b in &mut bad[start + 12..start + 40] {
+            *b ^= 0x5a;
+        }
+        let crc = crc32fast::hash(&bad[start..end]);
+        let bad = with_index(&bad, |v| v["functionals"][0]["crc32"] = json!(crc));
+        let e = parse(bad).unwrap().load_images(0).unwrap_err();
+        let want = format!("decompression failed for functional {}: ", f.display_name());
+        assert!(e.problem.starts_with(&want), "{e}");
+
+        // The index claims one byte more (and its last image one byte longer) than the stream holds.
+        let n = f.kernels.len() - 1;
+        let grow = |v: &mut Value, delta: i64| {
+            let fj = &mut v["functionals"][0];
+            let u = fj["uncompressed_size"].as_i64().unwrap() + delta;
+            fj["uncompressed_size"] = json!(u);
+            let s = fj["kernels"][n]["image_size"].as_i64().unwrap() + delta;
+            fj["kernels"][n]["image_size"] = json!(s);
+        };
+        for delta in [1, -1] {
+            let bad = with_index(&bytes, |v| grow(v, delta));
+            let e = parse(bad).unwrap().load_images(0).unwrap_err();
+            assert!(e.problem.starts_with(&want), "{e}");
+            assert!(e.problem.contains("bytes"), "{e}");
+        }
+    }
+
+    #[test]
+    fn invalid_json_index() {
+        let bytes = archive_bytes("json");
+        parse_err(
+            with_raw_index(&bytes, b"{\"format_version\": 1,"),
+            "index is not valid JSON: ",
+        );
+        parse_err(
+            with_raw_index(&bytes, b"\xff\xfe"),
+            "index is not valid JSON: ",
+        );
+        parse_err(with_raw_index(&bytes, b""), "index is not valid JSON: ");
+        parse_err(
+            with_raw_index(&bytes, b"[1, 2]"),
+            "the index must be an object",
+        );
+    }
+
+    #[test]
+    fn missing_or_wrong_index_fields() {
+        let bytes = archive_bytes("fields");
+        let cases: [(Edit, &str); 14] = [
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("functionals")),
+                "missing field `functionals`",
+            ),
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("arch")),
+                "missing field `arch`",
+            ),
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("triton_version")),
+                "missing field `triton_version`",
+            ),
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("payload_size")),
+                "missing field `payload_size`",
+            ),
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("target")),
+                "missing field `target`",
+            ),
+            (
+                |v| v["format_version"] = json!(2),
+                "format_version 2 differs",
+            ),
+            (|v| v["arch"] = json!(90), "field `arch` must be a string"),
+            (
+                |v| drop(v["functionals"][1].as_object_mut().unwrap().remove("crc32")),
+                "functional attn_fwd{causal=false,dtype=fp16,head_dim=64}: missing field `crc32`",
+            ),
+            (
+                |v| {
+                    drop(
+                        v["functionals"][0]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("family"),
+                    )
+                },
+                "functionals[0]: missing field `family`",
+            ),
+            (
+                |v| {
+                    drop(
+                        v["functionals"][2]["kernels"][1]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("shared"),
+                    )
+                },
+                "kernels[1]: missing field `shared`",
+            ),
+            (
+                |v| {
+                    drop(
+                        v["functionals"][2]["kernels"][0]["args"][1]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("name"),
+                    )
+                },
+                "kernels[0]: args[1]: missing field `name`",
+            ),
+            (
+                |v| v["functionals"][1]["kernels"][0]["shared"] = json!(-1),
+                "field `shared` must be an unsigned 32-bit",
+            ),
+            (
+                |v| v["functionals"][1]["kernels"][0]["config"]["BLOCK_M"] = json!("x"),
+                "config `BLOCK_M` must be an integer",
+            ),
+            (
+                |v| v["functionals"][1]["axes"]["head_dim"] = json!(64),
+                "axis `head_dim` must be a string",
+            ),
+        ];
+        for (edit, want) in cases {
+            parse_err(with_index(&bytes, edit), want);
+        }
+    }
+
+    #[test]
+    fn inconsistent_index_layout() {
+        let bytes = archive_bytes("layout");
+        let cases: [(Edit, &str); 8] = [
+            (|v| v["payload_size"] = json!(u64::MAX), "payload_size"),
+            (
+                |v| v["functionals"][1]["offset"] = json!(1u64 << 62),
+                "offset",
+            ),
+            (
+                |v| v["functionals"][2]["compressed_size"] = json!(u64::MAX),
+                "run past payload_size",
+            ),
+            (
+                |v| v["functionals"][0]["kernels"][0]["image_size"] = json!(u64::MAX),
+                "runs past uncompressed_size",
+            ),
+            (
+                |v| v["functionals"][0]["uncompressed_size"] = json!(u64::MAX),
+                "images cover",
+            ),
+            (
+                |v| {
+                    let fs = v["functionals"].as_array_mut().unwrap();
+                    fs.swap(0, 1);
+                },
+                "offset",
+            ),
+            (
+                |v| {
+                    let k = v["functionals"][1]["kernels"][0].clone();
+                    v["functionals"][2]["kernels"][0]["id"] = k["id"].clone();
+                },
+                "duplicate kernel id",
+            ),
+            (
+                |v| {
+                    let ks = v["functionals"][1]["kernels"].as_array_mut().unwrap();
+                    let id0 = ks[0]["id"].clone();
+                    ks[0]["id"] = ks[1]["id"].clone();
+                    ks[1]["id"] = id0;
+                },
+                "out of order",
+            ),
+        ];
+        for (edit, want) in cases {
+            parse_err(with_index(&bytes, edit), want);
+        }
+    }
+
+    /// Every single-bit flip anywhere in the file is caught (the CRCs cover every byte), and
+    /// every truncation is rejected, without panicking.
+    #[test]
+    fn every_flip_and_cut_is_detected() {
+        let t = TempDir::new("exhaustive");
+        let specs: Vec<Spec> = specs()
+            .into_iter()
+            .filter(|s| s.variant == "aligned")
+            .take(3)
+            .collect();
+        write_dir(&t.0, &specs);
+        let out = t.0.join("small.images");
+        pack_dir(&t.0, &out).unwrap();
+        let bytes = std::fs::read(&out).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(
+                parse(bytes[..cut].to_vec()).is_err(),
+                "cut at {cut} accepted"
+            );
+        }
+        for at in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[at] ^= 1 << (at % 8);
+            let detected = match parse(bad) {
+                Err(_) => true,
+                Ok(a) => (0..a.functionals().len()).any(|i| a.load_images(i).is_err()),
+            };
+            assert!(detected, "flip at byte {at} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn writer_rejects_duplicates() {
+        let s = &specs()[0];
+        let meta = kernel_meta_from_json(s.json("sm_90").as_object().unwrap()).unwrap();
+        let mut w = ArchiveWriter::new("sm_90", "3.6.0", json!({}));
+        w.add(
+            "attn_fwd",
+            &[("dtype", "fp16")],
+            meta.clone(),
+            vec![1, 2, 3],
+        )
+        .unwrap();
+        // Same id, even in another functional.
+        let e = w
+            .add("attn_bwd", &[("dtype", "fp16")], meta.clone(), vec![4])
+            .unwrap_err();
+        assert!(
+            e.problem
+                .contains(&format!("duplicate kernel id {}", meta.id)),
+            "{e}"
+        );
+        let mut other = meta;
+        other.id.push('x');
+        let e = w
+            .add(
+                "attn_fwd",
+                &[("dtype", "fp16"), ("dtype", "bf16")],
+                other,
+                vec![4],
+            )
+            .unwrap_err();
+        assert!(e.problem.contains("axis `dtype` given twice"), "{e}");
+    }
+
+    #[test]
+    fn writer_output_reads_back_and_writes_atomically() {
+        let t = TempDir::new("writer");
+        let mut w = ArchiveWriter::new(
+            "gfx942",
+            "3.6.0",
+            json!({"backend": "hip", "arch": "gfx942", "warp_size": 64}),
+        );
+        let s = &specs()[0];
+        let meta = kernel_meta_from_json(s.json("gfx942").as_object().unwrap()).unwrap();
+        w.add(
+            "attn_fwd",
+            &fwd_axes("64", "false"),
+            meta.clone(),
+            s.image(),
+        )
+        .unwrap();
+        let path = t.0.join("aotriton-gfx942.images");
+        w.write(&path).unwrap();
+        // Overwriting works and leaves no temporary behind.
+        w.write(&path).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&t.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [std::ffi::OsString::from("aotriton-gfx942.images")]);
+        let a = Archive::open(&path).unwrap();
+        assert_eq!(a.arch(), "gfx942");
+        assert_eq!(a.functionals()[0].kernels, [meta]);
+        assert_eq!(a.load_images(0).unwrap(), [s.image()]);
+        // An empty archive is valid too.
+        let empty = ArchiveWriter::new("sm_80", "3.6.0", json!({}))
+            .to_bytes()
+            .unwrap();
+        assert_eq!(parse(empty).unwrap().functionals().len(), 0);
+        let e = ArchiveWriter::new("sm_80", "3.6.0", json!(90))
+            .to_bytes()
+            .unwrap_err();
+        assert!(e.problem.contains("target must be a JSON object"), "{e}");
+        // A write into a missing directory names the output.
+        let bad = t.0.join("missing").join("x.images");
+        let e = w.write(&bad).unwrap_err();
+        assert_eq!(e.file, bad.display().to_string());
+    }
+
+    #[test]
+    fn open_missing_file() {
+        let path = std::env::temp_dir().join("aotriton-archive-test-does-not-exist.images");
+        let e = Archive::open(&path).unwrap_err();
+        assert_eq!(e.file, path.display().to_string());
+        assert!(e.problem.starts_with("cannot read: "), "{e}");
+    }
+
+    /// Packs `t` after `edit` changed its files; the error must name `file` and contain `want`.
+    fn pack_err(t: &TempDir, file: &Path, want: &str) {
+        let e = pack_dir(&t.0, &t.0.join("out.images")).unwrap_err();
+        assert_eq!(e.file, file.display().to_string(), "{e}");
+        assert!(
+            e.problem.contains(want),
+            "problem {:?} should contain {want:?}",
+            e.problem
+        );
+        assert!(!t.0.join("out.images").exists());
+    }
+
+    fn kernel_json_path(t: &TempDir, i: usize) -> PathBuf {
+        t.0.join(format!("{}.json", specs()[i].id()))
+    }
+
+    fn edit_json(path: &Path, edit: impl FnOnce(&mut Value)) {
+        let mut v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(path, serde_json::to_vec(&v).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn pack_missing_manifest() {
+        let t = TempDir::new("no-manifest");
+        pack_err(&t, &t.0.join("manifest.json"), "cannot read: ");
+        std::fs::write(t.0.join("manifest.json"), b"{not json").unwrap();
+        pack_err(&t, &t.0.join("manifest.json"), "not valid JSON: ");
+        std::fs::write(t.0.join("manifest.json"), br#"{"arch": "sm_90"}"#).unwrap();
+        pack_err(
+            &t,
+            &t.0.join("manifest.json"),
+            "missing field `triton_version`",
+        );
+    }
+
+    #[test]
+    fn pack_arch_or_version_mismatch() {
+        let t = TempDir::new("arch");
+        write_dir(&t.0, &specs());
+        let path = kernel_json_path(&t, 4);
+        edit_json(&path, |v| v["arch"] = json!("sm_80"));
+        pack_err(
+            &t,
+            &path,
+            "arch is \"sm_80\" but the manifest says \"sm_90\"",
+        );
+        edit_json(&path, |v| {
+            v["arch"] = json!("sm_90");
+            v["triton_version"] = json!("3.5.0");
+        });
+        pack_err(
+            &t,
+            &path,
+            "triton_version is \"3.5.0\" but the manifest says \"3.6.0\"",
+        );
+    }
+
+    #[test]
+    fn pack_missing_image() {
+        let t = TempDir::new("no-image");
+        write_dir(&t.0, &specs());
+        let s = &specs()[2];
+        let image = t.0.join(format!("{}.cubin", s.id()));
+        std::fs::remove_file(&image).unwrap();
+        pack_err(
+            &t,
+            &kernel_json_path(&t, 2),
+            &format!("cannot read image file {}", image.display()),
+        );
+        std::fs::write(&image, b"").unwrap();
+        pack_err(&t, &kernel_json_path(&t, 2), "is empty");
+    }
+
+    #[test]
+    fn pack_missing_kernel_json() {
+        let t = TempDir::new("no-json");
+        write_dir(&t.0, &specs());
+        let path = kernel_json_path(&t, 5);
+        std::fs::remove_file(&path).unwrap();
+        pack_err(&t, &path, "cannot read: ");
+    }
+
+    #[test]
+    fn pack_duplicate_id() {
+        let t = TempDir::new("dup");
+        write_dir(&t.0, &specs());
+        let first = kernel_json_path(&t, 0);
+        let second = kernel_json_path(&t, 1);
+        let id0 = specs()[0].id();
+        edit_json(&second, |v| v["id"] = json!(id0));
+        // The manifest lists kernels in reverse, so `second` (index 1) is read before `first`.
+        let e = pack_dir(&t.0, &t.0.join("out.images")).unwrap_err();
+        assert_eq!(e.file, first.display().to_string());
+        assert!(
+            e.problem.contains(&format!(
+                "duplicate kernel id {id0} (also in {})",
+                second.display()
+            )),
+            "{e}"
+        );
+    }
+
+    type Edit = fn(&mut Value);
+
+    #[test]
+    fn pack_wrong_field_types() {
+        let t = TempDir::new("types");
+        write_dir(&t.0, &specs());
+        let path = kernel_json_path(&t, 3);
+        let cases: [(Edit, &str); 6] = [
+            (
+                |v| v["shared"] = json!("65536"),
+                "field `shared` must be an unsigned 32-bit integer",
+            ),
+            (
+                |v| v["num_warps"] = json!(4.5),
+                "field `num_warps` must be an unsigned 32-bit integer",
+            ),
+            (
+                |v| v["functional"]["head_dim"] = json!(64.5),
+                "functional axis `head_dim` must be a bool, integer or string",
+            ),
+            (
+                |v| v["args"][0]["divisibility"] = json!(null),
+                "args[0]: field `divisibility`",
+            ),
+            (
+                |v| drop(v.as_object_mut().unwrap().remove("constexprs")),
+                "missing field `constexprs`",
+            ),
+            (
+                |v| v["config"] = json!([1, 2]),
+                "field `config` must be an object",
+            ),
+        ];
+        let original = std::fs::read(&path).unwrap();
+        for (edit, want) in cases {
+            std::fs::write(&path, &original).unwrap();
+            edit_json(&path, edit);
+            pack_err(&t, &path, want);
+        }
+    }
+
+    #[test]
+    fn error_display() {
+        let e = ArchiveError::new("a.images", "index checksum mismatch");
+        assert_eq!(
+            e.to_string(),
+            "kernel archive a.images: index checksum mismatch"
+        );
+        let _: &dyn std::error::Error = &e;
+    }
+}

@@ -1,0 +1,69 @@
+// Status messages and library information (include/aotriton/runtime.h).
+#include "aotriton/runtime.h"
+
+#include <string>
+
+#include "status.h"
+
+namespace aotriton {
+namespace {
+
+thread_local std::string t_last_message;
+
+}  // namespace
+
+namespace detail {
+
+Status finish(const bridge::Outcome& outcome) noexcept {
+  return fail(static_cast<Status>(outcome.code), outcome.message.c_str());
+}
+
+Status fail(Status status, const char* message) noexcept {
+  try {
+    t_last_message = status == Status::kSuccess ? "" : message;
+  } catch (...) {
+    // Out of memory while copying a message: keep the status, lose the text.
+  }
+  return status;
+}
+
+}  // namespace detail
+
+const char* last_error_message() noexcept { return t_last_message.c_str(); }
+
+const char* status_name(Status status) noexcept {
+  switch (status) {
+    case Status::kSuccess: return "kSuccess";
+    case Status::kInvalidArgument: return "kInvalidArgument";
+    case Status::kDTypeMismatch: return "kDTypeMismatch";
+    case Status::kShapeMismatch: return "kShapeMismatch";
+    case Status::kBadStrides: return "kBadStrides";
+    case Status::kUnsupportedHeadDim: return "kUnsupportedHeadDim";
+    case Status::kNullPointer: return "kNullPointer";
+    case Status::kMisalignedPointer: return "kMisalignedPointer";
+    case Status::kEmptyInput: return "kEmptyInput";
+    case Status::kUnsupportedDType: return "kUnsupportedDType";
+    case Status::kTooLarge: return "kTooLarge";
+    case Status::kUnsupportedVersion: return "kUnsupportedVersion";
+    case Status::kNoDriver: return "kNoDriver";
+    case Status::kDriverError: return "kDriverError";
+    case Status::kUnsupportedGpu: return "kUnsupportedGpu";
+    case Status::kKernelNotFound: return "kKernelNotFound";
+    case Status::kBadArchive: return "kBadArchive";
+    case Status::kInternal: return "kInternal";
+  }
+  return "unknown status";
+}
+
+const char* version() noexcept {
+  static const std::string text = [] {
+    try {
+      return std::string(bridge::version());
+    } catch (...) {
+      return std::string("unknown");
+    }
+  }();
+  return text.c_str();
+}
+
+}  // namespace aotriton
