@@ -15,7 +15,11 @@ thread_local std::string t_last_message;
 namespace detail {
 
 Status finish(const bridge::Outcome& outcome) noexcept {
-  return fail(static_cast<Status>(outcome.code), outcome.message.c_str());
+  try {
+    return fail(static_cast<Status>(outcome.code), std::string(outcome.message).c_str());
+  } catch (...) {
+    return fail(static_cast<Status>(outcome.code), "");
+  }
 }
 
 Status fail(Status status, const char* message) noexcept {

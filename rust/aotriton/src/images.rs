@@ -123,3 +123,46 @@ pub(crate) fn compiled_axis_values(family: &str, axis: &str) -> Result<Vec<Strin
     values.dedup();
     Ok(values)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::{ArchiveWriter, KernelMeta};
+
+    fn archive(arch: &str, triton: &str) -> Archive {
+        let mut writer = ArchiveWriter::new(arch, triton, serde_json::json!({"backend": "cuda", "arch": 90, "warp_size": 32}));
+        let meta = KernelMeta {
+            id: "k".into(),
+            symbol: "k".into(),
+            variant: "aligned".into(),
+            config: Default::default(),
+            args: vec![],
+            shared: 0,
+            num_warps: 4,
+            warp_size: 32,
+            num_ctas: 1,
+            global_scratch_size: 0,
+            global_scratch_align: 1,
+            profile_scratch_size: 0,
+            profile_scratch_align: 1,
+        };
+        writer.add("attn_fwd", &[("dtype", "fp16")], meta, vec![1, 2, 3]).unwrap();
+        Archive::parse("test.images", Cow::Owned(writer.to_bytes().unwrap())).unwrap()
+    }
+
+    #[test]
+    fn archives_for_another_arch_or_abi_are_refused() {
+        assert!(check_matches(&archive("sm_90", "3.6.0"), "sm_90").is_ok());
+        let err = check_matches(&archive("sm_80", "3.6.0"), "sm_90").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::BadArchive);
+        assert!(err.message().contains("test.images") && err.message().contains("sm_80"), "{err}");
+        let err = check_matches(&archive("sm_90", "3.2.0"), "sm_90").unwrap_err();
+        assert!(err.message().contains("Triton 3.2.0"), "{err}");
+    }
+
+    #[test]
+    fn an_arch_without_kernels_is_unsupported() {
+        let Err(err) = archive_for("sm_12345") else { panic!("sm_12345 has no kernels") };
+        assert_eq!(err.kind(), ErrorKind::UnsupportedGpu, "{err}");
+    }
+}

@@ -196,3 +196,224 @@ pub(crate) fn validate(p: &FwdParams) -> Result<FwdShape> {
     }
     Ok(FwdShape { batch, heads, seqlen_q, seqlen_k, head_dim })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use crate::dispatch::fitting_kernels;
+
+    const B: u64 = 2;
+    const H: u64 = 3;
+    const SQ: u64 = 17;
+    const SK: u64 = 33;
+    const D: u64 = 64;
+
+    /// A well-formed call on fake, 256-byte aligned device addresses (never dereferenced here).
+    fn valid() -> FwdParams {
+        let t = |ptr, s| TensorView::contiguous(ptr, [B, H, s, D], DType::F16);
+        FwdParams::new(
+            t(0x10000, SQ),
+            t(0x20000, SK),
+            t(0x30000, SK),
+            t(0x40000, SQ),
+            TensorView::contiguous(0x50000, [B, H, SQ], DType::F32),
+        )
+    }
+
+    #[test]
+    fn valid_params_pass_validation() {
+        let shape = validate(&valid()).unwrap();
+        assert_eq!(shape, FwdShape { batch: B, heads: H, seqlen_q: SQ, seqlen_k: SK, head_dim: D });
+    }
+
+    #[test]
+    fn every_validation_error_has_its_kind() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut FwdParams)>, ErrorKind)> = vec![
+            ("k dtype", Box::new(|p| p.k.dtype = DType::BF16), ErrorKind::DTypeMismatch),
+            ("o dtype", Box::new(|p| p.o.dtype = DType::BF16), ErrorKind::DTypeMismatch),
+            ("lse dtype", Box::new(|p| p.lse.dtype = DType::F16), ErrorKind::DTypeMismatch),
+            (
+                "fp32 inputs",
+                Box::new(|p| {
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.dtype = DType::F32;
+                    }
+                }),
+                ErrorKind::UnsupportedDType,
+            ),
+            ("v seqlen", Box::new(|p| p.v.sizes[2] = SK + 1), ErrorKind::ShapeMismatch),
+            ("k batch", Box::new(|p| p.k.sizes[0] = B + 1), ErrorKind::ShapeMismatch),
+            ("o heads", Box::new(|p| p.o.sizes[1] = H + 1), ErrorKind::ShapeMismatch),
+            ("lse seqlen", Box::new(|p| p.lse.sizes[2] = SQ + 1), ErrorKind::ShapeMismatch),
+            ("k head dim", Box::new(|p| p.k.sizes[3] = 128), ErrorKind::ShapeMismatch),
+            ("negative stride", Box::new(|p| p.k.strides[1] = -64), ErrorKind::BadStrides),
+            ("last stride", Box::new(|p| p.q.strides[3] = 2), ErrorKind::BadStrides),
+            ("lse last stride", Box::new(|p| p.lse.strides[2] = 2), ErrorKind::BadStrides),
+            (
+                "head dim 80",
+                Box::new(|p| {
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 80], t.dtype);
+                    }
+                }),
+                ErrorKind::UnsupportedHeadDim,
+            ),
+            ("q null", Box::new(|p| p.q.ptr = 0), ErrorKind::NullPointer),
+            ("lse null", Box::new(|p| p.lse.ptr = 0), ErrorKind::NullPointer),
+            ("v misaligned", Box::new(|p| p.v.ptr += 1), ErrorKind::MisalignedPointer),
+            ("lse misaligned", Box::new(|p| p.lse.ptr += 2), ErrorKind::MisalignedPointer),
+            (
+                "Sq 0",
+                Box::new(|p| {
+                    p.q.sizes[2] = 0;
+                    p.o.sizes[2] = 0;
+                    p.lse.sizes[2] = 0;
+                }),
+                ErrorKind::EmptyInput,
+            ),
+            (
+                "Sk 0",
+                Box::new(|p| {
+                    p.k.sizes[2] = 0;
+                    p.v.sizes[2] = 0;
+                }),
+                ErrorKind::EmptyInput,
+            ),
+            (
+                "batch 0",
+                Box::new(|p| {
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.sizes[0] = 0;
+                    }
+                    p.lse.sizes[0] = 0;
+                }),
+                ErrorKind::EmptyInput,
+            ),
+            ("scale NaN", Box::new(|p| p.sm_scale = f32::NAN), ErrorKind::InvalidArgument),
+            ("scale inf", Box::new(|p| p.sm_scale = f32::INFINITY), ErrorKind::InvalidArgument),
+            (
+                "heads above grid limit",
+                Box::new(|p| {
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.sizes[1] = 70_000;
+                    }
+                    p.lse.sizes[1] = 70_000;
+                }),
+                ErrorKind::TooLarge,
+            ),
+            ("row offsets overflow i32", Box::new(|p| p.k.strides[2] = 1 << 27), ErrorKind::TooLarge),
+        ];
+        for (name, mutate, want) in cases {
+            let mut p = valid();
+            mutate(&mut p);
+            let err = validate(&p).expect_err(name);
+            assert_eq!(err.kind(), want, "{name}: {err}");
+            assert!(!err.message().is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn messages_name_the_argument() {
+        let mut p = valid();
+        p.v.sizes[2] = 5;
+        assert!(validate(&p).unwrap_err().message().starts_with("v.sizes"));
+        let mut p = valid();
+        p.o.ptr = 0;
+        assert!(validate(&p).unwrap_err().message().starts_with("o:"));
+        let mut p = valid();
+        p.q.ptr = 0x10001;
+        assert!(validate(&p).unwrap_err().message().contains("0x10001"));
+    }
+
+    #[test]
+    fn non_contiguous_bshd_layout_is_accepted() {
+        // B×S×H×D memory viewed as B×H×S×D.
+        let t = |ptr, s: u64| {
+            TensorView::new(ptr, [B, H, s, D], [(s * H * D) as i64, D as i64, (H * D) as i64, 1], DType::BF16)
+        };
+        let lse = TensorView::contiguous(0x50000, [B, H, SQ], DType::F32);
+        let p = FwdParams::new(t(0x10000, SQ), t(0x20000, SK), t(0x30000, SK), t(0x40000, SQ), lse);
+        assert!(validate(&p).is_ok());
+    }
+
+    #[test]
+    fn without_a_driver_a_valid_call_reports_no_driver() {
+        // SAFETY: only probes whether the driver library can be opened.
+        if unsafe { cudarc::driver::sys::is_culib_present() } {
+            eprintln!("skipped: a CUDA driver is present, so the no-driver path cannot be exercised");
+            return;
+        }
+        let err = attn_fwd(&valid(), Stream::null()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoDriver, "{err}");
+        // Validation still comes first: an invalid call says what is invalid.
+        let mut p = valid();
+        p.q.ptr = 0;
+        assert_eq!(attn_fwd(&p, Stream::null()).unwrap_err().kind(), ErrorKind::NullPointer);
+    }
+
+    fn h100_like() -> DeviceInfo {
+        DeviceInfo { ordinal: 0, arch: "sm_90".into(), multiprocessors: 132, max_shared_optin: 232_448 }
+    }
+
+    /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch.
+    fn pick(p: &FwdParams) -> crate::archive::KernelMeta {
+        let shape = validate(p).unwrap();
+        let arch = images::built_archs()[0];
+        let loaded = images::archive_for(arch).unwrap();
+        let axes = functional_axes(p, &shape);
+        let args = kernel_args(p, &shape);
+        let request = Request { family: "attn_fwd", axes: &axes, args: &args };
+        let index = dispatch::find_functional(&loaded, &request).unwrap();
+        let functional = &loaded.archive.functionals()[index];
+        let fitting = fitting_kernels(functional, &args).unwrap();
+        assert!(!fitting.is_empty());
+        functional.kernels[choose_kernel(functional, &fitting, &shape, &h100_like())].clone()
+    }
+
+    fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams {
+        let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
+        FwdParams::new(t(0x100000), t(0x200000), t(0x300000), t(0x400000), TensorView::contiguous(0x500000, [b, h, s], DType::F32))
+    }
+
+    #[test]
+    fn every_compiled_functional_is_found() {
+        let arch = images::built_archs()[0];
+        let loaded = images::archive_for(arch).unwrap();
+        for dtype in [DType::F16, DType::BF16] {
+            for d in [64, 128] {
+                for causal in [false, true] {
+                    let mut p = sized(1, 1, 16, d);
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.dtype = dtype;
+                    }
+                    p.causal = causal;
+                    let shape = validate(&p).unwrap();
+                    let axes = functional_axes(&p, &shape);
+                    let request = Request { family: "attn_fwd", axes: &axes, args: &[] };
+                    dispatch::find_functional(&loaded, &request).unwrap();
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn selection_follows_the_heuristic_and_alignment() {
+        // A grid that fills 132 SMs with the largest block: take it, and the aligned variant.
+        let big = pick(&sized(4, 16, 4096, 128));
+        assert_eq!(big.variant, "aligned");
+        let largest = big.config["BLOCK_M"];
+        // A tiny problem: every candidate under-fills the GPU, so the smallest block wins.
+        let small = pick(&sized(1, 1, 64, 128));
+        assert_eq!(small.variant, "aligned");
+        assert!(small.config["BLOCK_M"] < largest, "{small:?} vs {big:?}");
+        // A pointer that breaks the 16-byte hint: only the generic variant fits.
+        let mut p = sized(4, 16, 4096, 128);
+        p.q.ptr += 2;
+        assert_eq!(pick(&p).variant, "generic");
+        // So does a row stride that is not a multiple of 16 elements.
+        let mut p = sized(1, 2, 100, 64);
+        p.k.strides = [2 * 100 * 88, 100 * 88, 88, 1];
+        assert_eq!(pick(&p).variant, "generic");
+    }
+}

@@ -1,0 +1,103 @@
+"""The compile driver end to end: one small sm_90 kernel, its JSON contract, the cache."""
+import json
+import os
+import shutil
+import tempfile
+import unittest
+
+import _paths  # noqa: F401
+import compile as driver
+import rules
+
+ONLY = "attn_fwd-fp16-hd64-causal1-m64n64w4s3-generic"
+
+CONTRACT_KEYS = {
+    "id", "family", "functional", "config", "variant", "arch", "triton_version", "symbol", "image", "args",
+    "constexprs", "shared", "num_warps", "warp_size", "num_ctas", "global_scratch_size", "global_scratch_align",
+    "profile_scratch_size", "profile_scratch_align",
+}
+
+
+class CompileDriverTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="aotriton-test-compile-")
+        cls.out = os.path.join(cls.tmp, "out")
+        cls.cache = os.path.join(cls.tmp, "cache")
+        cls.log = []
+        cls.first = driver.build(["sm_90"], cls.out, cls.cache, jobs=1, only=ONLY, log=cls.log.append)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def arch_dir(self):
+        return os.path.join(self.out, "sm_90")
+
+    def test_first_build_compiled(self):
+        (st,) = self.first
+        self.assertEqual((st.arch, st.kernels, st.compiled, st.cached), ("sm_90", 1, 1, 0))
+        self.assertTrue(any(line.startswith("[1/1] compiled " + ONLY + " sm_90") for line in self.log), self.log)
+        self.assertTrue(self.log[-1].startswith("sm_90: 1 kernels, 1 compiled, 0 cached, "), self.log)
+
+    def test_kernel_json_contract(self):
+        with open(os.path.join(self.arch_dir(), ONLY + ".json")) as f:
+            text = f.read()
+        info = json.loads(text)
+        self.assertEqual(text, json.dumps(info, indent=2, sort_keys=True) + "\n")
+        self.assertEqual(set(info), CONTRACT_KEYS)
+        self.assertEqual(info["id"], ONLY)
+        self.assertEqual(info["family"], "attn_fwd")
+        self.assertEqual(info["functional"], {"dtype": "fp16", "head_dim": 64, "causal": True})
+        self.assertEqual(info["config"], {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
+        self.assertEqual(info["variant"], "generic")
+        self.assertEqual(info["arch"], "sm_90")
+        self.assertEqual(info["triton_version"], driver.triton_version())
+        self.assertEqual(info["symbol"], "attn_fwd")
+        self.assertEqual(info["image"], ONLY + ".cubin")
+        self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True})
+        self.assertEqual(info["num_warps"], 4)
+        self.assertEqual(info["warp_size"], 32)
+        self.assertEqual(info["num_ctas"], 1)
+        self.assertGreater(info["shared"], 0)
+        for k in ("global_scratch_size", "profile_scratch_size"):
+            self.assertIsInstance(info[k], int)
+        args = info["args"]
+        self.assertEqual([a["name"] for a in args], [n for n in rules.ATTN_FWD_ARGS if n not in rules.ATTN_FWD_CONSTEXPRS])
+        self.assertEqual(args[0], {"name": "Q", "type": "*fp16", "divisibility": 1})
+        self.assertEqual(args[4], {"name": "LSE", "type": "*fp32", "divisibility": 1})
+        self.assertEqual(args[5], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
+        self.assertEqual({a["divisibility"] for a in args}, {1})
+
+    def test_image_and_manifest(self):
+        with open(os.path.join(self.arch_dir(), ONLY + ".cubin"), "rb") as f:
+            image = f.read()
+        self.assertEqual(image[:4], b"\x7fELF")
+        self.assertNotIn(os.path.dirname(_paths.PYTHON_DIR).encode(), image, "build path leaked into the image")
+        with open(os.path.join(self.arch_dir(), "manifest.json")) as f:
+            manifest = json.load(f)
+        self.assertEqual(manifest, {"arch": "sm_90", "triton_version": driver.triton_version(),
+                                    "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+                                    "kernels": [ONLY + ".json"]})
+        self.assertEqual(sorted(os.listdir(self.arch_dir())), sorted([ONLY + ".json", ONLY + ".cubin", "manifest.json"]))
+
+    def test_rebuild_is_cache_hit(self):
+        paths = [os.path.join(self.arch_dir(), n) for n in os.listdir(self.arch_dir())]
+        before = {p: os.stat(p).st_mtime_ns for p in paths}
+        stale = os.path.join(self.arch_dir(), "attn_fwd-stale.json")
+        with open(stale, "w") as f:
+            f.write("{}")
+        log = []
+        (st,) = driver.build(["sm_90"], self.out, self.cache, jobs=1, only=ONLY, log=log.append)
+        self.assertEqual((st.compiled, st.cached), (0, 1))
+        self.assertEqual(log, [st.summary()])
+        self.assertFalse(os.path.exists(stale), "stale file not removed")
+        self.assertEqual({p: os.stat(p).st_mtime_ns for p in paths}, before, "a cache hit rewrote output files")
+
+    def test_unknown_arch(self):
+        with self.assertRaises(rules.UnknownArchError):
+            driver.build(["sm_1"], self.out, self.cache)
+
+
+if __name__ == "__main__":
+    unittest.main()
