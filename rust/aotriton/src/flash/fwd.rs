@@ -221,6 +221,14 @@ mod tests {
         )
     }
 
+    /// Sets size `dim` (0 = batch, 1 = heads) of every tensor, so the shapes stay consistent.
+    fn set_outer_size(p: &mut FwdParams, dim: usize, size: u64) {
+        for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+            t.sizes[dim] = size;
+        }
+        p.lse.sizes[dim] = size;
+    }
+
     #[test]
     fn valid_params_pass_validation() {
         let shape = validate(&valid()).unwrap();
@@ -280,28 +288,10 @@ mod tests {
                 }),
                 ErrorKind::EmptyInput,
             ),
-            (
-                "batch 0",
-                Box::new(|p| {
-                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
-                        t.sizes[0] = 0;
-                    }
-                    p.lse.sizes[0] = 0;
-                }),
-                ErrorKind::EmptyInput,
-            ),
+            ("batch 0", Box::new(|p| set_outer_size(p, 0, 0)), ErrorKind::EmptyInput),
             ("scale NaN", Box::new(|p| p.sm_scale = f32::NAN), ErrorKind::InvalidArgument),
             ("scale inf", Box::new(|p| p.sm_scale = f32::INFINITY), ErrorKind::InvalidArgument),
-            (
-                "heads above grid limit",
-                Box::new(|p| {
-                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
-                        t.sizes[1] = 70_000;
-                    }
-                    p.lse.sizes[1] = 70_000;
-                }),
-                ErrorKind::TooLarge,
-            ),
+            ("heads above grid limit", Box::new(|p| set_outer_size(p, 1, 70_000)), ErrorKind::TooLarge),
             ("row offsets overflow i32", Box::new(|p| p.k.strides[2] = 1 << 27), ErrorKind::TooLarge),
         ];
         for (name, mutate, want) in cases {
