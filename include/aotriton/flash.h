@@ -1,8 +1,9 @@
 // FlashAttention operators.
 //
-// Layouts: q, k, v, o are B x H x S x D views with any element strides whose last stride is 1
-// (B x H x S x D and B x S x H x D memory both work). lse is a B x H x Sq fp32 view (last stride
-// 1) that receives, per query row, the natural-log log-sum-exp of the row's scaled scores.
+// Layouts: q is B x Hq x Sq x D, k and v B x Hk x Sk x D, views with any element strides whose
+// last stride is 1 (B x H x S x D and B x S x H x D memory both work). lse is a B x Hq x Sq fp32
+// view (last stride 1) holding, per query row, the natural-log log-sum-exp of the row's scaled
+// scores over the keys it sees (+inf if it sees none).
 #pragma once
 
 #include <cstdint>
@@ -16,26 +17,67 @@ namespace aotriton {
 namespace v2 {
 namespace flash {
 
+// Where a mask's diagonal sits when Sq != Sk.
+enum class MaskAlign : int32_t {
+  kTopLeft = 0,      // query i's diagonal key is i
+  kBottomRight = 1,  // query i's diagonal key is i + Sk - Sq (torch's causal_lower_right)
+};
+
 // Versioned parameters: `version` tells the library which fields the caller's header had.
-// Later versions only append fields, so a program built against an older header keeps working.
+// Later versions only append fields, so a program built against an older header keeps working
+// (the library reads only the fields of the caller's version and defaults the rest).
+//
+// Masks: query i sees key j iff  i + off - window_left <= j <= i + off + window_right,  where
+// off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
+// window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   uint32_t version = kVersion;
 
-  TensorView<4> q;    // B x H x Sq x D, fp16 or bf16
-  TensorView<4> k;    // B x H x Sk x D, same dtype as q
-  TensorView<4> v;    // B x H x Sk x D, same dtype as q
-  TensorView<4> o;    // B x H x Sq x D output, same dtype as q
-  TensorView<3> lse;  // B x H x Sq fp32 output
+  // -- version 1 --
+  TensorView<4> q;    // B x Hq x Sq x D, fp16 or bf16; D a multiple of 8, at most 256
+  TensorView<4> k;    // B x Hk x Sk x D, same dtype; Hq a multiple of Hk (GQA, MQA)
+  TensorView<4> v;    // B x Hk x Sk x D, same dtype
+  TensorView<4> o;    // B x Hq x Sq x D output, same dtype
+  TensorView<3> lse;  // B x Hq x Sq fp32 output; since version 2 a null data pointer = not wanted
   // Scale of q.k; must be set (typically 1/sqrt(D)): NaN is rejected as "not set".
   float sm_scale = std::numeric_limits<float>::quiet_NaN();
-  // Causal mask aligned top-left: query i sees keys j <= i.
   bool causal = false;
+
+  // -- version 2 --
+  MaskAlign align = MaskAlign::kTopLeft;
+  int32_t window_left = -1;
+  int32_t window_right = -1;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
 // first; on any error nothing is launched.
 AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
+
+// Gradients of the forward above. Overwrites dq, dk, dv (and the delta workspace); with GQA, dk
+// and dv are summed over each group's query heads. No atomics: results are bitwise identical
+// from run to run.
+struct BwdParams {
+  static constexpr uint32_t kVersion = 1;
+  uint32_t version = kVersion;
+
+  TensorView<4> q, k, v;  // the forward's inputs
+  TensorView<4> o;        // the forward's output
+  TensorView<4> d_o;      // dLoss/dO, like o
+  TensorView<3> lse;      // the forward's LSE (required), B x Hq x Sq fp32
+  TensorView<3> delta;    // workspace B x Hq x Sq fp32, overwritten; any contents on entry
+  TensorView<4> dq;       // like q
+  TensorView<4> dk;       // like k
+  TensorView<4> dv;       // like v
+  float sm_scale = std::numeric_limits<float>::quiet_NaN();  // the forward's
+  bool causal = false;                                          // the forward's mask
+  MaskAlign align = MaskAlign::kTopLeft;
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+};
+
+// Enqueues the backward pass (three kernels) on `stream`; nothing is launched on any error.
+AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
 
 }  // namespace flash
 }  // namespace v2

@@ -26,16 +26,46 @@ static void expect(const char* what, Status got, Status want) {
 
 // A plausible call: fake (but aligned, non-null) device addresses; nothing is dereferenced
 // before the driver is reached.
+static const uint64_t kB = 2, kHq = 4, kHk = 2, kSq = 17, kSk = 33, kD = 40;
+
+static aotriton::TensorView<4> view4(uintptr_t addr, uint64_t h, uint64_t s) {
+  return aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(addr), {kB, h, s, kD},
+                                             DType::kFloat16);
+}
+
+static aotriton::TensorView<3> rows(uintptr_t addr) {
+  return aotriton::TensorView<3>::contiguous(reinterpret_cast<const void*>(addr), {kB, kHq, kSq},
+                                             DType::kFloat32);
+}
+
 static flash::FwdParams valid_params() {
-  const uint64_t b = 2, h = 4, sq = 17, sk = 33, d = 64;
-  auto addr = [](uintptr_t a) { return reinterpret_cast<const void*>(a); };
   flash::FwdParams p;
-  p.q = aotriton::TensorView<4>::contiguous(addr(0x10000), {b, h, sq, d}, DType::kFloat16);
-  p.k = aotriton::TensorView<4>::contiguous(addr(0x20000), {b, h, sk, d}, DType::kFloat16);
-  p.v = aotriton::TensorView<4>::contiguous(addr(0x30000), {b, h, sk, d}, DType::kFloat16);
-  p.o = aotriton::TensorView<4>::contiguous(addr(0x40000), {b, h, sq, d}, DType::kFloat16);
-  p.lse = aotriton::TensorView<3>::contiguous(addr(0x50000), {b, h, sq}, DType::kFloat32);
-  p.sm_scale = 1.0f / std::sqrt(float(d));
+  p.q = view4(0x10000, kHq, kSq);
+  p.k = view4(0x20000, kHk, kSk);
+  p.v = view4(0x30000, kHk, kSk);
+  p.o = view4(0x40000, kHq, kSq);
+  p.lse = rows(0x50000);
+  p.sm_scale = 1.0f / std::sqrt(float(kD));
+  p.causal = true;
+  p.align = flash::MaskAlign::kBottomRight;
+  return p;
+}
+
+static flash::BwdParams valid_bwd_params() {
+  flash::BwdParams p;
+  p.q = view4(0x10000, kHq, kSq);
+  p.k = view4(0x20000, kHk, kSk);
+  p.v = view4(0x30000, kHk, kSk);
+  p.o = view4(0x40000, kHq, kSq);
+  p.d_o = view4(0x60000, kHq, kSq);
+  p.lse = rows(0x50000);
+  p.delta = rows(0x70000);
+  p.dq = view4(0x80000, kHq, kSq);
+  p.dk = view4(0x90000, kHk, kSk);
+  p.dv = view4(0xa0000, kHk, kSk);
+  p.sm_scale = 1.0f / std::sqrt(float(kD));
+  p.window_left = 3;
+  p.window_right = 5;
   return p;
 }
 
@@ -57,9 +87,17 @@ int main() {
 
   p = valid_params();
   for (auto* t : {&p.q, &p.k, &p.v, &p.o}) {
-    t->sizes[3] = 80;
+    t->sizes[3] = 264;
   }
-  expect("head dim 80 not compiled", flash::attn_fwd(p, stream), Status::kUnsupportedHeadDim);
+  expect("head dim 264 above 256", flash::attn_fwd(p, stream), Status::kUnsupportedHeadDim);
+
+  p = valid_params();
+  p.k.sizes[1] = p.v.sizes[1] = 3;
+  expect("Hq 4 not a multiple of Hk 3", flash::attn_fwd(p, stream), Status::kShapeMismatch);
+
+  p = valid_params();
+  p.window_left = -2;
+  expect("window_left -2", flash::attn_fwd(p, stream), Status::kInvalidArgument);
 
   p = valid_params();
   p.o.data = nullptr;
@@ -81,12 +119,30 @@ int main() {
   p.version = 7;
   expect("params from a newer header", flash::attn_fwd(p, stream), Status::kUnsupportedVersion);
 
-  // A valid call: without a driver it must say so (and not crash).
+  flash::BwdParams g = valid_bwd_params();
+  g.lse.data = nullptr;
+  expect("backward without lse", flash::attn_bwd(g, stream), Status::kNullPointer);
+
+  g = valid_bwd_params();
+  g.d_o.sizes[2] = 16;
+  expect("backward d_o shape", flash::attn_bwd(g, stream), Status::kShapeMismatch);
+
+  g = valid_bwd_params();
+  g.dk.dtype = DType::kBFloat16;
+  expect("backward dk dtype", flash::attn_bwd(g, stream), Status::kDTypeMismatch);
+
+  // Valid calls: without a driver they must say so (and not crash).
   if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {
     dlclose(cuda);
-    std::printf("skipped: a CUDA driver is present, so the no-driver check does not apply\n");
+    std::printf("skipped: a CUDA driver is present, so the no-driver checks do not apply\n");
   } else {
-    expect("valid call, no driver", flash::attn_fwd(valid_params(), stream), Status::kNoDriver);
+    expect("valid forward, no driver", flash::attn_fwd(valid_params(), stream), Status::kNoDriver);
+    expect("valid backward, no driver", flash::attn_bwd(valid_bwd_params(), stream), Status::kNoDriver);
+    // A caller built against version 1 of FwdParams: the version-2 fields are not read.
+    p = valid_params();
+    p.version = 1;
+    p.window_left = -2;
+    expect("version-1 params ignore v2 fields", flash::attn_fwd(p, stream), Status::kNoDriver);
   }
 
   std::printf("%s\n", g_failures ? "consumer: FAILED" : "consumer: all checks passed");

@@ -3,6 +3,7 @@
 //! (code + message); panics are caught here and never unwind into C++.
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use aotriton::flash::{Mask, MaskAlign};
 use aotriton::{DType, Error, ErrorKind, Stream, TensorView, flash};
 
 #[cxx::bridge(namespace = "aotriton::bridge")]
@@ -21,15 +22,40 @@ mod ffi {
         dtype: i32,
     }
 
-    /// Version 1 of aotriton::v2::flash::FwdParams.
-    struct FwdParamsV1 {
+    /// The mask fields shared by FwdParams and BwdParams.
+    struct MaskSpec {
+        causal: bool,
+        align: i32,
+        window_left: i32,
+        window_right: i32,
+    }
+
+    /// aotriton::v2::flash::FwdParams (any version, filled by v2src with defaults).
+    struct FwdArgs {
         q: TensorView4,
         k: TensorView4,
         v: TensorView4,
         o: TensorView4,
+        /// ptr 0: not wanted.
         lse: TensorView3,
         sm_scale: f32,
-        causal: bool,
+        mask: MaskSpec,
+    }
+
+    /// aotriton::v2::flash::BwdParams.
+    struct BwdArgs {
+        q: TensorView4,
+        k: TensorView4,
+        v: TensorView4,
+        o: TensorView4,
+        d_o: TensorView4,
+        lse: TensorView3,
+        delta: TensorView3,
+        dq: TensorView4,
+        dk: TensorView4,
+        dv: TensorView4,
+        sm_scale: f32,
+        mask: MaskSpec,
     }
 
     /// 0 on success, else an aotriton::Status value, with the message naming the cause.
@@ -40,7 +66,8 @@ mod ffi {
 
     extern "Rust" {
         fn version() -> String;
-        fn attn_fwd(params: &FwdParamsV1, stream: usize) -> Outcome;
+        fn attn_fwd(params: &FwdArgs, stream: usize) -> Outcome;
+        fn attn_bwd(params: &BwdArgs, stream: usize) -> Outcome;
     }
 }
 
@@ -69,18 +96,49 @@ macro_rules! view {
     };
 }
 
-fn attn_fwd(p: &ffi::FwdParamsV1, stream: usize) -> Outcome {
+fn mask(m: &ffi::MaskSpec) -> Result<Mask, Error> {
+    let align = match m.align {
+        0 => MaskAlign::TopLeft,
+        1 => MaskAlign::BottomRight,
+        other => return Err(Error::new(ErrorKind::InvalidArgument, format!("align: unknown MaskAlign value {other}"))),
+    };
+    let right = if m.causal { 0 } else { m.window_right };
+    if m.causal && !(m.window_right == -1 || m.window_right == 0) {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("causal already sets window_right to 0; got window_right {} as well", m.window_right),
+        ));
+    }
+    Ok(Mask::window(m.window_left, right, align))
+}
+
+fn attn_fwd(p: &ffi::FwdArgs, stream: usize) -> Outcome {
     guard(|| {
-        let mut params = flash::FwdParams::new(
+        let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
+        let mut params = flash::FwdParams::new(view!(p.q, "q"), view!(p.k, "k"), view!(p.v, "v"), view!(p.o, "o"), lse);
+        params.sm_scale = p.sm_scale;
+        params.mask = mask(&p.mask)?;
+        flash::attn_fwd(&params, Stream::from_raw(stream))
+    })
+}
+
+fn attn_bwd(p: &ffi::BwdArgs, stream: usize) -> Outcome {
+    guard(|| {
+        let mut params = flash::BwdParams::new(
             view!(p.q, "q"),
             view!(p.k, "k"),
             view!(p.v, "v"),
             view!(p.o, "o"),
+            view!(p.d_o, "d_o"),
             view!(p.lse, "lse"),
+            view!(p.delta, "delta"),
+            view!(p.dq, "dq"),
+            view!(p.dk, "dk"),
+            view!(p.dv, "dv"),
         );
         params.sm_scale = p.sm_scale;
-        params.causal = p.causal;
-        flash::attn_fwd(&params, Stream::from_raw(stream))
+        params.mask = mask(&p.mask)?;
+        flash::attn_bwd(&params, Stream::from_raw(stream))
     })
 }
 
@@ -92,16 +150,20 @@ mod tests {
         ffi::TensorView4 { ptr: 0, sizes: [1, 1, 1, 64], strides: [64, 64, 64, 1], dtype: 1 }
     }
 
+    fn no_mask() -> ffi::MaskSpec {
+        ffi::MaskSpec { causal: false, align: 0, window_left: -1, window_right: -1 }
+    }
+
     #[test]
     fn errors_and_panics_become_outcomes() {
-        let p = ffi::FwdParamsV1 {
+        let p = ffi::FwdArgs {
             q: t4(),
             k: t4(),
             v: t4(),
             o: t4(),
             lse: ffi::TensorView3 { ptr: 0, sizes: [1, 1, 1], strides: [1, 1, 1], dtype: 3 },
             sm_scale: 0.125,
-            causal: false,
+            mask: no_mask(),
         };
         let out = attn_fwd(&p, 0);
         assert_eq!(out.code, ErrorKind::NullPointer as i32, "{}", out.message);
@@ -110,5 +172,16 @@ mod tests {
         bad.q.dtype = 42;
         assert_eq!(attn_fwd(&bad, 0).code, ErrorKind::InvalidArgument as i32);
         assert_eq!(guard(|| panic!("expected in this test")).code, ErrorKind::Internal as i32);
+    }
+
+    #[test]
+    fn masks_translate() {
+        let causal = ffi::MaskSpec { causal: true, align: 1, window_left: 7, window_right: -1 };
+        assert_eq!(mask(&causal).unwrap(), Mask::window(7, 0, MaskAlign::BottomRight));
+        assert_eq!(mask(&no_mask()).unwrap(), Mask::NONE);
+        let conflicting = ffi::MaskSpec { causal: true, align: 0, window_left: -1, window_right: 4 };
+        assert_eq!(mask(&conflicting).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let bad_align = ffi::MaskSpec { align: 9, ..no_mask() };
+        assert_eq!(mask(&bad_align).unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 }

@@ -112,51 +112,89 @@ fn lookup(args: Args, name: &str, kernel: &KernelMeta) -> Result<ArgValue> {
     })
 }
 
-/// Runs `request` on `stream`. `choose` picks among the fitting kernels (given as indices into
-/// the functional's kernel list, never empty); `grid` gives the launch grid of the chosen one.
-pub(crate) fn run(
+/// Launches on one stream: holds the stream's context current while kernels are prepared and
+/// launched. Operators that launch several kernels prepare all of them first, so an error
+/// (a missing functional, a failed load) stops the call before anything is enqueued.
+pub(crate) struct Launcher {
+    context: StreamContext,
     stream: Stream,
-    request: &Request,
-    choose: impl FnOnce(&Functional, &[usize], &DeviceInfo) -> usize,
-    grid: impl FnOnce(&KernelMeta) -> [u32; 3],
-) -> Result<()> {
-    let context = StreamContext::enter(stream)?;
-    let loaded = images::archive_for(&context.device.arch)?;
-    let functional_index = find_functional(&loaded, request)?;
-    let functional = &loaded.archive.functionals()[functional_index];
-    let fitting = fitting_kernels(functional, request.args)?;
-    if fitting.is_empty() {
-        return Err(Error::new(
-            ErrorKind::KernelNotFound,
-            format!(
-                "no compiled variant of {} accepts these pointer alignments and strides",
-                request.describe()
-            ),
-        ));
-    }
-    let kernel_index = choose(functional, &fitting, &context.device);
-    let meta = &functional.kernels[kernel_index];
-    let kernel = load(&context, &loaded, functional_index, kernel_index)?;
+}
 
-    let slots = kernel.slots.get_or_init(|| plan_slots(meta, request.args));
-    let slots = slots.as_ref().map_err(Clone::clone)?;
-    let mut values = [0u64; MAX_ARGS];
-    for (value, &slot) in values.iter_mut().zip(slots.iter()) {
-        *value = request.args[slot].1.to_slot();
+/// A kernel chosen, loaded and given its launch geometry, ready to enqueue.
+pub(crate) struct Prepared<'a> {
+    kernel: Arc<LoadedKernel>,
+    meta: KernelMeta,
+    args: Args<'a>,
+    dims: LaunchDims,
+}
+
+impl Launcher {
+    pub fn new(stream: Stream) -> Result<Launcher> {
+        Ok(Launcher { context: StreamContext::enter(stream)?, stream })
     }
-    // Triton's two trailing scratch pointers (global, profile) stay 0: `load` refused kernels
-    // that need scratch memory.
-    let count = slots.len() + 2;
-    let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
-    for (param, value) in params.iter_mut().zip(values.iter_mut()).take(count) {
-        *param = value as *mut u64 as *mut c_void;
+
+    /// Finds the functional of `request` in the device's archive, keeps the kernels whose
+    /// compiled hints fit the arguments, lets `choose` pick one (given indices into the
+    /// functional's kernels, never empty), loads it once per context, and lays out its launch.
+    pub fn prepare<'a>(
+        &self,
+        request: &Request<'a>,
+        choose: impl FnOnce(&Functional, &[usize], &DeviceInfo) -> usize,
+        grid: impl FnOnce(&KernelMeta) -> [u32; 3],
+    ) -> Result<Prepared<'a>> {
+        let loaded = images::archive_for(&self.context.device.arch)?;
+        let functional_index = find_functional(&loaded, request)?;
+        let functional = &loaded.archive.functionals()[functional_index];
+        let fitting = fitting_kernels(functional, request.args)?;
+        if fitting.is_empty() {
+            return Err(Error::new(
+                ErrorKind::KernelNotFound,
+                format!(
+                    "no compiled variant of {} accepts these pointer alignments and strides",
+                    request.describe()
+                ),
+            ));
+        }
+        let kernel_index = choose(functional, &fitting, &self.context.device);
+        let meta = functional.kernels[kernel_index].clone();
+        let kernel = load(&self.context, &loaded, functional_index, kernel_index)?;
+        kernel.slots.get_or_init(|| plan_slots(&meta, request.args)).as_ref().map_err(Clone::clone)?;
+        let dims = LaunchDims { grid: grid(&meta), threads: meta.num_warps * meta.warp_size, shared: meta.shared };
+        Ok(Prepared { kernel, meta, args: request.args, dims })
     }
-    let dims = LaunchDims {
-        grid: grid(meta),
-        threads: meta.num_warps * meta.warp_size,
-        shared: meta.shared,
-    };
-    cuda::launch(&kernel.function, dims, stream, &mut params[..count], &meta.id)
+
+    /// Enqueues a prepared kernel on the stream.
+    pub fn launch(&self, prepared: &Prepared) -> Result<()> {
+        let slots = match prepared.kernel.slots.get() {
+            Some(Ok(slots)) => slots,
+            _ => return Err(Error::new(ErrorKind::Internal, "launch of a kernel that was not prepared")),
+        };
+        let mut values = [0u64; MAX_ARGS];
+        for (value, &slot) in values.iter_mut().zip(slots.iter()) {
+            *value = prepared.args[slot].1.to_slot();
+        }
+        // Triton's two trailing scratch pointers (global, profile) stay 0: `load` refused kernels
+        // that need scratch memory.
+        let count = slots.len() + 2;
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (param, value) in params.iter_mut().zip(values.iter_mut()).take(count) {
+            *param = value as *mut u64 as *mut c_void;
+        }
+        cuda::launch(&prepared.kernel.function, prepared.dims, self.stream, &mut params[..count], &prepared.meta.id)
+    }
+}
+
+/// Chooses among fitting kernels by variant: the `aligned` ones when any fits (they carry the
+/// divisibility hints), else the rest. Operators then pick a config among these.
+pub(crate) fn preferred_variant(functional: &Functional, fitting: &[usize]) -> Vec<usize> {
+    let aligned: Vec<usize> =
+        fitting.iter().copied().filter(|&i| functional.kernels[i].variant == "aligned").collect();
+    if aligned.is_empty() { fitting.to_vec() } else { aligned }
+}
+
+/// A config value of a kernel (`BLOCK_M`, ...), or `default` if the kernel has none.
+pub(crate) fn config(meta: &KernelMeta, key: &str, default: i64) -> i64 {
+    meta.config.get(key).copied().unwrap_or(default)
 }
 
 /// For each argument of the kernel (ABI order), the index of its value in the request's

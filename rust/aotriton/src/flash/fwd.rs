@@ -1,10 +1,10 @@
-//! `attn_fwd`: O = softmax(sm_scale · Q·Kᵀ [+ causal mask]) · V, plus the log-sum-exp.
+//! `attn_fwd`: O = softmax(sm_scale · Q·Kᵀ + mask) · V, and optionally the log-sum-exp.
+use super::{AttnShape, Mask, MaskArgs, axes, blocks, check_qkv, check_tensor, common_args, mask_args, strides3, strides4};
 use crate::archive::Functional;
-use crate::dispatch::{self, ArgValue, Request};
+use crate::dispatch::{ArgValue, Launcher, Request, config, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::cuda::DeviceInfo;
 use crate::error::{Result, bail};
-use crate::images;
 use crate::tensor::{DType, TensorView};
 
 /// Parameters of [`attn_fwd`]. Marked non-exhaustive so later versions can add fields: build it
@@ -12,118 +12,78 @@ use crate::tensor::{DType, TensorView};
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct FwdParams {
-    /// B×H×Sq×D, fp16 or bf16.
+    /// B×Hq×Sq×D, fp16 or bf16.
     pub q: TensorView<4>,
-    /// B×H×Sk×D, same dtype as `q`.
+    /// B×Hk×Sk×D, same dtype as `q`; Hq must be a multiple of Hk.
     pub k: TensorView<4>,
-    /// B×H×Sk×D, same dtype as `q`.
+    /// B×Hk×Sk×D, same dtype as `q`.
     pub v: TensorView<4>,
-    /// B×H×Sq×D output, same dtype as `q`.
+    /// B×Hq×Sq×D output, same dtype as `q`.
     pub o: TensorView<4>,
-    /// B×H×Sq fp32 output: the natural-log log-sum-exp of each query row's scaled scores.
-    pub lse: TensorView<3>,
+    /// B×Hq×Sq fp32 output, the log-sum-exp per query row (see the module docs); `None` when not
+    /// wanted (the backward needs it).
+    pub lse: Option<TensorView<3>>,
     /// Scale applied to Q·Kᵀ; `new` sets 1/√D.
     pub sm_scale: f32,
-    /// Causal mask aligned top-left: query i sees keys j ≤ i.
-    pub causal: bool,
+    /// Which keys each query sees; `new` sets [`Mask::NONE`].
+    pub mask: Mask,
 }
 
 impl FwdParams {
-    pub fn new(
-        q: TensorView<4>,
-        k: TensorView<4>,
-        v: TensorView<4>,
-        o: TensorView<4>,
-        lse: TensorView<3>,
-    ) -> Self {
+    pub fn new(q: TensorView<4>, k: TensorView<4>, v: TensorView<4>, o: TensorView<4>, lse: Option<TensorView<3>>) -> Self {
         let head_dim = q.sizes[3].max(1) as f32;
-        FwdParams { q, k, v, o, lse, sm_scale: 1.0 / head_dim.sqrt(), causal: false }
+        FwdParams { q, k, v, o, lse, sm_scale: 1.0 / head_dim.sqrt(), mask: Mask::NONE }
     }
-}
-
-/// The checked shape of a forward call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FwdShape {
-    pub batch: u64,
-    pub heads: u64,
-    pub seqlen_q: u64,
-    pub seqlen_k: u64,
-    pub head_dim: u64,
 }
 
 /// Enqueues the forward attention on `stream` (the device is the stream's). Returns once the
 /// kernel is launched; nothing is launched when an argument is invalid.
 pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
-    let shape = validate(params)?;
-    let axes = functional_axes(params, &shape);
-    let args = kernel_args(params, &shape);
+    let (shape, mask) = validate(params)?;
+    let axes = axes(params.q.dtype, &shape, Some(mask.windowed));
+    let args = kernel_args(params, &shape, &mask);
     let request = Request { family: "attn_fwd", axes: &axes, args: &args };
-    dispatch::run(
-        stream,
+    let launcher = Launcher::new(stream)?;
+    let kernel = launcher.prepare(
         &request,
         |functional, fitting, device| choose_kernel(functional, fitting, &shape, device),
-        |meta| {
-            let block_m = meta.config.get("BLOCK_M").copied().unwrap_or(128).max(1) as u64;
-            [shape.seqlen_q.div_ceil(block_m) as u32, shape.heads as u32, shape.batch as u32]
-        },
-    )
+        |meta| [blocks(shape.seqlen_q, meta, "BLOCK_M"), shape.heads_q as u32, shape.batch as u32],
+    )?;
+    launcher.launch(&kernel)
 }
 
-pub(crate) fn functional_axes(params: &FwdParams, shape: &FwdShape) -> [(&'static str, String); 3] {
-    [
-        ("dtype", params.q.dtype.triton_name().to_string()),
-        ("head_dim", shape.head_dim.to_string()),
-        ("causal", params.causal.to_string()),
-    ]
-}
-
-/// The kernel's arguments by name (see python/kernels/flash/fwd.py). Order and types of the
-/// launch come from each kernel's metadata, not from this list.
-pub(crate) fn kernel_args(params: &FwdParams, shape: &FwdShape) -> [(&'static str, ArgValue); 22] {
-    use ArgValue::{F32, I32, I64, Ptr};
-    let (q, k, v, o, lse) = (&params.q, &params.k, &params.v, &params.o, &params.lse);
-    // Row strides are i32 in the kernel; `validate` checked that they and every row offset fit.
-    [
-        ("Q", Ptr(q.ptr)),
-        ("K", Ptr(k.ptr)),
-        ("V", Ptr(v.ptr)),
-        ("O", Ptr(o.ptr)),
+/// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
+/// come from each kernel's metadata, not from this list.
+pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Vec<(&'static str, ArgValue)> {
+    use ArgValue::{F32, I32, Ptr};
+    // An absent LSE is a null pointer the kernel never writes through (STORE_LSE = 0).
+    let lse = p.lse.unwrap_or(TensorView::new(0, [0; 3], [0; 3], DType::F32));
+    let mut args = vec![
+        ("Q", Ptr(p.q.ptr)),
+        ("K", Ptr(p.k.ptr)),
+        ("V", Ptr(p.v.ptr)),
+        ("O", Ptr(p.o.ptr)),
         ("LSE", Ptr(lse.ptr)),
-        ("sm_scale", F32(params.sm_scale)),
-        ("stride_qz", I64(q.strides[0])),
-        ("stride_qh", I64(q.strides[1])),
-        ("stride_qm", I32(q.strides[2] as i32)),
-        ("stride_kz", I64(k.strides[0])),
-        ("stride_kh", I64(k.strides[1])),
-        ("stride_kn", I32(k.strides[2] as i32)),
-        ("stride_vz", I64(v.strides[0])),
-        ("stride_vh", I64(v.strides[1])),
-        ("stride_vn", I32(v.strides[2] as i32)),
-        ("stride_oz", I64(o.strides[0])),
-        ("stride_oh", I64(o.strides[1])),
-        ("stride_om", I32(o.strides[2] as i32)),
-        ("stride_lz", I64(lse.strides[0])),
-        ("stride_lh", I64(lse.strides[1])),
-        ("N_CTX_Q", I32(shape.seqlen_q as i32)),
-        ("N_CTX_K", I32(shape.seqlen_k as i32)),
-    ]
+        ("sm_scale", F32(p.sm_scale)),
+        ("STORE_LSE", I32(p.lse.is_some() as i32)),
+    ];
+    args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q));
+    args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k));
+    args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v));
+    args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o));
+    args.extend(strides3(["stride_lz", "stride_lh"], &lse));
+    args.extend(common_args(shape, mask));
+    args
 }
 
 /// The documented config heuristic (python/rules.py): among the kernels whose alignment hints
 /// fit, prefer the `aligned` variant; then take the largest BLOCK_M whose grid
-/// cdiv(Sq, BLOCK_M)·H·B gives every multiprocessor at least one program, or else the smallest
+/// cdiv(Sq, BLOCK_M)·Hq·B gives every multiprocessor at least one program, or else the smallest
 /// BLOCK_M (more, smaller programs for small problems).
-pub(crate) fn choose_kernel(
-    functional: &Functional,
-    fitting: &[usize],
-    shape: &FwdShape,
-    device: &DeviceInfo,
-) -> usize {
-    let block_m = |i: usize| functional.kernels[i].config.get("BLOCK_M").copied().unwrap_or(0).max(1) as u64;
-    let aligned: Vec<usize> =
-        fitting.iter().copied().filter(|&i| functional.kernels[i].variant == "aligned").collect();
-    let pool = if aligned.is_empty() { fitting.to_vec() } else { aligned };
-    let programs = |i: usize| shape.seqlen_q.div_ceil(block_m(i)) * shape.heads * shape.batch;
+pub(crate) fn choose_kernel(functional: &Functional, fitting: &[usize], shape: &AttnShape, device: &DeviceInfo) -> usize {
+    let block_m = |i: usize| config(&functional.kernels[i], "BLOCK_M", 1).max(1) as u64;
+    let pool = preferred_variant(functional, fitting);
+    let programs = |i: usize| shape.seqlen_q.div_ceil(block_m(i)) * shape.heads_q * shape.batch;
     let filling = pool.iter().copied().filter(|&i| programs(i) >= device.multiprocessors as u64);
     filling
         .max_by_key(|&i| (block_m(i), std::cmp::Reverse(i)))
@@ -132,93 +92,48 @@ pub(crate) fn choose_kernel(
 }
 
 /// Checks every argument before anything touches the GPU. Each problem has its own error kind.
-pub(crate) fn validate(p: &FwdParams) -> Result<FwdShape> {
-    for (name, t) in [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)] {
-        t.check_layout(name)?;
-    }
-    p.lse.check_layout("lse")?;
-
-    let dtype = p.q.dtype;
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        bail!(UnsupportedDType, "q: attn_fwd takes fp16 or bf16 inputs, got {}", dtype.triton_name());
-    }
-    for (name, t) in [("k", &p.k), ("v", &p.v), ("o", &p.o)] {
-        if t.dtype != dtype {
-            bail!(DTypeMismatch, "{name} is {} but q is {}", t.dtype.triton_name(), dtype.triton_name());
-        }
-    }
-    if p.lse.dtype != DType::F32 {
-        bail!(DTypeMismatch, "lse must be fp32, got {}", p.lse.dtype.triton_name());
-    }
-
-    let [batch, heads, seqlen_q, head_dim] = p.q.sizes;
-    let seqlen_k = p.k.sizes[2];
-    let expect = [
-        ("k", p.k.sizes, [batch, heads, seqlen_k, head_dim]),
-        ("v", p.v.sizes, [batch, heads, seqlen_k, head_dim]),
-        ("o", p.o.sizes, [batch, heads, seqlen_q, head_dim]),
-    ];
-    for (name, got, want) in expect {
-        if got != want {
-            bail!(ShapeMismatch, "{name}.sizes is {got:?}, expected {want:?} (from q {:?} and k)", p.q.sizes);
-        }
-    }
-    if p.lse.sizes != [batch, heads, seqlen_q] {
-        bail!(ShapeMismatch, "lse.sizes is {:?}, expected [B, H, Sq] = {:?}", p.lse.sizes, [batch, heads, seqlen_q]);
-    }
-    for (what, n) in [("batch", batch), ("heads", heads), ("Sq", seqlen_q), ("Sk", seqlen_k)] {
-        if n == 0 {
-            bail!(EmptyInput, "{what} is 0: nothing to attend (q {:?}, k {:?})", p.q.sizes, p.k.sizes);
-        }
-    }
-
-    let compiled = images::compiled_axis_values("attn_fwd", "head_dim")?;
-    if !compiled.contains(&head_dim.to_string()) {
-        bail!(UnsupportedHeadDim, "head dim {head_dim} is not compiled (this build has: {})", compiled.join(", "));
+pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
+    let shape = check_qkv(&p.q, &p.k, &p.v, "attn_fwd")?;
+    check_tensor("o", &p.o, p.q.sizes, p.q.dtype)?;
+    super::check_rows("o", &p.o, shape.seqlen_q, shape.head_dim)?;
+    if let Some(lse) = &p.lse {
+        check_tensor("lse", lse, [shape.batch, shape.heads_q, shape.seqlen_q], DType::F32)?;
     }
     if !p.sm_scale.is_finite() {
         bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
     }
-
-    // Grid: (cdiv(Sq, BLOCK_M), H, B); the y and z extents are limited to 65535.
-    if heads > 65535 || batch > 65535 {
-        bail!(TooLarge, "heads ({heads}) and batch ({batch}) must each be at most 65535");
-    }
-    // The kernel indexes rows in int32: the last row's offset must fit.
-    for (name, t, rows) in [("q", &p.q, seqlen_q), ("k", &p.k, seqlen_k), ("v", &p.v, seqlen_k), ("o", &p.o, seqlen_q)] {
-        let row_extent = (rows as i128 - 1) * t.strides[2] as i128 + head_dim as i128;
-        if row_extent > i32::MAX as i128 {
-            bail!(TooLarge, "{name}: rows × row stride ({rows} × {}) overflows the kernel's 32-bit row offsets", t.strides[2]);
-        }
-    }
-    if seqlen_q > i32::MAX as u64 || seqlen_k > i32::MAX as u64 {
-        bail!(TooLarge, "sequence lengths must be below 2^31");
-    }
-    Ok(FwdShape { batch, heads, seqlen_q, seqlen_k, head_dim })
+    let mask = mask_args(&p.mask, &shape)?;
+    Ok((shape, mask))
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ErrorKind;
-    use crate::dispatch::fitting_kernels;
+    use crate::dispatch::{self, fitting_kernels};
+    use crate::flash::MaskAlign;
+    use crate::images;
 
-    const B: u64 = 2;
-    const H: u64 = 3;
-    const SQ: u64 = 17;
-    const SK: u64 = 33;
-    const D: u64 = 64;
+    pub(crate) const B: u64 = 2;
+    pub(crate) const HQ: u64 = 4;
+    pub(crate) const HK: u64 = 2;
+    pub(crate) const SQ: u64 = 17;
+    pub(crate) const SK: u64 = 33;
+    pub(crate) const D: u64 = 64;
 
-    /// A well-formed call on fake, 256-byte aligned device addresses (never dereferenced here).
+    /// A well-formed GQA call on fake, aligned device addresses (never dereferenced here).
     fn valid() -> FwdParams {
-        let t = |ptr, s| TensorView::contiguous(ptr, [B, H, s, D], DType::F16);
-        FwdParams::new(
-            t(0x10000, SQ),
-            t(0x20000, SK),
-            t(0x30000, SK),
-            t(0x40000, SQ),
-            TensorView::contiguous(0x50000, [B, H, SQ], DType::F32),
-        )
+        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, D], DType::F16);
+        let lse = TensorView::contiguous(0x50000, [B, HQ, SQ], DType::F32);
+        FwdParams::new(t(0x10000, HQ, SQ), t(0x20000, HK, SK), t(0x30000, HK, SK), t(0x40000, HQ, SQ), Some(lse))
+    }
+
+    /// Gives every tensor head dim `d` (contiguous strides), keeping the call consistent.
+    fn with_head_dim(mut p: FwdParams, d: u64) -> FwdParams {
+        for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+            *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], d], t.dtype);
+        }
+        p
     }
 
     /// Sets size `dim` (0 = batch, 1 = heads) of every tensor, so the shapes stay consistent.
@@ -226,21 +141,29 @@ mod tests {
         for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
             t.sizes[dim] = size;
         }
-        p.lse.sizes[dim] = size;
+        if let Some(lse) = &mut p.lse {
+            lse.sizes[dim] = size;
+        }
     }
 
     #[test]
     fn valid_params_pass_validation() {
-        let shape = validate(&valid()).unwrap();
-        assert_eq!(shape, FwdShape { batch: B, heads: H, seqlen_q: SQ, seqlen_k: SK, head_dim: D });
+        let (shape, mask) = validate(&valid()).unwrap();
+        assert_eq!((shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k), (B, HQ, HK, SQ, SK));
+        assert_eq!((shape.head_dim, shape.head_dim_bucket, shape.gqa_group()), (D, 64, 2));
+        assert!(!mask.windowed);
+        let mut p = valid();
+        p.lse = None;
+        assert!(validate(&p).is_ok(), "lse is optional in the forward");
     }
 
     #[test]
     fn every_validation_error_has_its_kind() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut FwdParams)>, ErrorKind)> = vec![
+        type Mutation = Box<dyn Fn(&mut FwdParams)>;
+        let cases: Vec<(&str, Mutation, ErrorKind)> = vec![
             ("k dtype", Box::new(|p| p.k.dtype = DType::BF16), ErrorKind::DTypeMismatch),
             ("o dtype", Box::new(|p| p.o.dtype = DType::BF16), ErrorKind::DTypeMismatch),
-            ("lse dtype", Box::new(|p| p.lse.dtype = DType::F16), ErrorKind::DTypeMismatch),
+            ("lse dtype", Box::new(|p| p.lse.as_mut().unwrap().dtype = DType::F16), ErrorKind::DTypeMismatch),
             (
                 "fp32 inputs",
                 Box::new(|p| {
@@ -252,31 +175,32 @@ mod tests {
             ),
             ("v seqlen", Box::new(|p| p.v.sizes[2] = SK + 1), ErrorKind::ShapeMismatch),
             ("k batch", Box::new(|p| p.k.sizes[0] = B + 1), ErrorKind::ShapeMismatch),
-            ("o heads", Box::new(|p| p.o.sizes[1] = H + 1), ErrorKind::ShapeMismatch),
-            ("lse seqlen", Box::new(|p| p.lse.sizes[2] = SQ + 1), ErrorKind::ShapeMismatch),
+            ("o heads", Box::new(|p| p.o.sizes[1] = HQ + 1), ErrorKind::ShapeMismatch),
+            ("lse seqlen", Box::new(|p| p.lse.as_mut().unwrap().sizes[2] = SQ + 1), ErrorKind::ShapeMismatch),
             ("k head dim", Box::new(|p| p.k.sizes[3] = 128), ErrorKind::ShapeMismatch),
+            (
+                "Hq not a multiple of Hk",
+                Box::new(|p| {
+                    p.k.sizes[1] = 3;
+                    p.v.sizes[1] = 3;
+                }),
+                ErrorKind::ShapeMismatch,
+            ),
             ("negative stride", Box::new(|p| p.k.strides[1] = -64), ErrorKind::BadStrides),
             ("last stride", Box::new(|p| p.q.strides[3] = 2), ErrorKind::BadStrides),
-            ("lse last stride", Box::new(|p| p.lse.strides[2] = 2), ErrorKind::BadStrides),
-            (
-                "head dim 80",
-                Box::new(|p| {
-                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
-                        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 80], t.dtype);
-                    }
-                }),
-                ErrorKind::UnsupportedHeadDim,
-            ),
+            ("lse last stride", Box::new(|p| p.lse.as_mut().unwrap().strides[2] = 2), ErrorKind::BadStrides),
+            ("head dim 20", Box::new(|p| *p = with_head_dim(*p, 20)), ErrorKind::UnsupportedHeadDim),
+            ("head dim 264", Box::new(|p| *p = with_head_dim(*p, 264)), ErrorKind::UnsupportedHeadDim),
             ("q null", Box::new(|p| p.q.ptr = 0), ErrorKind::NullPointer),
-            ("lse null", Box::new(|p| p.lse.ptr = 0), ErrorKind::NullPointer),
+            ("lse null", Box::new(|p| p.lse.as_mut().unwrap().ptr = 0), ErrorKind::NullPointer),
             ("v misaligned", Box::new(|p| p.v.ptr += 1), ErrorKind::MisalignedPointer),
-            ("lse misaligned", Box::new(|p| p.lse.ptr += 2), ErrorKind::MisalignedPointer),
+            ("lse misaligned", Box::new(|p| p.lse.as_mut().unwrap().ptr += 2), ErrorKind::MisalignedPointer),
             (
                 "Sq 0",
                 Box::new(|p| {
                     p.q.sizes[2] = 0;
                     p.o.sizes[2] = 0;
-                    p.lse.sizes[2] = 0;
+                    p.lse.as_mut().unwrap().sizes[2] = 0;
                 }),
                 ErrorKind::EmptyInput,
             ),
@@ -291,7 +215,13 @@ mod tests {
             ("batch 0", Box::new(|p| set_outer_size(p, 0, 0)), ErrorKind::EmptyInput),
             ("scale NaN", Box::new(|p| p.sm_scale = f32::NAN), ErrorKind::InvalidArgument),
             ("scale inf", Box::new(|p| p.sm_scale = f32::INFINITY), ErrorKind::InvalidArgument),
-            ("heads above grid limit", Box::new(|p| set_outer_size(p, 1, 70_000)), ErrorKind::TooLarge),
+            ("window left -2", Box::new(|p| p.mask = Mask::window(-2, 4, MaskAlign::TopLeft)), ErrorKind::InvalidArgument),
+            ("window right -5", Box::new(|p| p.mask = Mask::window(3, -5, MaskAlign::BottomRight)), ErrorKind::InvalidArgument),
+            (
+                "heads above grid limit",
+                Box::new(|p| set_outer_size(p, 1, 70_000)),
+                ErrorKind::TooLarge,
+            ),
             ("row offsets overflow i32", Box::new(|p| p.k.strides[2] = 1 << 27), ErrorKind::TooLarge),
         ];
         for (name, mutate, want) in cases {
@@ -314,16 +244,43 @@ mod tests {
         let mut p = valid();
         p.q.ptr = 0x10001;
         assert!(validate(&p).unwrap_err().message().contains("0x10001"));
+        let err = validate(&with_head_dim(valid(), 264)).unwrap_err();
+        assert!(err.message().contains("264") && err.message().contains("256"), "{err}");
+    }
+
+    #[test]
+    fn head_dims_map_to_the_smallest_bucket() {
+        for (d, bucket) in [(8, 16), (16, 16), (24, 32), (40, 64), (64, 64), (72, 128), (128, 128), (136, 256), (256, 256)] {
+            let (shape, _) = validate(&with_head_dim(valid(), d)).unwrap();
+            assert_eq!(shape.head_dim_bucket, bucket, "head dim {d}");
+        }
+    }
+
+    #[test]
+    fn masks_become_kernel_window_arguments() {
+        let mut p = valid();
+        let unbounded = (SQ + SK) as i32;
+        p.mask = Mask::causal(MaskAlign::TopLeft);
+        let (_, m) = validate(&p).unwrap();
+        assert_eq!((m.windowed, m.left, m.right, m.diag_offset), (true, unbounded, 0, 0));
+        p.mask = Mask::causal(MaskAlign::BottomRight);
+        let (_, m) = validate(&p).unwrap();
+        assert_eq!((m.left, m.right, m.diag_offset), (unbounded, 0, (SK - SQ) as i32));
+        p.mask = Mask::window(0, 1000, MaskAlign::TopLeft);
+        let (_, m) = validate(&p).unwrap();
+        assert_eq!((m.left, m.right), (0, unbounded), "a window past the sequence is clamped");
+        p.mask = Mask::NONE;
+        assert!(!validate(&p).unwrap().1.windowed);
     }
 
     #[test]
     fn non_contiguous_bshd_layout_is_accepted() {
         // B×S×H×D memory viewed as B×H×S×D.
-        let t = |ptr, s: u64| {
-            TensorView::new(ptr, [B, H, s, D], [(s * H * D) as i64, D as i64, (H * D) as i64, 1], DType::BF16)
+        let t = |ptr, h: u64, s: u64| {
+            TensorView::new(ptr, [B, h, s, D], [(s * h * D) as i64, D as i64, (h * D) as i64, 1], DType::BF16)
         };
-        let lse = TensorView::contiguous(0x50000, [B, H, SQ], DType::F32);
-        let p = FwdParams::new(t(0x10000, SQ), t(0x20000, SK), t(0x30000, SK), t(0x40000, SQ), lse);
+        let lse = TensorView::contiguous(0x50000, [B, HQ, SQ], DType::F32);
+        let p = FwdParams::new(t(0x10000, HQ, SQ), t(0x20000, HK, SK), t(0x30000, HK, SK), t(0x40000, HQ, SQ), Some(lse));
         assert!(validate(&p).is_ok());
     }
 
@@ -342,17 +299,16 @@ mod tests {
         assert_eq!(attn_fwd(&p, Stream::null()).unwrap_err().kind(), ErrorKind::NullPointer);
     }
 
-    fn h100_like() -> DeviceInfo {
+    pub(crate) fn h100_like() -> DeviceInfo {
         DeviceInfo { ordinal: 0, arch: "sm_90".into(), multiprocessors: 132, max_shared_optin: 232_448 }
     }
 
     /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch.
     fn pick(p: &FwdParams) -> crate::archive::KernelMeta {
-        let shape = validate(p).unwrap();
-        let arch = images::built_archs()[0];
-        let loaded = images::archive_for(arch).unwrap();
-        let axes = functional_axes(p, &shape);
-        let args = kernel_args(p, &shape);
+        let (shape, mask) = validate(p).unwrap();
+        let loaded = images::archive_for(images::built_archs()[0]).unwrap();
+        let axes = axes(p.q.dtype, &shape, Some(mask.windowed));
+        let args = kernel_args(p, &shape, &mask);
         let request = Request { family: "attn_fwd", axes: &axes, args: &args };
         let index = dispatch::find_functional(&loaded, &request).unwrap();
         let functional = &loaded.archive.functionals()[index];
@@ -363,23 +319,23 @@ mod tests {
 
     fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams {
         let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
-        FwdParams::new(t(0x100000), t(0x200000), t(0x300000), t(0x400000), TensorView::contiguous(0x500000, [b, h, s], DType::F32))
+        let lse = TensorView::contiguous(0x500000, [b, h, s], DType::F32);
+        FwdParams::new(t(0x100000), t(0x200000), t(0x300000), t(0x400000), Some(lse))
     }
 
     #[test]
     fn every_compiled_functional_is_found() {
-        let arch = images::built_archs()[0];
-        let loaded = images::archive_for(arch).unwrap();
+        let loaded = images::archive_for(images::built_archs()[0]).unwrap();
         for dtype in [DType::F16, DType::BF16] {
-            for d in [64, 128] {
-                for causal in [false, true] {
+            for d in [8, 24, 40, 64, 72, 128, 160, 256] {
+                for mask in [Mask::NONE, Mask::causal(MaskAlign::BottomRight)] {
                     let mut p = sized(1, 1, 16, d);
                     for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
                         t.dtype = dtype;
                     }
-                    p.causal = causal;
-                    let shape = validate(&p).unwrap();
-                    let axes = functional_axes(&p, &shape);
+                    p.mask = mask;
+                    let (shape, mask) = validate(&p).unwrap();
+                    let axes = axes(dtype, &shape, Some(mask.windowed));
                     let request = Request { family: "attn_fwd", axes: &axes, args: &[] };
                     dispatch::find_functional(&loaded, &request).unwrap();
                 }
@@ -401,9 +357,11 @@ mod tests {
         let mut p = sized(4, 16, 4096, 128);
         p.q.ptr += 2;
         assert_eq!(pick(&p).variant, "generic");
-        // So does a row stride that is not a multiple of 16 elements.
+        // So does a row stride that is not a multiple of 8 elements (16 bytes).
         let mut p = sized(1, 2, 100, 64);
-        p.k.strides = [2 * 100 * 88, 100 * 88, 88, 1];
+        p.k.strides = [2 * 100 * 68, 100 * 68, 68, 1];
         assert_eq!(pick(&p).variant, "generic");
+        // A head dim of 24 keeps 16-byte rows: the aligned bucket-32 kernel serves it.
+        assert_eq!(pick(&sized(4, 16, 512, 24)).variant, "aligned");
     }
 }
