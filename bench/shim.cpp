@@ -1,8 +1,17 @@
-// A C ABI over aotriton::v2::flash::attn_fwd for ctypes (bench/bench_fwd.py): primitive types only.
-// Build (see CMakeLists.txt here):  cmake -S bench -B /tmp/bench -G Ninja \
-//     -DCMAKE_PREFIX_PATH=<aotriton install prefix> && ninja -C /tmp/bench
-// or directly:  g++ -O2 -std=c++17 -shared -fPIC bench/shim.cpp -I<prefix>/include \
-//     -L<prefix>/lib -laotriton -Wl,-rpath,<prefix>/lib -o libaotriton_shim.so
+// A C ABI over aotriton::v2::flash::attn_fwd / attn_bwd for ctypes (bench/bench_attn.py,
+// bench/grad_check.py): primitive types only.
+// Build (see CMakeLists.txt here):
+//   cmake -S bench -B /tmp/bench -G Ninja -DCMAKE_PREFIX_PATH=<aotriton install prefix> && ninja -C /tmp/bench
+// or directly:
+//   g++ -O2 -std=c++17 -shared -fPIC bench/shim.cpp -I<prefix>/include -L<prefix>/lib -laotriton
+//       -Wl,-rpath,<prefix>/lib -o libaotriton_shim.so
+//
+// Common conventions: tensors are device pointers with their sizes and element strides passed
+// as int64 arrays, 4 per B x H x S x D tensor and 3 per B x Hq x Sq fp32 row tensor (lse, delta),
+// in the order the tensors are listed. dtype: 1 fp16, 2 bf16 (aotriton::DType). Masks: causal
+// (0/1), align (0 top-left, 1 bottom-right), window_left / window_right (-1 = unbounded), with
+// the semantics of aotriton/flash.h. stream: a CUstream (0 = legacy default stream). Each call
+// returns the aotriton::Status value (0 = success); aotriton_shim_last_error() tells why not.
 #include <cstdint>
 
 #include "aotriton/flash.h"
@@ -22,18 +31,22 @@ aotriton::TensorView<R> make_view(uint64_t ptr, const int64_t* sizes, const int6
   return t;
 }
 
+aotriton::Stream make_stream(uint64_t stream) {
+  aotriton::Stream s;
+  s.handle = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
+  return s;
+}
+
 }  // namespace
 
 extern "C" {
 
-// q, k, v, o: device pointers of B x H x S x D views; `sizes4` and `strides4` hold 16 int64 each,
-// the sizes / element strides of q, k, v, o in that order. lse: B x H x Sq fp32 with `lse_sizes3`
-// and `lse_strides3`. dtype: 1 fp16, 2 bf16 (aotriton::DType). stream: a CUstream (0 = legacy
-// default stream). Returns the aotriton::Status value (0 = success).
+// q, k, v, o: `sizes4` / `strides4` hold 16 int64 each (q, k, v, o). lse: B x Hq x Sq fp32 with
+// `lse_sizes3` / `lse_strides3`; lse = 0 means "not wanted" (the forward then skips it).
 __attribute__((visibility("default"))) int aotriton_shim_attn_fwd(
     uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t lse, const int64_t* sizes4,
     const int64_t* strides4, const int64_t* lse_sizes3, const int64_t* lse_strides3, int dtype,
-    float sm_scale, int causal, uint64_t stream) {
+    float sm_scale, int causal, int align, int window_left, int window_right, uint64_t stream) {
   const auto dt = static_cast<aotriton::DType>(dtype);
   aotriton::v2::flash::FwdParams p;
   p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
@@ -43,9 +56,37 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_fwd(
   p.lse = make_view<3>(lse, lse_sizes3, lse_strides3, aotriton::DType::kFloat32);
   p.sm_scale = sm_scale;
   p.causal = causal != 0;
-  aotriton::Stream s;
-  s.handle = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
-  return static_cast<int>(aotriton::v2::flash::attn_fwd(p, s));
+  p.align = align ? aotriton::v2::flash::MaskAlign::kBottomRight : aotriton::v2::flash::MaskAlign::kTopLeft;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  return static_cast<int>(aotriton::v2::flash::attn_fwd(p, make_stream(stream)));
+}
+
+// q, k, v, o, d_o, dq, dk, dv: `sizes4` / `strides4` hold 32 int64 each, in that order.
+// lse, delta: `rows_sizes3` / `rows_strides3` hold 6 int64 each (lse, then delta).
+__attribute__((visibility("default"))) int aotriton_shim_attn_bwd(
+    uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t d_o, uint64_t dq, uint64_t dk, uint64_t dv,
+    uint64_t lse, uint64_t delta, const int64_t* sizes4, const int64_t* strides4, const int64_t* rows_sizes3,
+    const int64_t* rows_strides3, int dtype, float sm_scale, int causal, int align, int window_left,
+    int window_right, uint64_t stream) {
+  const auto dt = static_cast<aotriton::DType>(dtype);
+  aotriton::v2::flash::BwdParams p;
+  p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
+  p.k = make_view<4>(k, sizes4 + 4, strides4 + 4, dt);
+  p.v = make_view<4>(v, sizes4 + 8, strides4 + 8, dt);
+  p.o = make_view<4>(o, sizes4 + 12, strides4 + 12, dt);
+  p.d_o = make_view<4>(d_o, sizes4 + 16, strides4 + 16, dt);
+  p.dq = make_view<4>(dq, sizes4 + 20, strides4 + 20, dt);
+  p.dk = make_view<4>(dk, sizes4 + 24, strides4 + 24, dt);
+  p.dv = make_view<4>(dv, sizes4 + 28, strides4 + 28, dt);
+  p.lse = make_view<3>(lse, rows_sizes3 + 0, rows_strides3 + 0, aotriton::DType::kFloat32);
+  p.delta = make_view<3>(delta, rows_sizes3 + 3, rows_strides3 + 3, aotriton::DType::kFloat32);
+  p.sm_scale = sm_scale;
+  p.causal = causal != 0;
+  p.align = align ? aotriton::v2::flash::MaskAlign::kBottomRight : aotriton::v2::flash::MaskAlign::kTopLeft;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  return static_cast<int>(aotriton::v2::flash::attn_bwd(p, make_stream(stream)));
 }
 
 // The calling thread's last error message (empty after a success).

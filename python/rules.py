@@ -5,27 +5,42 @@ so it is cheap for build tools and tests.
 
 Vocabulary
 ----------
-* **family**     -- one Triton kernel function (``attn_fwd`` in ``kernels/flash/fwd.py``).
-* **functional** -- one point of the functional axes (dtype, head_dim, causal): what
-  the kernel computes.  Every functional is compiled for every arch.
-* **config**     -- performance parameters (BLOCK_M, BLOCK_N, num_warps, num_stages);
-  they change speed, never results.
-* **variant**    -- ``aligned``: every pointer and Q/K/V/O stride argument carries a
-  ``tt.divisibility=16`` hint (pointers 16-byte aligned, strides multiples of 16
-  elements); ``generic``: no hints, correct for any layout whose last dimension
-  is contiguous.
+* **family**     -- one Triton kernel function, one per file under ``kernels/flash/``:
+  ``attn_fwd`` (``fwd.py``), ``attn_bwd_preprocess`` (``bwd_preprocess.py``),
+  ``attn_bwd_dkdv`` (``bwd_dkdv.py``), ``attn_bwd_dq`` (``bwd_dq.py``).
+* **functional** -- one point of the family's functional axes: what the kernel
+  computes.  ``attn_fwd``, ``attn_bwd_dkdv``, ``attn_bwd_dq``: (dtype, head_dim,
+  windowed); ``attn_bwd_preprocess``: (dtype, head_dim).  ``head_dim`` is a
+  power-of-two bucket (``HEAD_DIMS``): the kernel serves every real head dim
+  ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``windowed``: ``False`` = no
+  mask besides the sequence tails, ``True`` = the general window (causal
+  top-left / bottom-right, sliding windows; ``kernels/flash/mask.py``).
+  Every functional is compiled for every arch.
+* **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
+  it, num_warps, num_stages); they change speed, never results.
+* **variant**    -- ``aligned``: every pointer carries ``tt.divisibility=16``
+  (16-byte aligned), every batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV
+  tensors a hint of 16 bytes in elements (8 for fp16/bf16), and ``D_HEAD`` a
+  hint of 8; nothing else is hinted (not the LSE/DELTA strides, sequence
+  lengths or window arguments).  ``generic``: no hints, correct for any layout
+  whose last dimension is contiguous and any ``D_HEAD`` multiple of 8.
 
-Per (functional, arch) the build compiles every config of ``PERF_CONFIGS`` as an
+What is compiled
+----------------
+Per (functional, arch) every config of the family's config function as an
 ``aligned`` kernel plus one ``generic`` kernel (the smallest-BLOCK_M config).
+``attn_fwd`` has two configs (main, small BLOCK_M); the backward families one.
 
 Runtime choice between kernels (implemented by the Rust runtime)
 ----------------------------------------------------------------
-1. Variant: ``aligned`` when all five pointers are 16-byte aligned and every
-   Q/K/V/O stride argument is a multiple of 16; otherwise ``generic``. The
-   runtime checks each kernel's recorded hints against the real values.
-2. Config among the ``aligned`` kernels: use the largest BLOCK_M whose grid
-   ``cdiv(Sq, BLOCK_M) * H * B`` fills every SM (CU on AMD) at least once;
-   otherwise (small problems) the smallest BLOCK_M.
+0. Functional: the smallest ``head_dim`` bucket ``>= D_HEAD``.
+1. Variant: ``aligned`` when every hinted argument of the kernel divides by its
+   recorded hint (the runtime checks each kernel's recorded hints against the
+   real values); otherwise ``generic``.
+2. Forward config among the ``aligned`` kernels: use the largest BLOCK_M whose
+   grid ``cdiv(Sq, BLOCK_M) * Hq * B`` fills every SM (CU on AMD) at least once;
+   otherwise (small problems) the smallest BLOCK_M.  Backward families: their
+   single ``aligned`` config when its hints hold, else ``generic``.
 """
 from __future__ import annotations
 
@@ -73,77 +88,202 @@ def parse_arch_list(text: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# attn_fwd: functional axes
+# Functional axes
 # --------------------------------------------------------------------------
 
 DTYPES = ["fp16", "bf16"]
-#: Head dimensions compiled.  Adding one here is all it takes to ship it
-#: (it must be a power of two; give it configs in _attn_fwd_configs if the
-#: defaults do not fit).
-HEAD_DIMS = [64, 128]
-CAUSAL = [False, True]
+#: Head-dim buckets compiled (powers of two).  The runtime passes the real head
+#: dim ``D_HEAD`` (a multiple of 8) and picks the smallest bucket >= D_HEAD.
+HEAD_DIMS = [16, 32, 64, 128, 256]
+#: ``False``: no mask besides the sequence tails; ``True``: the general window
+#: (causal in either alignment, sliding windows), see kernels/flash/mask.py.
+WINDOWED = [False, True]
 
-ATTN_FWD_ARGS = [
-    "Q", "K", "V", "O", "LSE", "sm_scale",
-    "stride_qz", "stride_qh", "stride_qm",
-    "stride_kz", "stride_kh", "stride_kn",
-    "stride_vz", "stride_vh", "stride_vn",
-    "stride_oz", "stride_oh", "stride_om",
-    "stride_lz", "stride_lh",
-    "N_CTX_Q", "N_CTX_K",
-    "HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL",
-]
-ATTN_FWD_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "CAUSAL"]
+#: Bytes per element of each pointer dtype.
+ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+#: Pointer alignment (bytes) and the byte multiple every hinted stride has in ``aligned``.
+ALIGN_BYTES = 16
+#: ``D_HEAD`` hint in ``aligned``: keeps the head-dim mask constant over 8 elements (16 bytes).
+D_HEAD_DIVISIBILITY = 8
+
+#: Tensors in the input/output dtype; their z/h/row strides are hinted in ``aligned``.
+_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+#: fp32 per-row tensors (pointers hinted, strides not: a hint would send every odd Sq to `generic`).
+_ROW_TENSORS = ("LSE", "DELTA")
+#: Row strides (i32: the runtime guarantees ``row * stride`` fits in int32).
+_ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
+                "stride_dvn"}
+#: stride argument prefix -> tensor
+_STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o": "O", "stride_do": "DO",
+                  "stride_dq": "DQ", "stride_dk": "DK", "stride_dv": "DV", "stride_l": "LSE",
+                  "stride_delta": "DELTA"}
 
 
-def attn_fwd_signature(functional: dict[str, Any]) -> dict[str, str]:
-    """Triton signature (argument name -> type) of ``attn_fwd`` for one functional, in ABI order."""
-    ptr = f"*{functional['dtype']}"
-    sig = {}
-    for name in ATTN_FWD_ARGS:
-        if name in ("Q", "K", "V", "O"):
-            sig[name] = ptr
-        elif name == "LSE":
-            sig[name] = "*fp32"
-        elif name == "sm_scale":
-            sig[name] = "fp32"
-        elif name in ("stride_qm", "stride_kn", "stride_vn", "stride_om"):
-            sig[name] = "i32"  # row strides: the runtime guarantees row * stride fits in int32
-        elif name.startswith("stride_"):
-            sig[name] = "i64"  # batch / head strides may exceed 2**31
-        elif name in ("N_CTX_Q", "N_CTX_K"):
-            sig[name] = "i32"
-        else:
-            assert name in ATTN_FWD_CONSTEXPRS, name
-            sig[name] = "constexpr"
-    return sig
+def _strides(prefix: str, dims: str) -> list[str]:
+    return [f"stride_{prefix}{d}" for d in dims]
+
+
+def stride_tensor(name: str) -> str:
+    """``stride_dkn`` -> ``DK``: the tensor a stride argument belongs to."""
+    assert name.startswith("stride_")
+    return _STRIDE_TENSOR[name[:-1]]
+
+
+ATTN_FWD_ARGS = (
+    ["Q", "K", "V", "O", "LSE", "sm_scale"]
+    + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
+    + _strides("l", "zh")
+    + ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET", "STORE_LSE"]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+)
+ATTN_BWD_PREPROCESS_ARGS = (
+    ["O", "DO", "DELTA"]
+    + _strides("o", "zhm") + _strides("do", "zhm") + _strides("delta", "zh")
+    + ["N_CTX_Q", "D_HEAD"]
+    + ["HEAD_DIM", "BLOCK_M"]
+)
+_BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("do", "zhm")
+                      + _strides("l", "zh") + _strides("delta", "zh"))
+_BWD_RUNTIME_INTS = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET"]
+ATTN_BWD_DKDV_ARGS = (
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "sm_scale"]
+    + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn")
+    + _BWD_RUNTIME_INTS
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+)
+ATTN_BWD_DQ_ARGS = (
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "sm_scale"]
+    + _BWD_INPUT_STRIDES + _strides("dq", "zhm")
+    + _BWD_RUNTIME_INTS
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+)
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED")
+
+
+def arg_type(name: str, dtype: str) -> str:
+    """Triton type of one (non-constexpr) argument; the same rules for every family."""
+    if name in _DATA_TENSORS:
+        return f"*{dtype}"
+    if name in _ROW_TENSORS:
+        return "*fp32"
+    if name == "sm_scale":
+        return "fp32"
+    if name in _ROW_STRIDES:
+        return "i32"
+    if name.startswith("stride_"):
+        return "i64"  # batch / head strides may exceed 2**31; LSE/DELTA strides too
+    return "i32"      # sequence lengths, D_HEAD, GQA_GROUP, window, STORE_LSE
+
+
+def _signature_of(args: list[str], constexprs: list[str]):
+    def signature(functional: dict[str, Any]) -> dict[str, str]:
+        """Triton signature (argument name -> type) for one functional, in ABI order."""
+        return {n: ("constexpr" if n in constexprs else arg_type(n, functional["dtype"])) for n in args}
+    return signature
+
+
+def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
+    """``tt.divisibility`` per runtime argument in the ``aligned`` variant (1 = no hint).
+
+    Pointers: 16 bytes.  Batch/head/row strides of the Q/K/V/O/DO/DQ/DK/DV
+    tensors: 16 bytes in elements (8 for fp16/bf16, 4 for fp32).  ``D_HEAD``: 8.
+    Nothing else (LSE/DELTA strides, sequence lengths, window arguments are free).
+    """
+    hints = {}
+    for name, ty in signature.items():
+        if ty == "constexpr":
+            continue
+        d = 1
+        if ty.startswith("*"):
+            d = ALIGN_BYTES
+        elif name.startswith("stride_") and stride_tensor(name) in _DATA_TENSORS:
+            d = ALIGN_BYTES // ELEMENT_SIZE[signature[stride_tensor(name)][1:]]
+        elif name == "D_HEAD":
+            d = D_HEAD_DIVISIBILITY
+        hints[name] = d
+    return hints
+
+
+# --------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------
+
+def _cfg(bm, bn, w, s):
+    c = {"BLOCK_M": bm}
+    if bn is not None:
+        c["BLOCK_N"] = bn
+    c.update(num_warps=w, num_stages=s)
+    return c
 
 
 def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """Performance configs per (functional, arch), largest BLOCK_M first.
+    """Forward configs per (functional, arch), largest BLOCK_M first: main + small BLOCK_M.
 
     Not measured per arch except sm_90 hd128 (probe on H200: BLOCK_M 128,
     BLOCK_N 64, 4 warps, 2 stages was the best of 24 configs for bf16).
-    The tuning database will replace these picks.
+    hd256 uses 8 warps (the 128x256 fp32 accumulator) and BLOCK_N 32 where
+    shared memory is smaller than sm_90's.  The tuning database will replace these picks.
     """
     hd = functional["head_dim"]
     backend = TARGETS[arch][0]
-
-    def cfg(bm, bn, w, s):
-        return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": s}
-
     if backend == "cuda":
+        if hd == 256:
+            # 8 warps for the 128x256 / 64x256 fp32 accumulators (no spills on sm_90, ptxas -v).
+            return [_cfg(128, 64 if arch == "sm_90" else 32, 8, 2), _cfg(64, 32, 8, 2)]
         stages = 3 if hd <= 64 else 2
         if arch == "sm_80" and hd > 64:
-            main = cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
+            main = _cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
         else:
-            main = cfg(128, 64, 4, stages)
-        small = cfg(64, 64, 4, stages)
-        return [main, small]
+            main = _cfg(128, 64, 4, stages)
+        return [main, _cfg(64, 64, 4, stages)]
     # AMD (wave64): the LDS is 64 KiB, so one K/V stage (num_stages 1) for
-    # hd128 and two for hd64; 4 waves of 64 lanes per block.
+    # hd >= 128 and two below; BLOCK_N 32 at hd256; 4 waves of 64 lanes per block.
     stages = 2 if hd <= 64 else 1
-    return [cfg(128, 64, 4, stages), cfg(64, 64, 4, stages)]
+    bn = 32 if hd == 256 else 64
+    return [_cfg(128, bn, 4, stages), _cfg(64, bn, 4, stages)]
+
+
+def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config: a row reduction, BLOCK_M rows per program (8192 elements per tile: no spills in `generic`)."""
+    return [_cfg(min(128, 8192 // functional["head_dim"]), None, 4, 1)]
+
+
+def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config.  BLOCK_N keys per program (dK, dV, K, V stay in registers), BLOCK_M queries per step.
+
+    CUDA picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
+    """
+    hd = functional["head_dim"]
+    if TARGETS[arch][0] == "cuda":
+        if hd <= 64:
+            return [_cfg(32, 128, 8, 3)]
+        if hd == 128:
+            return [_cfg(32, 64, 8, 2)]
+        return [_cfg(32, 32, 8, 1)]
+    if hd <= 64:
+        return [_cfg(32, 64, 4, 2)]
+    if hd == 128:
+        return [_cfg(32, 64, 4, 1)]
+    return [_cfg(16, 32, 4, 1)]
+
+
+def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config.  BLOCK_M queries per program (dQ, Q, dO stay in registers), BLOCK_N keys per step.
+
+    CUDA picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
+    """
+    hd = functional["head_dim"]
+    if TARGETS[arch][0] == "cuda":
+        if hd <= 64:
+            return [_cfg(64, 64, 4, 3)]
+        if hd == 128:
+            return [_cfg(64, 32, 4, 2)]
+        return [_cfg(32, 32, 8, 1)]
+    if hd <= 64:
+        return [_cfg(64, 32, 4, 2)]
+    if hd == 128:
+        return [_cfg(64, 32, 4, 1)]
+    return [_cfg(32, 32, 4, 1)]
 
 
 # --------------------------------------------------------------------------
@@ -160,27 +300,31 @@ class Family:
     constexprs: list[str]
     signature: Any                  #: functional -> {arg: type}
     configs: Any                    #: (arch, functional) -> [config], largest BLOCK_M first
-    hinted_args: list[str]          #: args that get tt.divisibility=16 in the aligned variant
 
 
-ATTN_FWD = Family(
-    name="attn_fwd",
-    module="kernels/flash/fwd.py",
-    function="attn_fwd",
-    axes={"dtype": DTYPES, "head_dim": HEAD_DIMS, "causal": CAUSAL},
-    args=ATTN_FWD_ARGS,
-    constexprs=ATTN_FWD_CONSTEXPRS,
-    signature=attn_fwd_signature,
-    configs=_attn_fwd_configs,
-    # LSE strides are not hinted: its rows are written once per program (no vector width to
-    # gain), and a hint would send every odd Sq (contiguous LSE has stride_lh = Sq) to `generic`.
-    hinted_args=["Q", "K", "V", "O", "LSE"]
-    + [a for a in ATTN_FWD_ARGS if a.startswith("stride_") and not a.startswith("stride_l")],
-)
+def _family(name, module, args, axes, configs) -> Family:
+    constexprs = [a for a in args if a in _CONSTEXPRS]
+    return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
+                  signature=_signature_of(list(args), constexprs), configs=configs)
 
-FAMILIES = [ATTN_FWD]
 
-DIVISIBILITY = 16
+ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS,
+                   {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_fwd_configs)
+ATTN_BWD_PREPROCESS = _family("attn_bwd_preprocess", "kernels/flash/bwd_preprocess.py", ATTN_BWD_PREPROCESS_ARGS,
+                              {"dtype": DTYPES, "head_dim": HEAD_DIMS}, _attn_bwd_preprocess_configs)
+ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS,
+                        {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_bwd_dkdv_configs)
+ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS,
+                      {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_bwd_dq_configs)
+
+FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ]
+
+
+def family(name: str) -> Family:
+    for f in FAMILIES:
+        if f.name == name:
+            return f
+    raise KeyError(name)
 
 
 def functionals(family: Family) -> list[dict[str, Any]]:
@@ -215,7 +359,7 @@ class KernelSpec:
     target: dict[str, Any]                      #: {"backend", "arch", "warp_size"}
     signature: dict[str, str]                   #: every argument -> type ("constexpr" for constexprs)
     constexprs: dict[str, Any]
-    divisibility: dict[str, int]                #: runtime argument -> 16 or 1
+    divisibility: dict[str, int]                #: runtime argument -> tt.divisibility (1 = no hint)
 
     @property
     def args(self) -> list[dict[str, Any]]:
@@ -225,7 +369,7 @@ class KernelSpec:
 
     @property
     def attrs(self) -> dict[tuple[int, ...], list[list]]:
-        """``ASTSource`` attrs: ``{(arg index,): [["tt.divisibility", 16]]}`` for hinted arguments."""
+        """``ASTSource`` attrs: ``{(arg index,): [["tt.divisibility", d]]}`` for hinted arguments."""
         names = list(self.signature)
         return {(names.index(n),): [["tt.divisibility", d]]
                 for n, d in self.divisibility.items() if d != 1}
@@ -252,8 +396,11 @@ class KernelSpec:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
+_AXIS_ABBREV = {"windowed": "win"}
+
+
 def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int], variant: str) -> str:
-    """Stable, unique, file-name safe id: ``attn_fwd-fp16-hd64-causal0-m128n64w4s2-aligned``."""
+    """Stable, unique, file-name safe id: ``attn_bwd_dkdv-bf16-hd128-win1-m32n64w4s2-aligned``."""
     parts = [family.name]
     for axis in family.axes:
         v = functional[axis]
@@ -262,10 +409,11 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
         elif axis == "head_dim":
             parts.append(f"hd{v}")
         elif isinstance(v, bool):
-            parts.append(f"{axis}{int(v)}")
+            parts.append(f"{_AXIS_ABBREV.get(axis, axis)}{int(v)}")
         else:
             parts.append(f"{axis}{v}")
-    parts.append(f"m{config['BLOCK_M']}n{config['BLOCK_N']}w{config['num_warps']}s{config['num_stages']}")
+    bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
+    parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}")
     parts.append(variant)
     return "-".join(parts)
 
@@ -273,11 +421,13 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
     backend, target_arch, warp_size = target_of(arch)
     signature = family.signature(functional)
-    constexprs = {"HEAD_DIM": functional["head_dim"], "BLOCK_M": config["BLOCK_M"],
-                  "BLOCK_N": config["BLOCK_N"], "CAUSAL": bool(functional["causal"])}
-    assert list(constexprs) == family.constexprs
-    hinted = set(family.hinted_args) if variant == "aligned" else set()
-    divisibility = {n: (DIVISIBILITY if n in hinted else 1) for n, t in signature.items() if t != "constexpr"}
+    values = {"HEAD_DIM": functional["head_dim"], "BLOCK_M": config.get("BLOCK_M"),
+              "BLOCK_N": config.get("BLOCK_N"), "WINDOWED": bool(functional.get("windowed"))}
+    constexprs = {n: values[n] for n in family.constexprs}
+    if variant == "aligned":
+        divisibility = aligned_hints(signature)
+    else:
+        divisibility = {n: 1 for n, t in signature.items() if t != "constexpr"}
     return KernelSpec(
         id=kernel_id(family, functional, config, variant),
         family=family.name, module=family.module, function=family.function,
@@ -296,7 +446,7 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None) -> list[K
             configs = family.configs(arch, functional)
             for config in configs:
                 specs.append(_spec(family, arch, functional, config, "aligned"))
-            smallest = min(configs, key=lambda c: (c["BLOCK_M"], c["BLOCK_N"]))
+            smallest = min(configs, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
             specs.append(_spec(family, arch, functional, smallest, "generic"))
     specs.sort(key=lambda s: s.id)
     ids = [s.id for s in specs]

@@ -24,13 +24,15 @@ DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def launch(q, k, v, causal, cfg, sm_scale):
+    """Causal here is top-left causal: WINDOWED with (left, right, offset) = (unbounded, 0, 0)."""
     B, H, Sq, D = q.shape
     o = torch.full_like(q, float("nan"))
     lse = torch.full((B, H, Sq), float("nan"), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(Sq, cfg["BLOCK_M"]), H, B)
     attn_fwd[grid](q, k, v, o, lse, sm_scale, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                   *lse.stride()[:2], Sq, k.shape[2], HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                   CAUSAL=causal, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                   *lse.stride()[:2], Sq, k.shape[2], D, H // k.shape[1], 2 ** 30, 0, 0, 1,
+                   HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                   WINDOWED=causal, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o, lse
 
 
@@ -47,7 +49,7 @@ def reference(q, k, v, causal, sm_scale, dtype):
 def check():
     fails = 0
     for dtype, D, causal in itertools.product(DT, rules.HEAD_DIMS, (False, True)):
-        for cfg in rules._attn_fwd_configs("sm_90", {"dtype": dtype, "head_dim": D, "causal": causal}):
+        for cfg in rules._attn_fwd_configs("sm_90", {"dtype": dtype, "head_dim": D, "windowed": causal}):
             for B, H, Sq, Sk, bshd in [(2, 3, 1, 1, False), (2, 3, 257, 129, False), (1, 4, 129, 300, True),
                                        (2, 2, 1000, 1000, False)]:
                 g = torch.Generator(device="cuda").manual_seed(0)

@@ -1,6 +1,7 @@
 """The compile driver end to end: one small sm_90 kernel, its JSON contract, the cache."""
 import json
 import os
+import re
 import shutil
 import tempfile
 import unittest
@@ -9,7 +10,7 @@ import _paths  # noqa: F401
 import compile as driver
 import rules
 
-ONLY = "attn_fwd-fp16-hd64-causal1-m64n64w4s3-generic"
+ONLY = "attn_fwd-fp16-hd64-win1-m64n64w4s3-generic"
 
 CONTRACT_KEYS = {
     "id", "family", "functional", "config", "variant", "arch", "triton_version", "symbol", "image", "args",
@@ -48,14 +49,14 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(set(info), CONTRACT_KEYS)
         self.assertEqual(info["id"], ONLY)
         self.assertEqual(info["family"], "attn_fwd")
-        self.assertEqual(info["functional"], {"dtype": "fp16", "head_dim": 64, "causal": True})
+        self.assertEqual(info["functional"], {"dtype": "fp16", "head_dim": 64, "windowed": True})
         self.assertEqual(info["config"], {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
         self.assertEqual(info["variant"], "generic")
         self.assertEqual(info["arch"], "sm_90")
         self.assertEqual(info["triton_version"], driver.triton_version())
         self.assertEqual(info["symbol"], "attn_fwd")
         self.assertEqual(info["image"], ONLY + ".cubin")
-        self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "CAUSAL": True})
+        self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "WINDOWED": True})
         self.assertEqual(info["num_warps"], 4)
         self.assertEqual(info["warp_size"], 32)
         self.assertEqual(info["num_ctas"], 1)
@@ -63,11 +64,14 @@ class CompileDriverTest(unittest.TestCase):
         for k in ("global_scratch_size", "profile_scratch_size"):
             self.assertIsInstance(info[k], int)
         args = info["args"]
-        self.assertEqual([a["name"] for a in args], [n for n in rules.ATTN_FWD_ARGS if n not in rules.ATTN_FWD_CONSTEXPRS])
+        self.assertEqual([a["name"] for a in args], [n for n in rules.ATTN_FWD.args if n not in rules.ATTN_FWD.constexprs])
         self.assertEqual(args[0], {"name": "Q", "type": "*fp16", "divisibility": 1})
         self.assertEqual(args[4], {"name": "LSE", "type": "*fp32", "divisibility": 1})
         self.assertEqual(args[5], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
         self.assertEqual({a["divisibility"] for a in args}, {1})
+        types = {a["name"]: a["type"] for a in args}
+        for n in ("D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET", "STORE_LSE"):
+            self.assertEqual(types[n], "i32", n)
 
     def test_image_and_manifest(self):
         with open(os.path.join(self.arch_dir(), ONLY + ".cubin"), "rb") as f:
@@ -93,6 +97,34 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(log, [st.summary()])
         self.assertFalse(os.path.exists(stale), "stale file not removed")
         self.assertEqual({p: os.stat(p).st_mtime_ns for p in paths}, before, "a cache hit rewrote output files")
+
+    def test_aligned_loads_are_vectorized(self):
+        # The D_HEAD hint (8) keeps the head-dim mask constant over 8 fp16, so the aligned
+        # hd128 forward still moves Q/K/V in 16-byte accesses (cp.async 16 / ld.global.v4).
+        import subprocess
+        import sys
+        code = (
+            "import sys; sys.path.insert(0, %r)\n"
+            "import compile as d, rules\n"
+            "d._setup_triton_env(%r)\n"
+            "import importlib, triton\n"
+            "from triton.backends.compiler import GPUTarget\n"
+            "from triton.compiler import ASTSource, make_backend\n"
+            "s = next(s for s in rules.enumerate_kernels('sm_90') if s.id == %r)\n"
+            "fn = getattr(importlib.import_module(rules.module_name(rules.ATTN_FWD)), s.function)\n"
+            "t = GPUTarget('cuda', 90, 32)\n"
+            "o = make_backend(t).parse_options(dict(s.options))\n"
+            "cc = triton.compile(ASTSource(fn=fn, signature=s.signature, constexprs=s.constexprs, attrs=s.attrs),"
+            " target=t, options=o.__dict__)\n"
+            "print(cc.asm['ptx'])\n"
+        ) % (_paths.PYTHON_DIR, os.path.join(self.tmp, "home"), "attn_fwd-fp16-hd128-win1-m128n64w4s2-aligned")
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        ptx = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True, check=True,
+                             env=env).stdout
+        lines = [ln for ln in ptx.splitlines() if "ld.global" in ln or re.search(r"cp\.async\.c[ag]\.", ln)]
+        self.assertTrue(lines)
+        narrow = [ln for ln in lines if not ("ld.global.v4" in ln or ("cp.async" in ln and "0x10" in ln))]
+        self.assertEqual(narrow, [], "Q/K/V accesses narrower than 16 bytes")
 
     def test_unknown_arch(self):
         with self.assertRaises(rules.UnknownArchError):

@@ -5,10 +5,14 @@
 # sources of test/gpu/cpp and bench/, and on the machine: cmake, ninja (optional), g++, python3
 # with torch and triton, the CUDA driver. Builds the C++ test and the benchmark shim against
 # .stage/install into $BUILD (default /tmp/aotriton-gpu-build), runs
-#   1. the Rust API test   (.stage/bin/aotriton-gpu-tests)
-#   2. the C++ API test    (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so)
-#   3. the forward benchmark (bench/bench_fwd.py through bench/shim.cpp)
-# keeps going when one part fails, prints a short summary last and exits 1 if anything failed.
+#   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases)
+#   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so)
+#   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64)
+#   4. the benchmark         (bench/bench_attn.py: forward and backward beside torch SDPA)
+# keeps going when one part fails, prints a short summary last (pass/fail lines and both
+# benchmark tables) and exits 1 if anything failed. Files in $OUT: rust-api.log, cpp-api.log,
+# grad-check.log, bench_attn.log, bench_attn.json, and build-<name>.log only for a failed build.
+# BENCH_ARGS adds options to bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens 4096").
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -68,7 +72,8 @@ result_line() {
   if [ -n "$line" ]; then echo "$line"; else echo "$api: did not finish (exit $rc): $(tail -n 1 "$out")"; fi
 }
 
-rm -f "$OUT"/rust-api.log "$OUT"/cpp-api.log "$OUT"/bench_fwd.* "$OUT"/build-*.log "$BUILD"/*.failures
+rm -f "$OUT"/rust-api.log "$OUT"/cpp-api.log "$OUT"/grad-check.log "$OUT"/bench_fwd.* "$OUT"/bench_attn.* \
+  "$OUT"/build-*.log "$BUILD"/*.failures
 
 # 1. Rust API test
 run_test rust-api "$STAGE/bin/aotriton-gpu-tests"
@@ -81,17 +86,27 @@ else
   note "cpp-api: build failed (see $OUT/build-cpp.log)"
 fi
 
-# 3. Forward benchmark
+# 3. Gradient check and 4. benchmark, both through the shim.
 bench_ok=0
+SHIM=$BUILD/bench/libaotriton_shim.so
 if build bench bench; then
-  step "forward benchmark"
-  "$PYTHON" bench/bench_fwd.py --shim "$BUILD/bench/libaotriton_shim.so" --json "$OUT/bench_fwd.json" \
-    >"$OUT/bench_fwd.log" 2>&1
+  step "grad check"
+  "$PYTHON" bench/grad_check.py --shim "$SHIM" >"$OUT/grad-check.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  note "$(result_line grad-check "$OUT/grad-check.log" $rc)"
+  grep -E "FAIL|Error" "$OUT/grad-check.log" | head -n 20 | sed 's/^/    /' > "$BUILD/grad-check.failures"
+
+  step "benchmark"
+  # shellcheck disable=SC2086
+  "$PYTHON" bench/bench_attn.py --shim "$SHIM" --json "$OUT/bench_attn.json" ${BENCH_ARGS:-} \
+    >"$OUT/bench_attn.log" 2>&1
   rc=$?
   if [ $rc -eq 0 ]; then bench_ok=1; else failed=1; fi
-  note "bench: exit $rc (full log $OUT/bench_fwd.log, numbers $OUT/bench_fwd.json)"
+  note "bench: exit $rc (full log $OUT/bench_attn.log, numbers $OUT/bench_attn.json)"
 else
   failed=1
+  note "grad-check: not run (shim build failed, see $OUT/build-bench.log)"
   note "bench: shim build failed (see $OUT/build-bench.log)"
 fi
 
@@ -103,13 +118,14 @@ for line in "${summary[@]}"; do
   case $line in
     rust-api:*) cat "$BUILD/rust-api.failures" 2>/dev/null ;;
     cpp-api:*) cat "$BUILD/cpp-api.failures" 2>/dev/null ;;
+    grad-check:*) cat "$BUILD/grad-check.failures" 2>/dev/null ;;
   esac
 done
-if [ -f "$OUT/bench_fwd.log" ]; then
-  # The correctness lines and the table (everything from the table's title on).
-  grep -E "max\|O-ref\||Error|error" "$OUT/bench_fwd.log" | head -n 20
-  sed -n '/^forward, /,$p' "$OUT/bench_fwd.log"
-  [ $bench_ok -eq 1 ] || tail -n 15 "$OUT/bench_fwd.log"
+if [ -f "$OUT/bench_attn.log" ]; then
+  # Shapes whose aotriton outputs were wrong or that failed, then the tables (from the first title on).
+  grep -E "WRONG|Error|error" "$OUT/bench_attn.log" | head -n 20
+  sed -n '/^forward, \|^backward, /,$p' "$OUT/bench_attn.log"
+  [ $bench_ok -eq 1 ] || tail -n 15 "$OUT/bench_attn.log"
 fi
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
 exit $failed

@@ -1,23 +1,45 @@
-"""Attention masks for the FlashAttention kernels.
+"""Attention masks and the block-loop bounds that must agree with them.
 
-Every mask here answers "may query row ``i`` attend to key column ``j``?" for a
-tile of rows ``offs_m`` and columns ``offs_n`` (absolute positions in the
-sequence).  The kernels apply masks only on the *boundary* key blocks; the
-loop bounds that tell boundary blocks from full blocks live here too, next to
-the masks they must agree with.
+One general mask covers every supported attention pattern.  Query row ``i``
+sees key column ``j`` iff
 
-Masks implemented:
+    j < N_CTX_K   and   i + DIAG_OFFSET - WINDOW_LEFT  <=  j  <=  i + DIAG_OFFSET + WINDOW_RIGHT
 
-* key tail          -- ``j < N_CTX_K``: the last key block may run past the sequence;
-* causal top-left   -- ``j <= i``: query ``i`` sees keys ``0..i`` (the usual
-  convention when ``N_CTX_Q == N_CTX_K``; with ``N_CTX_Q > N_CTX_K`` the rows
-  past ``N_CTX_K`` see every key).
+(``i < N_CTX_Q`` is implied: rows past the query tail do not exist).  Runtime
+arguments: ``WINDOW_LEFT``, ``WINDOW_RIGHT`` >= 0 (the runtime turns
+"unbounded" into a large value, at most 2**30) and ``DIAG_OFFSET`` (0 for
+top-left alignment, ``N_CTX_K - N_CTX_Q`` for bottom-right; may be negative):
 
-Planned additions keep the same naming scheme: ``causal_bottom_right_mask``
-(``j <= i + N_CTX_K - N_CTX_Q``) and ``sliding_window_mask`` (``i - left <= j <=
-i + right``).  Those can leave a query row with no visible key, and add a
-leading masked key range ``[lo, full_start)`` to ``kv_loop_bounds``; the
-softmax epilogue already handles such rows (O = 0).
+* no mask               -- ``WINDOWED=False`` (the three window arguments are ignored);
+* causal top-left       -- ``WINDOWED=True``, left = unbounded, right = 0, offset 0;
+* causal bottom-right   -- same with offset ``N_CTX_K - N_CTX_Q``;
+* sliding window        -- any (left, right) in either alignment.
+
+With a window (and with bottom-right alignment when ``N_CTX_Q > N_CTX_K``) a
+query row may see no key at all; the kernels give such rows O = 0, LSE = +inf
+and zero gradients.  All window arithmetic is int32: the caller keeps
+``N_CTX_Q + N_CTX_K + 2**30 < 2**31``.
+
+Loop bounds
+-----------
+A program owns a tile of *rows* (a query block in the forward and dQ kernels,
+a key block in the dK/dV kernel) and walks blocks of *columns* (key blocks,
+resp. query blocks).  ``block_loop_bounds`` returns four column positions
+``start <= full_lo <= full_hi <= end``:
+
+* ``[start, full_lo)``  leading boundary blocks  -- masked (window's left edge);
+* ``[full_lo, full_hi)`` blocks visible in full to every row of the tile --
+  no mask code at all (``full_lo``, ``full_hi`` multiples of the block size);
+* ``[full_hi, end)``    trailing boundary blocks -- masked (window's right edge,
+  sequence tail);
+* columns outside ``[start, end)`` are invisible to the whole tile and are never loaded.
+
+``start`` is a multiple of the block size, so every block is block-aligned.
+The kernels run two loops: the full range without masks, then the leading and
+trailing boundary blocks together in one masked loop (``block_walk``: one loop
+body instead of two, which also keeps register pressure down).  Without
+``WINDOWED`` the leading range is empty and the trailing range is just the
+sequence tail.
 """
 import triton
 import triton.language as tl
@@ -25,51 +47,116 @@ import triton.language as tl
 
 @triton.jit
 def key_tail_mask(offs_n, N_CTX_K):
-    """``[BLOCK_N]`` bool: key column exists (``j < N_CTX_K``)."""
+    """Bool: key column exists (``j < N_CTX_K``)."""
     return offs_n < N_CTX_K
 
 
 @triton.jit
 def query_tail_mask(offs_m, N_CTX_Q):
-    """``[BLOCK_M]`` bool: query row exists (``i < N_CTX_Q``)."""
+    """Bool: query row exists (``i < N_CTX_Q``)."""
     return offs_m < N_CTX_Q
 
 
 @triton.jit
-def causal_top_left_mask(offs_m, offs_n):
-    """``[BLOCK_M, BLOCK_N]`` bool: top-left aligned causal, key ``j`` visible to query ``i`` iff ``j <= i``."""
-    return offs_m[:, None] >= offs_n[None, :]
+def window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET):
+    """Bool: key ``j`` inside query ``i``'s window, ``i + off - left <= j <= i + off + right``.
+
+    ``offs_q`` and ``offs_k`` are broadcastable (``[M, 1]`` and ``[1, N]`` in the
+    forward, transposed in the dK/dV kernel).
+    """
+    diag = offs_q + DIAG_OFFSET
+    return (offs_k >= diag - WINDOW_LEFT) & (offs_k <= diag + WINDOW_RIGHT)
 
 
 @triton.jit
-def score_mask(offs_m, offs_n, N_CTX_K, CAUSAL: tl.constexpr):
-    """``[BLOCK_M, BLOCK_N]`` bool: every mask of this kernel configuration combined."""
-    visible = key_tail_mask(offs_n, N_CTX_K)[None, :]
-    if CAUSAL:
-        visible = visible & causal_top_left_mask(offs_m, offs_n)
+def score_mask(offs_q, offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
+               WINDOWED: tl.constexpr):
+    """Bool, broadcast of ``offs_q`` and ``offs_k``: every mask of the configuration combined.
+
+    Used only on boundary blocks; both sequence tails are included so the same
+    mask serves the forward, dQ (rows = queries) and dK/dV (rows = keys) kernels.
+    """
+    visible = query_tail_mask(offs_q, N_CTX_Q) & key_tail_mask(offs_k, N_CTX_K)
+    if WINDOWED:
+        visible = visible & window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET)
     return visible
 
 
 @triton.jit
-def kv_loop_bounds(start_m, N_CTX_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """Key ranges for query block ``start_m``: ``(full_end, masked_end)``.
+def block_loop_bounds(first, last, N_COLS, lo_off, hi_off, BLOCK: tl.constexpr, WINDOWED: tl.constexpr):
+    """Column loop bounds ``(start, full_lo, full_hi, end)`` for the row tile ``[first, last]``.
 
-    * ``[0, full_end)``: key blocks that every row of the query block sees in
-      full -- no mask needed (``full_end`` is a multiple of ``BLOCK_N``);
-    * ``[full_end, masked_end)``: boundary key blocks (causal diagonal and/or
-      key tail) that need ``score_mask``;
-    * keys at or past ``masked_end`` are invisible to the whole query block and
-      are never loaded.
+    ``last`` is the tile's last *existing* row.  Column ``c`` is visible to row
+    ``r`` iff ``0 <= c < N_COLS`` and ``r + lo_off <= c <= r + hi_off``.
 
-    A key block ``[n, n + BLOCK_N)`` is full when it lies inside the sequence
-    and, for causal, when its last key is visible to the block's first query
-    row ``m0``: ``n + BLOCK_N - 1 <= m0``.
+    * visible at all: ``[max(0, first + lo_off), min(N_COLS, last + hi_off + 1))``;
+    * a block ``[c, c + BLOCK)`` is full iff ``c >= last + lo_off`` (its first
+      column is visible to the last row) and ``c + BLOCK <= min(N_COLS, first + hi_off + 1)``
+      (its last column exists and is visible to the first row).
     """
-    m0 = start_m * BLOCK_M
-    if CAUSAL:
-        masked_end = tl.minimum(m0 + BLOCK_M, N_CTX_K)
-        full_end = (tl.minimum(m0 + 1, N_CTX_K) // BLOCK_N) * BLOCK_N
+    if WINDOWED:
+        lo = tl.maximum(first + lo_off, 0)
+        hi = tl.minimum(last + hi_off + 1, N_COLS)
+        start = (lo // BLOCK) * BLOCK                                   # lo >= 0: floor division is exact
+        block_end = ((hi + BLOCK - 1) // BLOCK) * BLOCK
+        full_lo = tl.maximum(last + lo_off, lo)                         # >= 0
+        full_lo = tl.minimum(((full_lo + BLOCK - 1) // BLOCK) * BLOCK, block_end)
+        full_lo = tl.maximum(full_lo, start)
+        full_hi = tl.maximum(tl.minimum(first + hi_off + 1, N_COLS), 0)
+        full_hi = tl.maximum(tl.minimum((full_hi // BLOCK) * BLOCK, block_end), full_lo)
+        # No visible column at all: every range empty (not a masked walk over nothing).
+        empty = hi <= lo
+        start = tl.where(empty, 0, start)
+        full_lo = tl.where(empty, 0, full_lo)
+        full_hi = tl.where(empty, 0, full_hi)
+        end = tl.where(empty, 0, hi)
     else:
-        masked_end = N_CTX_K
-        full_end = (N_CTX_K // BLOCK_N) * BLOCK_N
-    return full_end, masked_end
+        start = 0
+        full_lo = 0
+        full_hi = (N_COLS // BLOCK) * BLOCK
+        end = N_COLS
+    return start, full_lo, full_hi, end
+
+
+@triton.jit
+def key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+    """Key loop bounds (forward, dQ) for query block ``start_m``: see ``block_loop_bounds``."""
+    first = start_m * BLOCK_M
+    last = tl.minimum(first + BLOCK_M, N_CTX_Q) - 1
+    return block_loop_bounds(first, last, N_CTX_K, DIAG_OFFSET - WINDOW_LEFT, DIAG_OFFSET + WINDOW_RIGHT,
+                             BLOCK_N, WINDOWED)
+
+
+@triton.jit
+def query_block_bounds(start_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+    """Query loop bounds (dK/dV) for key block ``start_n``: the window seen from the key side,
+
+    key ``j`` is seen by query ``i`` iff ``j - off - right <= i <= j - off + left`` (and ``i < N_CTX_Q``).
+    """
+    first = start_n * BLOCK_N
+    last = tl.minimum(first + BLOCK_N, N_CTX_K) - 1
+    return block_loop_bounds(first, last, N_CTX_Q, -(DIAG_OFFSET + WINDOW_RIGHT), WINDOW_LEFT - DIAG_OFFSET,
+                             BLOCK_M, WINDOWED)
+
+
+@triton.jit
+def block_walk(lo, hi, skip_lo, skip_hi, BLOCK: tl.constexpr):
+    """One loop over the blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)``: ``(n_lead, n_blocks)``.
+
+    ``lo <= skip_lo <= skip_hi <= hi``, ``lo``, ``skip_lo``, ``skip_hi``
+    multiples of ``BLOCK``.  Iteration ``it`` of ``range(0, n_blocks)`` handles the
+    block starting at ``block_walk_start(it, lo, n_lead, skip_hi, BLOCK)``.
+    The masked loops walk the leading ``[start, full_lo)`` and trailing
+    ``[full_hi, end)`` boundary blocks this way (one loop body, not two), the
+    unmasked loop a contiguous range (``skip_lo = skip_hi = hi``).
+    """
+    n_lead = (skip_lo - lo) // BLOCK
+    return n_lead, n_lead + tl.cdiv(hi - skip_hi, BLOCK)
+
+
+@triton.jit
+def block_walk_start(it, lo, n_lead, skip_hi, BLOCK: tl.constexpr):
+    """First column of the ``it``-th block of ``block_walk``."""
+    return tl.where(it < n_lead, lo + it * BLOCK, skip_hi + (it - n_lead) * BLOCK)

@@ -45,3 +45,21 @@ def softmax_epilogue(acc, m_i, l_i):
     o = acc * inv_l[:, None]
     lse = tl.where(has_key, (m_i + tl.math.log2(tl.where(has_key, l_i, 1.0))) * LN2, float("inf"))
     return o, lse
+
+
+@triton.jit
+def softmax_recompute(s, lse_log2):
+    """Backward: the normalised probabilities ``P = exp2(s - lse * log2(e))`` from the forward's LSE.
+
+    ``s`` are the scores scaled by ``sm_scale * log2(e)`` (the forward's domain),
+    ``lse_log2`` the forward's natural-log LSE times ``log2(e)``, broadcast to
+    ``s``.  A row that saw no key has ``lse = +inf``, so its P is
+    ``exp2(finite - inf) = 0`` -- no NaN, and every gradient it feeds is 0.
+    """
+    return tl.math.exp2(s - lse_log2)
+
+
+@triton.jit
+def softmax_backward(p, dp, delta):
+    """``dS = P * (dP - delta)`` with ``delta = rowsum(dO * O)`` (= rowsum(P * dP)), all fp32."""
+    return p * (dp - delta)

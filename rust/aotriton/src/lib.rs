@@ -6,13 +6,14 @@
 //! `dispatch` (functional, divisibility, heuristic) → `driver` (load once per context, launch).
 //!
 //! ```no_run
-//! use aotriton::{DType, Stream, TensorView, flash};
+//! use aotriton::flash::{self, Mask, MaskAlign};
+//! use aotriton::{DType, Stream, TensorView};
 //! # let (q, k, v, o, lse) = (0u64, 0u64, 0u64, 0u64, 0u64);
-//! let (b, h, s, d) = (2, 8, 1024, 128);
-//! let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
-//! let lse = TensorView::contiguous(lse, [b, h, s], DType::F32);
-//! let mut params = flash::FwdParams::new(t(q), t(k), t(v), t(o), lse);
-//! params.causal = true;
+//! let (b, hq, hk, s, d) = (2, 32, 8, 1024, 128); // GQA: 4 query heads per K/V head
+//! let t = |ptr, h| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
+//! let lse = TensorView::contiguous(lse, [b, hq, s], DType::F32);
+//! let mut params = flash::FwdParams::new(t(q, hq), t(k, hk), t(v, hk), t(o, hq), Some(lse));
+//! params.mask = Mask::causal(MaskAlign::BottomRight);
 //! flash::attn_fwd(&params, Stream::null())?;
 //! # Ok::<(), aotriton::Error>(())
 //! ```

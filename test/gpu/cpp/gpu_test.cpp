@@ -1,13 +1,17 @@
-// GPU correctness test of the aotriton C++ API (aotriton::v2::flash::attn_fwd).
+// GPU correctness test of the aotriton C++ API (aotriton::v2::flash::attn_fwd and attn_bwd).
 //
-// A deterministic set of forward cases (both dtypes, head dims 64/128, causal on/off, ragged
-// sequence lengths, Sq != Sk both ways, B x S x H x D memory viewed as B x H x S x D, a Q pointer
-// that is only 2-byte aligned, padded rows) runs on a non-default stream of device 0; every output
-// element is compared against a float64 CPU reference. The error allowed is scaled by the error of
-// the same attention computed naively in the input precision:
-//     max|out - ref64| <= 3 * max|naive - ref64| + floor
-// floor = 1e-3 for O and 1e-3 * max(1, max|lse|) for LSE. Outputs are poisoned with NaN before each
-// run: an element left unwritten fails, and so does any write outside the views.
+// Forward cases (both dtypes, head dims 64/128, causal on/off, ragged sequence lengths, Sq != Sk
+// both ways, B x S x H x D memory viewed as B x H x S x D, a Q pointer that is only 2-byte
+// aligned, padded rows) and 12 forward + backward cases (GQA / MQA, padded head dims such as 72,
+// causal bottom-right, sliding windows, rows that see no key, a forward without LSE) run on a
+// non-default stream of device 0; every output element is compared against a float64 CPU
+// reference (written row by row here, independently of the Rust suite's). The error allowed is
+// scaled by the error of the same math done naively in the input precision:
+//     max|out - ref64| <= k * max|naive - ref64| + floor
+// k = 3 for O, 5 for dQ / dK / dV; floor = 1e-3 (for gradients x max(1, max|ref|)); LSE per row
+// within 3 * naive + 1e-3 * max(1, |lse|), +inf exactly where the reference is +inf. Outputs are
+// poisoned with NaN before each run: an element left unwritten fails, and so does any write
+// outside the views or into an input.
 //
 // The CUDA driver is loaded with dlopen; no CUDA headers or toolkit are needed to build this.
 // Usage: aotriton_gpu_test_cpp [--log PATH] [--seed N] [--require-gpu]
@@ -232,23 +236,69 @@ const char* layout_name(Layout l) {
   return "?";
 }
 
+using aotriton::v2::flash::MaskAlign;
+
 struct Case {
   Lowp dtype;
   size_t head_dim;
-  bool causal;
-  size_t batch, heads, seqlen_q, seqlen_k;
+  size_t batch, heads_q, heads_k, seqlen_q, seqlen_k;
   Layout layout;
+  // The mask as the C++ API takes it: `causal` sets window_right to 0.
+  bool causal = false;
+  MaskAlign align = MaskAlign::kTopLeft;
+  int32_t window_left = -1, window_right = -1;
+  bool backward = false;         // forward + backward (else forward only)
+  bool fwd_without_lse = false;  // a forward with lse.data = nullptr first
 
+  size_t group() const { return heads_q / heads_k; }
+  // Query row i sees key j (< Sk) iff i + off - left <= j <= i + off + right; -1 = unbounded side.
+  bool visible(size_t i, size_t j) const {
+    int64_t off = align == MaskAlign::kBottomRight ? static_cast<int64_t>(seqlen_k) - static_cast<int64_t>(seqlen_q) : 0;
+    int64_t left = window_left, right = causal ? 0 : window_right;
+    int64_t diag = static_cast<int64_t>(i) + off, jj = static_cast<int64_t>(j);
+    return (left < 0 || jj >= diag - left) && (right < 0 || jj <= diag + right);
+  }
+  std::string mask_name() const {
+    const char* al = align == MaskAlign::kBottomRight ? "BR" : "TL";
+    char buf[64];
+    if (causal && window_left < 0) {
+      std::snprintf(buf, sizeof buf, "causal-%s", al);
+    } else if (!causal && window_left < 0 && window_right < 0) {
+      std::snprintf(buf, sizeof buf, "none");
+    } else {
+      std::snprintf(buf, sizeof buf, "win(%d,%d)-%s", window_left, causal ? 0 : window_right, al);
+    }
+    return buf;
+  }
   std::string describe() const {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "%s D=%-3zu causal=%d B=%zu H=%zu Sq=%-4zu Sk=%-4zu layout=%-6s", lowp_name(dtype),
-                  head_dim, causal ? 1 : 0, batch, heads, seqlen_q, seqlen_k, layout_name(layout));
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s %s D=%-3zu G=%zu Hq=%zu Hk=%zu B=%zu Sq=%-4zu Sk=%-4zu mask=%-16s layout=%-6s%s",
+                  backward ? "fwd+bwd" : "fwd    ", lowp_name(dtype), head_dim, group(), heads_q, heads_k, batch,
+                  seqlen_q, seqlen_k, mask_name().c_str(), layout_name(layout), fwd_without_lse ? " +fwd-no-lse" : "");
     return buf;
   }
 };
 
-// 32 regular cases: every (dtype, head dim, causal, layout) twice, each of 16 (Sq, Sk) pairs twice
-// with different combinations; then the special layouts. (The Rust test runs the same list.)
+Case fwd_case(Lowp dtype, size_t d, bool causal, size_t b, size_t h, size_t sq, size_t sk, Layout layout) {
+  Case c{dtype, d, b, h, h, sq, sk, layout};
+  c.causal = causal;
+  return c;
+}
+
+Case bwd_case(Lowp dtype, size_t d, size_t hq, size_t hk, size_t b, size_t sq, size_t sk, Layout layout, bool causal,
+              MaskAlign align, int32_t left, int32_t right) {
+  Case c{dtype, d, b, hq, hk, sq, sk, layout};
+  c.causal = causal;
+  c.align = align;
+  c.window_left = left;
+  c.window_right = right;
+  c.backward = true;
+  return c;
+}
+
+// Forward: 32 regular cases, every (dtype, head dim, causal, layout) twice, each of 16 (Sq, Sk)
+// pairs twice with different combinations; then the special layouts. Forward + backward: 12
+// cases with GQA / MQA, padded head dims, causal bottom-right, windows, rows without keys.
 std::vector<Case> make_cases() {
   static const size_t pairs[16][2] = {{1, 1},     {17, 17},    {127, 127},  {1000, 1000}, {1, 17},   {17, 1},
                                       {1, 1000},  {1000, 1},   {17, 1000},  {1000, 17},   {127, 1000}, {1000, 127},
@@ -257,13 +307,30 @@ std::vector<Case> make_cases() {
   for (size_t i = 0; i < 32; ++i) {
     size_t combo = i % 16;
     const size_t* pair = pairs[(5 * i + 3 * (i / 16)) % 16];
-    out.push_back(Case{(combo & 1) ? Lowp::kBF16 : Lowp::kF16, (combo & 2) ? 128u : 64u, (combo & 4) != 0,
-                       1 + i % 3, 1 + (i / 3) % 4, pair[0], pair[1], (combo & 8) ? Layout::kBshd : Layout::kBhsd});
+    out.push_back(fwd_case((combo & 1) ? Lowp::kBF16 : Lowp::kF16, (combo & 2) ? 128u : 64u, (combo & 4) != 0,
+                           1 + i % 3, 1 + (i / 3) % 4, pair[0], pair[1], (combo & 8) ? Layout::kBshd : Layout::kBhsd));
   }
-  out.push_back(Case{Lowp::kF16, 64, false, 2, 3, 200, 333, Layout::kQMisaligned});
-  out.push_back(Case{Lowp::kBF16, 128, true, 1, 2, 1000, 127, Layout::kQMisaligned});
-  out.push_back(Case{Lowp::kBF16, 64, true, 2, 2, 130, 130, Layout::kPadded});
-  out.push_back(Case{Lowp::kF16, 128, false, 1, 3, 17, 300, Layout::kPadded});
+  out.push_back(fwd_case(Lowp::kF16, 64, false, 2, 3, 200, 333, Layout::kQMisaligned));
+  out.push_back(fwd_case(Lowp::kBF16, 128, true, 1, 2, 1000, 127, Layout::kQMisaligned));
+  out.push_back(fwd_case(Lowp::kBF16, 64, true, 2, 2, 130, 130, Layout::kPadded));
+  out.push_back(fwd_case(Lowp::kF16, 128, false, 1, 3, 17, 300, Layout::kPadded));
+
+  const MaskAlign TL = MaskAlign::kTopLeft, BR = MaskAlign::kBottomRight;
+  using L = Layout;
+  out.push_back(bwd_case(Lowp::kBF16, 128, 8, 2, 1, 200, 200, L::kBhsd, false, TL, -1, -1));  // GQA 4
+  out.push_back(bwd_case(Lowp::kF16, 72, 4, 4, 1, 197, 131, L::kBshd, true, BR, -1, -1));    // padded D, causal BR
+  out.push_back(bwd_case(Lowp::kBF16, 72, 6, 2, 1, 300, 120, L::kBhsd, true, BR, -1, -1));   // 180 rows without keys
+  out.push_back(bwd_case(Lowp::kF16, 64, 8, 1, 1, 128, 384, L::kBhsd, false, BR, 32, 8));    // MQA, window BR
+  out.push_back(bwd_case(Lowp::kBF16, 40, 4, 2, 2, 257, 257, L::kPadded, false, TL, 16, 0)); // sliding causal
+  out.push_back(bwd_case(Lowp::kF16, 256, 2, 1, 1, 127, 255, L::kQMisaligned, false, TL, -1, -1));
+  out.push_back(bwd_case(Lowp::kBF16, 8, 16, 2, 1, 61, 61, L::kBshd, true, TL, -1, -1));     // GQA 8
+  out.push_back(bwd_case(Lowp::kF16, 160, 4, 2, 1, 1, 333, L::kBhsd, false, TL, -1, 5));     // Sq = 1
+  out.push_back(bwd_case(Lowp::kBF16, 96, 3, 1, 1, 333, 17, L::kBhsd, false, BR, 0, 0));     // window (0,0), empty rows
+  out.push_back(bwd_case(Lowp::kF16, 224, 2, 2, 1, 100, 100, L::kBshd, false, TL, 4000, 4000));  // wider than seq
+  Case nolse = bwd_case(Lowp::kBF16, 128, 4, 1, 1, 200, 200, L::kBhsd, true, TL, -1, -1);
+  nolse.fwd_without_lse = true;
+  out.push_back(nolse);
+  out.push_back(bwd_case(Lowp::kF16, 24, 8, 4, 1, 513, 77, L::kBshd, false, BR, 3, -1));   // (l, -1)
   return out;
 }
 
@@ -307,8 +374,9 @@ struct Placement {
   }
 };
 
-Placement<4> place4(const Case& c, size_t s, bool is_q) {
-  size_t b = c.batch, h = c.heads, d = c.head_dim;
+// A B x h x s x D tensor of the case; `shifted`: q, dO, dQ (2 bytes off in the misaligned layout).
+Placement<4> place4(const Case& c, size_t h, size_t s, bool shifted) {
+  size_t b = c.batch, d = c.head_dim;
   size_t sizes[4] = {b, h, s, d};
   switch (c.layout) {
     case Layout::kBshd: {
@@ -321,114 +389,222 @@ Placement<4> place4(const Case& c, size_t s, bool is_q) {
     }
     default: {
       size_t st[4] = {h * s * d, s * d, d, 1};
-      return Placement<4>(sizes, st, (c.layout == Layout::kQMisaligned && is_q) ? 1 : 0);
+      return Placement<4>(sizes, st, (c.layout == Layout::kQMisaligned && shifted) ? 1 : 0);
     }
   }
 }
 
-Placement<3> place_lse(const Case& c) {
-  size_t b = c.batch, h = c.heads, s = c.seqlen_q;
+// LSE and delta: B x Hq x Sq fp32.
+Placement<3> place_rows(const Case& c) {
+  size_t b = c.batch, h = c.heads_q, s = c.seqlen_q;
   size_t sizes[3] = {b, h, s};
   size_t pitch = c.layout == Layout::kPadded ? s + 3 : s;
   size_t st[3] = {h * pitch, pitch, 1};
   return Placement<3>(sizes, st, 0);
 }
 
-template <int R>
-aotriton::TensorView<R> view(const DevBuf& buf, const Placement<R>& p, aotriton::DType dtype, size_t elem_bytes) {
-  aotriton::TensorView<R> t;
-  t.data = reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.ptr + p.offset * elem_bytes));
-  for (int d = 0; d < R; ++d) {
-    t.sizes[d] = p.sizes[d];
-    t.strides[d] = static_cast<int64_t>(p.strides[d]);
-  }
-  t.dtype = dtype;
-  return t;
-}
+// A tensor on the device plus the host copy of what was uploaded (values in the view, poison
+// everywhere else).
+template <typename T, int R>
+struct DevTensor {
+  Placement<R> place;
+  std::vector<T> host;
+  DevBuf buf;
 
-// ---- references ----------------------------------------------------------------------------
-struct Outputs {
-  std::vector<double> o, lse;
+  DevTensor(const Placement<R>& p, const std::vector<T>* values, T poison, CUstream s)
+      : place(p), host(p.len, poison), buf(p.len * sizeof(T)) {
+    if (values) {
+      std::vector<size_t> idx = place.indices();
+      for (size_t i = 0; i < idx.size(); ++i) host[idx[i]] = (*values)[i];
+    }
+    restore(s);
+  }
+  void restore(CUstream s) { buf.upload(host, s); }
+  std::vector<T> read(CUstream s) {
+    std::vector<T> bits(host.size());
+    buf.download(bits, s);
+    check(g_cu.cuStreamSynchronize(s), "cuStreamSynchronize");
+    return bits;
+  }
+  aotriton::TensorView<R> view(aotriton::DType dtype) const {
+    aotriton::TensorView<R> t;
+    t.data = reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.ptr + place.offset * sizeof(T)));
+    for (int d = 0; d < R; ++d) {
+      t.sizes[d] = place.sizes[d];
+      t.strides[d] = static_cast<int64_t>(place.strides[d]);
+    }
+    t.dtype = dtype;
+    return t;
+  }
+  std::vector<T> logical(const std::vector<T>& bits) const {
+    std::vector<T> out;
+    for (size_t i : place.indices()) out.push_back(bits[i]);
+    return out;
+  }
+  // Elements outside the view that differ from what was uploaded.
+  size_t stray(const std::vector<T>& bits) const {
+    std::vector<char> inside(place.len, 0);
+    for (size_t i : place.indices()) inside[i] = 1;
+    size_t n = 0;
+    for (size_t i = 0; i < bits.size(); ++i) n += !inside[i] && bits[i] != host[i];
+    return n;
+  }
 };
 
-size_t visible_keys(bool causal, size_t i, size_t sk) { return causal ? std::min(i + 1, sk) : sk; }
+// ---- references ----------------------------------------------------------------------------
+// Written row by row (a second implementation beside the Rust suite's matrix form):
+//   s_j = scale q_i.k_j (visible j only), p_j = exp(s_j - max) / sum, o_i = sum_j p_j v_j,
+//   lse_i = max + ln(sum); a row with no visible key: o_i = 0, lse_i = +inf, no gradient.
+//   D_i = dO_i.o_i, dp_j = dO_i.v_j, ds_j = p_j (dp_j - D_i),
+//   dq_i = scale sum_j ds_j k_j, dk_j += scale ds_j q_i, dv_j += p_j dO_i (over all i and the G
+//   query heads of the K/V head).
+// exact: double. naive: float, with s, p, o, dp, ds, dq, dk, dv rounded to the dtype (dk, dv after
+// the whole sum).
+struct Outputs {
+  std::vector<double> o, lse, dq, dk, dv;
+};
 
-// float64 (exact) and naive low precision (scores accumulated in f32 then rounded to the dtype,
-// softmax in f32 with P rounded to the dtype, P.V accumulated in f32 then rounded; LSE in f32
-// from the rounded scores), for one (batch, head).
-void reference_head(const Case& c, float sm_scale, const float* q, const float* k, const float* v, double* eo,
-                    double* el, double* no, double* nl) {
-  size_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
-  std::vector<double> s64(sk), acc64(d);
-  std::vector<float> s32(sk), acc32(d);
-  for (size_t i = 0; i < sq; ++i) {
-    size_t n = visible_keys(c.causal, i, sk);
-    const float* qi = q + i * d;
-    for (size_t j = 0; j < n; ++j) {
-      const float* kj = k + j * d;
-      double a64 = 0;
-      float a32 = 0;
-      for (size_t t = 0; t < d; ++t) {
-        a64 += static_cast<double>(qi[t]) * kj[t];
-        a32 += qi[t] * kj[t];
+struct Inputs {
+  const std::vector<float>&q, &k, &v, &d_o;
+};
+
+// All query heads of K/V head (b, hk).
+void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, size_t hk, Outputs& ex, Outputs& nv) {
+  const size_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim, g = c.group();
+  const double scale64 = sm_scale;
+  const size_t kv = (b * c.heads_k + hk) * sk * d;
+  const float* k = &in.k[kv];
+  const float* v = &in.v[kv];
+  std::vector<double> dk64(sk * d, 0), dv64(sk * d, 0);
+  std::vector<float> dk32(sk * d, 0), dv32(sk * d, 0);
+  std::vector<double> s64(sk), p64(sk), o64(d), dq64(d);
+  std::vector<float> s32(sk), p32(sk), o32(d), dq32(d);
+  std::vector<size_t> js;
+  for (size_t hq = hk * g; hq < (hk + 1) * g; ++hq) {
+    const size_t bh = b * c.heads_q + hq;
+    for (size_t i = 0; i < sq; ++i) {
+      const float* qi = &in.q[(bh * sq + i) * d];
+      const size_t row = bh * sq + i;
+      js.clear();
+      for (size_t j = 0; j < sk; ++j)
+        if (c.visible(i, j)) js.push_back(j);
+      if (js.empty()) {
+        ex.lse[row] = nv.lse[row] = std::numeric_limits<double>::infinity();
+        continue;  // o, dq stay 0
       }
-      s64[j] = a64 * static_cast<double>(sm_scale);
-      s32[j] = round_to(c.dtype, a32 * sm_scale);
-    }
-    double m64 = -std::numeric_limits<double>::infinity(), l64 = 0;
-    for (size_t j = 0; j < n; ++j) m64 = std::max(m64, s64[j]);
-    std::fill(acc64.begin(), acc64.end(), 0.0);
-    for (size_t j = 0; j < n; ++j) {
-      double e = std::exp(s64[j] - m64);
-      l64 += e;
-      for (size_t t = 0; t < d; ++t) acc64[t] += e * v[j * d + t];
-    }
-    for (size_t t = 0; t < d; ++t) eo[i * d + t] = acc64[t] / l64;
-    el[i] = m64 + std::log(l64);
+      double m64 = -std::numeric_limits<double>::infinity(), l64 = 0;
+      float m32 = -std::numeric_limits<float>::infinity(), l32 = 0;
+      for (size_t j : js) {
+        double a64 = 0;
+        float a32 = 0;
+        for (size_t t = 0; t < d; ++t) {
+          a64 += static_cast<double>(qi[t]) * k[j * d + t];
+          a32 += qi[t] * k[j * d + t];
+        }
+        s64[j] = a64 * scale64;
+        s32[j] = round_to(c.dtype, a32 * sm_scale);
+        m64 = std::max(m64, s64[j]);
+        m32 = std::max(m32, s32[j]);
+      }
+      for (size_t j : js) {
+        l64 += std::exp(s64[j] - m64);
+        l32 += std::exp(s32[j] - m32);
+      }
+      std::fill(o64.begin(), o64.end(), 0.0);
+      std::fill(o32.begin(), o32.end(), 0.0f);
+      for (size_t j : js) {
+        p64[j] = std::exp(s64[j] - m64) / l64;
+        p32[j] = round_to(c.dtype, std::exp(s32[j] - m32) / l32);
+        for (size_t t = 0; t < d; ++t) {
+          o64[t] += p64[j] * v[j * d + t];
+          o32[t] += p32[j] * v[j * d + t];
+        }
+      }
+      for (size_t t = 0; t < d; ++t) {
+        o32[t] = round_to(c.dtype, o32[t]);
+        ex.o[row * d + t] = o64[t];
+        nv.o[row * d + t] = o32[t];
+      }
+      ex.lse[row] = m64 + std::log(l64);
+      nv.lse[row] = m32 + std::log(l32);
+      if (!c.backward) continue;
 
-    float m32 = -std::numeric_limits<float>::infinity(), l32 = 0;
-    for (size_t j = 0; j < n; ++j) m32 = std::max(m32, s32[j]);
-    for (size_t j = 0; j < n; ++j) {
-      s32[j] = std::exp(s32[j] - m32);
-      l32 += s32[j];
+      const float* doi = &in.d_o[row * d];
+      double delta64 = 0;
+      float delta32 = 0;
+      for (size_t t = 0; t < d; ++t) {
+        delta64 += doi[t] * o64[t];
+        delta32 += doi[t] * o32[t];
+      }
+      std::fill(dq64.begin(), dq64.end(), 0.0);
+      std::fill(dq32.begin(), dq32.end(), 0.0f);
+      for (size_t j : js) {
+        double dp64 = 0;
+        float dp32 = 0;
+        for (size_t t = 0; t < d; ++t) {
+          dp64 += static_cast<double>(doi[t]) * v[j * d + t];
+          dp32 += doi[t] * v[j * d + t];
+        }
+        dp32 = round_to(c.dtype, dp32);
+        const double ds64 = p64[j] * (dp64 - delta64);
+        const float ds32 = round_to(c.dtype, p32[j] * (dp32 - delta32));
+        for (size_t t = 0; t < d; ++t) {
+          dq64[t] += ds64 * k[j * d + t];
+          dq32[t] += ds32 * k[j * d + t];
+          dk64[j * d + t] += ds64 * qi[t];
+          dk32[j * d + t] += ds32 * qi[t];
+          dv64[j * d + t] += p64[j] * doi[t];
+          dv32[j * d + t] += p32[j] * doi[t];
+        }
+      }
+      for (size_t t = 0; t < d; ++t) {
+        ex.dq[row * d + t] = scale64 * dq64[t];
+        nv.dq[row * d + t] = round_to(c.dtype, sm_scale * dq32[t]);
+      }
     }
-    std::fill(acc32.begin(), acc32.end(), 0.0f);
-    for (size_t j = 0; j < n; ++j) {
-      float p = round_to(c.dtype, s32[j] / l32);
-      for (size_t t = 0; t < d; ++t) acc32[t] += p * v[j * d + t];
-    }
-    for (size_t t = 0; t < d; ++t) no[i * d + t] = round_to(c.dtype, acc32[t]);
-    nl[i] = m32 + std::log(l32);
+  }
+  if (!c.backward) return;
+  for (size_t x = 0; x < sk * d; ++x) {
+    ex.dk[kv + x] = scale64 * dk64[x];
+    ex.dv[kv + x] = dv64[x];
+    nv.dk[kv + x] = round_to(c.dtype, sm_scale * dk32[x]);
+    nv.dv[kv + x] = round_to(c.dtype, dv32[x]);
   }
 }
 
-void reference(const Case& c, float sm_scale, const std::vector<float>& q, const std::vector<float>& k,
-               const std::vector<float>& v, Outputs& exact, Outputs& naive) {
-  size_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim, bh = c.batch * c.heads;
-  exact.o.assign(bh * sq * d, 0);
-  exact.lse.assign(bh * sq, 0);
-  naive.o.assign(bh * sq * d, 0);
-  naive.lse.assign(bh * sq, 0);
-  size_t threads = std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
+void reference(const Case& c, float sm_scale, const Inputs& in, Outputs& exact, Outputs& naive) {
+  const size_t nq = c.batch * c.heads_q * c.seqlen_q, nk = c.batch * c.heads_k * c.seqlen_k, d = c.head_dim;
+  for (Outputs* out : {&exact, &naive}) {
+    out->o.assign(nq * d, 0);
+    out->lse.assign(nq, 0);
+    out->dq.assign(c.backward ? nq * d : 0, 0);
+    out->dk.assign(c.backward ? nk * d : 0, 0);
+    out->dv.assign(c.backward ? nk * d : 0, 0);
+  }
+  const size_t jobs = c.batch * c.heads_k;
+  const size_t threads = std::max<size_t>(1, std::min<size_t>({64, std::thread::hardware_concurrency(), jobs}));
   std::vector<std::thread> pool;
-  for (size_t w = 0; w < std::min(threads, bh); ++w) {
+  for (size_t w = 0; w < threads; ++w) {
     pool.emplace_back([&, w] {
-      for (size_t i = w; i < bh; i += threads) {
-        reference_head(c, sm_scale, &q[i * sq * d], &k[i * sk * d], &v[i * sk * d], &exact.o[i * sq * d],
-                       &exact.lse[i * sq], &naive.o[i * sq * d], &naive.lse[i * sq]);
-      }
+      for (size_t job = w; job < jobs; job += threads)
+        reference_group(c, sm_scale, in, job / c.heads_k, job % c.heads_k, exact, naive);
     });
   }
   for (auto& t : pool) t.join();
 }
 
+// max |a - r| where neither is NaN (NaNs are counted separately); inf vs finite gives inf.
 double max_err(const std::vector<double>& a, const std::vector<double>& r) {
   double m = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    double e = std::fabs(a[i] - r[i]);
-    if (e > m) m = e;  // NaN never raises the max; NaNs are counted separately
+    if (std::isnan(a[i]) || std::isnan(r[i]) || a[i] == r[i]) continue;
+    m = std::max(m, std::fabs(a[i] - r[i]));
   }
   return m;
+}
+
+size_t count_nan(const std::vector<double>& a) {
+  return static_cast<size_t>(std::count_if(a.begin(), a.end(), [](double x) { return std::isnan(x); }));
 }
 
 struct Outcome {
@@ -444,126 +620,265 @@ std::string fmt(const char* f, double x) {
   return buf;
 }
 
+// max|got - exact| <= k * max|naive - exact| + 1e-3 (x max(1, max|exact|) for gradients); no NaN.
+bool bounded(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
+             const std::vector<double>& naive, double k, bool scale_floor, std::string& line) {
+  double floor = 1e-3;
+  if (scale_floor) {
+    double mag = 1.0;
+    for (double x : exact) mag = std::max(mag, std::fabs(x));
+    floor *= mag;
+  }
+  const double err = max_err(got, exact), bound = k * max_err(naive, exact) + floor;
+  const size_t nan = count_nan(got);
+  const bool ok = nan == 0 && err <= bound;
+  line += std::string("  ") + name + " " + fmt("%.2e", err) + "/" + fmt("%.2e", bound);
+  if (nan) line += "[" + std::to_string(nan) + " NaN]";
+  if (!ok) line += "!";
+  return ok;
+}
+
+// LSE: finite reference rows within 3 * max|naive - exact| + 1e-3 * max(1, |lse_i|); +inf exactly
+// where the reference is +inf.
+bool lse_ok(const std::vector<double>& got, const std::vector<double>& exact, const std::vector<double>& naive,
+            std::string& line) {
+  double naive_err = 0, worst = 0;
+  for (size_t i = 0; i < exact.size(); ++i)
+    if (std::isfinite(exact[i]) && std::isfinite(naive[i])) naive_err = std::max(naive_err, std::fabs(naive[i] - exact[i]));
+  size_t bad = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    if (std::isinf(exact[i])) {
+      bad += !(got[i] == std::numeric_limits<double>::infinity());
+      continue;
+    }
+    const double bound = 3 * naive_err + 1e-3 * std::max(1.0, std::fabs(exact[i]));
+    const double err = std::isfinite(got[i]) ? std::fabs(got[i] - exact[i]) : std::numeric_limits<double>::infinity();
+    bad += !(err <= bound);
+    worst = std::max(worst, err / bound);
+  }
+  line += "  LSE err/bound " + fmt("%.2f", worst);
+  if (bad) line += "[" + std::to_string(bad) + " rows wrong]!";
+  return bad == 0;
+}
+
 Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
+  using aotriton::Status;
+  namespace fl = aotriton::v2::flash;
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Inputs: logical values (rounded to the dtype) scattered into NaN-filled device-layout buffers.
-  Placement<4> places[3] = {place4(c, c.seqlen_q, true), place4(c, c.seqlen_k, false), place4(c, c.seqlen_k, false)};
-  std::vector<float> logical[3];
-  std::vector<uint16_t> host[3];
-  for (int t = 0; t < 3; ++t) {
-    logical[t].resize(places[t].count());
-    for (auto& x : logical[t]) x = rng.normal_in(c.dtype);
-    host[t].assign(places[t].len, kPoison16);
-    std::vector<size_t> idx = places[t].indices();
-    for (size_t i = 0; i < idx.size(); ++i) host[t][idx[i]] = to_bits(c.dtype, logical[t][i]);
-  }
-  Placement<4> o_place = place4(c, c.seqlen_q, false);
-  Placement<3> lse_place = place_lse(c);
+  const size_t b = c.batch, hq = c.heads_q, hk = c.heads_k, sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
+  auto draw = [&](size_t n) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = rng.normal_in(c.dtype);
+    return x;
+  };
+  std::vector<float> q = draw(b * hq * sq * d), k = draw(b * hk * sk * d), v = draw(b * hk * sk * d);
+  std::vector<float> d_o = c.backward ? draw(b * hq * sq * d) : std::vector<float>();
+  auto enc = [&](const std::vector<float>& x) {
+    std::vector<uint16_t> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = to_bits(c.dtype, x[i]);
+    return out;
+  };
+  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + "  " + what + "  FAIL"}; };
+  const std::vector<uint16_t> qb = enc(q), kb = enc(k), vb = enc(v), dob = enc(d_o);
 
-  DevBuf dq(host[0].size() * 2), dk(host[1].size() * 2), dv(host[2].size() * 2);
-  DevBuf dout(o_place.len * 2), dlse(lse_place.len * 4);
-  dq.upload(host[0], stream);
-  dk.upload(host[1], stream);
-  dv.upload(host[2], stream);
-  std::vector<uint16_t> o_bits(o_place.len, kPoison16);
-  std::vector<uint32_t> lse_bits(lse_place.len, kPoison32);
-  dout.upload(o_bits, stream);
-  dlse.upload(lse_bits, stream);
-
+  // Inputs inside NaN guards; outputs all NaN.
+  DevTensor<uint16_t, 4> q_dev(place4(c, hq, sq, true), &qb, kPoison16, stream);
+  DevTensor<uint16_t, 4> k_dev(place4(c, hk, sk, false), &kb, kPoison16, stream);
+  DevTensor<uint16_t, 4> v_dev(place4(c, hk, sk, false), &vb, kPoison16, stream);
+  DevTensor<uint16_t, 4> o_dev(place4(c, hq, sq, false), nullptr, kPoison16, stream);
+  DevTensor<uint32_t, 3> lse_dev(place_rows(c), nullptr, kPoison32, stream);
   const aotriton::DType dt = api_dtype(c.dtype);
-  aotriton::v2::flash::FwdParams params;
-  params.q = view(dq, places[0], dt, 2);
-  params.k = view(dk, places[1], dt, 2);
-  params.v = view(dv, places[2], dt, 2);
-  params.o = view(dout, o_place, dt, 2);
-  params.lse = view(dlse, lse_place, aotriton::DType::kFloat32, 4);
-  params.sm_scale = sm_scale;
-  params.causal = c.causal;
+  fl::FwdParams fp;
+  fp.q = q_dev.view(dt);
+  fp.k = k_dev.view(dt);
+  fp.v = v_dev.view(dt);
+  fp.o = o_dev.view(dt);
+  fp.lse = lse_dev.view(aotriton::DType::kFloat32);
+  fp.sm_scale = sm_scale;
+  fp.causal = c.causal;
+  fp.align = c.align;
+  fp.window_left = c.window_left;
+  fp.window_right = c.window_right;
+
   auto started = std::chrono::steady_clock::now();
-  aotriton::Status st = aotriton::v2::flash::attn_fwd(params, aotriton::Stream{stream});
-  std::string message = st == aotriton::Status::kSuccess ? "" : aotriton::last_error_message();
-  // Copy back after the launch (ordered on the same stream), then wait.
-  std::vector<uint16_t> o_out(o_place.len);
-  std::vector<uint32_t> lse_out(lse_place.len);
-  dout.download(o_out, stream);
-  dlse.download(lse_out, stream);
-  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
-  double gpu_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  if (st != aotriton::Status::kSuccess) {
-    return {false, c.describe() + "  attn_fwd returned " + aotriton::status_name(st) + ": " + message + "  FAIL"};
+  std::vector<uint16_t> o_first;
+  bool lse_untouched = true;
+  if (c.fwd_without_lse) {
+    fl::FwdParams no_lse = fp;
+    no_lse.lse.data = nullptr;
+    Status st = fl::attn_fwd(no_lse, aotriton::Stream{stream});
+    if (st != Status::kSuccess)
+      return fail(std::string("attn_fwd (no lse) returned ") + aotriton::status_name(st) + ": " + aotriton::last_error_message());
+    o_first = o_dev.read(stream);
+    lse_untouched = lse_dev.read(stream) == lse_dev.host;
+    o_dev.restore(stream);
   }
+  Status st = fl::attn_fwd(fp, aotriton::Stream{stream});
+  if (st != Status::kSuccess)
+    return fail(std::string("attn_fwd returned ") + aotriton::status_name(st) + ": " + aotriton::last_error_message());
+  const std::vector<uint16_t> o_bits = o_dev.read(stream);
+  const std::vector<uint32_t> lse_bits = lse_dev.read(stream);
+
+  std::vector<uint16_t> dq_bits, dk_bits, dv_bits;
+  std::vector<uint32_t> delta_bits;
+  size_t stray = o_dev.stray(o_bits) + lse_dev.stray(lse_bits);
+  bool inputs_changed = false;
+  if (c.backward) {
+    DevTensor<uint16_t, 4> do_dev(place4(c, hq, sq, true), &dob, kPoison16, stream);
+    DevTensor<uint32_t, 3> delta_dev(place_rows(c), nullptr, kPoison32, stream);
+    DevTensor<uint16_t, 4> dq_dev(place4(c, hq, sq, true), nullptr, kPoison16, stream);
+    DevTensor<uint16_t, 4> dk_dev(place4(c, hk, sk, false), nullptr, kPoison16, stream);
+    DevTensor<uint16_t, 4> dv_dev(place4(c, hk, sk, false), nullptr, kPoison16, stream);
+    fl::BwdParams bp;
+    bp.q = fp.q;
+    bp.k = fp.k;
+    bp.v = fp.v;
+    bp.o = fp.o;
+    bp.d_o = do_dev.view(dt);
+    bp.lse = fp.lse;
+    bp.delta = delta_dev.view(aotriton::DType::kFloat32);
+    bp.dq = dq_dev.view(dt);
+    bp.dk = dk_dev.view(dt);
+    bp.dv = dv_dev.view(dt);
+    bp.sm_scale = sm_scale;
+    bp.causal = c.causal;
+    bp.align = c.align;
+    bp.window_left = c.window_left;
+    bp.window_right = c.window_right;
+    st = fl::attn_bwd(bp, aotriton::Stream{stream});
+    if (st != Status::kSuccess)
+      return fail(std::string("attn_bwd returned ") + aotriton::status_name(st) + ": " + aotriton::last_error_message());
+    dq_bits = dq_dev.read(stream);
+    dk_bits = dk_dev.read(stream);
+    dv_bits = dv_dev.read(stream);
+    delta_bits = delta_dev.read(stream);
+    stray += dq_dev.stray(dq_bits) + dk_dev.stray(dk_bits) + dv_dev.stray(dv_bits) + delta_dev.stray(delta_bits);
+    if (o_dev.read(stream) != o_bits || lse_dev.read(stream) != lse_bits || q_dev.read(stream) != q_dev.host ||
+        k_dev.read(stream) != k_dev.host || v_dev.read(stream) != v_dev.host || do_dev.read(stream) != do_dev.host)
+      inputs_changed = true;
+    dq_bits = dq_dev.logical(dq_bits);
+    dk_bits = dk_dev.logical(dk_bits);
+    dv_bits = dv_dev.logical(dv_bits);
+  }
+  double gpu_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
   Outputs exact, naive;
-  reference(c, sm_scale, logical[0], logical[1], logical[2], exact, naive);
+  reference(c, sm_scale, Inputs{q, k, v, d_o}, exact, naive);
 
-  std::vector<size_t> o_idx = o_place.indices(), lse_idx = lse_place.indices();
-  std::vector<double> o(o_idx.size()), lse(lse_idx.size());
-  size_t nan_o = 0, nan_lse = 0, stray = 0;
-  std::vector<char> in_o(o_place.len, 0), in_l(lse_place.len, 0);
-  for (size_t i = 0; i < o_idx.size(); ++i) {
-    o[i] = from_bits(c.dtype, o_out[o_idx[i]]);
-    nan_o += std::isnan(o[i]);
-    in_o[o_idx[i]] = 1;
+  auto dec = [&](const std::vector<uint16_t>& bits) {
+    std::vector<double> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = from_bits(c.dtype, bits[i]);
+    return out;
+  };
+  std::vector<double> o = dec(o_dev.logical(o_bits)), lse;
+  for (uint32_t x : lse_dev.logical(lse_bits)) lse.push_back(float_of(x));
+  std::string line = c.describe();
+  bool pass = bounded("O", o, exact.o, naive.o, 3, false, line);
+  pass &= lse_ok(lse, exact.lse, naive.lse, line);
+  std::vector<double> dq;
+  if (c.backward) {
+    dq = dec(dq_bits);
+    pass &= bounded("dQ", dq, exact.dq, naive.dq, 5, true, line);
+    pass &= bounded("dK", dec(dk_bits), exact.dk, naive.dk, 5, true, line);
+    pass &= bounded("dV", dec(dv_bits), exact.dv, naive.dv, 5, true, line);
   }
-  for (size_t i = 0; i < lse_idx.size(); ++i) {
-    lse[i] = float_of(lse_out[lse_idx[i]]);
-    nan_lse += std::isnan(lse[i]);
-    in_l[lse_idx[i]] = 1;
+  if (c.fwd_without_lse) {
+    pass &= bounded("O(no-lse)", dec(o_dev.logical(o_first)), exact.o, naive.o, 3, false, line);
+    if (!lse_untouched) line += "  [LSE written though not wanted]!";
+    pass &= lse_untouched;
   }
-  for (size_t i = 0; i < o_out.size(); ++i) stray += !in_o[i] && o_out[i] != kPoison16;
-  for (size_t i = 0; i < lse_out.size(); ++i) stray += !in_l[i] && lse_out[i] != kPoison32;
-
-  double err_o = max_err(o, exact.o), bound_o = 3 * max_err(naive.o, exact.o) + 1e-3;
-  double lse_mag = 1.0;
-  for (double x : exact.lse) lse_mag = std::max(lse_mag, std::fabs(x));
-  double err_l = max_err(lse, exact.lse), bound_l = 3 * max_err(naive.lse, exact.lse) + 1e-3 * lse_mag;
-  bool pass = nan_o == 0 && nan_lse == 0 && stray == 0 && err_o <= bound_o && err_l <= bound_l;
-  std::string line = c.describe() + "  O err " + fmt("%.3e", err_o) + " bound " + fmt("%.3e", bound_o) + "  LSE err " +
-                     fmt("%.3e", err_l) + " bound " + fmt("%.3e", bound_l);
-  if (nan_o + nan_lse > 0)
-    line += "  NaN/unwritten O " + std::to_string(nan_o) + " LSE " + std::to_string(nan_lse);
-  if (stray > 0) line += "  " + std::to_string(stray) + " writes outside the views";
+  // Rows without keys: O (and dQ) exactly 0.
+  size_t empty = 0, nonzero = 0;
+  for (size_t row = 0; row < exact.lse.size(); ++row) {
+    if (!std::isinf(exact.lse[row])) continue;
+    ++empty;
+    for (size_t t = 0; t < d; ++t) nonzero += o[row * d + t] != 0.0 || (c.backward && dq[row * d + t] != 0.0);
+  }
+  if (empty) line += "  empty rows " + std::to_string(empty);
+  if (nonzero) line += "[" + std::to_string(nonzero) + " nonzero O/dQ]!";
+  pass &= nonzero == 0;
+  if (inputs_changed) line += "  the backward changed an input!";
+  if (stray) line += "  " + std::to_string(stray) + " writes outside the views!";
+  pass &= stray == 0 && !inputs_changed;
   line += "  (" + fmt("%.1f", gpu_ms) + " ms)  " + (pass ? "PASS" : "FAIL");
   return {pass, line};
 }
 
-// Invalid calls on a live device: each must return its documented Status and launch nothing.
+// Invalid calls on a live device: each must return its documented Status and write nothing.
+// `spoil_fwd` or `spoil_bwd` (one of them) breaks otherwise valid parameters (Hq 4, Hk 2).
 Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
-                     const std::function<void(aotriton::v2::flash::FwdParams&)>& spoil) {
-  const size_t b = 1, h = 2, s = 64, d = 64, n = b * h * s * d;
-  DevBuf dq(n * 2), dk(n * 2), dv(n * 2), dout(n * 2), dlse(b * h * s * 4);
-  std::vector<uint16_t> ones(n, f32_to_f16(1.0f)), poison(n, kPoison16);
-  std::vector<uint32_t> lse_poison(b * h * s, kPoison32);
-  dq.upload(ones, stream);
-  dk.upload(ones, stream);
-  dv.upload(ones, stream);
-  dout.upload(poison, stream);
-  dlse.upload(lse_poison, stream);
-  auto t4 = [&](const DevBuf& buf) {
+                     const std::function<void(aotriton::v2::flash::FwdParams&)>& spoil_fwd,
+                     const std::function<void(aotriton::v2::flash::BwdParams&)>& spoil_bwd) {
+  const size_t b = 1, hq = 4, hk = 2, s = 64, d = 64, nq = b * hq * s * d, nk = b * hk * s * d;
+  DevBuf dq(nq * 2), dk(nk * 2), dv(nk * 2), ddo(nq * 2), dout(nq * 2), dgq(nq * 2), dgk(nk * 2), dgv(nk * 2);
+  DevBuf dlse(b * hq * s * 4), ddelta(b * hq * s * 4);
+  std::vector<uint16_t> ones_q(nq, f32_to_f16(1.0f)), ones_k(nk, f32_to_f16(1.0f));
+  std::vector<uint16_t> poison_q(nq, kPoison16), poison_k(nk, kPoison16);
+  std::vector<uint32_t> zeros_rows(b * hq * s, 0);
+  dq.upload(ones_q, stream);
+  dk.upload(ones_k, stream);
+  dv.upload(ones_k, stream);
+  ddo.upload(ones_q, stream);
+  dlse.upload(zeros_rows, stream);
+  dout.upload(poison_q, stream);
+  dgq.upload(poison_q, stream);
+  dgk.upload(poison_k, stream);
+  dgv.upload(poison_k, stream);
+  auto t4 = [&](const DevBuf& buf, size_t h) {
     const uint64_t sizes[4] = {b, h, s, d};
     return aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.ptr)), sizes,
                                                aotriton::DType::kFloat16);
   };
-  aotriton::v2::flash::FwdParams params;
-  params.q = t4(dq);
-  params.k = t4(dk);
-  params.v = t4(dv);
-  params.o = t4(dout);
-  const uint64_t lse_sizes[3] = {b, h, s};
-  params.lse = aotriton::TensorView<3>::contiguous(reinterpret_cast<const void*>(static_cast<uintptr_t>(dlse.ptr)),
-                                                   lse_sizes, aotriton::DType::kFloat32);
-  params.sm_scale = 0.125f;
-  spoil(params);
-  aotriton::Status st = aotriton::v2::flash::attn_fwd(params, aotriton::Stream{stream});
+  auto t3 = [&](const DevBuf& buf) {
+    const uint64_t sizes[3] = {b, hq, s};
+    return aotriton::TensorView<3>::contiguous(reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.ptr)), sizes,
+                                               aotriton::DType::kFloat32);
+  };
+  aotriton::Status st;
+  if (spoil_fwd) {
+    aotriton::v2::flash::FwdParams p;
+    p.q = t4(dq, hq);
+    p.k = t4(dk, hk);
+    p.v = t4(dv, hk);
+    p.o = t4(dout, hq);
+    p.lse = t3(dlse);
+    p.sm_scale = 0.125f;
+    spoil_fwd(p);
+    st = aotriton::v2::flash::attn_fwd(p, aotriton::Stream{stream});
+  } else {
+    aotriton::v2::flash::BwdParams p;
+    p.q = t4(dq, hq);
+    p.k = t4(dk, hk);
+    p.v = t4(dv, hk);
+    p.o = t4(ddo, hq);
+    p.d_o = t4(ddo, hq);
+    p.lse = t3(dlse);
+    p.delta = t3(ddelta);
+    p.dq = t4(dgq, hq);
+    p.dk = t4(dgk, hk);
+    p.dv = t4(dgv, hk);
+    p.sm_scale = 0.125f;
+    spoil_bwd(p);
+    st = aotriton::v2::flash::attn_bwd(p, aotriton::Stream{stream});
+  }
   std::string message = aotriton::last_error_message();
-  std::vector<uint16_t> out(n);
-  dout.download(out, stream);
-  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
-  bool untouched = std::all_of(out.begin(), out.end(), [](uint16_t x) { return x == kPoison16; });
+  bool untouched = true;
+  for (DevBuf* buf : {&dout, &dgq}) {
+    std::vector<uint16_t> out(nq);
+    buf->download(out, stream);
+    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    untouched &= out == poison_q;
+  }
+  for (DevBuf* buf : {&dgk, &dgv}) {
+    std::vector<uint16_t> out(nk);
+    buf->download(out, stream);
+    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    untouched &= out == poison_k;
+  }
   bool pass = st == want && untouched && !message.empty();
   std::string line = std::string("invalid call (") + what + ") -> " + aotriton::status_name(st) + ": " + message;
   if (st != want) line += std::string("  expected ") + aotriton::status_name(want);
-  if (!untouched) line += "  but O was written";
+  if (!untouched) line += "  but an output was written";
   if (message.empty()) line += "  but last_error_message() is empty";
   return {pass, line + (pass ? "  PASS" : "  FAIL")};
 }
@@ -615,6 +930,8 @@ int main(int argc, char** argv) {
   }
   emit(std::string("aotriton C++ API GPU test: device 0 = ") + name + ", aotriton " + aotriton::version() +
        ", seed " + std::to_string(seed));
+  emit("bounds: max|out-ref64| <= k*max|naive-ref64| + floor, k=3 (O) / 5 (dQ,dK,dV), floor 1e-3 (x max(1,max|ref|) "
+       "for gradients); LSE per row; shown as err/bound, '!' marks a failed check");
 
   int passed = 0, failed = 0, n = 0;
   auto record = [&](const Outcome& r) {
@@ -636,21 +953,32 @@ int main(int argc, char** argv) {
   }
   using aotriton::Status;
   using P = aotriton::v2::flash::FwdParams;
+  using BP = aotriton::v2::flash::BwdParams;
   struct Invalid {
     const char* what;
     Status want;
-    std::function<void(P&)> spoil;
+    std::function<void(P&)> spoil_fwd;
+    std::function<void(BP&)> spoil_bwd;
   };
   const Invalid invalid[] = {
-      {"q null", Status::kNullPointer, [](P& p) { p.q.data = nullptr; }},
-      {"sm_scale unset", Status::kInvalidArgument,
-       [](P& p) { p.sm_scale = std::numeric_limits<float>::quiet_NaN(); }},
-      {"k seqlen 0", Status::kEmptyInput, [](P& p) { p.k.sizes[2] = p.v.sizes[2] = 0; }},
-      {"version 999", Status::kUnsupportedVersion, [](P& p) { p.version = 999; }},
+      {"fwd: q null", Status::kNullPointer, [](P& p) { p.q.data = nullptr; }, nullptr},
+      {"fwd: sm_scale unset", Status::kInvalidArgument,
+       [](P& p) { p.sm_scale = std::numeric_limits<float>::quiet_NaN(); }, nullptr},
+      {"fwd: k seqlen 0", Status::kEmptyInput, [](P& p) { p.k.sizes[2] = p.v.sizes[2] = 0; }, nullptr},
+      {"fwd: version 999", Status::kUnsupportedVersion, [](P& p) { p.version = 999; }, nullptr},
+      {"fwd: Hq 3, Hk 2", Status::kShapeMismatch,
+       [](P& p) { p.q.sizes[1] = p.o.sizes[1] = p.lse.sizes[1] = 3; }, nullptr},
+      {"bwd: lse null", Status::kNullPointer, nullptr, [](BP& p) { p.lse.data = nullptr; }},
+      {"bwd: Hq 3, Hk 2", Status::kShapeMismatch, nullptr,
+       [](BP& p) {
+         p.q.sizes[1] = p.o.sizes[1] = p.d_o.sizes[1] = p.dq.sizes[1] = 3;
+         p.lse.sizes[1] = p.delta.sizes[1] = 3;
+       }},
+      {"bwd: version 999", Status::kUnsupportedVersion, nullptr, [](BP& p) { p.version = 999; }},
   };
   for (const Invalid& inv : invalid) {
     try {
-      record(invalid_case(inv.what, inv.want, stream, inv.spoil));
+      record(invalid_case(inv.what, inv.want, stream, inv.spoil_fwd, inv.spoil_bwd));
     } catch (const DriverError& e) {
       record({false, std::string("invalid call (") + inv.what + "): driver error: " + e.message + "  FAIL"});
     }

@@ -61,7 +61,11 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
         let m = full >> shift;
         let rem = full & ((1u32 << shift) - 1);
         let half = 1u32 << (shift - 1);
-        let m = if rem > half || (rem == half && (m & 1) == 1) { m + 1 } else { m };
+        let m = if rem > half || (rem == half && (m & 1) == 1) {
+            m + 1
+        } else {
+            m
+        };
         return sign | m as u16; // m may carry into the smallest normal: still right
     }
     let m = man >> 13;
@@ -114,6 +118,10 @@ impl SplitMix64 {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+    /// Uniform in 0..n (n > 0; the modulo bias is irrelevant here).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
     }
     /// Uniform in (0, 1].
     fn uniform_open0(&mut self) -> f64 {

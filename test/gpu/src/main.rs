@@ -1,41 +1,68 @@
-//! GPU correctness test of the aotriton Rust API (`aotriton::flash::attn_fwd`).
+//! GPU correctness test of the aotriton Rust API: `flash::attn_fwd` and `flash::attn_bwd`.
 //!
-//! Runs a deterministic set of forward cases (both dtypes, head dims 64/128, causal on/off,
-//! ragged sequence lengths, Sq ≠ Sk both ways, B×S×H×D memory viewed as B×H×S×D, a Q pointer
-//! that is only 2-byte aligned, padded rows) on a non-default stream of device 0, and compares
-//! every output element against a float64 CPU reference. The error allowed is scaled by the
-//! error of the same attention computed naively in the input precision (see reference.rs):
-//!     max|out − ref64| ≤ 3 · max|naive − ref64| + floor
-//! with floor 1e-3 for O and 1e-3·max(1, max|lse|) for LSE. Outputs are poisoned with NaN
-//! before each run: an element left unwritten fails, and so does any write outside the views.
+//! A fixed, deterministic list of cases (see `cases()`; `--list` prints it with a coverage table)
+//! covers head dims 8..256, GQA ratios 1/2/4/8 and MQA, Sq ≠ Sk both ways with lengths 1 and odd
+//! primes, every mask kind (none, causal top-left / bottom-right, sliding windows of both
+//! alignments, windows wider than the sequence, rows that see no key), fp16 and bf16, contiguous,
+//! B×S×H×D-as-B×H×S×D, padded-row and 2-byte-misaligned layouts, and forwards without LSE.
+//! Each case runs on a non-default stream of device 0:
+//!   1. (some cases) the forward with `lse: None`: the LSE buffer must stay untouched;
+//!   2. the forward with LSE into NaN-poisoned O / LSE;
+//!   3. the backward with random dO (never 0) into NaN-poisoned dQ / dK / dV / delta;
+//!   4. (5 cases) the backward 9 more times: dQ / dK / dV must be bitwise identical each time.
 //!
-//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu]
+//! Every output element is compared against a float64 CPU reference (reference.rs). The error
+//! allowed per tensor is scaled by the error of the same math done naively in the input precision:
+//!
+//! ```text
+//!     max|out − ref64| ≤ k · max|naive − ref64| + floor
+//! ```
+//!
+//! k = 3 for O, 5 for dQ / dK / dV; floor 1e-3, for a gradient multiplied by max|ref| of that
+//! tensor when that is above 1 (the line then shows `f×<factor>`). LSE: every finite reference
+//! row within 3 · max|naive − ref64| + 1e-3 · max(1, |lse_i|), and +inf exactly where the
+//! reference is +inf. Rows that see no key must hold exact zeros in O and dQ. The delta workspace
+//! must hold rowsum(dO ∘ O) (fp32 accumulation: 1e-4 relative). Nothing outside the views may be
+//! written (guard and padding keep their poison), the inputs (q, k, v, o, dO, lse) must come back
+//! unchanged from the backward, and NaN never passes.
+//!
+//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list]
 //! Without a driver or a device it prints `skipped: no GPU` and exits 0 (2 with --require-gpu).
+//! `--seed` changes the input values, not the case list.
 mod lowp;
 mod reference;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Instant;
 
-use aotriton::{DType, ErrorKind, Stream, TensorView, flash};
+use aotriton::flash::{self, Mask, MaskAlign};
+use aotriton::{DType, ErrorKind, Stream, TensorView};
 use cudarc::driver::{result, sys};
 use lowp::{Lowp, POISON16, POISON32, SplitMix64};
+use reference::MaskSpec;
 
-/// Elements of poison kept after every buffer, to catch writes (O, LSE) or unmasked reads
-/// (Q, K, V are followed by NaNs too) past the end of a view.
+/// Elements of poison kept after every buffer, to catch writes (outputs) or unmasked reads
+/// (inputs are followed by NaNs too) past the end of a view.
 const GUARD: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Largest B·Hq·Sq·Sk·D of a case: keeps the CPU reference of the whole suite to seconds.
+const MAX_COST: usize = 150_000_000;
+
+/// Backward runs of a determinism case.
+const REPEATS: usize = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Layout {
     /// Contiguous B×H×S×D.
     Bhsd,
     /// B×S×H×D memory viewed as B×H×S×D: strides [S·H·D, D, H·D, 1].
     Bshd,
-    /// B×H×S×D with a row pitch of D+1 elements (rows not 16-byte aligned) and an LSE with a
-    /// padded row pitch; the padding holds NaNs that must be neither read nor written.
+    /// B×H×S×D with a row pitch of D+1 elements (rows not 16-byte aligned), LSE and delta with a
+    /// row pitch of Sq+3; the padding holds NaNs that must be neither read nor written.
     Padded,
-    /// Contiguous, but Q starts 2 bytes past a 16-byte boundary (the runtime's unaligned variant).
+    /// Contiguous, but q, dO and dQ start 2 bytes past a 16-byte boundary (unaligned variants).
     QMisaligned,
 }
 
@@ -54,107 +81,337 @@ impl Layout {
 struct Case {
     dtype: Lowp,
     head_dim: usize,
-    causal: bool,
     batch: usize,
-    heads: usize,
+    heads_q: usize,
+    heads_k: usize,
     seqlen_q: usize,
     seqlen_k: usize,
+    mask: MaskSpec,
     layout: Layout,
+    /// Run the forward with `lse: None` first (then again with LSE for the backward).
+    fwd_without_lse: bool,
+    /// Run the backward `REPEATS` times and require identical bits.
+    repeat_bwd: bool,
+}
+
+fn mask_name(m: &MaskSpec) -> String {
+    let align = if m.bottom_right { "BR" } else { "TL" };
+    match (m.left, m.right) {
+        (-1, -1) => "none".to_string(),
+        (-1, 0) => format!("causal-{align}"),
+        (l, r) => format!("win({l},{r})-{align}"),
+    }
+}
+
+/// The mask kind, for the coverage table.
+fn mask_kind(m: &MaskSpec, sq: usize, sk: usize) -> &'static str {
+    let wide = |w: i64| w >= (sq + sk) as i64;
+    match (m.left, m.right, m.bottom_right) {
+        (-1, -1, _) => "none",
+        (-1, 0, false) => "causal TL",
+        (-1, 0, true) => "causal BR",
+        (0, 0, _) => "window (0,0)",
+        (l, r, _) if (l < 0 || wide(l)) && (r < 0 || wide(r)) => "window wider than seq",
+        (-1, _, _) => "window (-1,r)",
+        (_, -1, _) => "window (l,-1)",
+        _ => "window (l,r)",
+    }
 }
 
 impl Case {
+    fn group(&self) -> usize {
+        self.heads_q / self.heads_k
+    }
+    fn cost(&self) -> usize {
+        self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+    }
+    /// Query rows (per head) that see no key.
+    fn empty_rows(&self) -> usize {
+        let (sq, sk) = (self.seqlen_q, self.seqlen_k);
+        (0..sq)
+            .filter(|&i| !(0..sk).any(|j| self.mask.visible(i, j, sq, sk)))
+            .count()
+    }
     fn describe(&self) -> String {
-        format!(
-            "{} D={:<3} causal={} B={} H={} Sq={:<4} Sk={:<4} layout={:<6}",
+        let gqa = if self.heads_k == 1 && self.heads_q > 1 {
+            "MQA"
+        } else {
+            "GQA"
+        };
+        let mut s = format!(
+            "{} D={:<3} {gqa} G={} Hq={:<2} Hk={} B={} Sq={:<4} Sk={:<4} mask={:<18} layout={:<6}",
             self.dtype.name(),
             self.head_dim,
-            self.causal as u8,
+            self.group(),
+            self.heads_q,
+            self.heads_k,
             self.batch,
-            self.heads,
             self.seqlen_q,
             self.seqlen_k,
+            mask_name(&self.mask),
             self.layout.name()
-        )
+        );
+        if self.fwd_without_lse {
+            s.push_str(" +fwd-no-lse");
+        }
+        if self.repeat_bwd {
+            let _ = write!(s, " +bwd×{REPEATS}");
+        }
+        s
     }
 }
 
-/// 32 regular cases: every combination of (dtype, head dim, causal, layout) twice, each of 16
-/// (Sq, Sk) pairs twice with different combinations; then the special layouts.
-fn cases() -> Vec<Case> {
-    const PAIRS: [(usize, usize); 16] = [
-        (1, 1),
-        (17, 17),
-        (127, 127),
-        (1000, 1000),
-        (1, 17),
-        (17, 1),
-        (1, 1000),
-        (1000, 1),
-        (17, 1000),
-        (1000, 17),
-        (127, 1000),
-        (1000, 127),
-        (17, 127),
-        (127, 17),
-        (64, 128),
-        (256, 200),
-    ];
-    let mut out = Vec::new();
-    for i in 0..32usize {
-        let combo = i % 16;
-        // 5 is coprime to 16, so each round visits every pair once; the +3 shift pairs each
-        // (Sq, Sk) with a different combination in the second round.
-        let pair = PAIRS[(5 * i + 3 * (i / 16)) % 16];
-        out.push(Case {
-            dtype: if combo & 1 == 0 { Lowp::F16 } else { Lowp::BF16 },
-            head_dim: if combo & 2 == 0 { 64 } else { 128 },
-            causal: combo & 4 != 0,
-            layout: if combo & 8 == 0 { Layout::Bhsd } else { Layout::Bshd },
-            batch: 1 + i % 3,
-            heads: 1 + (i / 3) % 4,
-            seqlen_q: pair.0,
-            seqlen_k: pair.1,
-        });
+const HEAD_DIMS: [usize; 12] = [8, 24, 40, 64, 72, 80, 96, 128, 160, 192, 224, 256];
+/// (Hq, Hk): ratios 1, 2, 4, 8; MQA (Hk = 1) with Hq 2, 4, 8.
+const GQA: [(usize, usize); 12] = [
+    (1, 1),
+    (2, 2),
+    (3, 3),
+    (4, 2),
+    (6, 3),
+    (2, 1),
+    (8, 2),
+    (4, 1),
+    (12, 3),
+    (16, 2),
+    (8, 1),
+    (4, 4),
+];
+const fn m(left: i64, right: i64, bottom_right: bool) -> MaskSpec {
+    MaskSpec {
+        left,
+        right,
+        bottom_right,
     }
-    let special = |dtype, head_dim, causal, batch, heads, seqlen_q, seqlen_k, layout| Case {
+}
+const MASKS: [MaskSpec; 16] = [
+    m(-1, -1, false),
+    m(-1, 0, false),
+    m(-1, 0, true),
+    m(0, 0, false),
+    m(0, 0, true),
+    m(7, 3, false),
+    m(16, 5, true),
+    m(100, 37, false),
+    m(-1, 9, false),
+    m(-1, 2, true),
+    m(20, -1, false),
+    m(0, -1, true),
+    m(31, 0, true),
+    m(64, 0, false),
+    m(5000, 5000, false),
+    m(3000, 2000, true),
+];
+/// (Sq, Sk): 1, odd primes, a few even lengths; both orders.
+const PAIRS: [(usize, usize); 30] = [
+    (1, 1),
+    (1, 13),
+    (13, 1),
+    (1, 509),
+    (509, 1),
+    (13, 13),
+    (13, 31),
+    (31, 13),
+    (31, 97),
+    (97, 31),
+    (97, 97),
+    (13, 251),
+    (251, 13),
+    (97, 251),
+    (251, 97),
+    (251, 251),
+    (509, 97),
+    (97, 509),
+    (509, 509),
+    (251, 1021),
+    (1021, 251),
+    (1021, 1021),
+    (64, 128),
+    (128, 64),
+    (200, 333),
+    (333, 200),
+    (1021, 31),
+    (31, 1021),
+    (128, 128),
+    (256, 256),
+];
+
+/// Shrinks a case until B·Hq·Sq·Sk·D ≤ MAX_COST: batch first, then the longer sequence to the
+/// next smaller prime of 1021, 509, 251, 97, 31, 13, 1.
+fn fit(mut c: Case) -> Case {
+    while c.cost() > MAX_COST {
+        if c.batch > 1 {
+            c.batch -= 1;
+            continue;
+        }
+        let shrink = |s: usize| *[1021, 509, 251, 97, 31, 13, 1].iter().find(|&&p| p < s).unwrap_or(&1);
+        if c.seqlen_q >= c.seqlen_k {
+            c.seqlen_q = shrink(c.seqlen_q)
+        } else {
+            c.seqlen_k = shrink(c.seqlen_k)
+        }
+    }
+    c
+}
+
+/// 108 regular cases (each head dim 9 times; mask, GQA and dtype cycled so each head dim meets
+/// both dtypes and many masks and ratios; lengths, layout and batch from a fixed-seed RNG),
+/// then hand-picked ones: rows without keys, determinism, extremes.
+fn cases() -> Vec<Case> {
+    const LAYOUTS: [Layout; 6] = [
+        Layout::Bhsd,
+        Layout::Bshd,
+        Layout::Bhsd,
+        Layout::Bshd,
+        Layout::Padded,
+        Layout::QMisaligned,
+    ];
+    let mut rng = SplitMix64::new(0xCA5E_1157);
+    let mut out = Vec::new();
+    for i in 0..108usize {
+        let round = i / 12;
+        let (heads_q, heads_k) = GQA[(5 * i + round) % GQA.len()];
+        let (seqlen_q, seqlen_k) = PAIRS[rng.below(PAIRS.len())];
+        out.push(fit(Case {
+            dtype: if round % 2 == 0 { Lowp::F16 } else { Lowp::BF16 },
+            head_dim: HEAD_DIMS[i % HEAD_DIMS.len()],
+            batch: 1 + rng.below(2),
+            heads_q,
+            heads_k,
+            seqlen_q,
+            seqlen_k,
+            mask: MASKS[(i + round) % MASKS.len()],
+            layout: LAYOUTS[rng.below(LAYOUTS.len())],
+            fwd_without_lse: i % 11 == 4,
+            repeat_bwd: false,
+        }));
+    }
+    #[allow(clippy::too_many_arguments)]
+    let special = |dtype, head_dim, heads_q, heads_k, batch, seqlen_q, seqlen_k, mask, layout, repeat_bwd| Case {
         dtype,
         head_dim,
-        causal,
         batch,
-        heads,
+        heads_q,
+        heads_k,
         seqlen_q,
         seqlen_k,
+        mask,
         layout,
+        fwd_without_lse: false,
+        repeat_bwd,
     };
-    out.push(special(Lowp::F16, 64, false, 2, 3, 200, 333, Layout::QMisaligned));
-    out.push(special(Lowp::BF16, 128, true, 1, 2, 1000, 127, Layout::QMisaligned));
-    out.push(special(Lowp::BF16, 64, true, 2, 2, 130, 130, Layout::Padded));
-    out.push(special(Lowp::F16, 128, false, 1, 3, 17, 300, Layout::Padded));
+    use Layout::*;
+    use Lowp::{BF16, F16};
+    // Determinism (and rows without keys in the first).
+    out.push(special(BF16, 128, 8, 2, 1, 509, 97, m(-1, 0, true), Bhsd, true)); // G=4, 412 empty rows
+    out.push(special(F16, 64, 16, 2, 1, 251, 509, m(16, 5, true), Bshd, true)); // G=8
+    out.push(special(BF16, 256, 8, 1, 1, 97, 251, m(-1, -1, false), Bhsd, true)); // MQA 8
+    out.push(special(F16, 72, 2, 2, 2, 333, 333, m(-1, 0, false), Padded, true));
+    out.push(special(BF16, 24, 4, 1, 1, 1021, 1021, m(64, 0, false), Bshd, true)); // MQA 4
+    // Rows without keys: window (0,0) BR with Sq > Sk; window TL with Sq > Sk; causal BR Sk = 1.
+    out.push(special(F16, 80, 4, 2, 1, 251, 13, m(0, 0, true), QMisaligned, false));
+    let mut c = special(BF16, 160, 6, 3, 1, 97, 31, m(0, 3, false), Bhsd, false);
+    c.fwd_without_lse = true;
+    out.push(c);
+    out.push(special(F16, 8, 8, 1, 1, 1021, 1, m(-1, 0, true), Bhsd, false));
+    // Windows wider than the sequences; Sq = 1 bottom-right; a large head dim at Sq = Sk = 509.
+    out.push(special(F16, 192, 2, 1, 1, 13, 1021, m(5000, 5000, true), Bshd, false));
+    out.push(special(BF16, 224, 4, 4, 1, 1, 1021, m(-1, 0, true), Padded, false));
+    out.push(special(BF16, 256, 2, 1, 1, 509, 509, m(-1, -1, false), Padded, false));
     out
 }
 
-/// Where a logical B×H×S×D (or B×H×S for LSE) tensor lives in its buffer.
+/// Counts per axis value, as printed at the start of the log and by `--list`.
+fn coverage(all: &[Case]) -> String {
+    let mut axes: BTreeMap<&str, BTreeMap<String, usize>> = BTreeMap::new();
+    let mut add = |axis: &'static str, value: String| *axes.entry(axis).or_default().entry(value).or_default() += 1;
+    for c in all {
+        add("1 head dim", format!("{:>3}", c.head_dim));
+        let mqa = if c.heads_k == 1 && c.heads_q > 1 { " (MQA)" } else { "" };
+        add("2 GQA ratio", format!("{}{mqa}", c.group()));
+        add("3 mask", mask_kind(&c.mask, c.seqlen_q, c.seqlen_k).to_string());
+        add(
+            "4 align",
+            if c.mask.left == -1 && c.mask.right == -1 {
+                "-"
+            } else if c.mask.bottom_right {
+                "BR"
+            } else {
+                "TL"
+            }
+            .into(),
+        );
+        add("5 dtype", c.dtype.name().to_string());
+        add("6 layout", c.layout.name().to_string());
+        let order = match c.seqlen_q.cmp(&c.seqlen_k) {
+            std::cmp::Ordering::Less => "Sq<Sk",
+            std::cmp::Ordering::Equal => "Sq=Sk",
+            std::cmp::Ordering::Greater => "Sq>Sk",
+        };
+        add("7 seqlens", order.to_string());
+        for s in [c.seqlen_q, c.seqlen_k] {
+            if [1, 13, 31, 97, 251, 509, 1021].contains(&s) {
+                add("8 length (1 or prime)", format!("{s:>4}"));
+            }
+        }
+        if c.empty_rows() > 0 {
+            add("9 special", "rows without keys".into());
+        }
+        if c.fwd_without_lse {
+            add("9 special", "fwd without LSE".into());
+        }
+        if c.repeat_bwd {
+            add("9 special", format!("bwd ×{REPEATS} bitwise"));
+        }
+    }
+    let mut s = String::from("coverage (cases per value):\n");
+    for (axis, values) in axes {
+        let _ = write!(s, "  {:<22}", &axis[2..]);
+        for (v, n) in values {
+            let _ = write!(s, " {v}:{n}");
+        }
+        s.push('\n');
+    }
+    let total: usize = all.iter().map(Case::cost).sum();
+    let _ = write!(
+        s,
+        "  {} cases, Σ B·Hq·Sq·Sk·D = {:.2e}, largest {:.2e}",
+        all.len(),
+        total as f64,
+        all.iter().map(Case::cost).max().unwrap_or(0) as f64
+    );
+    s
+}
+
+/// Where a logical tensor lives in its buffer.
+#[derive(Clone)]
 struct Placement<const R: usize> {
-    offset: usize, // elements before element [0,...]
+    sizes: [usize; R],
     strides: [usize; R],
-    len: usize, // whole buffer, guard included
+    offset: usize, // elements before element [0,...]
+    len: usize,    // whole buffer, guard included
 }
 
 impl<const R: usize> Placement<R> {
     fn new(sizes: [usize; R], strides: [usize; R], offset: usize) -> Self {
         let extent: usize = sizes.iter().zip(&strides).map(|(&n, &s)| (n - 1) * s).sum::<usize>() + 1;
-        Placement { offset, strides, len: offset + extent + GUARD }
+        Placement {
+            sizes,
+            strides,
+            offset,
+            len: offset + extent + GUARD,
+        }
     }
     /// Buffer index of each logical element, in logical row-major order.
-    fn indices(&self, sizes: [usize; R]) -> Vec<usize> {
-        let total: usize = sizes.iter().product();
+    fn indices(&self) -> Vec<usize> {
+        let total: usize = self.sizes.iter().product();
         let mut out = Vec::with_capacity(total);
         let mut idx = [0usize; R];
         for _ in 0..total {
             out.push(self.offset + idx.iter().zip(&self.strides).map(|(i, s)| i * s).sum::<usize>());
             for d in (0..R).rev() {
                 idx[d] += 1;
-                if idx[d] < sizes[d] {
+                if idx[d] < self.sizes[d] {
                     break;
                 }
                 idx[d] = 0;
@@ -164,23 +421,23 @@ impl<const R: usize> Placement<R> {
     }
 }
 
-fn place4(c: &Case, seqlen: usize, is_q: bool) -> Placement<4> {
-    let (b, h, s, d) = (c.batch, c.heads, seqlen, c.head_dim);
+/// A B×H×S×D tensor of the case; `shifted`: q, dO, dQ (2 bytes off in the misaligned layout).
+fn place4(c: &Case, h: usize, s: usize, shifted: bool) -> Placement<4> {
+    let (b, d) = (c.batch, c.head_dim);
     let sizes = [b, h, s, d];
     match c.layout {
         Layout::Bhsd => Placement::new(sizes, [h * s * d, s * d, d, 1], 0),
         Layout::Bshd => Placement::new(sizes, [s * h * d, d, h * d, 1], 0),
         Layout::Padded => Placement::new(sizes, [h * s * (d + 1), s * (d + 1), d + 1, 1], 0),
-        Layout::QMisaligned => Placement::new(sizes, [h * s * d, s * d, d, 1], if is_q { 1 } else { 0 }),
+        Layout::QMisaligned => Placement::new(sizes, [h * s * d, s * d, d, 1], shifted as usize),
     }
 }
 
-fn place_lse(c: &Case) -> Placement<3> {
-    let (b, h, s) = (c.batch, c.heads, c.seqlen_q);
-    match c.layout {
-        Layout::Padded => Placement::new([b, h, s], [h * (s + 3), s + 3, 1], 0),
-        _ => Placement::new([b, h, s], [h * s, s, 1], 0),
-    }
+/// LSE and delta: B×Hq×Sq fp32.
+fn place_rows(c: &Case) -> Placement<3> {
+    let (b, h, s) = (c.batch, c.heads_q, c.seqlen_q);
+    let pitch = if c.layout == Layout::Padded { s + 3 } else { s };
+    Placement::new([b, h, s], [h * pitch, pitch, 1], 0)
 }
 
 /// A device allocation, freed on drop.
@@ -190,12 +447,6 @@ impl DevBuf {
     fn new(bytes: usize) -> Result<Self, String> {
         let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| format!("cuMemAlloc({bytes}): {e:?}"))?;
         Ok(DevBuf(ptr))
-    }
-    fn upload<T>(&self, host: &[T], stream: sys::CUstream) -> Result<(), String> {
-        unsafe { result::memcpy_htod_async(self.0, host, stream) }.map_err(|e| format!("cuMemcpyHtoDAsync: {e:?}"))
-    }
-    fn download<T>(&self, host: &mut [T], stream: sys::CUstream) -> Result<(), String> {
-        unsafe { result::memcpy_dtoh_async(host, self.0, stream) }.map_err(|e| format!("cuMemcpyDtoHAsync: {e:?}"))
     }
 }
 
@@ -209,6 +460,68 @@ fn sync(stream: sys::CUstream) -> Result<(), String> {
     unsafe { result::stream::synchronize(stream) }.map_err(|e| format!("cuStreamSynchronize: {e:?}"))
 }
 
+/// A tensor on the device: its buffer, where the view lies in it, and the host copy of what was
+/// uploaded (the values inside the view, poison everywhere else).
+struct DevTensor<T: Copy + PartialEq, const R: usize> {
+    buf: DevBuf,
+    place: Placement<R>,
+    host: Vec<T>,
+}
+
+impl<T: Copy + PartialEq, const R: usize> DevTensor<T, R> {
+    /// Uploads `values` (logical order) into a buffer of `poison`; `None` = all poison.
+    fn new(place: Placement<R>, values: Option<&[T]>, poison: T, stream: sys::CUstream) -> Result<Self, String> {
+        let mut host = vec![poison; place.len];
+        if let Some(values) = values {
+            for (x, i) in values.iter().zip(place.indices()) {
+                host[i] = *x;
+            }
+        }
+        let t = DevTensor {
+            buf: DevBuf::new(place.len * size_of::<T>())?,
+            place,
+            host,
+        };
+        t.restore(stream)?;
+        Ok(t)
+    }
+    /// Uploads the host copy again (re-poisons an output).
+    fn restore(&self, stream: sys::CUstream) -> Result<(), String> {
+        unsafe { result::memcpy_htod_async(self.buf.0, &self.host, stream) }
+            .map_err(|e| format!("cuMemcpyHtoDAsync: {e:?}"))
+    }
+    /// The whole buffer, after everything queued on `stream`.
+    fn read(&self, stream: sys::CUstream) -> Result<Vec<T>, String> {
+        let mut bits = self.host.clone();
+        unsafe { result::memcpy_dtoh_async(&mut bits, self.buf.0, stream) }
+            .map_err(|e| format!("cuMemcpyDtoHAsync: {e:?}"))?;
+        sync(stream)?;
+        Ok(bits)
+    }
+    fn view(&self, dtype: DType) -> TensorView<R> {
+        TensorView::new(
+            self.buf.0 + (self.place.offset * size_of::<T>()) as u64,
+            self.place.sizes.map(|n| n as u64),
+            self.place.strides.map(|s| s as i64),
+            dtype,
+        )
+    }
+    /// The view's elements of a downloaded buffer, in logical order.
+    fn logical(&self, bits: &[T]) -> Vec<T> {
+        self.place.indices().into_iter().map(|i| bits[i]).collect()
+    }
+    /// Elements outside the view that differ from what was uploaded (stray writes).
+    fn stray(&self, bits: &[T]) -> usize {
+        let mut inside = vec![false; self.place.len];
+        self.place.indices().into_iter().for_each(|i| inside[i] = true);
+        bits.iter()
+            .zip(&self.host)
+            .zip(&inside)
+            .filter(|((b, h), inside)| !**inside && b != h)
+            .count()
+    }
+}
+
 fn dtype_of(t: Lowp) -> DType {
     match t {
         Lowp::F16 => DType::F16,
@@ -216,41 +529,17 @@ fn dtype_of(t: Lowp) -> DType {
     }
 }
 
-fn view4(base: &DevBuf, p: &Placement<4>, sizes: [usize; 4], dtype: DType) -> TensorView<4> {
-    TensorView::new(
-        base.0 + (p.offset as u64) * dtype.size_bytes(),
-        sizes.map(|n| n as u64),
-        p.strides.map(|s| s as i64),
-        dtype,
-    )
-}
-
-fn view3(base: &DevBuf, p: &Placement<3>, sizes: [usize; 3]) -> TensorView<3> {
-    TensorView::new(base.0 + (p.offset as u64) * 4, sizes.map(|n| n as u64), p.strides.map(|s| s as i64), DType::F32)
-}
-
-/// Inputs of one case: logical values (rounded to the dtype) and the device-layout buffers.
-struct Inputs {
-    logical: [Vec<f32>; 3],
-    buffers: [Vec<u16>; 3],
-    places: [Placement<4>; 3],
-}
-
-fn make_inputs(c: &Case, rng: &mut SplitMix64) -> Inputs {
-    let mk = |rng: &mut SplitMix64, seqlen: usize, is_q: bool| {
-        let sizes = [c.batch, c.heads, seqlen, c.head_dim];
-        let place = place4(c, seqlen, is_q);
-        let logical: Vec<f32> = (0..sizes.iter().product::<usize>()).map(|_| rng.normal_in(c.dtype)).collect();
-        let mut buf = vec![POISON16; place.len];
-        for (x, i) in logical.iter().zip(place.indices(sizes)) {
-            buf[i] = c.dtype.encode(*x);
-        }
-        (logical, buf, place)
+fn api_mask(m: &MaskSpec) -> Mask {
+    let align = if m.bottom_right {
+        MaskAlign::BottomRight
+    } else {
+        MaskAlign::TopLeft
     };
-    let (q, qb, qp) = mk(rng, c.seqlen_q, true);
-    let (k, kb, kp) = mk(rng, c.seqlen_k, false);
-    let (v, vb, vp) = mk(rng, c.seqlen_k, false);
-    Inputs { logical: [q, k, v], buffers: [qb, kb, vb], places: [qp, kp, vp] }
+    match (m.left, m.right) {
+        (-1, -1) => Mask::NONE,
+        (-1, 0) => Mask::causal(align),
+        (l, r) => Mask::window(l as i32, r as i32, align),
+    }
 }
 
 struct Outcome {
@@ -258,163 +547,520 @@ struct Outcome {
     line: String,
 }
 
-/// Max |a − ref| over all elements (NaN-free inputs assumed; NaNs are counted separately).
+/// One bounded comparison: max|got − ref| ≤ bound; NaNs counted apart (they never pass).
+struct Bounded {
+    name: &'static str,
+    err: f64,
+    bound: f64,
+    floor_factor: f64,
+    nan: usize,
+}
+
+impl Bounded {
+    /// `k` · max|naive − exact| + 1e-3 (× max(1, max|exact|) when `scale_floor`).
+    fn new(name: &'static str, got: &[f64], exact: &[f64], naive: &[f64], k: f64, scale_floor: bool) -> Self {
+        let nan = got.iter().filter(|x| x.is_nan()).count();
+        let err = max_err(got, exact);
+        let naive_err = max_err(naive, exact);
+        let floor_factor = if scale_floor {
+            exact.iter().fold(1.0f64, |m, x| m.max(x.abs()))
+        } else {
+            1.0
+        };
+        Bounded {
+            name,
+            err,
+            bound: k * naive_err + 1e-3 * floor_factor,
+            floor_factor,
+            nan,
+        }
+    }
+    fn pass(&self) -> bool {
+        self.nan == 0 && self.err <= self.bound
+    }
+    fn show(&self) -> String {
+        let mut s = format!("{} {:.2e}/{:.2e}", self.name, self.err, self.bound);
+        if self.floor_factor > 1.0 {
+            let _ = write!(s, "(f×{:.1})", self.floor_factor);
+        }
+        if self.nan > 0 {
+            let _ = write!(s, "[{} NaN]", self.nan);
+        }
+        if !self.pass() {
+            s.push('!');
+        }
+        s
+    }
+}
+
+/// Max |a − r| over elements where neither is NaN (NaNs are counted separately); an infinite
+/// difference (inf vs finite) gives inf.
 fn max_err(a: &[f64], r: &[f64]) -> f64 {
-    a.iter().zip(r).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    a.iter()
+        .zip(r)
+        .map(|(x, y)| {
+            if x.is_nan() || y.is_nan() || x == y {
+                0.0
+            } else {
+                (x - y).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// LSE: finite reference rows within 3·max|naive − ref| + 1e-3·max(1, |ref_i|); +inf exactly
+/// where the reference is +inf. Returns (pass, text); the text shows the worst row by err/bound.
+fn check_lse(got: &[f64], exact: &[f64], naive: &[f64]) -> (bool, String) {
+    let finite = |x: &f64| x.is_finite();
+    let naive_err = naive
+        .iter()
+        .zip(exact)
+        .filter(|(n, e)| finite(n) && finite(e))
+        .map(|(n, e)| (n - e).abs())
+        .fold(0.0, f64::max);
+    let (mut worst, mut worst_err, mut worst_bound) = (0.0f64, 0.0, 3.0 * naive_err + 1e-3);
+    let (mut bad_inf, mut bad) = (0usize, 0usize);
+    for (&g, &e) in got.iter().zip(exact) {
+        if e.is_infinite() {
+            bad_inf += (g != f64::INFINITY) as usize;
+            continue;
+        }
+        let bound = 3.0 * naive_err + 1e-3 * e.abs().max(1.0);
+        let err = if g.is_finite() { (g - e).abs() } else { f64::INFINITY };
+        bad += (err > bound) as usize; // NaN g: err is inf
+        if err / bound > worst {
+            (worst, worst_err, worst_bound) = (err / bound, err, bound);
+        }
+    }
+    let mut s = format!("LSE {worst_err:.2e}/{worst_bound:.2e}");
+    if bad > 0 {
+        let _ = write!(s, "[{bad} rows out]!");
+    }
+    if bad_inf > 0 {
+        let _ = write!(s, "[{bad_inf} rows not +inf]!");
+    }
+    (bad == 0 && bad_inf == 0, s)
 }
 
 fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Outcome, String> {
     let dtype = dtype_of(c.dtype);
-    let inputs = make_inputs(c, rng);
-    let sm_scale = 1.0 / (c.head_dim as f32).sqrt();
-    let o_sizes = [c.batch, c.heads, c.seqlen_q, c.head_dim];
-    let lse_sizes = [c.batch, c.heads, c.seqlen_q];
-    let o_place = place4(c, c.seqlen_q, false);
-    let lse_place = place_lse(c);
-
-    // Device side: inputs, poisoned outputs, one launch, copy back, all on `stream`.
-    let dev_in: Vec<DevBuf> = inputs.buffers.iter().map(|b| DevBuf::new(b.len() * 2)).collect::<Result<_, _>>()?;
-    for (d, h) in dev_in.iter().zip(&inputs.buffers) {
-        d.upload(h, stream)?;
-    }
-    let o_poison = vec![POISON16; o_place.len];
-    let lse_poison = vec![POISON32; lse_place.len];
-    let dev_o = DevBuf::new(o_place.len * 2)?;
-    let dev_lse = DevBuf::new(lse_place.len * 4)?;
-    dev_o.upload(&o_poison, stream)?;
-    dev_lse.upload(&lse_poison, stream)?;
-    let [pq, pk, pv] = &inputs.places;
-    let mut params = flash::FwdParams::new(
-        view4(&dev_in[0], pq, o_sizes, dtype),
-        view4(&dev_in[1], pk, [c.batch, c.heads, c.seqlen_k, c.head_dim], dtype),
-        view4(&dev_in[2], pv, [c.batch, c.heads, c.seqlen_k, c.head_dim], dtype),
-        view4(&dev_o, &o_place, o_sizes, dtype),
-        view3(&dev_lse, &lse_place, lse_sizes),
+    let (b, hq, hk, sq, sk, d) = (c.batch, c.heads_q, c.heads_k, c.seqlen_q, c.seqlen_k, c.head_dim);
+    let sm_scale = 1.0 / (d as f32).sqrt();
+    let mut draw = |n: usize| (0..n).map(|_| rng.normal_in(c.dtype)).collect::<Vec<f32>>();
+    let (q, k, v, d_o) = (
+        draw(b * hq * sq * d),
+        draw(b * hk * sk * d),
+        draw(b * hk * sk * d),
+        draw(b * hq * sq * d),
     );
-    params.sm_scale = sm_scale;
-    params.causal = c.causal;
+    let enc = |x: &[f32]| x.iter().map(|&v| c.dtype.encode(v)).collect::<Vec<u16>>();
+    let fail = |what: String| {
+        Ok(Outcome {
+            pass: false,
+            line: format!("{}  {what}  FAIL", c.describe()),
+        })
+    };
+
+    // Device tensors: inputs inside NaN guards, outputs all NaN.
+    let q_dev = DevTensor::new(place4(c, hq, sq, true), Some(&enc(&q)), POISON16, stream)?;
+    let k_dev = DevTensor::new(place4(c, hk, sk, false), Some(&enc(&k)), POISON16, stream)?;
+    let v_dev = DevTensor::new(place4(c, hk, sk, false), Some(&enc(&v)), POISON16, stream)?;
+    let do_dev = DevTensor::new(place4(c, hq, sq, true), Some(&enc(&d_o)), POISON16, stream)?;
+    let o_dev = DevTensor::new(place4(c, hq, sq, false), None, POISON16, stream)?;
+    let lse_dev = DevTensor::new(place_rows(c), None, POISON32, stream)?;
+    let delta_dev = DevTensor::new(place_rows(c), None, POISON32, stream)?;
+    let dq_dev = DevTensor::new(place4(c, hq, sq, true), None, POISON16, stream)?;
+    let dk_dev = DevTensor::new(place4(c, hk, sk, false), None, POISON16, stream)?;
+    let dv_dev = DevTensor::new(place4(c, hk, sk, false), None, POISON16, stream)?;
+    let s = Stream::from_raw(stream as usize);
+    let fwd = |lse: Option<TensorView<3>>| {
+        let mut p = flash::FwdParams::new(
+            q_dev.view(dtype),
+            k_dev.view(dtype),
+            v_dev.view(dtype),
+            o_dev.view(dtype),
+            lse,
+        );
+        p.sm_scale = sm_scale;
+        p.mask = api_mask(&c.mask);
+        flash::attn_fwd(&p, s)
+    };
+    let mut bwd_params = flash::BwdParams::new(
+        q_dev.view(dtype),
+        k_dev.view(dtype),
+        v_dev.view(dtype),
+        o_dev.view(dtype),
+        do_dev.view(dtype),
+        lse_dev.view(DType::F32),
+        delta_dev.view(DType::F32),
+        dq_dev.view(dtype),
+        dk_dev.view(dtype),
+        dv_dev.view(dtype),
+    );
+    bwd_params.sm_scale = sm_scale;
+    bwd_params.mask = api_mask(&c.mask);
+
     let started = Instant::now();
-    let launched = flash::attn_fwd(&params, Stream::from_raw(stream as usize));
-    let mut o_bits = vec![0u16; o_place.len];
-    let mut lse_bits = vec![0u32; lse_place.len];
-    dev_o.download(&mut o_bits, stream)?;
-    dev_lse.download(&mut lse_bits, stream)?;
-    sync(stream)?;
-    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
-    if let Err(e) = launched {
-        return Ok(Outcome { pass: false, line: format!("{}  attn_fwd returned {e}  FAIL", c.describe()) });
+    // 1. Forward without LSE: O is checked below, the LSE buffer must stay all poison.
+    let mut no_lse = None;
+    if c.fwd_without_lse {
+        if let Err(e) = fwd(None) {
+            return fail(format!("attn_fwd (lse None) returned {e}"));
+        }
+        let o_bits = o_dev.read(stream)?;
+        let lse_untouched = lse_dev.read(stream)? == lse_dev.host;
+        no_lse = Some((o_dev.logical(&o_bits), o_dev.stray(&o_bits), lse_untouched));
+        o_dev.restore(stream)?;
     }
+    // 2. Forward with LSE.
+    if let Err(e) = fwd(Some(lse_dev.view(DType::F32))) {
+        return fail(format!("attn_fwd returned {e}"));
+    }
+    let o_bits = o_dev.read(stream)?;
+    let lse_bits = lse_dev.read(stream)?;
+    // 3. Backward.
+    if let Err(e) = flash::attn_bwd(&bwd_params, s) {
+        return fail(format!("attn_bwd returned {e}"));
+    }
+    let dq_bits = dq_dev.read(stream)?;
+    let dk_bits = dk_dev.read(stream)?;
+    let dv_bits = dv_dev.read(stream)?;
+    let delta_bits = delta_dev.read(stream)?;
+    // The backward's inputs must come back unchanged (no writes into inputs or their guards).
+    let mut inputs_changed = Vec::new();
+    for (name, dev, want) in [
+        ("q", &q_dev, &q_dev.host),
+        ("k", &k_dev, &k_dev.host),
+        ("v", &v_dev, &v_dev.host),
+        ("dO", &do_dev, &do_dev.host),
+        ("o", &o_dev, &o_bits),
+    ] {
+        if dev.read(stream)? != *want {
+            inputs_changed.push(name);
+        }
+    }
+    if lse_dev.read(stream)? != lse_bits {
+        inputs_changed.push("lse");
+    }
+    // 4. Determinism: the same bits on every rerun (outputs re-poisoned before each).
+    let mut nondeterministic = 0;
+    if c.repeat_bwd {
+        for _ in 1..REPEATS {
+            for t in [&dq_dev, &dk_dev, &dv_dev] {
+                t.restore(stream)?;
+            }
+            delta_dev.restore(stream)?;
+            if let Err(e) = flash::attn_bwd(&bwd_params, s) {
+                return fail(format!("attn_bwd (rerun) returned {e}"));
+            }
+            let same =
+                dq_dev.read(stream)? == dq_bits && dk_dev.read(stream)? == dk_bits && dv_dev.read(stream)? == dv_bits;
+            nondeterministic += !same as usize;
+        }
+    }
+    let gpu_ms = started.elapsed().as_secs_f64() * 1e3;
 
     // References.
+    let started = Instant::now();
     let problem = reference::Problem {
         dtype: c.dtype,
-        batch: c.batch,
-        heads: c.heads,
-        seqlen_q: c.seqlen_q,
-        seqlen_k: c.seqlen_k,
-        head_dim: c.head_dim,
-        causal: c.causal,
+        batch: b,
+        heads_q: hq,
+        heads_k: hk,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        head_dim: d,
+        mask: c.mask,
         sm_scale,
-        q: &inputs.logical[0],
-        k: &inputs.logical[1],
-        v: &inputs.logical[2],
+        q: &q,
+        k: &k,
+        v: &v,
+        d_o: &d_o,
     };
     let (exact, naive) = reference::compute(&problem);
+    let ref_ms = started.elapsed().as_secs_f64() * 1e3;
 
-    // Gather outputs in logical order; count NaNs (unwritten or broken) and out-of-view writes.
-    let o_idx = o_place.indices(o_sizes);
-    let lse_idx = lse_place.indices(lse_sizes);
-    let o: Vec<f64> = o_idx.iter().map(|&i| c.dtype.decode(o_bits[i]) as f64).collect();
-    let lse: Vec<f64> = lse_idx.iter().map(|&i| f32::from_bits(lse_bits[i]) as f64).collect();
-    let nan_o = o.iter().filter(|x| x.is_nan()).count();
-    let nan_lse = lse.iter().filter(|x| x.is_nan()).count();
-    let mut in_view_o = vec![false; o_place.len];
-    o_idx.iter().for_each(|&i| in_view_o[i] = true);
-    let mut in_view_l = vec![false; lse_place.len];
-    lse_idx.iter().for_each(|&i| in_view_l[i] = true);
-    let stray = o_bits.iter().zip(&in_view_o).filter(|(b, v)| !**v && **b != POISON16).count()
-        + lse_bits.iter().zip(&in_view_l).filter(|(b, v)| !**v && **b != POISON32).count();
+    // Checks.
+    let dec = |bits: Vec<u16>| bits.into_iter().map(|x| c.dtype.decode(x) as f64).collect::<Vec<f64>>();
+    let o = dec(o_dev.logical(&o_bits));
+    let lse: Vec<f64> = lse_dev
+        .logical(&lse_bits)
+        .into_iter()
+        .map(|x| f32::from_bits(x) as f64)
+        .collect();
+    let dq = dec(dq_dev.logical(&dq_bits));
+    let dk = dec(dk_dev.logical(&dk_bits));
+    let dv = dec(dv_dev.logical(&dv_bits));
+    let delta: Vec<f64> = delta_dev
+        .logical(&delta_bits)
+        .into_iter()
+        .map(|x| f32::from_bits(x) as f64)
+        .collect();
+    let checks = [
+        Bounded::new("O", &o, &exact.o, &naive.o, 3.0, false),
+        Bounded::new("dQ", &dq, &exact.dq, &naive.dq, 5.0, true),
+        Bounded::new("dK", &dk, &exact.dk, &naive.dk, 5.0, true),
+        Bounded::new("dV", &dv, &exact.dv, &naive.dv, 5.0, true),
+    ];
+    let (lse_ok, lse_text) = check_lse(&lse, &exact.lse, &naive.lse);
+    // Rows without keys: O and dQ exactly 0.
+    let mut empty_not_zero = 0;
+    for (row, l) in exact.lse.iter().enumerate() {
+        if l.is_infinite() {
+            let r = row * d..(row + 1) * d;
+            empty_not_zero += o[r.clone()].iter().chain(&dq[r]).filter(|&&x| x != 0.0).count();
+        }
+    }
+    // delta = rowsum(dO ∘ O) with this run's O.
+    let mut delta_bad = 0;
+    for (row, &got) in delta.iter().enumerate() {
+        let (mut want, mut mag) = (0.0f64, 0.0f64);
+        for t in row * d..(row + 1) * d {
+            want += d_o[t] as f64 * o[t];
+            mag += (d_o[t] as f64 * o[t]).abs();
+        }
+        let ok = (got - want).abs() <= 1e-4 * (1.0 + mag); // false for NaN
+        delta_bad += !ok as usize;
+    }
+    let stray = o_dev.stray(&o_bits)
+        + lse_dev.stray(&lse_bits)
+        + dq_dev.stray(&dq_bits)
+        + dk_dev.stray(&dk_bits)
+        + dv_dev.stray(&dv_bits)
+        + delta_dev.stray(&delta_bits);
 
-    let err_o = max_err(&o, &exact.o);
-    let naive_o = max_err(&naive.o, &exact.o);
-    let bound_o = 3.0 * naive_o + 1e-3;
-    let err_l = max_err(&lse, &exact.lse);
-    let naive_l = max_err(&naive.lse, &exact.lse);
-    let lse_mag = exact.lse.iter().fold(1.0f64, |m, x| m.max(x.abs()));
-    let bound_l = 3.0 * naive_l + 1e-3 * lse_mag;
-    let pass = nan_o == 0 && nan_lse == 0 && stray == 0 && err_o <= bound_o && err_l <= bound_l;
-    let mut line = format!(
-        "{}  O err {:.3e} bound {:.3e}  LSE err {:.3e} bound {:.3e}",
-        c.describe(),
-        err_o,
-        bound_o,
-        err_l,
-        bound_l
-    );
-    if nan_o + nan_lse > 0 {
-        let _ = write!(line, "  NaN/unwritten O {nan_o} LSE {nan_lse}");
+    let mut pass = checks.iter().all(Bounded::pass)
+        && lse_ok
+        && empty_not_zero == 0
+        && delta_bad == 0
+        && stray == 0
+        && inputs_changed.is_empty()
+        && nondeterministic == 0;
+    let mut line = c.describe();
+    for ch in &checks[..1] {
+        let _ = write!(line, "  {}", ch.show());
+    }
+    let _ = write!(line, "  {lse_text}");
+    for ch in &checks[1..] {
+        let _ = write!(line, "  {}", ch.show());
+    }
+    if let Some((o_first, stray_first, lse_untouched)) = no_lse {
+        let first = Bounded::new("O(no-lse)", &dec(o_first), &exact.o, &naive.o, 3.0, false);
+        let ok = first.pass() && stray_first == 0 && lse_untouched;
+        pass &= ok;
+        let _ = write!(line, "  {}", first.show());
+        if !lse_untouched {
+            line.push_str(" [LSE written though not asked]!");
+        }
+        if stray_first > 0 {
+            let _ = write!(line, " [{stray_first} stray writes]!");
+        }
+    }
+    let empty = c.empty_rows();
+    if empty > 0 {
+        let _ = write!(line, "  empty rows {empty}/{sq}");
+    }
+    if empty_not_zero > 0 {
+        let _ = write!(line, " [{empty_not_zero} nonzero O/dQ in them]!");
+    }
+    if delta_bad > 0 {
+        let _ = write!(line, "  delta: {delta_bad} rows wrong!");
     }
     if stray > 0 {
-        let _ = write!(line, "  {stray} writes outside the views");
+        let _ = write!(line, "  {stray} writes outside the views!");
     }
-    let _ = write!(line, "  ({gpu_ms:.1} ms)  {}", if pass { "PASS" } else { "FAIL" });
+    if !inputs_changed.is_empty() {
+        let _ = write!(line, "  inputs changed: {}!", inputs_changed.join(","));
+    }
+    if c.repeat_bwd {
+        let _ = write!(
+            line,
+            "  determinism: {}/{} reruns identical",
+            REPEATS - 1 - nondeterministic,
+            REPEATS - 1
+        );
+    }
+    let _ = write!(
+        line,
+        "  (gpu {gpu_ms:.0} ms, ref {ref_ms:.0} ms)  {}",
+        if pass { "PASS" } else { "FAIL" }
+    );
     Ok(Outcome { pass, line })
 }
 
-/// An invalid call on a live device (q null) must fail with NullPointer and launch nothing.
-fn null_pointer_case(stream: sys::CUstream) -> Result<Outcome, String> {
-    let (b, h, s, d) = (1usize, 2usize, 64usize, 64usize);
-    let elems = b * h * s * d;
-    let bufs: Vec<DevBuf> = (0..3).map(|_| DevBuf::new(elems * 2)).collect::<Result<_, _>>()?;
-    let ones = vec![lowp::f32_to_f16_bits(1.0); elems];
-    for buf in &bufs {
-        buf.upload(&ones, stream)?;
+/// The call an invalid case makes, after spoiling valid parameters.
+enum Spoiled {
+    Fwd(fn(&mut flash::FwdParams)),
+    Bwd(fn(&mut flash::BwdParams)),
+}
+
+/// An invalid call on a live device must fail with `want` and write nothing.
+fn invalid_case(what: &str, want: ErrorKind, spoil: Spoiled, stream: sys::CUstream) -> Result<Outcome, String> {
+    let (b, hq, hk, s, d) = (1usize, 4usize, 2usize, 64usize, 64usize);
+    let ones = |h: usize| vec![lowp::f32_to_f16_bits(1.0); b * h * s * d];
+    let t = |h: usize, ptr| TensorView::contiguous(ptr, [b as u64, h as u64, s as u64, d as u64], DType::F16);
+    let inputs: Vec<DevBuf> = (0..4)
+        .map(|i| DevBuf::new(b * [hq, hk, hk, hq][i] * s * d * 2))
+        .collect::<Result<_, _>>()?;
+    for (buf, h) in inputs.iter().zip([hq, hk, hk, hq]) {
+        unsafe { result::memcpy_htod_async(buf.0, &ones(h), stream) }.map_err(|e| format!("upload: {e:?}"))?;
     }
-    let dev_o = DevBuf::new(elems * 2)?;
-    let dev_lse = DevBuf::new(b * h * s * 4)?;
-    let o_poison = vec![POISON16; elems];
-    let lse_poison = vec![POISON32; b * h * s];
-    dev_o.upload(&o_poison, stream)?;
-    dev_lse.upload(&lse_poison, stream)?;
-    let t = |ptr| TensorView::contiguous(ptr, [b as u64, h as u64, s as u64, d as u64], DType::F16);
-    let lse = TensorView::contiguous(dev_lse.0, [b as u64, h as u64, s as u64], DType::F32);
-    let params = flash::FwdParams::new(t(0), t(bufs[1].0), t(bufs[2].0), t(dev_o.0), lse);
-    let got = flash::attn_fwd(&params, Stream::from_raw(stream as usize));
-    let mut o_bits = vec![0u16; elems];
-    dev_o.download(&mut o_bits, stream)?;
-    sync(stream)?;
-    let untouched = o_bits.iter().all(|&x| x == POISON16);
-    let (pass, what) = match &got {
-        Err(e) if e.kind() == ErrorKind::NullPointer && untouched => (true, format!("NullPointer: {}", e.message())),
-        Err(e) if e.kind() == ErrorKind::NullPointer => (false, "NullPointer, but O was written".to_string()),
-        Err(e) => (false, format!("expected NullPointer, got {e}")),
-        Ok(()) => (false, "expected NullPointer, got Ok".to_string()),
+    let outs = [hq, hq, hk, hk].map(|h| vec![POISON16; b * h * s * d]);
+    let out_bufs: Vec<DevBuf> = outs
+        .iter()
+        .map(|o| DevBuf::new(o.len() * 2))
+        .collect::<Result<_, _>>()?;
+    for (buf, host) in out_bufs.iter().zip(&outs) {
+        unsafe { result::memcpy_htod_async(buf.0, host, stream) }.map_err(|e| format!("upload: {e:?}"))?;
+    }
+    // lse holds +inf-free valid values for the backward; delta is poison.
+    let rows = vec![0u32; b * hq * s];
+    let row_bufs = [DevBuf::new(rows.len() * 4)?, DevBuf::new(rows.len() * 4)?];
+    for buf in &row_bufs {
+        unsafe { result::memcpy_htod_async(buf.0, &rows, stream) }.map_err(|e| format!("upload: {e:?}"))?;
+    }
+    let row_view = |ptr| TensorView::contiguous(ptr, [b as u64, hq as u64, s as u64], DType::F32);
+    let (q, k, v, d_o) = (
+        t(hq, inputs[0].0),
+        t(hk, inputs[1].0),
+        t(hk, inputs[2].0),
+        t(hq, inputs[3].0),
+    );
+    let (o, dq, dk, dv) = (
+        t(hq, out_bufs[0].0),
+        t(hq, out_bufs[1].0),
+        t(hk, out_bufs[2].0),
+        t(hk, out_bufs[3].0),
+    );
+    let got = match spoil {
+        Spoiled::Fwd(spoil) => {
+            let mut p = flash::FwdParams::new(q, k, v, o, Some(row_view(row_bufs[0].0)));
+            spoil(&mut p);
+            flash::attn_fwd(&p, Stream::from_raw(stream as usize))
+        }
+        Spoiled::Bwd(spoil) => {
+            // o (all poison) is an input here: the call must fail before reading anything.
+            let mut p = flash::BwdParams::new(
+                q,
+                k,
+                v,
+                o,
+                d_o,
+                row_view(row_bufs[0].0),
+                row_view(row_bufs[1].0),
+                dq,
+                dk,
+                dv,
+            );
+            spoil(&mut p);
+            flash::attn_bwd(&p, Stream::from_raw(stream as usize))
+        }
     };
-    Ok(Outcome { pass, line: format!("invalid call (q null) -> {what}  {}", if pass { "PASS" } else { "FAIL" }) })
+    let mut untouched = true;
+    for (buf, host) in out_bufs.iter().zip(&outs) {
+        let mut bits = vec![0u16; host.len()];
+        unsafe { result::memcpy_dtoh_async(&mut bits, buf.0, stream) }.map_err(|e| format!("download: {e:?}"))?;
+        sync(stream)?;
+        untouched &= bits == *host;
+    }
+    let (pass, result) = match &got {
+        Err(e) if e.kind() == want && untouched => (true, format!("{:?}: {}", e.kind(), e.message())),
+        Err(e) if e.kind() == want => (false, format!("{:?}, but an output was written", e.kind())),
+        Err(e) => (false, format!("expected {want:?}, got {e}")),
+        Ok(()) => (false, format!("expected {want:?}, got Ok")),
+    };
+    Ok(Outcome {
+        pass,
+        line: format!(
+            "invalid call ({what}) -> {result}  {}",
+            if pass { "PASS" } else { "FAIL" }
+        ),
+    })
+}
+
+fn invalid_calls() -> Vec<(&'static str, ErrorKind, Spoiled)> {
+    use ErrorKind::*;
+    vec![
+        ("fwd: q null", NullPointer, Spoiled::Fwd(|p| p.q.ptr = 0)),
+        ("bwd: lse null", NullPointer, Spoiled::Bwd(|p| p.lse.ptr = 0)),
+        (
+            "fwd: Hq 3, Hk 2",
+            ShapeMismatch,
+            Spoiled::Fwd(|p| {
+                p.q.sizes[1] = 3;
+                p.o.sizes[1] = 3;
+                p.lse = p.lse.map(|mut l| {
+                    l.sizes[1] = 3;
+                    l
+                });
+            }),
+        ),
+        (
+            "bwd: Hq 3, Hk 2",
+            ShapeMismatch,
+            Spoiled::Bwd(|p| {
+                for t in [&mut p.q, &mut p.o, &mut p.d_o, &mut p.dq] {
+                    t.sizes[1] = 3;
+                }
+                p.lse.sizes[1] = 3;
+                p.delta.sizes[1] = 3;
+            }),
+        ),
+        (
+            "bwd: head dim 12",
+            UnsupportedHeadDim,
+            Spoiled::Bwd(|p| {
+                for t in [
+                    &mut p.q, &mut p.k, &mut p.v, &mut p.o, &mut p.d_o, &mut p.dq, &mut p.dk, &mut p.dv,
+                ] {
+                    t.sizes[3] = 12;
+                }
+            }),
+        ),
+        (
+            "bwd: window_left -2",
+            InvalidArgument,
+            Spoiled::Bwd(|p| p.mask = Mask::window(-2, 0, MaskAlign::TopLeft)),
+        ),
+    ]
 }
 
 struct Args {
     log: Option<String>,
     seed: u64,
     require_gpu: bool,
+    list: bool,
 }
 
 fn parse_args() -> Args {
-    let mut args = Args { log: None, seed: 0x5EED_A07E, require_gpu: false };
+    let mut args = Args {
+        log: None,
+        seed: 0x5EED_A07E,
+        require_gpu: false,
+        list: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--log" => args.log = it.next(),
-            "--seed" => args.seed = it.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| usage()),
+            "--seed" => args.seed = it.next().and_then(|s| parse_u64(&s)).unwrap_or_else(|| usage()),
             "--require-gpu" => args.require_gpu = true,
+            "--list" => args.list = true,
             _ => usage(),
         }
     }
     args
 }
 
+fn parse_u64(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 fn usage() -> ! {
-    eprintln!("usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu]");
+    eprintln!("usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list]");
     std::process::exit(2)
 }
 
@@ -436,13 +1082,31 @@ fn open_device() -> Result<Option<sys::CUstream>, String> {
     let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| format!("cuDevicePrimaryCtxRetain: {e:?}"))?;
     unsafe { result::ctx::set_current(ctx) }.map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
     // A blocking (default-flag) stream that is not the legacy default stream.
-    let stream = result::stream::create(result::stream::StreamKind::Default)
-        .map_err(|e| format!("cuStreamCreate: {e:?}"))?;
+    let stream =
+        result::stream::create(result::stream::StreamKind::Default).map_err(|e| format!("cuStreamCreate: {e:?}"))?;
     Ok(Some(stream))
 }
 
+const RULES: &str = "bounds: max|out-ref64| <= k*max|naive-ref64| + floor; k=3 (O), 5 (dQ,dK,dV); floor 1e-3, \
+for gradients x max|ref| when that is > 1 (shown as f×N); LSE per row 3*naive + 1e-3*max(1,|lse|), +inf exactly \
+where ref is +inf; shown as err/bound, '!' marks a failed check";
+
 fn main() {
     let args = parse_args();
+    let all = cases();
+    if args.list {
+        for (i, c) in all.iter().enumerate() {
+            println!(
+                "[{:3}] {}  cost {:.1e}  empty rows {}",
+                i + 1,
+                c.describe(),
+                c.cost() as f64,
+                c.empty_rows()
+            );
+        }
+        println!("{}", coverage(&all));
+        return;
+    }
     let stream = match open_device() {
         Ok(Some(s)) => s,
         Ok(None) => {
@@ -454,7 +1118,9 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let name = result::device::get(0).and_then(result::device::get_name).unwrap_or_default();
+    let name = result::device::get(0)
+        .and_then(result::device::get_name)
+        .unwrap_or_default();
     let mut log = String::new();
     let emit = |line: String, log: &mut String| {
         println!("{line}");
@@ -463,24 +1129,43 @@ fn main() {
         log.push('\n');
     };
     emit(
-        format!("aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, built archs {:?}", args.seed, aotriton::built_archs()),
+        format!(
+            "aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, built archs {:?}",
+            args.seed,
+            aotriton::built_archs()
+        ),
         &mut log,
     );
+    emit(coverage(&all), &mut log);
+    emit(RULES.to_string(), &mut log);
+    let started = Instant::now();
     let mut rng = SplitMix64::new(args.seed);
     let (mut passed, mut failed) = (0usize, 0usize);
-    let all = cases();
-    for (i, c) in all.iter().enumerate() {
+    let mut n = 0;
+    let mut record = |outcome: Outcome, log: &mut String| {
+        if outcome.pass {
+            passed += 1
+        } else {
+            failed += 1
+        }
+        n += 1;
+        emit(format!("[{n:3}] {}", outcome.line), log);
+    };
+    for c in &all {
         let outcome = run_case(c, &mut rng, stream).unwrap_or_else(|e| Outcome {
             pass: false,
             line: format!("{}  driver error: {e}  FAIL", c.describe()),
         });
-        if outcome.pass { passed += 1 } else { failed += 1 }
-        emit(format!("[{:2}] {}", i + 1, outcome.line), &mut log);
+        record(outcome, &mut log);
     }
-    let outcome = null_pointer_case(stream)
-        .unwrap_or_else(|e| Outcome { pass: false, line: format!("invalid call: driver error: {e}  FAIL") });
-    if outcome.pass { passed += 1 } else { failed += 1 }
-    emit(format!("[{:2}] {}", all.len() + 1, outcome.line), &mut log);
+    for (what, want, spoil) in invalid_calls() {
+        let outcome = invalid_case(what, want, spoil, stream).unwrap_or_else(|e| Outcome {
+            pass: false,
+            line: format!("invalid call ({what}): driver error: {e}  FAIL"),
+        });
+        record(outcome, &mut log);
+    }
+    emit(format!("total {:.1} s", started.elapsed().as_secs_f64()), &mut log);
     emit(format!("rust-api: {passed} passed, {failed} failed"), &mut log);
     if let Some(path) = &args.log
         && let Err(e) = std::fs::write(path, &log)
@@ -489,4 +1174,94 @@ fn main() {
         failed += 1;
     }
     std::process::exit(if failed == 0 { 0 } else { 1 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every value the brief asks for appears in the case list, several times where it matters.
+    #[test]
+    fn case_list_covers_the_axes() {
+        let all = cases();
+        assert!(all.len() >= 100);
+        let count = |f: &dyn Fn(&Case) -> bool| all.iter().filter(|c| f(c)).count();
+        for d in HEAD_DIMS {
+            assert!(count(&|c| c.head_dim == d) >= 5, "head dim {d}");
+            for t in [Lowp::F16, Lowp::BF16] {
+                assert!(count(&|c| c.head_dim == d && c.dtype == t) >= 2, "head dim {d} {t:?}");
+            }
+        }
+        for g in [1, 2, 4, 8] {
+            assert!(count(&|c| c.group() == g) >= 8, "ratio {g}");
+        }
+        for hq in [2, 4, 8] {
+            assert!(count(&|c| c.heads_k == 1 && c.heads_q == hq) >= 3, "MQA Hq {hq}");
+        }
+        for mk in MASKS {
+            assert!(count(&|c| c.mask == mk) >= 4, "mask {}", mask_name(&mk));
+            for t in [Lowp::F16, Lowp::BF16] {
+                assert!(
+                    count(&|c| c.mask == mk && c.dtype == t) >= 1,
+                    "mask {} {t:?}",
+                    mask_name(&mk)
+                );
+            }
+        }
+        for s in [1, 13, 31, 97, 251, 509, 1021] {
+            assert!(
+                count(&|c| c.seqlen_q == s) >= 2 && count(&|c| c.seqlen_k == s) >= 2,
+                "length {s}"
+            );
+        }
+        assert!(count(&|c| c.seqlen_q < c.seqlen_k) >= 20 && count(&|c| c.seqlen_q > c.seqlen_k) >= 20);
+        assert!(count(&|c| c.mask.bottom_right && c.seqlen_q > c.seqlen_k && c.empty_rows() > 0) >= 4);
+        assert!(count(&|c| !c.mask.bottom_right && c.empty_rows() > 0) >= 2);
+        for l in [Layout::Bhsd, Layout::Bshd, Layout::Padded, Layout::QMisaligned] {
+            assert!(count(&|c| c.layout == l) >= 8, "layout {l:?}");
+        }
+        assert!(count(&|c| c.fwd_without_lse) >= 5);
+        assert!(count(&|c| c.repeat_bwd && c.group() == 4) >= 1 && count(&|c| c.repeat_bwd && c.group() == 8) >= 1);
+        assert!(
+            all.iter()
+                .all(|c| c.cost() <= MAX_COST && c.heads_q % c.heads_k == 0 && c.head_dim % 8 == 0)
+        );
+    }
+
+    /// Time of the CPU reference over the whole list (run with --ignored --nocapture, release).
+    #[test]
+    #[ignore]
+    fn reference_time() {
+        let started = Instant::now();
+        let mut rng = SplitMix64::new(1);
+        for c in cases() {
+            let (b, hq, hk, sq, sk, d) = (c.batch, c.heads_q, c.heads_k, c.seqlen_q, c.seqlen_k, c.head_dim);
+            let mut draw = |n: usize| (0..n).map(|_| rng.normal_in(c.dtype)).collect::<Vec<f32>>();
+            let (q, k, v, d_o) = (
+                draw(b * hq * sq * d),
+                draw(b * hk * sk * d),
+                draw(b * hk * sk * d),
+                draw(b * hq * sq * d),
+            );
+            let t = Instant::now();
+            let problem = reference::Problem {
+                dtype: c.dtype,
+                batch: b,
+                heads_q: hq,
+                heads_k: hk,
+                seqlen_q: sq,
+                seqlen_k: sk,
+                head_dim: d,
+                mask: c.mask,
+                sm_scale: 1.0 / (d as f32).sqrt(),
+                q: &q,
+                k: &k,
+                v: &v,
+                d_o: &d_o,
+            };
+            let _ = reference::compute(&problem);
+            println!("{:8.0} ms  {}", t.elapsed().as_secs_f64() * 1e3, c.describe());
+        }
+        println!("total {:.1} s", started.elapsed().as_secs_f64());
+    }
 }

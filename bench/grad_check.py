@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Whole-attention gradient check of aotriton against torch autograd in float64.
+
+Small shapes (B=2, Hq=4, Hk=2, Sq=37, Sk=53 and the reverse; D = 40 and 128), masks none / causal
+bottom-right / window (8, 4) in both alignments, fp16 and bf16. For each case the same random
+inputs (q, k, v and dO, never zero) go
+  * through aotriton attn_fwd + attn_bwd (bench/shim.cpp via ctypes), outputs poisoned with NaN;
+  * upcast to float64 through torch's math SDPA with a boolean `attn_mask` built for the mask and
+    K/V repeat_interleave'd for GQA, differentiated by autograd (L = sum(O * dO)): the reference;
+  * through the same math done naively in the input dtype: every product (S, P, O, dP, dS, dQ,
+    dK, dV) accumulated in float32 (TF32 off) and rounded to the dtype; softmax, LSE, D in float32.
+Pass rule per tensor (the Rust suite's): max|aot - ref64| <= k * max|naive - ref64| + floor, with
+k = 3 for O and 5 for dQ / dK / dV, floor 1e-3 (for gradients x max(1, max|ref|)); LSE within
+3 * naive + 1e-3 * max(1, |lse|) where finite and +inf exactly where no key is visible. NaN never
+passes.
+
+Rows that see no key (Sq > Sk bottom-right, windows): the float64 reference lets such rows see
+every key (so softmax has no NaN) and multiplies their output by 0, so they contribute exactly
+nothing to any gradient; aotriton must write exact zeros in their O and dQ rows and +inf LSE.
+
+    python3 bench/grad_check.py --shim /tmp/bench/libaotriton_shim.so
+Final line: "grad-check: N passed, M failed"; exit status 1 if any failed.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from aotriton_shim import Aotriton  # noqa: E402
+
+
+def visible_mask(sq, sk, left, right, align, device):
+    """Bool [Sq, Sk]: query i sees key j iff i + off - left <= j <= i + off + right (-1 = unbounded),
+    off = 0 top-left, Sk - Sq bottom-right."""
+    off = sk - sq if align == "br" else 0
+    i = torch.arange(sq, device=device)[:, None] + off
+    j = torch.arange(sk, device=device)[None, :]
+    vis = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        vis &= j >= i - left
+    if right >= 0:
+        vis &= j <= i + right
+    return vis
+
+
+def reference64(q, k, v, d_o, scale, vis):
+    """O, LSE, dQ, dK, dV in float64 through torch's math SDPA and autograd."""
+    g = q.shape[1] // k.shape[1]
+    valid = vis.any(-1)  # rows that see a key
+    mask = vis | ~valid[:, None]  # rows without keys see everything here; their output is zeroed
+    q64, k64, v64 = (t.double().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel([SDPBackend.MATH]):
+        o = F.scaled_dot_product_attention(q64, k64.repeat_interleave(g, 1), v64.repeat_interleave(g, 1),
+                                           attn_mask=mask, scale=scale)
+    o = o * valid[:, None].double()
+    o.backward(d_o.double())
+    with torch.no_grad():
+        s = torch.matmul(q64, k64.repeat_interleave(g, 1).transpose(-1, -2)) * scale
+        lse = torch.logsumexp(s.masked_fill(~vis, float("-inf")), dim=-1)  # +inf-free: -inf for empty rows
+        lse = torch.where(valid, lse, torch.full_like(lse, float("inf")))
+    return {"o": o.detach(), "lse": lse, "dq": q64.grad, "dk": k64.grad, "dv": v64.grad}
+
+
+def naive_lowp(q, k, v, d_o, scale, vis):
+    """The same math in the input dtype: products accumulated in float32, rounded to the dtype."""
+    dt = q.dtype
+    b, hk, sk, d = k.shape
+    g = q.shape[1] // hk
+    f = lambda t: t.float()  # noqa: E731
+    kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    valid = vis.any(-1)
+    s = (torch.matmul(f(q), f(kk).transpose(-1, -2)) * scale).to(dt)
+    s32 = f(s).masked_fill(~vis, float("-inf"))
+    m = s32.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+    e = torch.exp(s32 - m)
+    l_ = e.sum(-1, keepdim=True)
+    p = torch.where(valid[:, None], e / l_.clamp_min(1e-30), 0.0).to(dt)
+    lse = torch.where(valid, (m + torch.log(l_)).squeeze(-1), float("inf"))
+    o = torch.matmul(f(p), f(vv)).to(dt)
+    dv = torch.matmul(f(p).transpose(-1, -2), f(d_o)).reshape(b, hk, g, sk, d).sum(2).to(dt)
+    dp = torch.matmul(f(d_o), f(vv).transpose(-1, -2)).to(dt)
+    delta = (f(d_o) * f(o)).sum(-1, keepdim=True)
+    ds = (f(p) * (f(dp) - delta)).to(dt)
+    dq = (scale * torch.matmul(f(ds), f(kk))).to(dt)
+    dk = (scale * torch.matmul(f(ds).transpose(-1, -2), f(q))).reshape(b, hk, g, sk, d).sum(2).to(dt)
+    return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+
+def max_err(a, r):
+    """max |a - r| over entries where r is finite (NaN in `a` counts as inf)."""
+    fin = torch.isfinite(r)
+    diff = (a.double() - r).abs()[fin]
+    diff = torch.where(torch.isnan(diff), float("inf"), diff)
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def run_case(aot, dtype, d, sq, sk, mask_name, left, right, align, gen):
+    b, hq, hk = 2, 4, 2
+    scale = 1.0 / d ** 0.5
+
+    def randn(h, s):
+        t = torch.randn((b, h, s, d), generator=gen, device="cuda").to(dtype)
+        return t.masked_fill_(t == 0, 1.0)
+
+    q, k, v, d_o = randn(hq, sq), randn(hk, sk), randn(hk, sk), randn(hq, sq)
+    vis = visible_mask(sq, sk, left, right, align, q.device)
+    causal = mask_name.startswith("causal")
+    window = (-1, -1) if causal else (left, right)
+
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, hq, sq), float("nan"), device="cuda")
+    delta = torch.full((b, hq, sq), float("nan"), device="cuda")
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    aot.bind_fwd(q, k, v, o, lse, scale, causal=causal, align=align, window=window)()
+    aot.bind_bwd(q, k, v, o, d_o, lse, delta, dq, dk, dv, scale, causal=causal, align=align, window=window)()
+    torch.cuda.synchronize()
+    got = {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
+
+    ref = reference64(q, k, v, d_o, scale, vis)
+    naive = naive_lowp(q, k, v, d_o, scale, vis)
+    parts, ok = [], True
+    for t, kt in (("o", 3.0), ("dq", 5.0), ("dk", 5.0), ("dv", 5.0)):
+        floor = 1e-3 * (max(1.0, float(ref[t].abs().max())) if t != "o" else 1.0)
+        err, bound = max_err(got[t], ref[t]), kt * max_err(naive[t], ref[t]) + floor
+        nan = int(torch.isnan(got[t]).sum())
+        good = nan == 0 and err <= bound
+        ok &= good
+        parts.append(f"{t} {err:.2e}/{bound:.2e}" + (f"[{nan} NaN]" if nan else "") + ("" if good else "!"))
+    # LSE: per finite row; +inf exactly on rows without keys.
+    fin = torch.isfinite(ref["lse"])
+    lse_naive = max_err(naive["lse"], ref["lse"])
+    lse_bound = 3 * lse_naive + 1e-3 * ref["lse"].abs().clamp_min(1.0)
+    lse_diff = (lse.double() - ref["lse"]).abs().nan_to_num(float("inf"))
+    lse_ok = bool((lse_diff[fin] <= lse_bound[fin]).all()) and bool((lse[~fin] == float("inf")).all())
+    ok &= lse_ok
+    parts.append(f"lse {float(lse_diff[fin].max()) if fin.any() else 0.0:.2e}" + ("" if lse_ok else "!"))
+    empty = ~vis.any(-1)
+    if empty.any():
+        zero = bool((o[:, :, empty] == 0).all()) and bool((dq[:, :, empty] == 0).all())
+        ok &= zero
+        parts.append(f"empty rows {int(empty.sum())}" + (" (O, dQ = 0)" if zero else " [O/dQ not 0]!"))
+    label = f"{str(dtype).replace('torch.', ''):<8} D={d:<3} Hq={hq} Hk={hk} Sq={sq} Sk={sk} {mask_name:<14}"
+    return ok, f"{label}  {'  '.join(parts)}  {'PASS' if ok else 'FAIL'}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shim", required=True, help="path of libaotriton_shim.so")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    aot = Aotriton(args.shim)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    print(f"aotriton {aot.version} | {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    print("bounds: max|aot-ref64| <= k*max|naive-ref64| + floor, k=3 (O) / 5 (dQ,dK,dV), floor 1e-3 "
+          "(x max(1,max|ref|) for gradients); shown as err/bound, '!' marks a failed check")
+    masks = [("none", -1, -1, "tl"), ("causal-BR", -1, 0, "br"), ("win(8,4)-BR", 8, 4, "br"),
+             ("win(8,4)-TL", 8, 4, "tl")]
+    passed = failed = 0
+    for dtype in (torch.float16, torch.bfloat16):
+        for d in (40, 128):
+            for sq, sk in ((37, 53), (53, 37)):
+                for name, left, right, align in masks:
+                    try:
+                        ok, line = run_case(aot, dtype, d, sq, sk, name, left, right, align, gen)
+                    except Exception as e:  # report and keep going
+                        ok, line = False, f"{dtype} D={d} Sq={sq} Sk={sk} {name}: {type(e).__name__}: {e}  FAIL"
+                    passed += ok
+                    failed += not ok
+                    print(line, flush=True)
+    print(f"grad-check: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
