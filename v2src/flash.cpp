@@ -23,6 +23,29 @@ BridgeView to_bridge(const TensorView<Rank>& t) {
   return out;
 }
 
+bridge::DropoutSpec dropout_of(float p, const void* seed, const void* offset, uint64_t base,
+                               void* seed_out, void* offset_out) {
+  auto addr = [](const void* ptr) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr)); };
+  return bridge::DropoutSpec{p, addr(seed), addr(offset), base, addr(seed_out), addr(offset_out)};
+}
+
+bridge::VarlenSpec varlen_of(const TensorView<1>& cu_q, const TensorView<1>& cu_k, uint64_t max_q,
+                             uint64_t max_k) {
+  return bridge::VarlenSpec{to_bridge<1, bridge::TensorView1>(cu_q),
+                            to_bridge<1, bridge::TensorView1>(cu_k), max_q, max_k};
+}
+
+// The host copies of the offsets as slices (empty when not given or not packed).
+struct HostOffsets {
+  rust::Slice<const int32_t> q, k;
+};
+
+HostOffsets host_offsets(const TensorView<1>& cu_q, const int32_t* host_q, const int32_t* host_k) {
+  if (cu_q.data == nullptr || host_q == nullptr || host_k == nullptr) return {};
+  const std::size_t n = static_cast<std::size_t>(cu_q.sizes[0]);
+  return {rust::Slice<const int32_t>(host_q, n), rust::Slice<const int32_t>(host_k, n)};
+}
+
 bridge::MaskSpec mask_of(bool causal, MaskAlign align, int32_t left, int32_t right) {
   return bridge::MaskSpec{causal, static_cast<int32_t>(align), left, right};
 }
@@ -46,17 +69,34 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          to_bridge<4, bridge::TensorView4>(params.o),
                          to_bridge<3, bridge::TensorView3>(params.lse),
                          params.sm_scale,
-                         mask_of(params.causal, MaskAlign::kTopLeft, -1, -1)};
-    if (params.version >= 2) {  // fields a version-1 caller's struct does not have
+                         mask_of(params.causal, MaskAlign::kTopLeft, -1, -1),
+                         bridge::TensorView4{},
+                         dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
+                         varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
+                         false};
+    // Read only the fields the caller's version of the struct has.
+    if (params.version >= 2) {
       args.mask = mask_of(params.causal, params.align, params.window_left, params.window_right);
     }
-    return detail::finish(bridge::attn_fwd(args, reinterpret_cast<std::size_t>(stream.handle)));
+    HostOffsets host{};
+    if (params.version >= 3) {
+      args.bias = to_bridge<4, bridge::TensorView4>(params.bias);
+      args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
+                                params.philox_offset_base, params.philox_seed_out,
+                                params.philox_offset_out);
+      args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
+                              params.max_seqlen_k);
+      args.allow_tf32 = params.allow_tf32;
+      host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
+    }
+    return detail::finish(
+        bridge::attn_fwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
   });
 }
 
 Status attn_bwd(const BwdParams& params, Stream stream) noexcept {
   return detail::guarded([&] {
-    if (params.version != BwdParams::kVersion) {
+    if (params.version < 1 || params.version > BwdParams::kVersion) {
       return unknown_version("BwdParams", params.version, BwdParams::kVersion);
     }
     bridge::BwdArgs args{to_bridge<4, bridge::TensorView4>(params.q),
@@ -70,8 +110,44 @@ Status attn_bwd(const BwdParams& params, Stream stream) noexcept {
                          to_bridge<4, bridge::TensorView4>(params.dk),
                          to_bridge<4, bridge::TensorView4>(params.dv),
                          params.sm_scale,
-                         mask_of(params.causal, params.align, params.window_left, params.window_right)};
-    return detail::finish(bridge::attn_bwd(args, reinterpret_cast<std::size_t>(stream.handle)));
+                         mask_of(params.causal, params.align, params.window_left, params.window_right),
+                         bridge::TensorView4{},
+                         bridge::TensorView4{},
+                         dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
+                         varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
+                         false,
+                         false};
+    HostOffsets host{};
+    if (params.version >= 2) {
+      args.bias = to_bridge<4, bridge::TensorView4>(params.bias);
+      args.dbias = to_bridge<4, bridge::TensorView4>(params.dbias);
+      args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
+                                params.philox_offset_base, nullptr, nullptr);
+      args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
+                              params.max_seqlen_k);
+      args.allow_tf32 = params.allow_tf32;
+      args.deterministic = params.deterministic;
+      host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
+    }
+    return detail::finish(
+        bridge::attn_bwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
+  });
+}
+
+uint64_t dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q,
+                                  uint64_t seqlen_k) noexcept {
+  return bridge::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k);
+}
+
+Status debug_dropout_mask(TensorView<4> out, float dropout_p, const void* philox_seed,
+                          const void* philox_offset, uint64_t philox_offset_base,
+                          Stream stream) noexcept {
+  return detail::guarded([&] {
+    bridge::TensorView4 view = to_bridge<4, bridge::TensorView4>(out);
+    bridge::DropoutSpec spec =
+        dropout_of(dropout_p, philox_seed, philox_offset, philox_offset_base, nullptr, nullptr);
+    return detail::finish(
+        bridge::debug_dropout_mask(view, spec, reinterpret_cast<std::size_t>(stream.handle)));
   });
 }
 

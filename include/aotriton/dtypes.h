@@ -10,6 +10,7 @@ enum class DType : int32_t {
   kFloat16 = 1,
   kBFloat16 = 2,
   kFloat32 = 3,
+  kInt32 = 4,  // sequence offsets (cu_seqlens)
 };
 
 }  // namespace aotriton

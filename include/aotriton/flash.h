@@ -31,11 +31,11 @@ enum class MaskAlign : int32_t {
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   uint32_t version = kVersion;
 
   // -- version 1 --
-  TensorView<4> q;    // B x Hq x Sq x D, fp16 or bf16; D a multiple of 8, at most 256
+  TensorView<4> q;    // B x Hq x Sq x D, fp16, bf16 (or fp32 since version 3); D % 8 == 0, <= 256
   TensorView<4> k;    // B x Hk x Sk x D, same dtype; Hq a multiple of Hk (GQA, MQA)
   TensorView<4> v;    // B x Hk x Sk x D, same dtype
   TensorView<4> o;    // B x Hq x Sq x D output, same dtype
@@ -48,6 +48,32 @@ struct FwdParams {
   MaskAlign align = MaskAlign::kTopLeft;
   int32_t window_left = -1;
   int32_t window_right = -1;
+
+  // -- version 3 --
+  // Additive bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk] (1 = broadcast);
+  // null data = none.
+  TensorView<4> bias;
+  // Dropout (drop probability, 0 = off). Philox seed and offset are device addresses of u64s,
+  // read by the kernels (graph replays pick up new values); offset_base is added to *offset.
+  // One call consumes dropout_offsets_consumed(B, Hq, Sq, Sk) counters. If both *_out are
+  // non-null the seed and offset used are written there.
+  float dropout_p = 0.0f;
+  const void* philox_seed = nullptr;
+  const void* philox_offset = nullptr;
+  uint64_t philox_offset_base = 0;
+  void* philox_seed_out = nullptr;
+  void* philox_offset_out = nullptr;
+  // Packed variable-length batch (null cu_seqlens_q data = not packed): q/o are
+  // [1, Hq, total_q, D] views, k/v [1, Hk, total_k, D], lse [1, Hq, total_q]; cu_seqlens are
+  // int32 B+1 offsets on the device. Host copies, if given, are used to check the offsets.
+  TensorView<1> cu_seqlens_q;
+  TensorView<1> cu_seqlens_k;
+  uint64_t max_seqlen_q = 0;
+  uint64_t max_seqlen_k = 0;
+  const int32_t* cu_seqlens_q_host = nullptr;
+  const int32_t* cu_seqlens_k_host = nullptr;
+  // fp32 inputs: allow TF32 matrix products (default: IEEE fp32).
+  bool allow_tf32 = false;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -58,9 +84,10 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 // and dv are summed over each group's query heads. No atomics: results are bitwise identical
 // from run to run.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 1;
+  static constexpr uint32_t kVersion = 2;
   uint32_t version = kVersion;
 
+  // -- version 1 --
   TensorView<4> q, k, v;  // the forward's inputs
   TensorView<4> o;        // the forward's output
   TensorView<4> d_o;      // dLoss/dO, like o
@@ -74,10 +101,39 @@ struct BwdParams {
   MaskAlign align = MaskAlign::kTopLeft;
   int32_t window_left = -1;
   int32_t window_right = -1;
+
+  // -- version 2 --: the forward's bias, dropout (same seed/offset), packing and TF32 choice.
+  TensorView<4> bias;
+  TensorView<4> dbias;  // output, same sizes as bias (summed over its broadcast dims); null = none
+  float dropout_p = 0.0f;
+  const void* philox_seed = nullptr;
+  const void* philox_offset = nullptr;
+  uint64_t philox_offset_base = 0;
+  TensorView<1> cu_seqlens_q;
+  TensorView<1> cu_seqlens_k;
+  uint64_t max_seqlen_q = 0;
+  uint64_t max_seqlen_k = 0;
+  const int32_t* cu_seqlens_q_host = nullptr;
+  const int32_t* cu_seqlens_k_host = nullptr;
+  bool allow_tf32 = false;
+  // Require bitwise-reproducible gradients. Every path is deterministic today (no atomics).
+  bool deterministic = false;
 };
 
-// Enqueues the backward pass (three kernels) on `stream`; nothing is launched on any error.
+// Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any
+// error.
 AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
+
+// Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
+// (max lengths for packed batches). Advance the generator's offset by this between calls.
+AOTRITON_API uint64_t dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q,
+                                               uint64_t seqlen_k) noexcept;
+
+// Writes out[b, h, i, j] = 1.0 where attention with this dropout keeps element (b, h, i, j) of a
+// B x H x Sq x Sk score matrix, 0.0 where it drops it (out: fp32, B x H x Sq x Sk).
+AOTRITON_API Status debug_dropout_mask(TensorView<4> out, float dropout_p, const void* philox_seed,
+                                       const void* philox_offset, uint64_t philox_offset_base,
+                                       Stream stream) noexcept;
 
 }  // namespace flash
 }  // namespace v2

@@ -119,6 +119,49 @@ int main() {
   p.version = 7;
   expect("params from a newer header", flash::attn_fwd(p, stream), Status::kUnsupportedVersion);
 
+  // Training extras (FwdParams version 3).
+  static const uint64_t philox_state[2] = {0, 0};  // stands in for device addresses here
+  p = valid_params();
+  p.dropout_p = 1.0f;
+  p.philox_seed = &philox_state[0];
+  p.philox_offset = &philox_state[1];
+  expect("dropout p = 1", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+
+  p = valid_params();
+  p.bias = aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(0xb0000), {kB, 3, kSq, kSk},
+                                               DType::kFloat16);
+  expect("bias heads 3 do not broadcast to 4", flash::attn_fwd(p, stream), Status::kShapeMismatch);
+
+  // A packed batch of 2 sequences: q tokens 5 + 12, k tokens 7 + 10.
+  static const int32_t cu_q_host[3] = {0, 5, 17}, cu_k_host[3] = {0, 7, 17};
+  auto packed = [&] {
+    flash::FwdParams v = valid_params();
+    const uint64_t tokens = 17;
+    v.q = view4(0x10000, kHq, tokens);
+    v.k = view4(0x20000, kHk, tokens);
+    v.v = view4(0x30000, kHk, tokens);
+    v.o = view4(0x40000, kHq, tokens);
+    for (auto* t : {&v.q, &v.k, &v.v, &v.o}) t->sizes[0] = 1;
+    v.lse = aotriton::TensorView<3>::contiguous(reinterpret_cast<const void*>(0x50000), {1, kHq, tokens},
+                                                DType::kFloat32);
+    v.cu_seqlens_q = aotriton::TensorView<1>::contiguous(reinterpret_cast<const void*>(0xc0000), {3},
+                                                         DType::kInt32);
+    v.cu_seqlens_k = aotriton::TensorView<1>::contiguous(reinterpret_cast<const void*>(0xc1000), {3},
+                                                         DType::kInt32);
+    v.max_seqlen_q = 12;
+    v.max_seqlen_k = 10;
+    v.cu_seqlens_q_host = cu_q_host;
+    v.cu_seqlens_k_host = cu_k_host;
+    return v;
+  };
+  p = packed();
+  p.cu_seqlens_k.dtype = DType::kFloat32;
+  expect("cu_seqlens_k is fp32", flash::attn_fwd(p, stream), Status::kDTypeMismatch);
+
+  p = packed();
+  p.max_seqlen_q = 11;
+  expect("max_seqlen_q below a sequence", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+
   flash::BwdParams g = valid_bwd_params();
   g.lse.data = nullptr;
   expect("backward without lse", flash::attn_bwd(g, stream), Status::kNullPointer);
@@ -143,6 +186,16 @@ int main() {
     p.version = 1;
     p.window_left = -2;
     expect("version-1 params ignore v2 fields", flash::attn_fwd(p, stream), Status::kNoDriver);
+    expect("valid packed forward, no driver", flash::attn_fwd(packed(), stream), Status::kNoDriver);
+    float mask_out = 0;
+    auto out = aotriton::TensorView<4>::contiguous(&mask_out, {1, 1, 1, 1}, DType::kFloat32);
+    expect("debug dropout mask, no driver",
+           flash::debug_dropout_mask(out, 0.5f, &philox_state[0], &philox_state[1], 0, stream),
+           Status::kNoDriver);
+  }
+  if (flash::dropout_offsets_consumed(2, 4, 17, 33) != 2 * 4 * 17 * 9) {
+    std::printf("FAIL dropout_offsets_consumed\n");
+    ++g_failures;
   }
 
   std::printf("%s\n", g_failures ? "consumer: FAILED" : "consumer: all checks passed");

@@ -3,7 +3,7 @@
 //! (code + message); panics are caught here and never unwind into C++.
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use aotriton::flash::{Mask, MaskAlign};
+use aotriton::flash::{Dropout, Mask, MaskAlign, Varlen};
 use aotriton::{DType, Error, ErrorKind, Stream, TensorView, flash};
 
 #[cxx::bridge(namespace = "aotriton::bridge")]
@@ -20,6 +20,31 @@ mod ffi {
         sizes: [u64; 3],
         strides: [i64; 3],
         dtype: i32,
+    }
+
+    struct TensorView1 {
+        ptr: u64,
+        sizes: [u64; 1],
+        strides: [i64; 1],
+        dtype: i32,
+    }
+
+    /// Dropout fields (p = 0: off). Device addresses as integers.
+    struct DropoutSpec {
+        p: f32,
+        seed: u64,
+        offset: u64,
+        offset_base: u64,
+        seed_out: u64,
+        offset_out: u64,
+    }
+
+    /// Packing fields (cu_seqlens_q.ptr = 0: not packed); host copies travel as slices.
+    struct VarlenSpec {
+        cu_seqlens_q: TensorView1,
+        cu_seqlens_k: TensorView1,
+        max_seqlen_q: u64,
+        max_seqlen_k: u64,
     }
 
     /// The mask fields shared by FwdParams and BwdParams.
@@ -40,6 +65,11 @@ mod ffi {
         lse: TensorView3,
         sm_scale: f32,
         mask: MaskSpec,
+        /// ptr 0: none.
+        bias: TensorView4,
+        dropout: DropoutSpec,
+        varlen: VarlenSpec,
+        allow_tf32: bool,
     }
 
     /// aotriton::v2::flash::BwdParams.
@@ -56,6 +86,12 @@ mod ffi {
         dv: TensorView4,
         sm_scale: f32,
         mask: MaskSpec,
+        bias: TensorView4,
+        dbias: TensorView4,
+        dropout: DropoutSpec,
+        varlen: VarlenSpec,
+        allow_tf32: bool,
+        deterministic: bool,
     }
 
     /// 0 on success, else an aotriton::Status value, with the message naming the cause.
@@ -66,8 +102,11 @@ mod ffi {
 
     extern "Rust" {
         fn version() -> String;
-        fn attn_fwd(params: &FwdArgs, stream: usize) -> Outcome;
-        fn attn_bwd(params: &BwdArgs, stream: usize) -> Outcome;
+        /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
+        fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
+        fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
+        fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64;
+        fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: usize) -> Outcome;
     }
 }
 
@@ -112,17 +151,60 @@ fn mask(m: &ffi::MaskSpec) -> Result<Mask, Error> {
     Ok(Mask::window(m.window_left, right, align))
 }
 
-fn attn_fwd(p: &ffi::FwdArgs, stream: usize) -> Outcome {
+fn dropout(d: &ffi::DropoutSpec) -> Option<Dropout> {
+    (d.p != 0.0).then_some(Dropout {
+        p: d.p,
+        seed: d.seed,
+        offset: d.offset,
+        offset_base: d.offset_base,
+        seed_out: d.seed_out,
+        offset_out: d.offset_out,
+    })
+}
+
+fn varlen<'a>(v: &ffi::VarlenSpec, host_q: &'a [i32], host_k: &'a [i32]) -> Result<Option<Varlen<'a>>, Error> {
+    if v.cu_seqlens_q.ptr == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Varlen {
+        cu_seqlens_q: view!(v.cu_seqlens_q, "cu_seqlens_q"),
+        cu_seqlens_k: view!(v.cu_seqlens_k, "cu_seqlens_k"),
+        max_seqlen_q: v.max_seqlen_q,
+        max_seqlen_k: v.max_seqlen_k,
+        host_cu_seqlens: (!host_q.is_empty()).then_some((host_q, host_k)),
+    }))
+}
+
+fn optional(t: &ffi::TensorView4, name: &str) -> Result<Option<TensorView<4>>, Error> {
+    Ok(if t.ptr == 0 { None } else { Some(view!(t, name)) })
+}
+
+fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> Outcome {
     guard(|| {
         let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
         let mut params = flash::FwdParams::new(view!(p.q, "q"), view!(p.k, "k"), view!(p.v, "v"), view!(p.o, "o"), lse);
         params.sm_scale = p.sm_scale;
         params.mask = mask(&p.mask)?;
+        params.bias = optional(&p.bias, "bias")?;
+        params.dropout = dropout(&p.dropout);
+        params.varlen = varlen(&p.varlen, host_q, host_k)?;
+        params.allow_tf32 = p.allow_tf32;
         flash::attn_fwd(&params, Stream::from_raw(stream))
     })
 }
 
-fn attn_bwd(p: &ffi::BwdArgs, stream: usize) -> Outcome {
+fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64 {
+    flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k)
+}
+
+fn debug_dropout_mask(out: &ffi::TensorView4, d: &ffi::DropoutSpec, stream: usize) -> Outcome {
+    guard(|| {
+        let dropout = Dropout { p: d.p, seed: d.seed, offset: d.offset, offset_base: d.offset_base, seed_out: 0, offset_out: 0 };
+        flash::debug_dropout_mask(&view!(out, "out"), &dropout, Stream::from_raw(stream))
+    })
+}
+
+fn attn_bwd(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> Outcome {
     guard(|| {
         let mut params = flash::BwdParams::new(
             view!(p.q, "q"),
@@ -138,6 +220,12 @@ fn attn_bwd(p: &ffi::BwdArgs, stream: usize) -> Outcome {
         );
         params.sm_scale = p.sm_scale;
         params.mask = mask(&p.mask)?;
+        params.bias = optional(&p.bias, "bias")?;
+        params.dbias = optional(&p.dbias, "dbias")?;
+        params.dropout = dropout(&p.dropout);
+        params.varlen = varlen(&p.varlen, host_q, host_k)?;
+        params.allow_tf32 = p.allow_tf32;
+        params.deterministic = p.deterministic;
         flash::attn_bwd(&params, Stream::from_raw(stream))
     })
 }
@@ -164,13 +252,22 @@ mod tests {
             lse: ffi::TensorView3 { ptr: 0, sizes: [1, 1, 1], strides: [1, 1, 1], dtype: 3 },
             sm_scale: 0.125,
             mask: no_mask(),
+            bias: t4(),
+            dropout: ffi::DropoutSpec { p: 0.0, seed: 0, offset: 0, offset_base: 0, seed_out: 0, offset_out: 0 },
+            varlen: ffi::VarlenSpec {
+                cu_seqlens_q: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 4 },
+                cu_seqlens_k: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 4 },
+                max_seqlen_q: 0,
+                max_seqlen_k: 0,
+            },
+            allow_tf32: false,
         };
-        let out = attn_fwd(&p, 0);
+        let out = attn_fwd(&p, &[], &[], 0);
         assert_eq!(out.code, ErrorKind::NullPointer as i32, "{}", out.message);
         assert!(out.message.contains("q"), "{}", out.message);
         let mut bad = p;
         bad.q.dtype = 42;
-        assert_eq!(attn_fwd(&bad, 0).code, ErrorKind::InvalidArgument as i32);
+        assert_eq!(attn_fwd(&bad, &[], &[], 0).code, ErrorKind::InvalidArgument as i32);
         assert_eq!(guard(|| panic!("expected in this test")).code, ErrorKind::Internal as i32);
     }
 

@@ -17,6 +17,7 @@ use crate::images::{self, LoadedArchive};
 pub(crate) enum ArgValue {
     Ptr(u64),
     I32(i32),
+    U32(u32),
     I64(i64),
     F32(f32),
 }
@@ -28,6 +29,7 @@ impl ArgValue {
         match self {
             ArgValue::Ptr(p) => p % d as u64 == 0,
             ArgValue::I32(v) => v as i64 % d == 0,
+            ArgValue::U32(v) => v as i64 % d == 0,
             ArgValue::I64(v) => v % d == 0,
             ArgValue::F32(_) => d == 1,
         }
@@ -38,6 +40,7 @@ impl ArgValue {
         match self {
             ArgValue::Ptr(_) => ty.starts_with('*'),
             ArgValue::I32(_) => ty == "i32",
+            ArgValue::U32(_) => ty == "u32",
             ArgValue::I64(_) => ty == "i64",
             ArgValue::F32(_) => ty == "fp32",
         }
@@ -49,6 +52,7 @@ impl ArgValue {
         match self {
             ArgValue::Ptr(p) => p,
             ArgValue::I32(v) => v as u32 as u64,
+            ArgValue::U32(v) => v as u64,
             ArgValue::I64(v) => v as u64,
             ArgValue::F32(v) => v.to_bits() as u64,
         }

@@ -8,13 +8,15 @@ pub enum DType {
     F16 = 1,
     BF16 = 2,
     F32 = 3,
+    /// 32-bit signed integers (sequence offsets such as `cu_seqlens`).
+    I32 = 4,
 }
 
 impl DType {
     pub fn size_bytes(self) -> u64 {
         match self {
             DType::F16 | DType::BF16 => 2,
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
         }
     }
     /// The name kernels, rules and archives use for this dtype (`fp16`, `bf16`, `fp32`).
@@ -23,6 +25,7 @@ impl DType {
             DType::F16 => "fp16",
             DType::BF16 => "bf16",
             DType::F32 => "fp32",
+            DType::I32 => "i32",
         }
     }
     pub fn from_raw(raw: i32) -> Option<DType> {
@@ -30,6 +33,7 @@ impl DType {
             1 => Some(DType::F16),
             2 => Some(DType::BF16),
             3 => Some(DType::F32),
+            4 => Some(DType::I32),
             _ => None,
         }
     }

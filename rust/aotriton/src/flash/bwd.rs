@@ -1,13 +1,15 @@
-//! `attn_bwd`: dQ, dK, dV from Q, K, V, O, dO and the forward's log-sum-exp.
+//! `attn_bwd`: dQ, dK, dV (and dBias) from Q, K, V, O, dO and the forward's log-sum-exp.
 //!
-//! Three kernels on the caller's stream: `attn_bwd_preprocess` writes delta = rowsum(dO ∘ O)
-//! into the caller's `delta` buffer; `attn_bwd_dkdv` computes dK and dV, one program per K/V
-//! block and K/V head, summing over the query heads of its GQA group inside the program;
-//! `attn_bwd_dq` computes dQ, one program per query block and head. No atomics: the results are
-//! bitwise reproducible run to run and stream to stream.
+//! Kernels on the caller's stream: `attn_bwd_preprocess` writes delta = rowsum(dO ∘ O) into the
+//! caller's `delta` buffer; `attn_bwd_dkdv` computes dK and dV, one program per K/V block and
+//! K/V head, summing over the query heads of its GQA group inside the program; `attn_bwd_dq`
+//! computes dQ, one program per query block and head; with a bias gradient, `attn_bwd_dbias`
+//! sums dS over the bias's broadcast dimensions inside each program. No atomics anywhere: every
+//! result is bitwise reproducible run to run and stream to stream, in both modes of
+//! [`BwdParams::deterministic`].
 use super::{
-    AttnShape, Mask, MaskArgs, axes, blocks, check_qkv, check_rows, check_tensor, common_args, mask_args, strides3,
-    strides4,
+    AttnShape, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, broadcast_strides, check_broadcastable,
+    check_qkv, check_rows, check_tensor, common_args, dropout_args, mask_args, strides3, strides4,
 };
 use crate::archive::Functional;
 use crate::dispatch::{ArgValue, Launcher, Request, preferred_variant};
@@ -19,8 +21,8 @@ use crate::tensor::{DType, TensorView};
 /// Parameters of [`attn_bwd`]. Non-exhaustive: build it with [`BwdParams::new`].
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
-pub struct BwdParams {
-    /// The forward's inputs: q B×Hq×Sq×D, k and v B×Hk×Sk×D (fp16 or bf16).
+pub struct BwdParams<'a> {
+    /// The forward's inputs: q B×Hq×Sq×D, k and v B×Hk×Sk×D.
     pub q: TensorView<4>,
     pub k: TensorView<4>,
     pub v: TensorView<4>,
@@ -37,12 +39,23 @@ pub struct BwdParams {
     pub dq: TensorView<4>,
     pub dk: TensorView<4>,
     pub dv: TensorView<4>,
-    /// The forward's scale and mask.
+    /// The forward's scale, mask, bias, dropout (same seed and offset), packing and TF32 choice.
     pub sm_scale: f32,
     pub mask: Mask,
+    pub bias: Option<TensorView<4>>,
+    /// The bias gradient, overwritten; same sizes as `bias` (summed over its broadcast
+    /// dimensions). Needs `bias`.
+    pub dbias: Option<TensorView<4>>,
+    pub dropout: Option<Dropout>,
+    pub varlen: Option<Varlen<'a>>,
+    pub allow_tf32: bool,
+    /// Require bitwise-reproducible gradients. Every backward path is deterministic today (no
+    /// atomics), so both settings run the same kernels; a faster non-deterministic path, if one
+    /// is added, will only be taken when this is false.
+    pub deterministic: bool,
 }
 
-impl BwdParams {
+impl<'a> BwdParams<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         q: TensorView<4>,
@@ -57,30 +70,59 @@ impl BwdParams {
         dv: TensorView<4>,
     ) -> Self {
         let head_dim = q.sizes[3].max(1) as f32;
-        BwdParams { q, k, v, o, d_o, lse, delta, dq, dk, dv, sm_scale: 1.0 / head_dim.sqrt(), mask: Mask::NONE }
+        BwdParams {
+            q,
+            k,
+            v,
+            o,
+            d_o,
+            lse,
+            delta,
+            dq,
+            dk,
+            dv,
+            sm_scale: 1.0 / head_dim.sqrt(),
+            mask: Mask::NONE,
+            bias: None,
+            dbias: None,
+            dropout: None,
+            varlen: None,
+            allow_tf32: false,
+            deterministic: false,
+        }
     }
 }
 
-/// Enqueues the backward pass on `stream`. All three kernels are chosen and loaded before the
-/// first is enqueued, so an error leaves nothing half-done.
+/// Enqueues the backward pass on `stream`. All kernels are chosen and loaded before the first
+/// is enqueued, so an error leaves nothing half-done.
 pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
-    let dtype = params.q.dtype;
-    let preprocess_axes = axes(dtype, &shape, None);
-    let masked_axes = axes(dtype, &shape, Some(mask.windowed));
+    let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
+    let preprocess_axes = axes(dtype, false, &shape, &[]);
+    let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
+    let main_axes = axes(dtype, tf32, &shape, &features);
+    let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
     let preprocess_args = preprocess_args(params, &shape);
-    let args = kernel_args(params, &shape, &mask);
+    let args = kernel_args(params, &shape, &mask)?;
     let preprocess = Request { family: "attn_bwd_preprocess", axes: &preprocess_axes, args: &preprocess_args };
-    let dkdv = Request { family: "attn_bwd_dkdv", axes: &masked_axes, args: &args };
-    let dq = Request { family: "attn_bwd_dq", axes: &masked_axes, args: &args };
+    let dkdv = Request { family: "attn_bwd_dkdv", axes: &main_axes, args: &args };
+    let dq = Request { family: "attn_bwd_dq", axes: &main_axes, args: &args };
+    let dbias = Request { family: "attn_bwd_dbias", axes: &dbias_axes, args: &args };
 
     let launcher = Launcher::new(stream)?;
     let (b, hq, hk) = (shape.batch as u32, shape.heads_q as u32, shape.heads_k as u32);
-    let kernels = [
+    let mut kernels = vec![
         launcher.prepare(&preprocess, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
         launcher.prepare(&dkdv, choose_kernel, |m| [blocks(shape.seqlen_k, m, "BLOCK_N"), hk, b])?,
         launcher.prepare(&dq, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
     ];
+    if let Some(db) = &params.dbias {
+        let rows = if db.sizes[2] == 1 { 1 } else { shape.seqlen_q };
+        let programs = (db.sizes[0] * db.sizes[1]) as u32;
+        kernels.push(launcher.prepare(&dbias, choose_kernel, |m| {
+            [blocks(rows, m, "BLOCK_M"), blocks(shape.seqlen_k, m, "BLOCK_N"), programs]
+        })?);
+    }
     for kernel in &kernels {
         launcher.launch(kernel)?;
     }
@@ -95,16 +137,23 @@ fn choose_kernel(functional: &Functional, fitting: &[usize], _device: &DeviceInf
 fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Vec<(&'static str, ArgValue)> {
     use ArgValue::{I32, Ptr};
     let mut args = vec![("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr)), ("DELTA", Ptr(p.delta.ptr))];
-    args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o));
-    args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o));
-    args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta));
-    args.extend([("N_CTX_Q", I32(shape.seqlen_q as i32)), ("D_HEAD", I32(shape.head_dim as i32))]);
+    args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
+    args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
+    args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
+    let cu_q = shape.varlen.map_or(0, |(q, _)| q);
+    args.extend([
+        ("N_CTX_Q", I32(shape.seqlen_q as i32)),
+        ("D_HEAD", I32(shape.head_dim as i32)),
+        ("IS_VARLEN", I32(shape.varlen.is_some() as i32)),
+        ("CU_SEQLENS_Q", Ptr(cu_q)),
+    ]);
     args
 }
 
-/// Arguments of `attn_bwd_dkdv` and `attn_bwd_dq` by name (each takes the ones it declares).
-fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Vec<(&'static str, ArgValue)> {
-    use ArgValue::{F32, Ptr};
+/// Arguments of `attn_bwd_dkdv`, `attn_bwd_dq` and `attn_bwd_dbias` by name (each takes the ones
+/// it declares).
+fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<(&'static str, ArgValue)>> {
+    use ArgValue::{F32, I32, I64, Ptr};
     let mut args = vec![
         ("Q", Ptr(p.q.ptr)),
         ("K", Ptr(p.k.ptr)),
@@ -117,161 +166,69 @@ fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Vec<(&'stat
         ("DV", Ptr(p.dv.ptr)),
         ("sm_scale", F32(p.sm_scale)),
     ];
-    args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q));
-    args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k));
-    args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v));
-    args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o));
-    args.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq));
-    args.extend(strides4(["stride_dkz", "stride_dkh", "stride_dkn"], &p.dk));
-    args.extend(strides4(["stride_dvz", "stride_dvh", "stride_dvn"], &p.dv));
-    args.extend(strides3(["stride_lz", "stride_lh"], &p.lse));
-    args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta));
+    args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
+    args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
+    args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
+    args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
+    args.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq, shape));
+    args.extend(strides4(["stride_dkz", "stride_dkh", "stride_dkn"], &p.dk, shape));
+    args.extend(strides4(["stride_dvz", "stride_dvh", "stride_dvn"], &p.dv, shape));
+    args.extend(strides3(["stride_lz", "stride_lh"], &p.lse, shape));
+    args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
+    args.extend(bias_args(p.bias.as_ref(), shape, p.q.dtype)?);
+    let (dbias, [dbz, dbh, dbm], sizes) = match &p.dbias {
+        Some(db) => (db.ptr, broadcast_strides(db), db.sizes),
+        None => (0, [0; 3], [1; 4]),
+    };
+    args.extend([
+        ("DBIAS", Ptr(dbias)),
+        ("stride_dbz", I64(dbz)),
+        ("stride_dbh", I64(dbh)),
+        ("stride_dbm", I64(dbm)),
+        ("N_BATCH", I32(shape.batch as i32)),
+        ("BIAS_BATCHES", I32(sizes[0] as i32)),
+        ("BIAS_HEADS", I32(sizes[1] as i32)),
+        ("BIAS_ROWS", I32(sizes[2] as i32)),
+        ("N_HEADS_Q", I32(shape.heads_q as i32)),
+    ]);
     args.extend(common_args(shape, mask));
-    args
+    args.extend(dropout_args(p.dropout.as_ref(), false)?);
+    Ok(args)
 }
 
-/// Checks every argument before anything touches the GPU.
+/// Checks every argument before anything touches the GPU (bias and dropout are checked where
+/// their arguments are built, which `attn_bwd` also does first).
 pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
-    let shape = check_qkv(&p.q, &p.k, &p.v, "attn_bwd_dq")?;
+    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_bwd_dq")?;
     let dtype = p.q.dtype;
     if p.lse.is_null() {
         bail!(NullPointer, "lse: the backward needs the forward's log-sum-exp (ask attn_fwd for it)");
     }
-    let rows = [shape.batch, shape.heads_q, shape.seqlen_q];
-    for (name, t, sizes, seqlen) in [
-        ("o", &p.o, p.q.sizes, shape.seqlen_q),
-        ("d_o", &p.d_o, p.q.sizes, shape.seqlen_q),
-        ("dq", &p.dq, p.q.sizes, shape.seqlen_q),
-        ("dk", &p.dk, p.k.sizes, shape.seqlen_k),
-        ("dv", &p.dv, p.v.sizes, shape.seqlen_k),
+    let (tokens_q, tokens_k) = (p.q.sizes[2], p.k.sizes[2]);
+    let rows = [p.q.sizes[0], shape.heads_q, tokens_q];
+    for (name, t, sizes, tokens) in [
+        ("o", &p.o, p.q.sizes, tokens_q),
+        ("d_o", &p.d_o, p.q.sizes, tokens_q),
+        ("dq", &p.dq, p.q.sizes, tokens_q),
+        ("dk", &p.dk, p.k.sizes, tokens_k),
+        ("dv", &p.dv, p.v.sizes, tokens_k),
     ] {
         check_tensor(name, t, sizes, dtype)?;
-        check_rows(name, t, seqlen, shape.head_dim)?;
+        check_rows(name, t, tokens, shape.head_dim)?;
     }
     check_tensor("lse", &p.lse, rows, DType::F32)?;
     check_tensor("delta", &p.delta, rows, DType::F32)?;
     if !p.sm_scale.is_finite() {
         bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
     }
-    let mask = mask_args(&p.mask, &shape)?;
-    Ok((shape, mask))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ErrorKind;
-    use crate::dispatch::{self, fitting_kernels};
-    use crate::flash::MaskAlign;
-    use crate::images;
-
-    const B: u64 = 2;
-    const HQ: u64 = 8;
-    const HK: u64 = 2;
-    const SQ: u64 = 31;
-    const SK: u64 = 13;
-
-    fn params(d: u64, dtype: DType) -> BwdParams {
-        let mut next = 0x100000u64;
-        let mut t4 = |h, s| {
-            next += 0x100000;
-            TensorView::contiguous(next, [B, h, s, d], dtype)
+    if let Some(db) = &p.dbias {
+        let Some(bias) = &p.bias else {
+            bail!(InvalidArgument, "dbias is given without a bias");
         };
-        let (q, k, v, o, d_o) = (t4(HQ, SQ), t4(HK, SK), t4(HK, SK), t4(HQ, SQ), t4(HQ, SQ));
-        let (dq, dk, dv) = (t4(HQ, SQ), t4(HK, SK), t4(HK, SK));
-        let lse = TensorView::contiguous(0x9000000, [B, HQ, SQ], DType::F32);
-        let delta = TensorView::contiguous(0xa000000, [B, HQ, SQ], DType::F32);
-        BwdParams::new(q, k, v, o, d_o, lse, delta, dq, dk, dv)
-    }
-
-    fn valid() -> BwdParams {
-        params(64, DType::BF16)
-    }
-
-    #[test]
-    fn valid_params_pass_validation() {
-        let (shape, _) = validate(&valid()).unwrap();
-        assert_eq!(shape.gqa_group(), 4);
-    }
-
-    #[test]
-    fn every_validation_error_has_its_kind() {
-        type Mutation = Box<dyn Fn(&mut BwdParams)>;
-        let cases: Vec<(&str, Mutation, ErrorKind)> = vec![
-            ("lse missing", Box::new(|p| p.lse.ptr = 0), ErrorKind::NullPointer),
-            ("delta missing", Box::new(|p| p.delta.ptr = 0), ErrorKind::NullPointer),
-            ("d_o seqlen", Box::new(|p| p.d_o.sizes[2] = SQ + 1), ErrorKind::ShapeMismatch),
-            ("d_o heads", Box::new(|p| p.d_o.sizes[1] = HK), ErrorKind::ShapeMismatch),
-            ("dk shaped like q", Box::new(|p| p.dk.sizes = p.q.sizes), ErrorKind::ShapeMismatch),
-            ("dv seqlen", Box::new(|p| p.dv.sizes[2] = SK + 1), ErrorKind::ShapeMismatch),
-            ("dq dtype", Box::new(|p| p.dq.dtype = DType::F16), ErrorKind::DTypeMismatch),
-            ("d_o dtype", Box::new(|p| p.d_o.dtype = DType::F16), ErrorKind::DTypeMismatch),
-            ("delta dtype", Box::new(|p| p.delta.dtype = DType::BF16), ErrorKind::DTypeMismatch),
-            ("lse rows", Box::new(|p| p.lse.sizes[2] = SK), ErrorKind::ShapeMismatch),
-            (
-                "Hq not a multiple of Hk",
-                Box::new(|p| {
-                    for t in [&mut p.k, &mut p.v, &mut p.dk, &mut p.dv] {
-                        t.sizes[1] = 3;
-                    }
-                }),
-                ErrorKind::ShapeMismatch,
-            ),
-            ("dv misaligned", Box::new(|p| p.dv.ptr += 1), ErrorKind::MisalignedPointer),
-            ("dq last stride", Box::new(|p| p.dq.strides[3] = 3), ErrorKind::BadStrides),
-            ("window left -3", Box::new(|p| p.mask = Mask::window(-3, 0, MaskAlign::TopLeft)), ErrorKind::InvalidArgument),
-            ("scale NaN", Box::new(|p| p.sm_scale = f32::NAN), ErrorKind::InvalidArgument),
-        ];
-        for (name, mutate, want) in cases {
-            let mut p = valid();
-            mutate(&mut p);
-            let err = validate(&p).expect_err(name);
-            assert_eq!(err.kind(), want, "{name}: {err}");
-        }
-        let err = {
-            let mut p = valid();
-            p.lse.ptr = 0;
-            validate(&p).unwrap_err()
-        };
-        assert!(err.message().contains("log-sum-exp"), "{err}");
-        for d in [4, 20, 264] {
-            assert_eq!(validate(&params(d, DType::F16)).unwrap_err().kind(), ErrorKind::UnsupportedHeadDim, "d={d}");
+        check_broadcastable("dbias", db, &shape, dtype)?;
+        if db.sizes != bias.sizes {
+            bail!(ShapeMismatch, "dbias.sizes is {:?}, expected the bias's {:?}", db.sizes, bias.sizes);
         }
     }
-
-    /// The three kernels `attn_bwd` would choose on the first built arch's archive.
-    fn picks(p: &BwdParams) -> Vec<crate::archive::KernelMeta> {
-        let (shape, mask) = validate(p).unwrap();
-        let loaded = images::archive_for(images::built_archs()[0]).unwrap();
-        let pre_axes = axes(p.q.dtype, &shape, None);
-        let masked_axes = axes(p.q.dtype, &shape, Some(mask.windowed));
-        let (pre_args, args) = (preprocess_args(p, &shape), kernel_args(p, &shape, &mask));
-        [("attn_bwd_preprocess", &pre_axes, &pre_args), ("attn_bwd_dkdv", &masked_axes, &args), ("attn_bwd_dq", &masked_axes, &args)]
-            .into_iter()
-            .map(|(family, axes, args)| {
-                let request = Request { family, axes, args };
-                let functional = &loaded.archive.functionals()[dispatch::find_functional(&loaded, &request).unwrap()];
-                let fitting = fitting_kernels(functional, args).unwrap();
-                let device = crate::flash::fwd::tests::h100_like();
-                functional.kernels[choose_kernel(functional, &fitting, &device)].clone()
-            })
-            .collect()
-    }
-
-    #[test]
-    fn every_head_dim_and_mask_finds_its_kernels() {
-        for d in [8, 24, 40, 64, 72, 80, 96, 128, 160, 192, 224, 256] {
-            for mask in [Mask::NONE, Mask::causal(MaskAlign::BottomRight), Mask::window(0, 0, MaskAlign::TopLeft)] {
-                let mut p = params(d, DType::F16);
-                p.mask = mask;
-                let chosen = picks(&p);
-                assert!(chosen.iter().all(|k| k.variant == "aligned"), "d={d}: {chosen:?}");
-            }
-        }
-        let mut p = valid();
-        p.d_o.ptr += 2;
-        let chosen = picks(&p);
-        assert_eq!(chosen[0].variant, "generic", "preprocess reads dO");
-        assert_eq!(chosen[1].variant, "generic", "dkdv reads dO");
-    }
+    Ok((shape, mask_args(&p.mask, &shape)?))
 }

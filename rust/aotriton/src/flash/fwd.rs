@@ -1,5 +1,8 @@
-//! `attn_fwd`: O = softmax(sm_scale · Q·Kᵀ + mask) · V, and optionally the log-sum-exp.
-use super::{AttnShape, Mask, MaskArgs, axes, blocks, check_qkv, check_tensor, common_args, mask_args, strides3, strides4};
+//! `attn_fwd`: O = dropout(softmax(sm_scale · Q·Kᵀ + bias + mask)) · V, and optionally the LSE.
+use super::{
+    AttnShape, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_tensor,
+    common_args, dropout_args, mask_args, strides3, strides4,
+};
 use crate::archive::Functional;
 use crate::dispatch::{ArgValue, Launcher, Request, config, preferred_variant};
 use crate::driver::Stream;
@@ -11,8 +14,8 @@ use crate::tensor::{DType, TensorView};
 /// with [`FwdParams::new`] and set the public fields you need.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
-pub struct FwdParams {
-    /// B×Hq×Sq×D, fp16 or bf16.
+pub struct FwdParams<'a> {
+    /// B×Hq×Sq×D, fp16, bf16 or fp32.
     pub q: TensorView<4>,
     /// B×Hk×Sk×D, same dtype as `q`; Hq must be a multiple of Hk.
     pub k: TensorView<4>,
@@ -27,12 +30,33 @@ pub struct FwdParams {
     pub sm_scale: f32,
     /// Which keys each query sees; `new` sets [`Mask::NONE`].
     pub mask: Mask,
+    /// Additive attention bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk]: a size
+    /// of 1 broadcasts that dimension.
+    pub bias: Option<TensorView<4>>,
+    pub dropout: Option<Dropout>,
+    /// A packed batch of variable-length sequences.
+    pub varlen: Option<Varlen<'a>>,
+    /// fp32 inputs only: let the matrix products use TF32 (faster, ~10-bit mantissa). Off by
+    /// default: fp32 is computed in IEEE fp32.
+    pub allow_tf32: bool,
 }
 
-impl FwdParams {
+impl<'a> FwdParams<'a> {
     pub fn new(q: TensorView<4>, k: TensorView<4>, v: TensorView<4>, o: TensorView<4>, lse: Option<TensorView<3>>) -> Self {
         let head_dim = q.sizes[3].max(1) as f32;
-        FwdParams { q, k, v, o, lse, sm_scale: 1.0 / head_dim.sqrt(), mask: Mask::NONE }
+        FwdParams {
+            q,
+            k,
+            v,
+            o,
+            lse,
+            sm_scale: 1.0 / head_dim.sqrt(),
+            mask: Mask::NONE,
+            bias: None,
+            dropout: None,
+            varlen: None,
+            allow_tf32: false,
+        }
     }
 }
 
@@ -40,8 +64,8 @@ impl FwdParams {
 /// kernel is launched; nothing is launched when an argument is invalid.
 pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
-    let axes = axes(params.q.dtype, &shape, Some(mask.windowed));
-    let args = kernel_args(params, &shape, &mask);
+    let axes = functional_axes(params, &shape);
+    let args = kernel_args(params, &shape, &mask)?;
     let request = Request { family: "attn_fwd", axes: &axes, args: &args };
     let launcher = Launcher::new(stream)?;
     let kernel = launcher.prepare(
@@ -52,9 +76,13 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     launcher.launch(&kernel)
 }
 
+pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Vec<(&'static str, String)> {
+    axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())])
+}
+
 /// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
 /// come from each kernel's metadata, not from this list.
-pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Vec<(&'static str, ArgValue)> {
+pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<(&'static str, ArgValue)>> {
     use ArgValue::{F32, I32, Ptr};
     // An absent LSE is a null pointer the kernel never writes through (STORE_LSE = 0).
     let lse = p.lse.unwrap_or(TensorView::new(0, [0; 3], [0; 3], DType::F32));
@@ -67,13 +95,15 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("sm_scale", F32(p.sm_scale)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
     ];
-    args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q));
-    args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k));
-    args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v));
-    args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o));
-    args.extend(strides3(["stride_lz", "stride_lh"], &lse));
+    args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
+    args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
+    args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
+    args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
+    args.extend(strides3(["stride_lz", "stride_lh"], &lse, shape));
+    args.extend(bias_args(p.bias.as_ref(), shape, p.q.dtype)?);
     args.extend(common_args(shape, mask));
-    args
+    args.extend(dropout_args(p.dropout.as_ref(), true)?);
+    Ok(args)
 }
 
 /// The documented config heuristic (python/rules.py): among the kernels whose alignment hints
@@ -93,17 +123,18 @@ pub(crate) fn choose_kernel(functional: &Functional, fitting: &[usize], shape: &
 
 /// Checks every argument before anything touches the GPU. Each problem has its own error kind.
 pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
-    let shape = check_qkv(&p.q, &p.k, &p.v, "attn_fwd")?;
+    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_fwd")?;
     check_tensor("o", &p.o, p.q.sizes, p.q.dtype)?;
-    super::check_rows("o", &p.o, shape.seqlen_q, shape.head_dim)?;
+    check_rows("o", &p.o, p.q.sizes[2], shape.head_dim)?;
     if let Some(lse) = &p.lse {
-        check_tensor("lse", lse, [shape.batch, shape.heads_q, shape.seqlen_q], DType::F32)?;
+        check_tensor("lse", lse, [p.q.sizes[0], shape.heads_q, p.q.sizes[2]], DType::F32)?;
     }
     if !p.sm_scale.is_finite() {
         bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
     }
-    let mask = mask_args(&p.mask, &shape)?;
-    Ok((shape, mask))
+    // Bias and dropout are checked where their arguments are built (`kernel_args`, which
+    // `attn_fwd` runs before touching the GPU).
+    Ok((shape, mask_args(&p.mask, &shape)?))
 }
 
 #[cfg(test)]
@@ -111,7 +142,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::ErrorKind;
     use crate::dispatch::{self, fitting_kernels};
-    use crate::flash::MaskAlign;
+    use crate::flash::{MaskAlign, Varlen};
     use crate::images;
 
     pub(crate) const B: u64 = 2;
@@ -121,15 +152,22 @@ pub(crate) mod tests {
     pub(crate) const SK: u64 = 33;
     pub(crate) const D: u64 = 64;
 
+    /// Everything `attn_fwd` checks before touching the GPU.
+    fn check(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
+        let (shape, mask) = validate(p)?;
+        kernel_args(p, &shape, &mask)?;
+        Ok((shape, mask))
+    }
+
     /// A well-formed GQA call on fake, aligned device addresses (never dereferenced here).
-    fn valid() -> FwdParams {
+    fn valid() -> FwdParams<'static> {
         let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, D], DType::F16);
         let lse = TensorView::contiguous(0x50000, [B, HQ, SQ], DType::F32);
         FwdParams::new(t(0x10000, HQ, SQ), t(0x20000, HK, SK), t(0x30000, HK, SK), t(0x40000, HQ, SQ), Some(lse))
     }
 
     /// Gives every tensor head dim `d` (contiguous strides), keeping the call consistent.
-    fn with_head_dim(mut p: FwdParams, d: u64) -> FwdParams {
+    fn with_head_dim<'a>(mut p: FwdParams<'a>, d: u64) -> FwdParams<'a> {
         for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
             *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], d], t.dtype);
         }
@@ -148,31 +186,43 @@ pub(crate) mod tests {
 
     #[test]
     fn valid_params_pass_validation() {
-        let (shape, mask) = validate(&valid()).unwrap();
+        let (shape, mask) = check(&valid()).unwrap();
         assert_eq!((shape.batch, shape.heads_q, shape.heads_k, shape.seqlen_q, shape.seqlen_k), (B, HQ, HK, SQ, SK));
         assert_eq!((shape.head_dim, shape.head_dim_bucket, shape.gqa_group()), (D, 64, 2));
-        assert!(!mask.windowed);
+        assert_eq!((mask.left, mask.right, mask.bottom_right), ((SQ + SK) as i32, (SQ + SK) as i32, false));
         let mut p = valid();
         p.lse = None;
-        assert!(validate(&p).is_ok(), "lse is optional in the forward");
+        assert!(check(&p).is_ok(), "lse is optional in the forward");
     }
 
     #[test]
     fn every_validation_error_has_its_kind() {
-        type Mutation = Box<dyn Fn(&mut FwdParams)>;
+        type Mutation = Box<dyn Fn(&mut FwdParams<'static>)>;
         let cases: Vec<(&str, Mutation, ErrorKind)> = vec![
             ("k dtype", Box::new(|p| p.k.dtype = DType::BF16), ErrorKind::DTypeMismatch),
             ("o dtype", Box::new(|p| p.o.dtype = DType::BF16), ErrorKind::DTypeMismatch),
             ("lse dtype", Box::new(|p| p.lse.as_mut().unwrap().dtype = DType::F16), ErrorKind::DTypeMismatch),
             (
-                "fp32 inputs",
+                "int32 inputs",
                 Box::new(|p| {
                     for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
-                        t.dtype = DType::F32;
+                        t.dtype = DType::I32;
                     }
                 }),
                 ErrorKind::UnsupportedDType,
             ),
+            ("dropout p 1", Box::new(|p| p.dropout = Some(Dropout::new(1.0, 0x1000, 0x2000))), ErrorKind::InvalidArgument),
+            ("dropout p -0.1", Box::new(|p| p.dropout = Some(Dropout::new(-0.1, 0x1000, 0x2000))), ErrorKind::InvalidArgument),
+            ("dropout seed null", Box::new(|p| p.dropout = Some(Dropout::new(0.1, 0, 0x2000))), ErrorKind::NullPointer),
+            ("dropout offset misaligned", Box::new(|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2004))), ErrorKind::MisalignedPointer),
+            (
+                "dropout seed_out without offset_out",
+                Box::new(|p| p.dropout = Some(Dropout { seed_out: 0x3000, ..Dropout::new(0.1, 0x1000, 0x2000) })),
+                ErrorKind::InvalidArgument,
+            ),
+            ("bias not broadcastable", Box::new(|p| p.bias = Some(bias([B, 3, SQ, SK]))), ErrorKind::ShapeMismatch),
+            ("bias last dim broadcast", Box::new(|p| p.bias = Some(bias([B, HQ, SQ, 1]))), ErrorKind::ShapeMismatch),
+            ("bias dtype", Box::new(|p| p.bias = Some(TensorView { dtype: DType::BF16, ..bias([B, HQ, SQ, SK]) })), ErrorKind::DTypeMismatch),
             ("v seqlen", Box::new(|p| p.v.sizes[2] = SK + 1), ErrorKind::ShapeMismatch),
             ("k batch", Box::new(|p| p.k.sizes[0] = B + 1), ErrorKind::ShapeMismatch),
             ("o heads", Box::new(|p| p.o.sizes[1] = HQ + 1), ErrorKind::ShapeMismatch),
@@ -227,10 +277,74 @@ pub(crate) mod tests {
         for (name, mutate, want) in cases {
             let mut p = valid();
             mutate(&mut p);
-            let err = validate(&p).expect_err(name);
+            let err = check(&p).expect_err(name);
             assert_eq!(err.kind(), want, "{name}: {err}");
             assert!(!err.message().is_empty(), "{name}");
         }
+    }
+
+    fn bias(sizes: [u64; 4]) -> TensorView<4> {
+        TensorView::contiguous(0x70000, sizes, DType::F16)
+    }
+
+    #[test]
+    fn broadcast_bias_dropout_and_fp32_are_accepted() {
+        for sizes in [[B, HQ, SQ, SK], [1, HQ, SQ, SK], [B, 1, SQ, SK], [1, 1, 1, SK], [B, 1, 1, SK]] {
+            let mut p = valid();
+            p.bias = Some(bias(sizes));
+            check(&p).unwrap_or_else(|e| panic!("{sizes:?}: {e}"));
+        }
+        let mut p = valid();
+        p.dropout = Some(Dropout { offset_base: 7, seed_out: 0x3000, offset_out: 0x3008, ..Dropout::new(0.25, 0x1000, 0x2000) });
+        check(&p).unwrap();
+        for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+            t.dtype = DType::F32;
+        }
+        p.allow_tf32 = true;
+        check(&p).unwrap();
+        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), B * HQ * SQ * SK.div_ceil(4));
+    }
+
+    /// A packed batch of 3 sequences (lengths q 5, 0, 12 and k 7, 9, 1) as [1, H, tokens, D] views.
+    fn packed(host: Option<(&'static [i32], &'static [i32])>) -> FwdParams<'static> {
+        let t = |ptr, h, tokens| TensorView::new(ptr, [1, h, tokens, D], [0, D as i64, (h * D) as i64, 1], DType::F16);
+        let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
+        let lse = TensorView::contiguous(0x50000, [1, HQ, 17], DType::F32);
+        let mut p = FwdParams::new(t(0x10000, HQ, 17), t(0x20000, HK, 17), t(0x30000, HK, 17), t(0x40000, HQ, 17), Some(lse));
+        p.varlen = Some(Varlen { cu_seqlens_q: cu(0x60000), cu_seqlens_k: cu(0x61000), max_seqlen_q: 12, max_seqlen_k: 9, host_cu_seqlens: host });
+        p
+    }
+
+    const CU_Q: &[i32] = &[0, 5, 5, 17];
+    const CU_K: &[i32] = &[0, 7, 16, 17];
+
+    #[test]
+    fn packed_batches_are_checked() {
+        let (shape, _) = check(&packed(Some((CU_Q, CU_K)))).unwrap();
+        assert_eq!((shape.batch, shape.seqlen_q, shape.seqlen_k), (3, 12, 9));
+        check(&packed(None)).unwrap();
+        let kind = |p: FwdParams| check(&p).unwrap_err().kind();
+        let mut p = packed(None);
+        p.varlen.as_mut().unwrap().cu_seqlens_k.dtype = DType::F32;
+        assert_eq!(kind(p), ErrorKind::DTypeMismatch);
+        let mut p = packed(None);
+        p.varlen.as_mut().unwrap().cu_seqlens_k.sizes = [3];
+        assert_eq!(kind(p), ErrorKind::ShapeMismatch, "cu_seqlens of different lengths");
+        let mut p = packed(Some((CU_Q, CU_K)));
+        p.varlen.as_mut().unwrap().max_seqlen_q = 11;
+        let err = check(&p).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(err.message().contains("sequence 2") && err.message().contains("12"), "{err}");
+        assert_eq!(kind(packed(Some((&[0, 5, 4, 17], CU_K)))), ErrorKind::InvalidArgument, "decreasing offsets");
+        assert_eq!(kind(packed(Some((&[0, 5, 17], CU_K)))), ErrorKind::ShapeMismatch, "host copy of the wrong length");
+        assert_eq!(kind(packed(Some((&[0, 5, 5, 18], CU_K)))), ErrorKind::ShapeMismatch, "past the packed tensor");
+        let mut p = packed(None);
+        p.q.sizes[0] = 2;
+        p.o.sizes[0] = 2;
+        assert_eq!(kind(p), ErrorKind::ShapeMismatch, "packed tensors have batch 1");
+        let mut p = packed(None);
+        p.varlen.as_mut().unwrap().max_seqlen_k = 0;
+        assert_eq!(kind(p), ErrorKind::EmptyInput);
     }
 
     #[test]
@@ -262,15 +376,13 @@ pub(crate) mod tests {
         let unbounded = (SQ + SK) as i32;
         p.mask = Mask::causal(MaskAlign::TopLeft);
         let (_, m) = validate(&p).unwrap();
-        assert_eq!((m.windowed, m.left, m.right, m.diag_offset), (true, unbounded, 0, 0));
+        assert_eq!((m.left, m.right, m.bottom_right), (unbounded, 0, false));
         p.mask = Mask::causal(MaskAlign::BottomRight);
         let (_, m) = validate(&p).unwrap();
-        assert_eq!((m.left, m.right, m.diag_offset), (unbounded, 0, (SK - SQ) as i32));
+        assert_eq!((m.left, m.right, m.bottom_right), (unbounded, 0, true));
         p.mask = Mask::window(0, 1000, MaskAlign::TopLeft);
         let (_, m) = validate(&p).unwrap();
         assert_eq!((m.left, m.right), (0, unbounded), "a window past the sequence is clamped");
-        p.mask = Mask::NONE;
-        assert!(!validate(&p).unwrap().1.windowed);
     }
 
     #[test]
@@ -307,8 +419,8 @@ pub(crate) mod tests {
     fn pick(p: &FwdParams) -> crate::archive::KernelMeta {
         let (shape, mask) = validate(p).unwrap();
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
-        let axes = axes(p.q.dtype, &shape, Some(mask.windowed));
-        let args = kernel_args(p, &shape, &mask);
+        let axes = functional_axes(p, &shape);
+        let args = kernel_args(p, &shape, &mask).unwrap();
         let request = Request { family: "attn_fwd", axes: &axes, args: &args };
         let index = dispatch::find_functional(&loaded, &request).unwrap();
         let functional = &loaded.archive.functionals()[index];
@@ -317,7 +429,7 @@ pub(crate) mod tests {
         functional.kernels[choose_kernel(functional, &fitting, &shape, &h100_like())].clone()
     }
 
-    fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams {
+    fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams<'static> {
         let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
         let lse = TensorView::contiguous(0x500000, [b, h, s], DType::F32);
         FwdParams::new(t(0x100000), t(0x200000), t(0x300000), t(0x400000), Some(lse))
@@ -326,18 +438,20 @@ pub(crate) mod tests {
     #[test]
     fn every_compiled_functional_is_found() {
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
-        for dtype in [DType::F16, DType::BF16] {
+        for (dtype, tf32) in [(DType::F16, false), (DType::BF16, false), (DType::F32, false), (DType::F32, true)] {
             for d in [8, 24, 40, 64, 72, 128, 160, 256] {
-                for mask in [Mask::NONE, Mask::causal(MaskAlign::BottomRight)] {
+                for (dropout, with_bias) in [(false, false), (true, false), (false, true), (true, true)] {
                     let mut p = sized(1, 1, 16, d);
                     for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
                         t.dtype = dtype;
                     }
-                    p.mask = mask;
-                    let (shape, mask) = validate(&p).unwrap();
-                    let axes = axes(dtype, &shape, Some(mask.windowed));
+                    p.allow_tf32 = tf32;
+                    p.dropout = dropout.then(|| Dropout::new(0.5, 0x1000, 0x2000));
+                    p.bias = with_bias.then(|| TensorView::contiguous(0x700000, [1, 1, 16, 16], dtype));
+                    let (shape, _) = validate(&p).unwrap();
+                    let axes = functional_axes(&p, &shape);
                     let request = Request { family: "attn_fwd", axes: &axes, args: &[] };
-                    dispatch::find_functional(&loaded, &request).unwrap();
+                    dispatch::find_functional(&loaded, &request).unwrap_or_else(|e| panic!("{e}"));
                 }
             }
         }

@@ -1,20 +1,38 @@
-//! FlashAttention operators: [`attn_fwd`] and [`attn_bwd`].
+//! FlashAttention operators: [`attn_fwd`], [`attn_bwd`] and the [`debug_dropout_mask`] entry.
 //!
 //! Layouts: Q is B×Hq×Sq×D, K and V are B×Hk×Sk×D, with Hq a multiple of Hk (GQA; Hk = 1 is
-//! MQA, Hk = Hq plain multi-head). Any element strides whose last stride is 1 work, so both
-//! B×H×S×D and B×S×H×D memory can be passed as views. D is any multiple of 8 up to 256.
+//! MQA). Any element strides whose last stride is 1 work, so both B×H×S×D and B×S×H×D memory can
+//! be passed as views. D is any multiple of 8 up to 256. Inputs are fp16, bf16 or fp32 (fp32
+//! matrix products are IEEE fp32 unless `allow_tf32` asks for TF32).
 //!
 //! The log-sum-exp (`lse`, B×Hq×Sq fp32, unit last stride) holds, per query row, the natural-log
-//! `ln Σ_j exp(sm_scale · q·k_j)` over the keys the row sees; a row that sees no key gets `+inf`
-//! (and an all-zero output row). The forward writes it when asked; the backward requires it.
+//! `ln Σ_j exp(sm_scale · q·k_j + bias_ij)` over the keys the row sees; a row that sees no key
+//! gets `+inf` (and an all-zero output row). The forward writes it when asked; the backward
+//! requires it. Dropout does not change it.
 //!
 //! Masks ([`Mask`]): none; causal, aligned top-left (query i sees keys j ≤ i) or bottom-right
 //! (j ≤ i + Sk − Sq, torch's `causal_lower_right`); a sliding window `(left, right)` around the
 //! aligned diagonal (`−1` = unbounded on that side). Causal is the window `(−1, 0)`.
+//!
+//! Variable-length batches ([`Varlen`]): the B sequences are packed along the token axis. Q, O,
+//! dO and dQ are passed as `[1, Hq, total_q, D]` views (e.g. a `total_q × Hq × D` tensor with
+//! strides `[0, D, Hq·D, 1]`), K/V/dK/dV as `[1, Hk, total_k, D]`; sequence b owns tokens
+//! `cu_seqlens[b] .. cu_seqlens[b+1]`. The LSE and delta of a packed batch are `[1, Hq, total_q]`
+//! fp32 (element (h, token) at `h·stride + token`). Bias, dropout and masks use each sequence's
+//! own lengths and local positions; the bias is `B×Hq×max_seqlen_q×max_seqlen_k`.
+//!
+//! Dropout ([`Dropout`]): Philox4x32-10, keyed by the 64-bit seed, counter = the 64-bit offset
+//! (`*offset + offset_base`) plus `((b·Hq + h)·Sq + i)·⌈Sk/4⌉ + ⌊j/4⌋`, output word `j mod 4`;
+//! element (b, h, i, j) is kept iff that word ≥ ⌊p·2³²⌋. One call consumes
+//! [`dropout_offsets_consumed`] counters (Sq, Sk the max lengths for packed batches): advance
+//! the generator's offset by that much between calls. Seed and offset are read from device
+//! memory, so a captured CUDA graph can be replayed with a new offset.
 mod bwd;
+mod debug;
 mod fwd;
 
 pub use bwd::{BwdParams, attn_bwd};
+pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 
 use crate::dispatch::{self, ArgValue};
@@ -68,7 +86,53 @@ impl Default for Mask {
     }
 }
 
-/// The checked shape shared by the forward and backward passes.
+/// Dropout with drop probability `p` (kept values are scaled by 1/(1−p)). The seed and offset
+/// live in device memory (8-byte aligned u64 each) so graphs can be replayed with new values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// Drop probability, in [0, 1).
+    pub p: f32,
+    /// Device address of the u64 Philox seed.
+    pub seed: u64,
+    /// Device address of the u64 Philox offset.
+    pub offset: u64,
+    /// Added to `*offset` (lets a framework pass its generator state plus an increment).
+    pub offset_base: u64,
+    /// Forward only: device addresses where the seed and offset used are written (0 = not
+    /// wanted), so a framework can hand them to the backward.
+    pub seed_out: u64,
+    pub offset_out: u64,
+}
+
+impl Dropout {
+    pub fn new(p: f32, seed: u64, offset: u64) -> Dropout {
+        Dropout { p, seed, offset, offset_base: 0, seed_out: 0, offset_out: 0 }
+    }
+}
+
+/// Philox counters one call consumes: `batch · heads_q · seqlen_q · ⌈seqlen_k / 4⌉` (max
+/// lengths for packed batches). Advance the generator's offset by this between calls.
+pub fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64 {
+    batch * heads_q * seqlen_q * seqlen_k.div_ceil(4)
+}
+
+/// A packed batch of variable-length sequences (see the module docs for the layouts).
+#[derive(Debug, Clone, Copy)]
+pub struct Varlen<'a> {
+    /// int32 device tensors of B+1 offsets: sequence b's tokens are `cu[b] .. cu[b+1]`.
+    pub cu_seqlens_q: TensorView<1>,
+    pub cu_seqlens_k: TensorView<1>,
+    /// The longest query and key sequence: the launch grid covers them.
+    pub max_seqlen_q: u64,
+    pub max_seqlen_k: u64,
+    /// Host copies of the two offset arrays, when the caller has them: then the offsets are
+    /// checked (start at 0, non-decreasing, within the tensors, no sequence longer than the
+    /// max lengths). Without them the max lengths are trusted.
+    pub host_cu_seqlens: Option<(&'a [i32], &'a [i32])>,
+}
+
+/// The checked shape shared by the forward and backward passes. For packed batches, `batch` is
+/// the number of sequences and the lengths are the max lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttnShape {
     pub batch: u64,
@@ -79,6 +143,8 @@ pub(crate) struct AttnShape {
     pub head_dim: u64,
     /// The compiled head-dim bucket serving `head_dim` (the smallest ≥ it).
     pub head_dim_bucket: u64,
+    /// Packed batch: cu_seqlens device addresses.
+    pub varlen: Option<(u64, u64)>,
 }
 
 impl AttnShape {
@@ -87,19 +153,32 @@ impl AttnShape {
     }
 }
 
-/// Checks q, k, v and returns the shape: dtypes, layouts, GQA head counts, head dim, sizes.
-/// `family` names the kernel family whose compiled head dims bound D.
-pub(crate) fn check_qkv(q: &TensorView<4>, k: &TensorView<4>, v: &TensorView<4>, family: &str) -> Result<AttnShape> {
+/// Checks q, k, v (and the packing, if any) and returns the shape. `family` names the kernel
+/// family whose compiled head dims bound D.
+pub(crate) fn check_qkv(
+    q: &TensorView<4>,
+    k: &TensorView<4>,
+    v: &TensorView<4>,
+    varlen: Option<&Varlen>,
+    family: &str,
+) -> Result<AttnShape> {
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         t.check_layout(name)?;
     }
-    if !matches!(q.dtype, DType::F16 | DType::BF16) {
-        bail!(UnsupportedDType, "q: attention takes fp16 or bf16 inputs, got {}", q.dtype.triton_name());
+    if !matches!(q.dtype, DType::F16 | DType::BF16 | DType::F32) {
+        bail!(UnsupportedDType, "q: attention takes fp16, bf16 or fp32 inputs, got {}", q.dtype.triton_name());
     }
-    let [batch, heads_q, seqlen_q, head_dim] = q.sizes;
-    let [_, heads_k, seqlen_k, _] = k.sizes;
-    check_tensor("k", k, [batch, heads_k, seqlen_k, head_dim], q.dtype)?;
+    let [batch, heads_q, tokens_q, head_dim] = q.sizes;
+    let [_, heads_k, tokens_k, _] = k.sizes;
+    check_tensor("k", k, [batch, heads_k, tokens_k, head_dim], q.dtype)?;
     check_tensor("v", v, k.sizes, q.dtype)?;
+    let (batch, seqlen_q, seqlen_k, packed) = match varlen {
+        None => (batch, tokens_q, tokens_k, None),
+        Some(varlen) => {
+            let sequences = check_varlen(varlen, batch, tokens_q, tokens_k)?;
+            (sequences, varlen.max_seqlen_q, varlen.max_seqlen_k, Some((varlen.cu_seqlens_q.ptr, varlen.cu_seqlens_k.ptr)))
+        }
+    };
     for (what, n) in [("batch", batch), ("heads", heads_q), ("Sq", seqlen_q), ("Sk", seqlen_k), ("Hk", heads_k)] {
         if n == 0 {
             bail!(EmptyInput, "{what} is 0: nothing to attend (q {:?}, k {:?})", q.sizes, k.sizes);
@@ -113,15 +192,66 @@ pub(crate) fn check_qkv(q: &TensorView<4>, k: &TensorView<4>, v: &TensorView<4>,
     if heads_q > 65535 || batch > 65535 {
         bail!(TooLarge, "heads ({heads_q}) and batch ({batch}) must each be at most 65535");
     }
-    // Window bounds and the bottom-right offset are computed in int32 from Sq + Sk.
+    // Window bounds are computed in int32 from Sq + Sk.
     if seqlen_q > 1 << 30 || seqlen_k > 1 << 30 {
         bail!(TooLarge, "sequence lengths must be at most 2^30 (Sq {seqlen_q}, Sk {seqlen_k})");
     }
-    let shape = AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket };
-    check_rows("q", q, seqlen_q, head_dim)?;
-    check_rows("k", k, seqlen_k, head_dim)?;
-    check_rows("v", v, seqlen_k, head_dim)?;
+    let shape = AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket, varlen: packed };
+    check_rows("q", q, tokens_q, head_dim)?;
+    check_rows("k", k, tokens_k, head_dim)?;
+    check_rows("v", v, tokens_k, head_dim)?;
     Ok(shape)
+}
+
+/// Checks a packed batch against its tensors; returns the number of sequences.
+fn check_varlen(varlen: &Varlen, batch: u64, tokens_q: u64, tokens_k: u64) -> Result<u64> {
+    if batch != 1 {
+        bail!(ShapeMismatch, "packed (varlen) tensors are passed as [1, H, tokens, D] views; q has batch {batch}");
+    }
+    for (name, cu) in [("cu_seqlens_q", &varlen.cu_seqlens_q), ("cu_seqlens_k", &varlen.cu_seqlens_k)] {
+        cu.check_layout(name)?;
+        if cu.dtype != DType::I32 {
+            bail!(DTypeMismatch, "{name} must be int32, got {}", cu.dtype.triton_name());
+        }
+        if cu.sizes[0] < 2 {
+            bail!(ShapeMismatch, "{name} has {} entries; it needs B+1 ≥ 2 (offsets of B ≥ 1 sequences)", cu.sizes[0]);
+        }
+    }
+    if varlen.cu_seqlens_q.sizes != varlen.cu_seqlens_k.sizes {
+        bail!(
+            ShapeMismatch,
+            "cu_seqlens_q has {} entries but cu_seqlens_k has {}: both are B+1 offsets",
+            varlen.cu_seqlens_q.sizes[0],
+            varlen.cu_seqlens_k.sizes[0]
+        );
+    }
+    let sequences = varlen.cu_seqlens_q.sizes[0] - 1;
+    if let Some((host_q, host_k)) = varlen.host_cu_seqlens {
+        for (name, host, tokens, max) in
+            [("cu_seqlens_q", host_q, tokens_q, varlen.max_seqlen_q), ("cu_seqlens_k", host_k, tokens_k, varlen.max_seqlen_k)]
+        {
+            if host.len() as u64 != sequences + 1 {
+                bail!(ShapeMismatch, "{name}: the host copy has {} entries, the device tensor {}", host.len(), sequences + 1);
+            }
+            if host[0] != 0 {
+                bail!(InvalidArgument, "{name}[0] is {}, must be 0", host[0]);
+            }
+            for (b, pair) in host.windows(2).enumerate() {
+                let length = pair[1] as i64 - pair[0] as i64;
+                if length < 0 {
+                    bail!(InvalidArgument, "{name} decreases at sequence {b} ({} then {})", pair[0], pair[1]);
+                }
+                if length as u64 > max {
+                    bail!(InvalidArgument, "sequence {b} has {length} tokens ({name}), more than the max length {max}");
+                }
+            }
+            let last = *host.last().unwrap() as u64;
+            if last > tokens {
+                bail!(ShapeMismatch, "{name} ends at token {last}, but the packed tensor holds {tokens}");
+            }
+        }
+    }
+    Ok(sequences)
 }
 
 /// Checks one more tensor of the call: layout, dtype and exact sizes.
@@ -136,7 +266,7 @@ pub(crate) fn check_tensor<const R: usize>(name: &str, t: &TensorView<R>, sizes:
     Ok(())
 }
 
-/// The kernels index rows in int32: the last row's offset must fit.
+/// The kernels index rows of one sequence in int32: the last row's offset must fit.
 pub(crate) fn check_rows(name: &str, t: &TensorView<4>, rows: u64, head_dim: u64) -> Result<()> {
     let extent = (rows as i128 - 1) * t.strides[2] as i128 + head_dim as i128;
     if extent > i32::MAX as i128 || t.strides[2] > i32::MAX as i64 {
@@ -160,14 +290,13 @@ pub(crate) fn head_dim_bucket(family: &str, head_dim: u64) -> Result<u64> {
     }
 }
 
-/// The kernels' view of a mask: whether any masking beyond sequence tails applies, and the
-/// window around the diagonal `i + diag_offset` with unbounded sides made finite.
+/// The kernels' view of a mask: the window around the diagonal with unbounded sides made finite,
+/// and the alignment (the kernels compute the diagonal offset per sequence).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MaskArgs {
-    pub windowed: bool,
     pub left: i32,
     pub right: i32,
-    pub diag_offset: i32,
+    pub bottom_right: bool,
 }
 
 pub(crate) fn mask_args(mask: &Mask, shape: &AttnShape) -> Result<MaskArgs> {
@@ -176,43 +305,123 @@ pub(crate) fn mask_args(mask: &Mask, shape: &AttnShape) -> Result<MaskArgs> {
             bail!(InvalidArgument, "{name} is {value}: use −1 for unbounded, or a key count ≥ 0");
         }
     }
-    // No window reaches farther than Sq + Sk keys; clamping keeps the kernels' int32 bounds exact.
+    // No window reaches farther than Sq + Sk keys; clamping keeps the kernels' int32 bounds exact,
+    // and with both sides at the clamp every key is visible (no mask).
     let unbounded = (shape.seqlen_q + shape.seqlen_k) as i32;
     let side = |w: i32| if w < 0 { unbounded } else { w.min(unbounded) };
-    let diag_offset = match mask.align {
-        MaskAlign::TopLeft => 0,
-        MaskAlign::BottomRight => shape.seqlen_k as i32 - shape.seqlen_q as i32,
-    };
-    Ok(MaskArgs { windowed: !mask.is_none(), left: side(mask.window_left), right: side(mask.window_right), diag_offset })
+    Ok(MaskArgs { left: side(mask.window_left), right: side(mask.window_right), bottom_right: mask.align == MaskAlign::BottomRight })
 }
 
-/// Axes shared by the attention families: dtype, head-dim bucket and, where masks matter,
-/// whether a window applies.
-pub(crate) fn axes(dtype: DType, shape: &AttnShape, windowed: Option<bool>) -> Vec<(&'static str, String)> {
-    let mut axes = vec![("dtype", dtype.triton_name().to_string()), ("head_dim", shape.head_dim_bucket.to_string())];
-    if let Some(windowed) = windowed {
-        axes.push(("windowed", windowed.to_string()));
+/// The dropout arguments of the kernels, checked. `None` gives the neutral values (the kernels
+/// compiled without dropout never read them).
+pub(crate) fn dropout_args(dropout: Option<&Dropout>, forward: bool) -> Result<Vec<(&'static str, ArgValue)>> {
+    use ArgValue::{F32, I32, I64, Ptr, U32};
+    let d = match dropout {
+        None => Dropout::new(0.0, 0, 0),
+        Some(d) => {
+            if !(0.0..1.0).contains(&d.p) {
+                bail!(InvalidArgument, "dropout p is {}: it must be in [0, 1)", d.p);
+            }
+            for (name, ptr, required) in
+                [("dropout seed", d.seed, true), ("dropout offset", d.offset, true), ("dropout seed_out", d.seed_out, false), ("dropout offset_out", d.offset_out, false)]
+            {
+                if ptr == 0 && required {
+                    bail!(NullPointer, "{name}: device address of a u64 is null");
+                }
+                if ptr % 8 != 0 {
+                    bail!(MisalignedPointer, "{name}: address {ptr:#x} is not 8-byte aligned (it holds a u64)");
+                }
+            }
+            if (d.seed_out == 0) != (d.offset_out == 0) {
+                bail!(InvalidArgument, "dropout seed_out and offset_out go together: give both or neither");
+            }
+            *d
+        }
+    };
+    // Kept iff the Philox word ≥ ⌊p·2³²⌋ (p < 1, so it fits a u32).
+    let threshold = (d.p as f64 * 4_294_967_296.0).floor() as u32;
+    let mut args = vec![
+        ("DROPOUT_THRESHOLD", U32(threshold)),
+        ("dropout_scale", F32((1.0 / (1.0 - d.p as f64)) as f32)),
+        ("PHILOX_SEED", Ptr(d.seed)),
+        ("PHILOX_OFFSET", Ptr(d.offset)),
+        ("philox_offset_base", I64(d.offset_base as i64)),
+    ];
+    if forward {
+        args.extend([
+            ("PHILOX_SEED_OUT", Ptr(d.seed_out)),
+            ("PHILOX_OFFSET_OUT", Ptr(d.offset_out)),
+            ("STORE_PHILOX", I32((d.seed_out != 0) as i32)),
+        ]);
     }
+    Ok(args)
+}
+
+/// Checks an additive bias: the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk] (max lengths
+/// for packed batches), unit last stride. Returns its kernel arguments (stride 0 where a size
+/// is 1, i.e. broadcast).
+pub(crate) fn bias_args(bias: Option<&TensorView<4>>, shape: &AttnShape, dtype: DType) -> Result<Vec<(&'static str, ArgValue)>> {
+    let Some(b) = bias else {
+        return Ok(vec![("BIAS", ArgValue::Ptr(0)), ("stride_bz", ArgValue::I64(0)), ("stride_bh", ArgValue::I64(0)), ("stride_bm", ArgValue::I64(0))]);
+    };
+    check_broadcastable("bias", b, shape, dtype)?;
+    let [z, h, m] = broadcast_strides(b);
+    Ok(vec![("BIAS", ArgValue::Ptr(b.ptr)), ("stride_bz", ArgValue::I64(z)), ("stride_bh", ArgValue::I64(h)), ("stride_bm", ArgValue::I64(m))])
+}
+
+/// Bias-like tensors: sizes [B or 1, Hq or 1, Sq or 1, Sk].
+pub(crate) fn check_broadcastable(name: &str, t: &TensorView<4>, shape: &AttnShape, dtype: DType) -> Result<()> {
+    t.check_layout(name)?;
+    if t.dtype != dtype {
+        bail!(DTypeMismatch, "{name} is {}, expected the inputs' {}", t.dtype.triton_name(), dtype.triton_name());
+    }
+    let full = [shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k];
+    let fits = (0..4).all(|d| t.sizes[d] == full[d] || (d < 3 && t.sizes[d] == 1));
+    if !fits {
+        bail!(
+            ShapeMismatch,
+            "{name}.sizes is {:?}: it must broadcast to [B, Hq, Sq, Sk] = {full:?} (each of the first three sizes full or 1, the last {})",
+            t.sizes,
+            shape.seqlen_k
+        );
+    }
+    Ok(())
+}
+
+/// Element strides of the first three dims, 0 where the size is 1 (broadcast).
+pub(crate) fn broadcast_strides(t: &TensorView<4>) -> [i64; 3] {
+    [0, 1, 2].map(|d| if t.sizes[d] == 1 { 0 } else { t.strides[d] })
+}
+
+/// The functional axes of the attention families: dtype, TF32, head-dim bucket and the
+/// constexpr features (`dropout`, `bias`), as the family declares them.
+pub(crate) fn axes(dtype: DType, tf32: bool, shape: &AttnShape, features: &[(&'static str, bool)]) -> Vec<(&'static str, String)> {
+    let mut axes = vec![("dtype", dtype.triton_name().to_string())];
+    if !features.is_empty() || tf32 {
+        axes.push(("tf32", (tf32 && dtype == DType::F32).to_string()));
+    }
+    axes.push(("head_dim", shape.head_dim_bucket.to_string()));
+    axes.extend(features.iter().map(|&(name, on)| (name, on.to_string())));
     axes
 }
 
 /// The stride arguments of a B×H×S×D tensor, named `stride_<p>z/h/<row>` as in the kernels.
-pub(crate) fn strides4(names: [&'static str; 3], t: &TensorView<4>) -> [(&'static str, ArgValue); 3] {
-    [
-        (names[0], ArgValue::I64(t.strides[0])),
-        (names[1], ArgValue::I64(t.strides[1])),
-        (names[2], ArgValue::I32(t.strides[2] as i32)),
-    ]
+/// Packed batches address sequences through cu_seqlens, so their batch stride is 0.
+pub(crate) fn strides4(names: [&'static str; 3], t: &TensorView<4>, shape: &AttnShape) -> [(&'static str, ArgValue); 3] {
+    let batch_stride = if shape.varlen.is_some() { 0 } else { t.strides[0] };
+    [(names[0], ArgValue::I64(batch_stride)), (names[1], ArgValue::I64(t.strides[1])), (names[2], ArgValue::I32(t.strides[2] as i32))]
 }
 
 /// The stride arguments of a B×H×S fp32 row-statistics tensor (lse, delta).
-pub(crate) fn strides3(names: [&'static str; 2], t: &TensorView<3>) -> [(&'static str, ArgValue); 2] {
-    [(names[0], ArgValue::I64(t.strides[0])), (names[1], ArgValue::I64(t.strides[1]))]
+pub(crate) fn strides3(names: [&'static str; 2], t: &TensorView<3>, shape: &AttnShape) -> [(&'static str, ArgValue); 2] {
+    let batch_stride = if shape.varlen.is_some() { 0 } else { t.strides[0] };
+    [(names[0], ArgValue::I64(batch_stride)), (names[1], ArgValue::I64(t.strides[1]))]
 }
 
-/// Sequence, head-dim, GQA and mask arguments shared by the attention kernels.
-pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static str, ArgValue); 7] {
-    use ArgValue::I32;
+/// Sequence, head-dim, GQA, mask and packing arguments shared by the attention kernels.
+pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static str, ArgValue); 10] {
+    use ArgValue::{I32, Ptr};
+    let (cu_q, cu_k) = shape.varlen.unwrap_or((0, 0));
     [
         ("N_CTX_Q", I32(shape.seqlen_q as i32)),
         ("N_CTX_K", I32(shape.seqlen_k as i32)),
@@ -220,11 +429,14 @@ pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static str,
         ("GQA_GROUP", I32(shape.gqa_group() as i32)),
         ("WINDOW_LEFT", I32(mask.left)),
         ("WINDOW_RIGHT", I32(mask.right)),
-        ("DIAG_OFFSET", I32(mask.diag_offset)),
+        ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
+        ("IS_VARLEN", I32(shape.varlen.is_some() as i32)),
+        ("CU_SEQLENS_Q", Ptr(cu_q)),
+        ("CU_SEQLENS_K", Ptr(cu_k)),
     ]
 }
 
-/// Blocks of `block` rows covering `len` rows, for a launch grid.
+/// Blocks of `key` (BLOCK_M, BLOCK_N) rows covering `len` rows, for a launch grid.
 pub(crate) fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str) -> u32 {
     len.div_ceil(dispatch::config(meta, key, 64).max(1) as u64) as u32
 }
