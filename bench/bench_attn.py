@@ -37,7 +37,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from aotriton_shim import Aotriton  # noqa: E402
+from aotriton_shim import Aotriton, Dropout, Varlen, packed_view  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
@@ -212,6 +212,242 @@ def print_table(title, rows, key, na_key):
         print(f"  n/a {n}")
 
 
+# ---- feature rows: dropout, additive bias, packed variable-length batches ------------------
+FEATURE_PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def reference_ex(q, k, v, d_o, sm_scale, bias=None, keep=None, p=0.0):
+    """float32 reference (TF32 off), a few heads at a time: O, LSE, dQ, dK, dV and, with a bias,
+    dBias (summed over the bias's broadcast dims by autograd). `keep`: B x H x Sq x Sk 0/1 dropout
+    mask (aotriton's debug mask); O = (softmax(S) * keep / (1 - p)) V, S = scale q.k + bias."""
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    f32 = dict(device=q.device, dtype=torch.float32)
+    ref = {"o": torch.empty(q.shape, **f32), "lse": torch.empty((b, h, sq), **f32),
+           "dq": torch.empty(q.shape, **f32), "dk": torch.empty(k.shape, **f32), "dv": torch.empty(v.shape, **f32)}
+    if bias is not None:
+        ref["dbias"] = torch.zeros(bias.shape, **f32)
+    hc = max(1, min(h, int(2**31 // (sq * sk * 4 * 4))))
+    for bi in range(b):
+        for h0 in range(0, h, hc):
+            sl = (slice(bi, bi + 1), slice(h0, h0 + hc))
+            qf, kf, vf = (t[sl].float().requires_grad_(True) for t in (q, k, v))
+            with torch.enable_grad():
+                s = torch.matmul(qf, kf.transpose(-1, -2)) * sm_scale
+                if bias is not None:
+                    bsl = (slice(bi, bi + 1) if bias.shape[0] > 1 else slice(0, 1),
+                           slice(h0, h0 + hc) if bias.shape[1] > 1 else slice(0, 1))
+                    bf = bias[bsl].float().requires_grad_(True)
+                    s = s + bf
+                pm = torch.softmax(s, dim=-1)
+                if keep is not None:
+                    pm = pm * keep[sl] * (1.0 / (1.0 - p))
+                o = torch.matmul(pm, vf)
+                o.backward(d_o[sl].float())
+            with torch.no_grad():
+                ref["o"][sl] = o
+                ref["lse"][sl] = torch.logsumexp(s, dim=-1)
+                ref["dq"][sl], ref["dk"][sl], ref["dv"][sl] = qf.grad, kf.grad, vf.grad
+                if bias is not None:
+                    ref["dbias"][bsl] += bf.grad
+            del s, pm, o, qf, kf, vf
+    return ref
+
+
+def _flash_varlen(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale):
+    """torch's flash varlen ops: (forward callable, backward callable, outputs)."""
+    fwd_op, bwd_op = torch.ops.aten._flash_attention_forward, torch.ops.aten._flash_attention_backward
+
+    def fwd():
+        return fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False, scale=sm_scale)
+
+    res = fwd()
+    out, lse, seed, offset = res[0], res[1], res[2], res[3]
+
+    def bwd(d_o):
+        return bwd_op(d_o, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, False, seed, offset, scale=sm_scale)
+
+    return fwd, bwd, out
+
+
+def run_feature(aot, args, kind, gen):
+    """One feature row (bf16, hd128, H=16): 'dropout', 'bias-full', 'bias-keypad' or 'varlen'."""
+    dtype, d, h = torch.bfloat16, 128, 16
+    s = args.feature_seqlen
+    b = max(1, args.tokens // s)
+    sm_scale = 1.0 / math.sqrt(d)
+    bench = lambda fn, grad_to_none=None: triton.testing.do_bench(  # noqa: E731
+        fn, warmup=args.warmup, rep=args.rep, grad_to_none=grad_to_none, return_mode="median")
+    row = {"kind": kind, "dtype": "bfloat16", "head_dim": d, "heads": h, "na": {}, "ms_fwd": {}, "ms_bwd": {}}
+    nanlike = lambda t: torch.full_like(t, float("nan"))  # noqa: E731
+
+    if kind == "varlen":
+        # B = 8 sequences of random lengths summing to ~tokens, none longer than the feature S.
+        g = torch.Generator().manual_seed(args.seed + 7)
+        w = torch.rand(8, generator=g) + 0.25
+        lens = [max(1, min(s, int(x))) for x in (w / w.sum() * args.tokens).tolist()]
+        total = sum(lens)
+        row.update(case=f"varlen B8 T{total} max{max(lens)}", batch=8, seqlen=max(lens), lengths=lens)
+        flops = sum(4.0 * h * n * n * d for n in lens)
+        qt, kt, vt, dot = (randn_nonzero((1, h, total, d), dtype, gen, "bshd")[0].transpose(0, 1).contiguous()
+                           for _ in range(4))  # tokens x H x D
+        vl = Varlen.from_lengths(lens, lens)
+        view = packed_view
+        o = nanlike(qt)
+        lse = torch.full((1, h, total), float("nan"), device="cuda")
+        delta = torch.full((1, h, total), float("nan"), device="cuda")
+        dq, dk, dv = nanlike(qt), nanlike(kt), nanlike(vt)
+        aot_fwd = aot.bind_fwd(view(qt), view(kt), view(vt), view(o), lse, sm_scale, varlen=vl)
+        aot_bwd = aot.bind_bwd(view(qt), view(kt), view(vt), view(o), view(dot), lse, delta, view(dq), view(dk),
+                               view(dv), sm_scale, varlen=vl)
+        aot_fwd()
+        aot_bwd()
+        torch.cuda.synchronize()
+        outs = {"aotriton": {"o": o, "dq": dq, "dk": dk, "dv": dv}}
+        peer = None
+        try:
+            pf, pb, pout = _flash_varlen(qt, kt, vt, vl.cu_seqlens_q, vl.cu_seqlens_k, vl.max_seqlen_q,
+                                         vl.max_seqlen_k, sm_scale)
+            pdq, pdk, pdv = pb(dot)[:3]
+            outs["flash"] = {"o": pout, "dq": pdq, "dk": pdk, "dv": pdv}
+            peer = (pf, pb)
+        except (RuntimeError, AttributeError, TypeError) as e:
+            row["na"]["flash_fwd"] = row["na"]["flash_bwd"] = f"flash varlen: {str(e).splitlines()[0][:160]}"
+        # Per-sequence float32 reference on the packed layout.
+        ref = {t: torch.empty(qt.shape if t in ("o", "dq") else kt.shape, device="cuda") for t in ("o", "dq", "dk", "dv")}
+        ref["lse"] = torch.empty((h, total), device="cuda")
+        starts = [0] + torch.tensor(lens).cumsum(0).tolist()
+        for i, n in enumerate(lens):
+            sl = slice(starts[i], starts[i] + n)
+            seq = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
+            r = reference_ex(seq(qt), seq(kt), seq(vt), seq(dot), sm_scale)
+            for t in ("o", "dq", "dk", "dv"):
+                ref[t][sl] = r[t][0].transpose(0, 1)
+            ref["lse"][:, sl] = r["lse"][0]
+        got_lse = lse[0]
+    else:
+        shape = (b, h, s, d)
+        q, k, v, d_o = (randn_nonzero(shape, dtype, gen, "bhsd") for _ in range(4))
+        flops = 4.0 * b * h * s * s * d
+        bias = keep = dropout = None
+        p = 0.0
+        if kind == "dropout":
+            p = args.dropout_p
+            dropout = Dropout.make(p, seed=1234 + args.seed, offset=4096)
+            row.update(case=f"dropout p={p} S{s} B{b}", p=p)
+        elif kind == "bias-full":
+            bias = randn_nonzero((b, h, s, s), dtype, gen, "bhsd")
+            row.update(case=f"bias [B,H,S,S] S{s} B{b}")
+        else:
+            bias = randn_nonzero((b, 1, 1, s), dtype, gen, "bhsd")
+            bias[..., s - s // 8:] = -1e4  # key padding: the last eighth of the keys masked off
+            row.update(case=f"bias [B,1,1,S] S{s} B{b}")
+        row.update(batch=b, seqlen=s)
+        o = nanlike(q)
+        lse = torch.full((b, h, s), float("nan"), device="cuda")
+        delta = torch.full((b, h, s), float("nan"), device="cuda")
+        dq, dk, dv = nanlike(q), nanlike(k), nanlike(v)
+        dbias = nanlike(bias) if bias is not None else None
+        aot_fwd = aot.bind_fwd(q, k, v, o, lse, sm_scale, bias=bias, dropout=dropout)
+        aot_bwd = aot.bind_bwd(q, k, v, o, d_o, lse, delta, dq, dk, dv, sm_scale, bias=bias, dropout=dropout)
+        aot_bwd_db = (aot.bind_bwd(q, k, v, o, d_o, lse, delta, dq, dk, dv, sm_scale, bias=bias, dbias=dbias)
+                      if bias is not None else None)
+        aot_fwd()
+        (aot_bwd_db or aot_bwd)()
+        torch.cuda.synchronize()
+        outs = {"aotriton": {"o": o, "dq": dq, "dk": dk, "dv": dv}}
+        if dbias is not None:
+            outs["aotriton"]["dbias"] = dbias
+        if dropout is not None:
+            keep = aot.debug_dropout_mask((b, h, s, s), dropout)
+            row["kept"] = float(keep.mean())
+        # Peers: SDPA backends with the same dropout p / attn_mask. Their dropout masks are their
+        # own, so with dropout their outputs are not compared (timing only).
+        peers = {}
+        names = ("flash", "cudnn") if kind == "dropout" else ("efficient", "cudnn")
+        for name in names:
+            backend = FEATURE_PEERS[name]
+            try:
+                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+                with sdpa_kernel([backend]):
+                    out = F.scaled_dot_product_attention(*leaves, attn_mask=bias, dropout_p=p, scale=sm_scale)
+                    out.backward(d_o, retain_graph=True)
+                torch.cuda.synchronize()
+                peers[name] = (leaves, out)
+                if kind != "dropout":
+                    outs[name] = {"o": out.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad}
+            except RuntimeError as e:
+                row["na"][f"{name}_fwd"] = row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
+        ref = reference_ex(q, k, v, d_o, sm_scale, bias=bias, keep=keep, p=p)
+        got_lse = lse
+
+    # Check: k x the worst peer's error + floor where a peer computed the same thing, else
+    # 2e-2 x max(1, max|ref|) (dropout rows, dBias).
+    errs = {n: {t: max_err(x, ref[t]) for t, x in tensors.items()} for n, tensors in outs.items()}
+    lse_err, lse_nan = max_err(got_lse, ref["lse"])
+    ok = lse_nan == 0 and lse_err <= 1e-3 * max(1.0, float(ref["lse"].abs().max()))
+    bounds = {}
+    for t in outs["aotriton"]:
+        mag = max(1.0, float(ref[t].abs().max()))
+        peer = [errs[n][t][0] for n in errs if n != "aotriton" and t in errs[n]]
+        k_t, floor = (3.0, 1e-3) if t == "o" else (5.0, 1e-3 * mag)
+        bounds[t] = k_t * max(peer) + floor if peer else 2e-2 * mag
+        err, nan = errs["aotriton"][t]
+        ok &= nan == 0 and err <= bounds[t]
+    text = "  ".join(f"{t}: aot {errs['aotriton'][t][0]:.2e}"
+                     + "".join(f" {n} {errs[n][t][0]:.2e}" for n in errs if n != "aotriton" and t in errs[n])
+                     + f" (bound {bounds[t]:.2e})" for t in bounds)
+    row.update(errors={n: {t: e[0] for t, e in v.items()} for n, v in errs.items()}, bounds=bounds, err_lse=lse_err,
+               correct=bool(ok), flops_fwd=flops, flops_bwd=2.5 * flops)
+    print(f"  {row['case']}: max|x-ref| {text}  lse {lse_err:.2e}" + ("  OK" if ok else "  WRONG"), flush=True)
+    del ref, outs
+
+    # Timing.
+    row["ms_fwd"]["aotriton"] = bench(aot_fwd)
+    row["ms_bwd"]["aotriton"] = bench(aot_bwd)
+    if kind == "varlen":
+        if peer is not None:
+            row["ms_fwd"]["flash"] = bench(peer[0])
+            row["ms_bwd"]["flash"] = bench(lambda: peer[1](dot))
+    else:
+        if aot_bwd_db is not None:
+            row["ms_bwd_dbias_aotriton"] = bench(aot_bwd_db)
+        for name, (leaves, out) in peers.items():
+            with sdpa_kernel([FEATURE_PEERS[name]]):
+                row["ms_fwd"][name] = bench(
+                    lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=sm_scale))
+                row["ms_bwd"][name] = bench(lambda: out.backward(d_o, retain_graph=True), grad_to_none=leaves)
+    row["tflops_fwd"] = {n: flops / (t * 1e-3) / 1e12 for n, t in row["ms_fwd"].items()}
+    row["tflops_bwd"] = {n: 2.5 * flops / (t * 1e-3) / 1e12 for n, t in row["ms_bwd"].items()}
+    return row
+
+
+def print_feature_table(rows):
+    def cell(x):
+        return f"{x:9.1f}" if x is not None else f"{'n/a':>9}"
+
+    print()
+    print("features (bf16, hd128, H=16), TF/s fwd | bwd (median); peers: SDPA backends with the same dropout p / "
+          "attn_mask, torch flash varlen ops; aot+dB = aotriton backward with dBias")
+    print(f"{'case':<30}{'pass':>5}{'aotriton':>9}{'flash':>9}{'cuDNN':>9}{'mem-eff':>9}{'aot/best':>10}"
+          f"{'aot+dB':>9}  check")
+    for r in rows:
+        for pas, key in (("fwd", "tflops_fwd"), ("bwd", "tflops_bwd")):
+            tf = r.get(key, {})
+            a = tf.get("aotriton")
+            peers = [tf.get(n) for n in ("flash", "cudnn", "efficient") if tf.get(n)]
+            ratio = f"{a / max(peers):10.3f}" if a and peers else f"{'-':>10}"
+            db = ""
+            if pas == "bwd" and r.get("ms_bwd_dbias_aotriton"):
+                db = f"{2.5 * r['flops_fwd'] / (r['ms_bwd_dbias_aotriton'] * 1e-3) / 1e12:9.1f}"
+            print(f"{r['case']:<30}{pas:>5}{cell(a)}{cell(tf.get('flash'))}{cell(tf.get('cudnn'))}"
+                  f"{cell(tf.get('efficient'))}{ratio}{db:>9}  {'ok' if r.get('correct') else 'WRONG'}")
+    notes = sorted({f"{r['case'].split()[0]} {k}: {v}" for r in rows for k, v in r.get("na", {}).items()})
+    for n in notes[:8]:
+        print(f"  n/a {n}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shim", required=True, help="path of libaotriton_shim.so")
@@ -227,6 +463,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep, ms")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--features", default="dropout,bias-full,bias-keypad,varlen",
+                    help="feature rows (bf16 hd128 H16): dropout, bias-full, bias-keypad, varlen; '' = none")
+    ap.add_argument("--feature-seqlen", type=int, default=4096, help="S of the feature rows (max S for varlen)")
+    ap.add_argument("--dropout-p", type=float, default=0.1)
     args = ap.parse_args()
     args.passes = [p for p in args.passes.split(",") if p]
     assert set(args.passes) <= {"fwd", "bwd"} and args.passes, "--passes takes fwd and/or bwd"
@@ -260,15 +500,31 @@ def main():
                 rows.append(row)
                 torch.cuda.empty_cache()
 
+    feature_rows = []
+    for kind in (x for x in args.features.split(",") if x):
+        t0 = time.time()
+        try:
+            row = run_feature(aot, args, kind, gen)
+        except Exception as e:  # keep going: report the row as failed
+            row = {"case": kind, "kind": kind, "correct": False, "exception": f"{type(e).__name__}: {e}"}
+            print(f"  {kind}: {row['exception']}", flush=True)
+        row["wall_s"] = round(time.time() - t0, 1)
+        failures += not row["correct"]
+        feature_rows.append(row)
+        torch.cuda.empty_cache()
+
     common = f"{args.dtype}, B*S={args.tokens}, H*D={args.hidden}, layout {args.layout}, TFLOP/s (median)"
     if "fwd" in args.passes:
         print_table(f"forward, {common}", rows, "tflops_fwd", "_fwd")
     if "bwd" in args.passes:
         print_table(f"backward, {common}, FLOPs = 2.5 x forward", rows, "tflops_bwd", "_bwd")
-    print(f"\n{len(rows)} shapes, {failures} with wrong aotriton outputs, {time.time() - started:.0f} s")
+    if feature_rows:
+        print_feature_table(feature_rows)
+    print(f"\n{len(rows) + len(feature_rows)} shapes, {failures} with wrong aotriton outputs, "
+          f"{time.time() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "args": vars(args), "cases": rows}, f, indent=2)
+            json.dump({"env": env, "args": vars(args), "cases": rows, "features": feature_rows}, f, indent=2)
     return 1 if failures else 0
 
 

@@ -9,27 +9,35 @@ Vocabulary
   ``attn_fwd`` (``fwd.py``), ``attn_bwd_preprocess`` (``bwd_preprocess.py``),
   ``attn_bwd_dkdv`` (``bwd_dkdv.py``), ``attn_bwd_dq`` (``bwd_dq.py``).
 * **functional** -- one point of the family's functional axes: what the kernel
-  computes.  ``attn_fwd``, ``attn_bwd_dkdv``, ``attn_bwd_dq``: (dtype, head_dim,
-  windowed); ``attn_bwd_preprocess``: (dtype, head_dim).  ``head_dim`` is a
-  power-of-two bucket (``HEAD_DIMS``): the kernel serves every real head dim
-  ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``windowed``: ``False`` = no
-  mask besides the sequence tails, ``True`` = the general window (causal
-  top-left / bottom-right, sliding windows; ``kernels/flash/mask.py``).
+  computes.  ``attn_fwd``, ``attn_bwd_dkdv``, ``attn_bwd_dq``: (dtype, tf32,
+  head_dim, dropout, bias); ``attn_bwd_dbias``: (dtype, tf32, head_dim, dropout);
+  ``attn_bwd_preprocess``: (dtype, head_dim); ``debug_dropout_mask``: (dtype = fp32).
+  ``dtype``: fp16, bf16, fp32.  ``tf32``: fp32 dots in TF32 (``True``, fp32 only)
+  or IEEE fp32 (``False``; 16-bit dtypes always ``False``).  On an arch without
+  TF32 dot support (gfx90a) the ``tf32=True`` functionals are compiled with IEEE
+  dots (``ALLOW_TF32`` False): the same functionals everywhere, never less precise.
+  ``head_dim`` is a power-of-two bucket (``HEAD_DIMS``): the kernel serves every
+  real head dim ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``dropout``:
+  Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
+  (``kernels/flash/bias.py``).  Masks (causal either alignment, sliding windows,
+  none) and varlen batches are runtime arguments of every kernel.
   Every functional is compiled for every arch.
 * **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
   it, num_warps, num_stages); they change speed, never results.
 * **variant**    -- ``aligned``: every pointer carries ``tt.divisibility=16``
-  (16-byte aligned), every batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV
-  tensors a hint of 16 bytes in elements (8 for fp16/bf16), and ``D_HEAD`` a
-  hint of 8; nothing else is hinted (not the LSE/DELTA strides, sequence
-  lengths or window arguments).  ``generic``: no hints, correct for any layout
+  (16-byte aligned; BIAS, DBIAS, CU_SEQLENS_*, PHILOX_* included), every
+  batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors a hint
+  of 16 bytes in elements (8 for fp16/bf16, 4 for fp32), and ``D_HEAD`` a hint of
+  8; nothing else is hinted (not the LSE/DELTA strides, sequence lengths,
+  window or dropout arguments).  ``generic``: no hints, correct for any layout
   whose last dimension is contiguous and any ``D_HEAD`` multiple of 8.
 
 What is compiled
 ----------------
 Per (functional, arch) every config of the family's config function as an
 ``aligned`` kernel plus one ``generic`` kernel (the smallest-BLOCK_M config).
-``attn_fwd`` has two configs (main, small BLOCK_M); the backward families one.
+``attn_fwd`` has two configs (main, small BLOCK_M) for fp16/bf16 without
+dropout and bias; every other functional of every family one.
 
 Runtime choice between kernels (implemented by the Rust runtime)
 ----------------------------------------------------------------
@@ -91,13 +99,16 @@ def parse_arch_list(text: str) -> list[str]:
 # Functional axes
 # --------------------------------------------------------------------------
 
-DTYPES = ["fp16", "bf16"]
+DTYPES = ["fp16", "bf16", "fp32"]
+#: fp32 dots in TF32 (True) or IEEE (False); True exists only for fp32 (see ``functionals``).
+TF32 = [False, True]
 #: Head-dim buckets compiled (powers of two).  The runtime passes the real head
 #: dim ``D_HEAD`` (a multiple of 8) and picks the smallest bucket >= D_HEAD.
 HEAD_DIMS = [16, 32, 64, 128, 256]
-#: ``False``: no mask besides the sequence tails; ``True``: the general window
-#: (causal in either alignment, sliding windows), see kernels/flash/mask.py.
-WINDOWED = [False, True]
+DROPOUT = [False, True]
+BIAS = [False, True]
+#: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.
+NO_TF32_ARCHS = {"gfx90a"}
 
 #: Bytes per element of each pointer dtype.
 ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -107,7 +118,7 @@ ALIGN_BYTES = 16
 D_HEAD_DIVISIBILITY = 8
 
 #: Tensors in the input/output dtype; their z/h/row strides are hinted in ``aligned``.
-_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT")
 #: fp32 per-row tensors (pointers hinted, strides not: a hint would send every odd Sq to `generic`).
 _ROW_TENSORS = ("LSE", "DELTA")
 #: Row strides (i32: the runtime guarantees ``row * stride`` fits in int32).
@@ -116,7 +127,11 @@ _ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom"
 #: stride argument prefix -> tensor
 _STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o": "O", "stride_do": "DO",
                   "stride_dq": "DQ", "stride_dk": "DK", "stride_dv": "DV", "stride_l": "LSE",
-                  "stride_delta": "DELTA"}
+                  "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS"}
+#: i64 pointers of the dropout group.
+_I64_POINTERS = ("PHILOX_SEED", "PHILOX_OFFSET", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT")
+#: i32 pointers of the varlen group.
+_I32_POINTERS = ("CU_SEQLENS_Q", "CU_SEQLENS_K")
 
 
 def _strides(prefix: str, dims: str) -> list[str]:
@@ -129,35 +144,56 @@ def stride_tensor(name: str) -> str:
     return _STRIDE_TENSOR[name[:-1]]
 
 
+#: Attention group (fwd, dkdv, dq, dbias), after the stride and kernel-specific arguments.
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K"]
+#: Dropout group (fwd, dkdv, dq, dbias); the forward appends ``FWD_PHILOX_OUTPUTS``.
+DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
+FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
+_BIAS_STRIDES = _strides("b", "zhm")
+_ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"]
+
 ATTN_FWD_ARGS = (
-    ["Q", "K", "V", "O", "LSE", "sm_scale"]
+    ["Q", "K", "V", "O", "LSE", "BIAS", "sm_scale"]
     + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
-    + _strides("l", "zh")
-    + ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET", "STORE_LSE"]
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+    + _strides("l", "zh") + _BIAS_STRIDES
+    + ["STORE_LSE"]
+    + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS
+    + _ATTN_CONSTEXPRS
 )
 ATTN_BWD_PREPROCESS_ARGS = (
     ["O", "DO", "DELTA"]
     + _strides("o", "zhm") + _strides("do", "zhm") + _strides("delta", "zh")
-    + ["N_CTX_Q", "D_HEAD"]
+    + ["N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q"]
     + ["HEAD_DIM", "BLOCK_M"]
 )
 _BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("do", "zhm")
                       + _strides("l", "zh") + _strides("delta", "zh"))
-_BWD_RUNTIME_INTS = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET"]
 ATTN_BWD_DKDV_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "sm_scale"]
-    + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn")
-    + _BWD_RUNTIME_INTS
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale"]
+    + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES
+    + ATTENTION_GROUP + DROPOUT_GROUP
+    + _ATTN_CONSTEXPRS
 )
 ATTN_BWD_DQ_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "sm_scale"]
-    + _BWD_INPUT_STRIDES + _strides("dq", "zhm")
-    + _BWD_RUNTIME_INTS
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"]
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale"]
+    + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES
+    + ATTENTION_GROUP + DROPOUT_GROUP
+    + _ATTN_CONSTEXPRS
 )
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED")
+ATTN_BWD_DBIAS_ARGS = (
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale"]
+    + _BWD_INPUT_STRIDES + _BIAS_STRIDES + _strides("db", "zhm")
+    + ["N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q"]
+    + ATTENTION_GROUP + DROPOUT_GROUP
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"]
+)
+DEBUG_DROPOUT_MASK_ARGS = (
+    ["OUT"] + _strides("o", "zhm")
+    + ["N_CTX_Q", "N_CTX_K", "N_HEADS", "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
+    + ["BLOCK_M", "BLOCK_N"]
+)
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32")
 
 
 def arg_type(name: str, dtype: str) -> str:
@@ -166,13 +202,21 @@ def arg_type(name: str, dtype: str) -> str:
         return f"*{dtype}"
     if name in _ROW_TENSORS:
         return "*fp32"
-    if name == "sm_scale":
+    if name in _I64_POINTERS:
+        return "*i64"
+    if name in _I32_POINTERS:
+        return "*i32"
+    if name in ("sm_scale", "dropout_scale"):
         return "fp32"
+    if name == "DROPOUT_THRESHOLD":
+        return "u32"
+    if name == "philox_offset_base":
+        return "i64"
     if name in _ROW_STRIDES:
         return "i32"
     if name.startswith("stride_"):
         return "i64"  # batch / head strides may exceed 2**31; LSE/DELTA strides too
-    return "i32"      # sequence lengths, D_HEAD, GQA_GROUP, window, STORE_LSE
+    return "i32"      # sequence lengths, D_HEAD, GQA_GROUP, window, flags, bias broadcast counts
 
 
 def _signature_of(args: list[str], constexprs: list[str]):
@@ -185,9 +229,10 @@ def _signature_of(args: list[str], constexprs: list[str]):
 def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
     """``tt.divisibility`` per runtime argument in the ``aligned`` variant (1 = no hint).
 
-    Pointers: 16 bytes.  Batch/head/row strides of the Q/K/V/O/DO/DQ/DK/DV
-    tensors: 16 bytes in elements (8 for fp16/bf16, 4 for fp32).  ``D_HEAD``: 8.
-    Nothing else (LSE/DELTA strides, sequence lengths, window arguments are free).
+    Pointers: 16 bytes (every pointer).  Batch/head/row strides of the
+    Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors: 16 bytes in elements (8 for
+    fp16/bf16, 4 for fp32).  ``D_HEAD``: 8.  Nothing else (LSE/DELTA strides,
+    sequence lengths, window and dropout arguments are free).
     """
     hints = {}
     for name, ty in signature.items():
@@ -197,7 +242,10 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
         if ty.startswith("*"):
             d = ALIGN_BYTES
         elif name.startswith("stride_") and stride_tensor(name) in _DATA_TENSORS:
-            d = ALIGN_BYTES // ELEMENT_SIZE[signature[stride_tensor(name)][1:]]
+            tensor = stride_tensor(name)
+            if tensor not in signature:  # debug_dropout_mask: stride_o* belong to OUT
+                tensor = "OUT"
+            d = ALIGN_BYTES // ELEMENT_SIZE[signature[tensor][1:]]
         elif name == "D_HEAD":
             d = D_HEAD_DIVISIBILITY
         hints[name] = d
@@ -216,31 +264,51 @@ def _cfg(bm, bn, w, s):
     return c
 
 
-def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """Forward configs per (functional, arch), largest BLOCK_M first: main + small BLOCK_M.
+def _plain16(functional: dict[str, Any]) -> bool:
+    """fp16/bf16 without dropout and bias: the functionals with the tuned two-config forward."""
+    return functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
 
-    Not measured per arch except sm_90 hd128 (probe on H200: BLOCK_M 128,
-    BLOCK_N 64, 4 warps, 2 stages was the best of 24 configs for bf16).
-    hd256 uses 8 warps (the 128x256 fp32 accumulator) and BLOCK_N 32 where
-    shared memory is smaller than sm_90's.  The tuning database will replace these picks.
+
+def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """Forward configs per (functional, arch), largest BLOCK_M first.
+
+    fp16/bf16 without dropout and bias: main + small BLOCK_M.  Not measured per
+    arch except sm_90 hd128 (probe on H200: BLOCK_M 128, BLOCK_N 64, 4 warps,
+    2 stages was the best of 24 configs for bf16).  hd256 uses 8 warps (the
+    128x256 fp32 accumulator) and BLOCK_N 32 where shared memory is smaller than
+    sm_90's.  fp16/bf16 with dropout or bias: the small config alone.  fp32: one
+    smaller config (twice the bytes per element in shared memory and registers).
+    The tuning database will replace these picks.
     """
     hd = functional["head_dim"]
     backend = TARGETS[arch][0]
+    if functional["dtype"] == "fp32":
+        if backend == "cuda":
+            if hd <= 64:
+                return [_cfg(64, 32, 4, 2)]
+            if hd == 128:
+                return [_cfg(64, 32, 4, 2 if arch == "sm_90" else 1)]
+            return [_cfg(32, 32, 4, 1)]
+        return [_cfg(64, 32 if hd <= 128 else 16, 4, 1)]
     if backend == "cuda":
         if hd == 256:
             # 8 warps for the 128x256 / 64x256 fp32 accumulators (no spills on sm_90, ptxas -v).
-            return [_cfg(128, 64 if arch == "sm_90" else 32, 8, 2), _cfg(64, 32, 8, 2)]
-        stages = 3 if hd <= 64 else 2
-        if arch == "sm_80" and hd > 64:
-            main = _cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
+            configs = [_cfg(128, 64 if arch == "sm_90" else 32, 8, 2), _cfg(64, 32, 8, 2)]
         else:
-            main = _cfg(128, 64, 4, stages)
-        return [main, _cfg(64, 64, 4, stages)]
-    # AMD (wave64): the LDS is 64 KiB, so one K/V stage (num_stages 1) for
-    # hd >= 128 and two below; BLOCK_N 32 at hd256; 4 waves of 64 lanes per block.
-    stages = 2 if hd <= 64 else 1
-    bn = 32 if hd == 256 else 64
-    return [_cfg(128, bn, 4, stages), _cfg(64, bn, 4, stages)]
+            stages = 3 if hd <= 64 else 2
+            if arch == "sm_80" and hd > 64:
+                main = _cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
+            else:
+                main = _cfg(128, 64, 4, stages)
+            configs = [main, _cfg(64, 64, 4, stages)]
+    else:
+        # AMD (wave64): the LDS is 64 KiB, so one K/V stage (num_stages 1) for
+        # hd >= 128 and two below; BLOCK_N 32 at hd256; 4 waves of 64 lanes per block.
+        stages = 2 if hd <= 64 else 1
+        bn = 32 if hd == 256 else 64
+        configs = [_cfg(128, bn, 4, stages), _cfg(64, bn, 4, stages)]
+    # Dropout / bias: the small-BLOCK_M config alone (the main one spills with the Philox block on sm_90).
+    return configs if _plain16(functional) else configs[1:]
 
 
 def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -251,15 +319,29 @@ def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[
 def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  BLOCK_N keys per program (dK, dV, K, V stay in registers), BLOCK_M queries per step.
 
-    CUDA picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
+    CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
+    fp32 keeps the four ``[BLOCK_N, HEAD_DIM]`` register tiles at the 16-bit element count or below.
     """
     hd = functional["head_dim"]
+    fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
+        if fp32:
+            if hd <= 64:
+                return [_cfg(32, 64, 8, 2)]
+            if hd == 128:
+                return [_cfg(32, 32, 8, 1)]
+            return [_cfg(16, 16, 8, 1)]
         if hd <= 64:
             return [_cfg(32, 128, 8, 3)]
         if hd == 128:
             return [_cfg(32, 64, 8, 2)]
         return [_cfg(32, 32, 8, 1)]
+    if fp32:
+        if hd <= 64:
+            return [_cfg(32, 32, 4, 1)]
+        if hd == 128:
+            return [_cfg(16, 32, 4, 1)]
+        return [_cfg(16, 16, 4, 1)]
     if hd <= 64:
         return [_cfg(32, 64, 4, 2)]
     if hd == 128:
@@ -270,20 +352,58 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
 def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  BLOCK_M queries per program (dQ, Q, dO stay in registers), BLOCK_N keys per step.
 
-    CUDA picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
+    CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
     """
     hd = functional["head_dim"]
+    fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
+        if fp32:
+            if hd <= 64:
+                return [_cfg(32, 64, 4, 2)]
+            if hd == 128:
+                return [_cfg(32, 32, 4, 1)]
+            return [_cfg(16, 32, 8, 1)]
         if hd <= 64:
             return [_cfg(64, 64, 4, 3)]
         if hd == 128:
             return [_cfg(64, 32, 4, 2)]
         return [_cfg(32, 32, 8, 1)]
+    if fp32:
+        if hd <= 64:
+            return [_cfg(32, 32, 4, 1)]
+        if hd == 128:
+            return [_cfg(32, 32, 4, 1)]
+        return [_cfg(16, 16, 4, 1)]
     if hd <= 64:
         return [_cfg(64, 32, 4, 2)]
     if hd == 128:
         return [_cfg(64, 32, 4, 1)]
     return [_cfg(32, 32, 4, 1)]
+
+
+def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config.  A ``[BLOCK_M, BLOCK_N]`` dBias tile per program; Q, dO per step, K^T, V^T per head.
+
+    Not timed: dBias is a secondary path.
+    """
+    hd = functional["head_dim"]
+    fp32 = functional["dtype"] == "fp32"
+    if TARGETS[arch][0] == "cuda":
+        if hd <= 64:
+            return [_cfg(32, 32, 4, 2) if fp32 else _cfg(64, 64, 4, 2)]
+        if hd == 128:
+            return [_cfg(32, 32, 4, 1) if fp32 else _cfg(32, 64, 4, 2)]
+        return [_cfg(16, 32, 4, 1) if fp32 else _cfg(32, 32, 8, 1)]
+    if hd <= 64:
+        return [_cfg(32, 32, 4, 1) if fp32 else _cfg(64, 32, 4, 1)]
+    if hd == 128:
+        return [_cfg(32, 32, 4, 1) if fp32 else _cfg(32, 32, 4, 1)]
+    return [_cfg(16, 16, 4, 1) if fp32 else _cfg(16, 32, 4, 1)]
+
+
+def _debug_dropout_mask_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config (a debug path)."""
+    return [_cfg(32, 64, 4, 1)]
 
 
 # --------------------------------------------------------------------------
@@ -308,16 +428,22 @@ def _family(name, module, args, axes, configs) -> Family:
                   signature=_signature_of(list(args), constexprs), configs=configs)
 
 
-ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS,
-                   {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_fwd_configs)
+_ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS}
+
+ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs)
 ATTN_BWD_PREPROCESS = _family("attn_bwd_preprocess", "kernels/flash/bwd_preprocess.py", ATTN_BWD_PREPROCESS_ARGS,
                               {"dtype": DTYPES, "head_dim": HEAD_DIMS}, _attn_bwd_preprocess_configs)
-ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS,
-                        {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_bwd_dkdv_configs)
-ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS,
-                      {"dtype": DTYPES, "head_dim": HEAD_DIMS, "windowed": WINDOWED}, _attn_bwd_dq_configs)
+ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS, dict(_ATTN_AXES),
+                        _attn_bwd_dkdv_configs)
+ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS, dict(_ATTN_AXES),
+                      _attn_bwd_dq_configs)
+ATTN_BWD_DBIAS = _family("attn_bwd_dbias", "kernels/flash/bwd_dbias.py", ATTN_BWD_DBIAS_ARGS,
+                         {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT},
+                         _attn_bwd_dbias_configs)
+DEBUG_DROPOUT_MASK = _family("debug_dropout_mask", "kernels/flash/debug_dropout.py", DEBUG_DROPOUT_MASK_ARGS,
+                             {"dtype": ["fp32"]}, _debug_dropout_mask_configs)
 
-FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ]
+FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, DEBUG_DROPOUT_MASK]
 
 
 def family(name: str) -> Family:
@@ -328,11 +454,11 @@ def family(name: str) -> Family:
 
 
 def functionals(family: Family) -> list[dict[str, Any]]:
-    """Cartesian product of the family's axes, in axis order."""
+    """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``."""
     out = [{}]
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
-    return out
+    return [f for f in out if not (f.get("tf32") and f["dtype"] != "fp32")]
 
 
 def module_name(family: Family) -> str:
@@ -396,11 +522,11 @@ class KernelSpec:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-_AXIS_ABBREV = {"windowed": "win"}
+_AXIS_ABBREV = {"tf32": "tf", "dropout": "drop"}
 
 
 def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int], variant: str) -> str:
-    """Stable, unique, file-name safe id: ``attn_bwd_dkdv-bf16-hd128-win1-m32n64w4s2-aligned``."""
+    """Stable, unique, file-name safe id: ``attn_bwd_dkdv-fp32-tf1-hd128-drop0-bias1-m32n32w8s1-aligned``."""
     parts = [family.name]
     for axis in family.axes:
         v = functional[axis]
@@ -421,8 +547,10 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
     backend, target_arch, warp_size = target_of(arch)
     signature = family.signature(functional)
-    values = {"HEAD_DIM": functional["head_dim"], "BLOCK_M": config.get("BLOCK_M"),
-              "BLOCK_N": config.get("BLOCK_N"), "WINDOWED": bool(functional.get("windowed"))}
+    values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
+              "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
+              "HAS_BIAS": bool(functional.get("bias")),
+              "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS}
     constexprs = {n: values[n] for n in family.constexprs}
     if variant == "aligned":
         divisibility = aligned_hints(signature)

@@ -10,7 +10,7 @@ import _paths  # noqa: F401
 import compile as driver
 import rules
 
-ONLY = "attn_fwd-fp16-hd64-win1-m64n64w4s3-generic"
+ONLY = "attn_fwd-fp16-tf0-hd64-drop0-bias0-m64n64w4s3-generic"
 
 CONTRACT_KEYS = {
     "id", "family", "functional", "config", "variant", "arch", "triton_version", "symbol", "image", "args",
@@ -49,14 +49,16 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(set(info), CONTRACT_KEYS)
         self.assertEqual(info["id"], ONLY)
         self.assertEqual(info["family"], "attn_fwd")
-        self.assertEqual(info["functional"], {"dtype": "fp16", "head_dim": 64, "windowed": True})
+        self.assertEqual(info["functional"], {"dtype": "fp16", "tf32": False, "head_dim": 64, "dropout": False,
+                                              "bias": False})
         self.assertEqual(info["config"], {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
         self.assertEqual(info["variant"], "generic")
         self.assertEqual(info["arch"], "sm_90")
         self.assertEqual(info["triton_version"], driver.triton_version())
         self.assertEqual(info["symbol"], "attn_fwd")
         self.assertEqual(info["image"], ONLY + ".cubin")
-        self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "WINDOWED": True})
+        self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "DROPOUT": False,
+                                              "HAS_BIAS": False, "ALLOW_TF32": False})
         self.assertEqual(info["num_warps"], 4)
         self.assertEqual(info["warp_size"], 32)
         self.assertEqual(info["num_ctas"], 1)
@@ -67,11 +69,16 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual([a["name"] for a in args], [n for n in rules.ATTN_FWD.args if n not in rules.ATTN_FWD.constexprs])
         self.assertEqual(args[0], {"name": "Q", "type": "*fp16", "divisibility": 1})
         self.assertEqual(args[4], {"name": "LSE", "type": "*fp32", "divisibility": 1})
-        self.assertEqual(args[5], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
+        self.assertEqual(args[5], {"name": "BIAS", "type": "*fp16", "divisibility": 1})
+        self.assertEqual(args[6], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
         self.assertEqual({a["divisibility"] for a in args}, {1})
         types = {a["name"]: a["type"] for a in args}
-        for n in ("D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET", "STORE_LSE"):
+        for n in ("D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT", "IS_VARLEN",
+                  "STORE_LSE", "STORE_PHILOX"):
             self.assertEqual(types[n], "i32", n)
+        self.assertEqual(types["DROPOUT_THRESHOLD"], "u32")
+        self.assertEqual(types["PHILOX_SEED"], "*i64")
+        self.assertEqual(types["CU_SEQLENS_Q"], "*i32")
 
     def test_image_and_manifest(self):
         with open(os.path.join(self.arch_dir(), ONLY + ".cubin"), "rb") as f:
@@ -117,14 +124,17 @@ class CompileDriverTest(unittest.TestCase):
             "cc = triton.compile(ASTSource(fn=fn, signature=s.signature, constexprs=s.constexprs, attrs=s.attrs),"
             " target=t, options=o.__dict__)\n"
             "print(cc.asm['ptx'])\n"
-        ) % (_paths.PYTHON_DIR, os.path.join(self.tmp, "home"), "attn_fwd-fp16-hd128-win1-m128n64w4s2-aligned")
+        ) % (_paths.PYTHON_DIR, os.path.join(self.tmp, "home"), "attn_fwd-fp16-tf0-hd128-drop0-bias0-m128n64w4s2-aligned")
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         ptx = subprocess.run([sys.executable, "-B", "-c", code], capture_output=True, text=True, check=True,
                              env=env).stdout
         lines = [ln for ln in ptx.splitlines() if "ld.global" in ln or re.search(r"cp\.async\.c[ag]\.", ln)]
         self.assertTrue(lines)
         narrow = [ln for ln in lines if not ("ld.global.v4" in ln or ("cp.async" in ln and "0x10" in ln))]
-        self.assertEqual(narrow, [], "Q/K/V accesses narrower than 16 bytes")
+        # The only scalar loads: CU_SEQLENS_Q[b], [b+1], CU_SEQLENS_K[b], [b+1] (varlen sequence bounds).
+        scalar = [ln for ln in narrow if re.fullmatch(r"\s*ld\.global\.b32 \{ %r\d+ \}, \[ %rd\d+ \+ 0 \];", ln)]
+        self.assertLessEqual(len(scalar), 4, scalar)
+        self.assertEqual([ln for ln in narrow if ln not in scalar], [], "Q/K/V accesses narrower than 16 bytes")
 
     def test_unknown_arch(self):
         with self.assertRaises(rules.UnknownArchError):

@@ -1,15 +1,17 @@
 """attn_fwd and the backward kernels under the Triton interpreter (TRITON_INTERPRET=1), numpy only, no GPU.
 
-Only fp16 is tested here: bf16 ``tl.dot`` is wrong in the Triton interpreter
-(an upstream limitation, the interpreter has no bf16 matmul), so bf16 is
-covered by the GPU tests.
+fp16 and fp32 are tested here: bf16 ``tl.dot`` is wrong in the Triton
+interpreter (an upstream limitation, the interpreter has no bf16 matmul), so
+bf16 is covered by the GPU tests.  The interpreter ignores ``input_precision``
+(fp32 dots are plain fp32 matmuls), so TF32 is a GPU-test matter too.
 
 Error bounds: ``max|out - ref64| <= k * max|naive - ref64| + floor`` where
-``ref64`` is float64 numpy, ``naive`` the same math in fp16 numpy with fp32
-accumulation (P, dS and every product rounded to fp16), ``k = 3`` for O and
-``k = 5`` for the gradients, and ``floor = 1e-3 * max(1, max|ref64|)`` (the
-floor scales with the tensor's magnitude: gradients of unit-variance inputs
-reach magnitudes of 10 and more, where one fp16 ulp alone exceeds 1e-3).
+``ref64`` is float64 numpy, ``naive`` the same math in the input dtype with
+fp32 accumulation (P, dS and every product rounded to the input dtype), ``k = 3``
+for O and ``k = 5`` for the gradients (and dBias), and
+``floor = tol * max(1, max|ref64|)`` with ``tol`` 1e-3 for fp16, 1e-5 for fp32.
+Dropout references use the numpy Philox model of the documented counter layout
+(``philox_model.py``).
 """
 import os
 
@@ -23,11 +25,13 @@ import numpy as np  # noqa: E402
 import _paths  # noqa: E402,F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from kernels.flash.bwd_dbias import attn_bwd_dbias  # noqa: E402
 from kernels.flash.bwd_dkdv import attn_bwd_dkdv  # noqa: E402
 from kernels.flash.bwd_dq import attn_bwd_dq  # noqa: E402
 from kernels.flash.bwd_preprocess import attn_bwd_preprocess  # noqa: E402
 from kernels.flash.fwd import attn_fwd  # noqa: E402
 from kernels.flash.mask import key_block_bounds, query_block_bounds  # noqa: E402
+from philox_model import keep_mask, threshold  # noqa: E402
 
 
 def _quiet_interpreter():
@@ -119,30 +123,27 @@ class NpTensor:
 
 
 class Mask:
-    """A mask as the runtime encodes it: ``windowed`` + (left, right, diag offset)."""
+    """A mask as the runtime encodes it: (WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT); no mask = N_CTX_Q + N_CTX_K."""
 
     def __init__(self, kind="none", left=UNBOUNDED, right=UNBOUNDED, align="tl"):
         self.kind, self.left, self.right, self.align = kind, left, right, align
         if kind == "causal":
             self.left, self.right = UNBOUNDED, 0
 
-    @property
-    def windowed(self):
-        return self.kind != "none"
-
-    def args(self, sq, sk):
-        """``(WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET)``."""
-        diag = sk - sq if self.align == "br" else 0
-        return self.left, self.right, diag
+    def args(self, n_ctx_q, n_ctx_k):
+        """``(WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT)`` for a launch with these (max) lengths."""
+        if self.kind == "none":
+            return n_ctx_q + n_ctx_k, n_ctx_q + n_ctx_k, 0
+        return self.left, self.right, int(self.align == "br")
 
     def visible(self, sq, sk):
-        """``[sq, sk]`` bool."""
+        """``[sq, sk]`` bool for one sequence of these lengths."""
         i = np.arange(sq)[:, None]
         j = np.arange(sk)[None, :]
-        if not self.windowed:
+        if self.kind == "none":
             return np.ones((sq, sk), bool)
-        left, right, diag = self.args(sq, sk)
-        return (j >= i + diag - left) & (j <= i + diag + right)
+        diag = sk - sq if self.align == "br" else 0
+        return (j >= i + diag - self.left) & (j <= i + diag + self.right)
 
     def __repr__(self):
         if self.kind == "none":
@@ -152,142 +153,271 @@ class Mask:
         return f"window({self.left},{self.right})-{self.align}"
 
 
+class Dropout:
+    """Dropout arguments: drop probability, seed, ``*PHILOX_OFFSET`` and ``philox_offset_base``."""
+
+    def __init__(self, p, seed=1234, offset=5, base=7):
+        self.p, self.seed, self.offset, self.base = p, seed, offset, base
+        self.seed_t = NpTensor(np.array([seed], np.int64))
+        self.offset_t = NpTensor(np.array([offset], np.int64))
+
+    @property
+    def scale(self):
+        return 1.0 / (1.0 - self.p)
+
+    def args(self):
+        return (threshold(self.p), self.scale, self.seed_t, self.offset_t, self.base)
+
+    def keep(self, B, Hq, n_ctx_q, n_ctx_k):
+        return keep_mask(B, Hq, n_ctx_q, n_ctx_k, self.seed, self.offset + self.base, self.p)
+
+    def __repr__(self):
+        return f"dropout(p={self.p})"
+
+
+_DUMMY = {}
+
+
+def dummy(dtype=np.float32):
+    """A small valid buffer for an unused pointer argument (the runtime passes null)."""
+    if dtype not in _DUMMY:
+        _DUMMY[dtype] = NpTensor(np.zeros(16, dtype))
+    return _DUMMY[dtype]
+
+
+NO_DROPOUT = (0, 1.0, None, None, 0)
+
+
 def _expand(x, group):
     """K/V ``[B, Hk, S, D]`` -> ``[B, Hk * group, S, D]`` (query head h reads K/V head h // group)."""
     return np.repeat(x, group, axis=1)
 
 
-def _mm(a, b, naive):
-    """Matrix product: float64, or fp16 inputs with fp32 accumulation rounded to fp16."""
+def _mm(a, b, dt, naive):
+    """Matrix product: float64, or ``dt`` inputs with fp32 accumulation rounded to ``dt``."""
     if naive:
-        return (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+        return (a.astype(np.float32) @ b.astype(np.float32)).astype(dt)
     return a @ b
 
 
-def reference(q, k, v, do, mask, sm_scale, naive=False):
-    """Forward and backward; ``naive``: fp16 math with fp32 accumulation, else float64.
+def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naive=False):
+    """Forward and backward of one (non-packed) batch ``[B, H, S, D]``; ``vis`` ``[Sq, Sk]`` bool,
+    ``bias`` broadcastable to ``[B, Hq, Sq, Sk]``, ``keep`` ``[B, Hq, Sq, Sk]`` bool (dropout).
+    ``naive``: input-dtype math with fp32 accumulation, else float64.
 
-    Returns ``o, lse, dq, dk, dv`` (float64 arrays; dk/dv summed over each GQA group).
+    Returns ``o, lse, dq, dk, dv, ds`` (float64; dk/dv summed over each GQA group; ds = dBias unreduced).
     """
-    dt = np.float16 if naive else np.float64
+    dt = q.dtype.type if naive else np.float64
     group = q.shape[1] // k.shape[1]
     q, do = q.astype(dt), do.astype(dt)
     ke, ve = _expand(k, group).astype(dt), _expand(v, group).astype(dt)
     sq, sk = q.shape[2], k.shape[2]
-    vis = mask.visible(sq, sk)
-    s = (_mm(q, ke.swapaxes(-1, -2), naive) * dt(sm_scale)).astype(dt)
+    s = (_mm(q, ke.swapaxes(-1, -2), dt, naive) * dt(sm_scale)).astype(dt)
+    if bias is not None:
+        s = (s + bias.astype(dt)).astype(dt)
     s = np.where(vis, s, -np.inf).astype(dt)
-    has_key = vis.any(-1)[:, None]
-    m = np.where(has_key, s.max(-1, keepdims=True), 0).astype(dt)
+    has_key = np.broadcast_to(vis.any(-1)[:, None], s.shape[:-1] + (1,))
+    m = np.where(has_key, s.max(-1, keepdims=True, initial=-np.inf), 0).astype(dt)
     e = np.where(vis, np.exp(s - m), 0).astype(dt)
-    l_sum = e.sum(-1, keepdims=True, dtype=np.float64 if not naive else np.float32)
+    l_sum = e.sum(-1, keepdims=True, dtype=np.float32 if naive else np.float64)
     p = np.where(has_key, e / np.where(has_key, l_sum, 1).astype(dt), 0).astype(dt)
-    o = _mm(p, ve, naive)
     lse = np.where(has_key, m.astype(np.float64) + np.log(np.where(has_key, l_sum, 1).astype(np.float64)),
                    np.inf)[..., 0]
-    dv = _mm(p.swapaxes(-1, -2), do, naive)
-    dp = _mm(do, ve.swapaxes(-1, -2), naive)
+    pd = p if keep is None else np.where(keep, p * dt(dscale), 0).astype(dt)
+    o = _mm(pd, ve, dt, naive)
+    dv = _mm(pd.swapaxes(-1, -2), do, dt, naive)
+    dp = _mm(do, ve.swapaxes(-1, -2), dt, naive)
+    if keep is not None:
+        dp = np.where(keep, dp * dt(dscale), 0).astype(dt)
     delta = (do.astype(np.float64) * o.astype(np.float64)).sum(-1, keepdims=True).astype(dt)
     ds = (p * (dp - delta)).astype(dt)
-    dq = (_mm(ds, ke, naive) * dt(sm_scale)).astype(dt)
-    dk = (_mm(ds.swapaxes(-1, -2), q, naive) * dt(sm_scale)).astype(dt)
+    dq = (_mm(ds, ke, dt, naive) * dt(sm_scale)).astype(dt)
+    dk = (_mm(ds.swapaxes(-1, -2), q, dt, naive) * dt(sm_scale)).astype(dt)
     B, Hk = k.shape[:2]
-    dk = dk.astype(np.float64).reshape(B, Hk, group, sk, -1).sum(2)
-    dv = dv.astype(np.float64).reshape(B, Hk, group, sk, -1).sum(2)
-    return [x.astype(np.float64) for x in (o, lse, dq, dk, dv)]
+    D = q.shape[-1]
+    dk = dk.astype(np.float64).reshape(B, Hk, group, sk, D).sum(2)
+    dv = dv.astype(np.float64).reshape(B, Hk, group, sk, D).sum(2)
+    return [x.astype(np.float64) for x in (o, lse, dq, dk, dv, ds)]
 
 
 def _strides(*tensors, n=3):
     return [s for t in tensors for s in t.stride()[:n]]
 
 
-def run_fwd(q, k, v, mask, sm_scale, block_m, block_n, store_lse=1):
-    """Launch attn_fwd on ``[B, H, S, D]`` views; O and LSE are NaN-poisoned first."""
-    B, Hq, Sq, D = q.shape
-    Hk, Sk = k.shape[1], k.shape[2]
-    o = np.full(q.shape, np.nan, np.float16)
-    lse = np.full((B, Hq, Sq), np.nan, np.float32)
-    tq, tk, tv, to, tlse = (NpTensor(x) for x in (q, k, v, o, lse))
-    grid = (triton.cdiv(Sq, block_m), Hq, B)
-    attn_fwd[grid](tq, tk, tv, to, tlse, sm_scale, *_strides(tq, tk, tv, to), *_strides(tlse, n=2),
-                   Sq, Sk, D, Hq // Hk, *mask.args(Sq, Sk), store_lse,
-                   HEAD_DIM=bucket(D), BLOCK_M=block_m, BLOCK_N=block_n, WINDOWED=mask.windowed)
-    return o, lse
+class Launch:
+    """One problem in the kernels' terms: ``[B?, H, S, D]`` views (packed when varlen), lengths, groups."""
+
+    def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None):
+        self.q, self.k, self.v = q, k, v
+        self.dtype = q.dtype
+        self.mask, self.sm_scale, self.dropout = mask, sm_scale, dropout
+        self.varlen = cu_q is not None
+        if self.varlen:
+            self.B = len(cu_q) - 1
+            self.sq = np.diff(cu_q)
+            self.sk = np.diff(cu_k)
+            self.n_ctx_q, self.n_ctx_k = int(self.sq.max()), int(self.sk.max())
+            self.cu = (NpTensor(np.asarray(cu_q, np.int32)), NpTensor(np.asarray(cu_k, np.int32)))
+        else:
+            self.B = q.shape[0]
+            self.n_ctx_q, self.n_ctx_k = q.shape[2], k.shape[2]
+            self.cu = (dummy(np.int32), dummy(np.int32))
+        self.Hq, self.Hk, self.D = q.shape[1], k.shape[1], q.shape[3]
+        self.bias = bias
+        self.tbias = NpTensor(bias) if bias is not None else dummy(self.dtype)
+
+    def st(self, *tensors):
+        """z/h/row strides; a packed (varlen) batch has batch stride 0, as the runtime passes it."""
+        out = _strides(*tensors)
+        if self.varlen:
+            out[0::3] = [0] * len(tensors)
+        return out
+
+    def attention_args(self):
+        return (self.n_ctx_q, self.n_ctx_k, self.D, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
+                int(self.varlen), *self.cu)
+
+    def dropout_args(self):
+        return self.dropout.args() if self.dropout else (0, 1.0, dummy(np.int64), dummy(np.int64), 0)
+
+    def bias_strides(self):
+        return _strides(self.tbias) if self.bias is not None else [0, 0, 0]
+
+    def constexprs(self, **blocks):
+        return dict(HEAD_DIM=bucket(self.D), DROPOUT=self.dropout is not None, ALLOW_TF32=False, **blocks)
+
+    def lse_shape(self):
+        return (1, self.Hq, self.q.shape[2]) if self.varlen else (self.B, self.Hq, self.n_ctx_q)
+
+    def lse_strides(self, t):
+        s = t.stride()[:2]
+        return (0, s[1]) if self.varlen else s
+
+    def fwd(self, block_m, block_n, store_lse=1, store_philox=0):
+        o = np.full(self.q.shape, np.nan, self.dtype)
+        lse = np.full(self.lse_shape(), np.nan, np.float32)
+        self.philox_out = (np.full(1, -1, np.int64), np.full(1, -1, np.int64))
+        tq, tk, tv, to, tlse = (NpTensor(x) for x in (self.q, self.k, self.v, o, lse))
+        grid = (triton.cdiv(self.n_ctx_q, block_m), self.Hq, self.B)
+        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.sm_scale, *self.st(tq, tk, tv, to),
+                       *self.lse_strides(tlse), *self.bias_strides(), store_lse,
+                       *self.attention_args(), *self.dropout_args(),
+                       NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox,
+                       HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+        return o, lse
+
+    def bwd(self, o, lse, do, blocks_dkdv, blocks_dq, block_pre=16):
+        """preprocess + dkdv + dq; DELTA, DQ, DK, DV are NaN-poisoned first."""
+        delta = np.full(self.lse_shape(), np.nan, np.float32)
+        dq = np.full(self.q.shape, np.nan, self.dtype)
+        dk = np.full(self.k.shape, np.nan, self.dtype)
+        dv = np.full(self.v.shape, np.nan, self.dtype)
+        tq, tk, tv, to, tlse, tdo, tdelta, tdq, tdk, tdv = (
+            NpTensor(x) for x in (self.q, self.k, self.v, o, lse, do, delta, dq, dk, dv))
+        hd = bucket(self.D)
+        attn_bwd_preprocess[(triton.cdiv(self.n_ctx_q, block_pre), self.Hq, self.B)](
+            to, tdo, tdelta, *self.st(to, tdo), *self.lse_strides(tdelta), self.n_ctx_q, self.D,
+            int(self.varlen), self.cu[0], HEAD_DIM=hd, BLOCK_M=block_pre)
+        common = (*self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta))
+        tail = (*self.attention_args(), *self.dropout_args())
+        bm, bn = blocks_dkdv
+        attn_bwd_dkdv[(triton.cdiv(self.n_ctx_k, bn), self.Hk, self.B)](
+            tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.sm_scale, *common, *self.st(tdk, tdv),
+            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=bm, BLOCK_N=bn))
+        bm, bn = blocks_dq
+        attn_bwd_dq[(triton.cdiv(self.n_ctx_q, bm), self.Hq, self.B)](
+            tq, tk, tv, tdo, tlse, tdelta, tdq, self.tbias, self.sm_scale, *common, *self.st(tdq),
+            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=bm, BLOCK_N=bn))
+        return delta, dq, dk, dv
+
+    def dbias(self, o, lse, do, delta, dbias_shape, block_m, block_n):
+        """attn_bwd_dbias into a NaN-poisoned ``dbias_shape`` = (Bb, Hb, Sqb, N_CTX_K) output."""
+        db = np.full(dbias_shape, np.nan, self.dtype)
+        tq, tk, tv, tlse, tdo, tdelta, tdb = (NpTensor(x) for x in (self.q, self.k, self.v, lse, do, delta, db))
+        Bb, Hb, Sqb, _ = dbias_shape
+        grid = (1 if Sqb == 1 else triton.cdiv(self.n_ctx_q, block_m), triton.cdiv(self.n_ctx_k, block_n), Bb * Hb)
+        attn_bwd_dbias[grid](
+            tq, tk, tv, tdo, tlse, tdelta, self.tbias, tdb, self.sm_scale,
+            *self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta),
+            *self.bias_strides(), *_strides(tdb), self.B, Bb, Hb, Sqb, self.Hq,
+            *self.attention_args(), *self.dropout_args(), **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+        return db
 
 
-def run_bwd(q, k, v, o, lse, do, mask, sm_scale, blocks_dkdv, blocks_dq, block_pre=16):
-    """preprocess + dkdv + dq; DELTA, DQ, DK, DV are NaN-poisoned first."""
-    B, Hq, Sq, D = q.shape
-    Hk, Sk = k.shape[1], k.shape[2]
-    hd = bucket(D)
-    delta = np.full((B, Hq, Sq), np.nan, np.float32)
-    dq = np.full(q.shape, np.nan, np.float16)
-    dk = np.full(k.shape, np.nan, np.float16)
-    dv = np.full(v.shape, np.nan, np.float16)
-    tq, tk, tv, to, tlse, tdo, tdelta, tdq, tdk, tdv = (NpTensor(x) for x in (q, k, v, o, lse, do, delta, dq, dk, dv))
-    attn_bwd_preprocess[(triton.cdiv(Sq, block_pre), Hq, B)](
-        to, tdo, tdelta, *_strides(to, tdo), *_strides(tdelta, n=2), Sq, D, HEAD_DIM=hd, BLOCK_M=block_pre)
-    common = (*_strides(tq, tk, tv, tdo), *_strides(tlse, tdelta, n=2))
-    window = (Sq, Sk, D, Hq // Hk, *mask.args(Sq, Sk))
-    bm, bn = blocks_dkdv
-    attn_bwd_dkdv[(triton.cdiv(Sk, bn), Hk, B)](
-        tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, sm_scale, *common, *_strides(tdk, tdv), *window,
-        HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, WINDOWED=mask.windowed)
-    bm, bn = blocks_dq
-    attn_bwd_dq[(triton.cdiv(Sq, bm), Hq, B)](
-        tq, tk, tv, tdo, tlse, tdelta, tdq, sm_scale, *common, *_strides(tdq), *window,
-        HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, WINDOWED=mask.windowed)
-    return delta, dq, dk, dv
-
-
-def _rand(rng, shape, bshd):
+def _rand(rng, shape, bshd, dtype=np.float16):
     if bshd:  # B x S x H x D memory viewed as B x H x S x D (non-contiguous head/seq strides)
         B, H, S, D = shape
-        return rng.standard_normal((B, S, H, D)).astype(np.float16).transpose(0, 2, 1, 3)
-    return rng.standard_normal(shape).astype(np.float16)
+        return rng.standard_normal((B, S, H, D)).astype(dtype).transpose(0, 2, 1, 3)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_bias(rng, B, Hq, Sq, Sk, dtype, broadcast=""):
+    """Bias ``[B, Hq, Sq, Sk]`` view with stride 0 in the dimensions named by ``broadcast`` ("b", "h", "m")."""
+    shape = (1 if "b" in broadcast else B, 1 if "h" in broadcast else Hq, 1 if "m" in broadcast else Sq, Sk)
+    storage = rng.standard_normal(shape).astype(dtype)
+    return storage, np.broadcast_to(storage, (B, Hq, Sq, Sk))
 
 
 class AttnInterpreterTest(unittest.TestCase):
-    def assert_close(self, name, out, ref, naive, k, what):
+    def assert_close(self, name, out, ref, naive, k, what, tol=1e-3):
         self.assertFalse(np.isnan(out).any(), f"{name} not fully written / NaN: {what}")
-        err = np.abs(out.astype(np.float64) - ref).max()
-        naive_err = np.abs(naive - ref).max()
-        floor = 1e-3 * max(1.0, np.abs(ref).max())
+        err = np.abs(out.astype(np.float64) - ref).max(initial=0)
+        naive_err = np.abs(naive - ref).max(initial=0)
+        floor = tol * max(1.0, np.abs(ref).max(initial=0))
         self.assertLessEqual(err, k * naive_err + floor,
-                             f"{name} error {err:.3e} vs naive fp16 {naive_err:.3e} (floor {floor:.1e}): {what}")
+                             f"{name} error {err:.3e} vs naive {naive_err:.3e} (floor {floor:.1e}): {what}")
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
-              backward=True, bshd=False, seed=0):
+              backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
+              dbias_blocks=(16, 32)):
+        """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations)."""
         rng = np.random.default_rng(seed)
-        q = _rand(rng, (B, Hq, Sq, D), bshd)
-        k = _rand(rng, (B, Hk, Sk, D), bshd)
-        v = _rand(rng, (B, Hk, Sk, D), bshd)
-        do = _rand(rng, (B, Hq, Sq, D), bshd)
+        tol = 1e-3 if dtype == np.float16 else 1e-5
+        q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
+        k = _rand(rng, (B, Hk, Sk, D), bshd, dtype)
+        v = _rand(rng, (B, Hk, Sk, D), bshd, dtype)
+        do = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
+        bias_storage = bias_view = None
+        if bias is not None:
+            bias_storage, bias_view = make_bias(rng, B, Hq, Sq, Sk, dtype, bias)
         sm_scale = 1.0 / np.sqrt(D)
-        what = (f"B{B} Hq{Hq} Hk{Hk} Sq{Sq} Sk{Sk} D{D} (bucket {bucket(D)}) {mask} fwd{fwd_blocks} "
-                f"dkdv{dkdv_blocks} dq{dq_blocks} bshd={bshd}")
-        ref = reference(q, k, v, do, mask, sm_scale)
-        naive = reference(q, k, v, do, mask, sm_scale, naive=True)
-        o, lse = run_fwd(q, k, v, mask, sm_scale, *fwd_blocks)
-        self.assert_close("O", o, ref[0], naive[0], 3, what)
+        what = (f"{np.dtype(dtype).name} B{B} Hq{Hq} Hk{Hk} Sq{Sq} Sk{Sk} D{D} (bucket {bucket(D)}) {mask} "
+                f"{dropout} bias={bias!r} fwd{fwd_blocks} dkdv{dkdv_blocks} dq{dq_blocks} bshd={bshd}")
+        vis = mask.visible(Sq, Sk)
+        keep = dropout.keep(B, Hq, Sq, Sk) if dropout else None
+        dscale = dropout.scale if dropout else 1.0
+        ref = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale)
+        naive = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, naive=True)
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout)
+        o, lse = run.fwd(*fwd_blocks, store_philox=1)
+        self.assert_close("O", o, ref[0], naive[0], 3, what, tol)
         self.assertFalse(np.isnan(lse).any(), f"LSE not fully written / NaN: {what}")
-        no_key = ~mask.visible(Sq, Sk).any(-1)
+        no_key = ~vis.any(-1)
         self.assertTrue(np.all(np.isposinf(lse[:, :, no_key])), f"LSE of rows without keys not +inf: {what}")
         self.assertTrue(np.all(o[:, :, no_key] == 0), f"O of rows without keys not 0: {what}")
-        fin = ~no_key
-        lse_err = np.abs(lse[:, :, fin].astype(np.float64) - ref[1][:, :, fin]).max(initial=0)
+        fin = np.isfinite(ref[1])
+        lse_err = np.abs(lse[fin].astype(np.float64) - ref[1][fin]).max(initial=0)
         self.assertLessEqual(lse_err, 1e-3, f"LSE error {lse_err:.3e}: {what}")
+        if dropout:
+            self.assertEqual((int(run.philox_out[0][0]), int(run.philox_out[1][0])),
+                             (dropout.seed, dropout.offset + dropout.base), what)
         if not backward:
             return
         if bshd:
             o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        delta, dq, dk, dv = run_bwd(q, k, v, o, lse, do, mask, sm_scale, dkdv_blocks, dq_blocks)
+        delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
         ref_delta = (do.astype(np.float64) * o.astype(np.float64)).sum(-1)
         self.assertLessEqual(np.abs(delta - ref_delta).max(), 1e-3 * max(1.0, np.abs(ref_delta).max()), what)
         self.assertTrue(np.all(dq[:, :, no_key] == 0), f"dQ of rows without keys not 0: {what}")
         for name, out, r, n in (("dQ", dq, ref[2], naive[2]), ("dK", dk, ref[3], naive[3]),
                                 ("dV", dv, ref[4], naive[4])):
-            self.assert_close(name, out, r, n, 5, what)
+            self.assert_close(name, out, r, n, 5, what, tol)
+        if bias is not None:
+            axes = tuple(a for a, c in zip((0, 1, 2), "bhm") if c in bias)
+            db = run.dbias(o, lse, do, delta, bias_storage.shape, *dbias_blocks)
+            ref_db = ref[5].sum(axis=axes, keepdims=True)
+            naive_db = naive[5].astype(np.float64).sum(axis=axes, keepdims=True)
+            self.assert_close("dBias", db, ref_db, naive_db, 5, what, tol)
 
     # -- head dims (buckets 16, 32, 64 and a power of two), GQA / MQA, masks ---------------------
 
@@ -346,11 +476,127 @@ class AttnInterpreterTest(unittest.TestCase):
     def test_store_lse_off(self):
         rng = np.random.default_rng(1)
         q, k, v = (rng.standard_normal((1, 2, 13, 16)).astype(np.float16) for _ in range(3))
-        o, lse = run_fwd(q, k, v, Mask("causal"), 0.25, 16, 16, store_lse=0)
+        run = Launch(q, k, v, Mask("causal"), 0.25)
+        o, lse = run.fwd(16, 16, store_lse=0)
         self.assertTrue(np.isnan(lse).all(), "STORE_LSE=0 wrote LSE")
         self.assertFalse(np.isnan(o).any())
-        o1, _ = run_fwd(q, k, v, Mask("causal"), 0.25, 16, 16, store_lse=1)
+        o1, _ = run.fwd(16, 16, store_lse=1)
         np.testing.assert_array_equal(o, o1)
+
+    # -- fp32 (IEEE) ----------------------------------------------------------------------------------
+
+    def test_fp32(self):
+        self.check(1, 2, 1, 37, 29, 24, Mask("causal", align="br"), dtype=np.float32)
+        self.check(2, 2, 2, 17, 40, 16, Mask(), dtype=np.float32, fwd_blocks=(16, 16), dq_blocks=(16, 16))
+
+    # -- dropout ----------------------------------------------------------------------------------------
+
+    def test_dropout(self):
+        cases = [
+            dict(args=(2, 2, 1, 37, 29, 16, Mask()), dropout=Dropout(0.3)),             # Sk not a multiple of 4
+            dict(args=(1, 4, 2, 31, 45, 24, Mask("causal", align="br")), dropout=Dropout(0.5, seed=-77,
+                                                                                         offset=2**33, base=3)),
+            dict(args=(1, 2, 2, 33, 33, 16, Mask("window", 5, 3)), dropout=Dropout(0.2), dtype=np.float32),
+            dict(args=(1, 2, 1, 20, 20, 16, Mask()), dropout=Dropout(0.0)),              # p = 0 keeps all
+        ]
+        for c in cases:
+            with self.subTest(case=c):
+                self.check(*c["args"], dropout=c["dropout"], dtype=c.get("dtype", np.float16))
+
+    def test_dropout_p0_matches_no_dropout(self):
+        rng = np.random.default_rng(3)
+        q, k, v = (rng.standard_normal((1, 2, 21, 16)).astype(np.float32) for _ in range(3))
+        o0, lse0 = Launch(q, k, v, Mask(), 0.25).fwd(16, 16)
+        o1, lse1 = Launch(q, k, v, Mask(), 0.25, dropout=Dropout(0.0)).fwd(16, 16)
+        np.testing.assert_array_equal(o0, o1)
+        np.testing.assert_array_equal(lse0, lse1)
+
+    # -- bias and dBias -----------------------------------------------------------------------------
+
+    def test_bias(self):
+        cases = [
+            dict(args=(2, 2, 1, 23, 37, 16, Mask()), bias=""),                          # full
+            dict(args=(2, 3, 3, 29, 19, 16, Mask("causal", align="br")), bias="b"),     # over batch
+            dict(args=(2, 4, 2, 19, 29, 8, Mask("causal")), bias="h"),                  # over heads, GQA
+            dict(args=(2, 2, 2, 37, 23, 16, Mask("window", 4, 9)), bias="m"),           # over rows
+            dict(args=(3, 2, 1, 21, 21, 16, Mask()), bias="bhm"),                       # a single row
+            dict(args=(2, 2, 2, 25, 33, 16, Mask("causal")), bias="bh", dropout=Dropout(0.25)),
+            dict(args=(2, 2, 1, 19, 27, 16, Mask("causal", align="br")), bias="", dtype=np.float32,
+                 dropout=Dropout(0.4)),
+            dict(args=(1, 2, 2, 33, 30, 16, Mask()), bias="m", dtype=np.float32),
+        ]
+        for c in cases:
+            with self.subTest(case={k: v for k, v in c.items()}):
+                self.check(*c["args"], bias=c["bias"], dropout=c.get("dropout"), dtype=c.get("dtype", np.float16))
+
+    # -- varlen -------------------------------------------------------------------------------------------
+
+    def check_varlen(self, lens_q, lens_k, Hq, Hk, D, mask, dtype=np.float16, dropout=None, bias=None, seed=0,
+                     fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16)):
+        rng = np.random.default_rng(seed)
+        tol = 1e-3 if dtype == np.float16 else 1e-5
+        cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+        cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+        B, tq, tk = len(lens_q), int(cu_q[-1]), int(cu_k[-1])
+        nq, nk = max(lens_q), max(lens_k)
+        # Packed [total, H, D] viewed as [1, H, total, D] (batch stride irrelevant, the runtime passes 0).
+        q = rng.standard_normal((tq, Hq, D)).astype(dtype).transpose(1, 0, 2)[None]
+        k = rng.standard_normal((tk, Hk, D)).astype(dtype).transpose(1, 0, 2)[None]
+        v = rng.standard_normal((tk, Hk, D)).astype(dtype).transpose(1, 0, 2)[None]
+        do = rng.standard_normal((tq, Hq, D)).astype(dtype).transpose(1, 0, 2)[None]
+        bias_storage = bias_view = None
+        if bias is not None:
+            bias_storage, bias_view = make_bias(rng, B, Hq, nq, nk, dtype, bias)
+        keep = dropout.keep(B, Hq, nq, nk) if dropout else None
+        sm_scale = 1.0 / np.sqrt(D)
+        what = f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} {np.dtype(dtype).name}"
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k)
+        o, lse = run.fwd(*fwd_blocks)
+        delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
+        for name, arr in (("O", o), ("LSE", lse), ("DELTA", delta), ("dQ", dq), ("dK", dk), ("dV", dv)):
+            self.assertFalse(np.isnan(arr).any(), f"{name} not fully written / NaN: {what}")
+        ds_sum = np.zeros((B, Hq, nq, nk))
+        for b in range(B):
+            qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+            sq, sk = qe - qs, ke - ks
+            sub = lambda x, s, e: x[:, :, s:e]  # noqa: E731
+            args = (sub(q, qs, qe), sub(k, ks, ke), sub(v, ks, ke), sub(do, qs, qe), mask.visible(sq, sk), sm_scale,
+                    None if bias is None else bias_view[b:b + 1, :, :sq, :sk],
+                    None if keep is None else keep[b:b + 1, :, :sq, :sk], dropout.scale if dropout else 1.0)
+            ref, naive = reference(*args), reference(*args, naive=True)
+            w = f"{what} seq {b} (sq {sq}, sk {sk})"
+            self.assert_close("O", sub(o, qs, qe), ref[0], naive[0], 3, w, tol)
+            fin = np.isfinite(ref[1])
+            self.assertTrue(np.all(np.isposinf(sub(lse, qs, qe)[~fin])), f"LSE of rows without keys: {w}")
+            lse_err = np.abs(sub(lse, qs, qe)[fin] - ref[1][fin]).max(initial=0)
+            self.assertLessEqual(lse_err, 1e-3, f"LSE error {lse_err:.3e}: {w}")
+            for name, out, r, n in (("dQ", sub(dq, qs, qe), ref[2], naive[2]), ("dK", sub(dk, ks, ke), ref[3], naive[3]),
+                                    ("dV", sub(dv, ks, ke), ref[4], naive[4])):
+                self.assert_close(name, out, r, n, 5, w, tol)
+            if sk == 0:
+                self.assertTrue(np.all(sub(o, qs, qe) == 0) and np.all(sub(dq, qs, qe) == 0), w)
+            if sq == 0:
+                self.assertTrue(np.all(sub(dk, ks, ke) == 0) and np.all(sub(dv, ks, ke) == 0), w)
+            ds_sum[b, :, :sq, :sk] = ref[5][0]
+        if bias is not None:
+            axes = tuple(a for a, c in zip((0, 1, 2), "bhm") if c in bias)
+            db = run.dbias(o, lse, do, delta, bias_storage.shape, *dbias_blocks)
+            ref_db = ds_sum.sum(axis=axes, keepdims=True)
+            self.assertFalse(np.isnan(db).any(), f"dBias not fully written: {what}")
+            err = np.abs(db.astype(np.float64) - ref_db).max()
+            self.assertLessEqual(err, 20 * tol * max(1.0, np.abs(ref_db).max()), f"dBias error {err:.3e}: {what}")
+
+    def test_varlen(self):
+        self.check_varlen([5, 0, 17, 1, 33], [9, 4, 17, 1, 0], 2, 1, 16, Mask())
+        self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"))
+        self.check_varlen([0, 3], [0, 0], 1, 1, 16, Mask("causal"))                     # all-empty keys
+        self.check_varlen([19, 2, 0], [31, 0, 5], 2, 2, 16, Mask("window", 3, 6), dtype=np.float32)
+
+    def test_varlen_dropout_bias(self):
+        self.check_varlen([5, 0, 18, 1], [9, 3, 17, 6], 2, 1, 16, Mask("causal"), dropout=Dropout(0.3), bias="")
+        self.check_varlen([13, 6], [4, 21], 2, 2, 16, Mask(), dropout=Dropout(0.5, seed=99), bias="h",
+                          dtype=np.float32)
+        self.check_varlen([13, 0, 6], [17, 21, 0], 2, 2, 16, Mask("causal", align="br"), bias="bm")
 
 
 # -- loop bounds, checked exhaustively against the mask -------------------------------------------
@@ -361,10 +607,10 @@ def _bounds_probe(OUT, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
     pid = tl.program_id(0)
     if KEY_SIDE:
         start, full_lo, full_hi, end = query_block_bounds(pid, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                                                          DIAG_OFFSET, BLOCK_M, BLOCK_N, True)
+                                                          DIAG_OFFSET, BLOCK_M, BLOCK_N)
     else:
         start, full_lo, full_hi, end = key_block_bounds(pid, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                                                        DIAG_OFFSET, BLOCK_M, BLOCK_N, True)
+                                                        DIAG_OFFSET, BLOCK_M, BLOCK_N)
     tl.store(OUT + pid * 4 + 0, start)
     tl.store(OUT + pid * 4 + 1, full_lo)
     tl.store(OUT + pid * 4 + 2, full_hi)
@@ -410,6 +656,19 @@ class LoopBoundsTest(unittest.TestCase):
             bm, bn = (int(x) for x in rng.choice([16, 32, 64], 2))
             for key_side in (False, True):
                 self.check(sq, sk, left, right, diag, bm, bn, key_side)
+
+    def test_no_mask_window(self):
+        # No mask = left = right = Sq + Sk: every block but the sequence tail unmasked, nothing leading.
+        for sq, sk, bm, bn in ((70, 83, 16, 32), (13, 100, 32, 16), (64, 64, 16, 16), (1, 1, 16, 16)):
+            for align_br in (False, True):
+                diag = sk - sq if align_br else 0
+                self.check(sq, sk, sq + sk, sq + sk, diag, bm, bn, False)
+                self.check(sq, sk, sq + sk, sq + sk, diag, bm, bn, True)
+                out = np.zeros((triton.cdiv(sq, bm), 4), np.int32)
+                _bounds_probe[(out.shape[0],)](NpTensor(out), sq, sk, sq + sk, sq + sk, diag,
+                                               BLOCK_M=bm, BLOCK_N=bn, KEY_SIDE=False)
+                for start, full_lo, full_hi, end in out:
+                    self.assertEqual((start, full_lo, full_hi, end), (0, 0, sk // bn * bn, sk))
 
 
 if __name__ == "__main__":

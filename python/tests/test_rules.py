@@ -7,51 +7,75 @@ from unittest import mock
 import _paths  # noqa: F401
 import rules
 
+#: (dtype, tf32) pairs: fp16, bf16, fp32-ieee, fp32-tf32.
+_DT = 4
 FAMILY_COUNTS_SM90 = {
-    # dtype x head_dim x windowed x (2 aligned + 1 generic)
-    "attn_fwd": 2 * 5 * 2 * 3,
+    # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias 2 aligned + 1 generic,
+    # everything else 1 aligned + 1 generic
+    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5) * 2,
     # dtype x head_dim x (1 aligned + 1 generic)
-    "attn_bwd_preprocess": 2 * 5 * 2,
-    # dtype x head_dim x windowed x (1 aligned + 1 generic)
-    "attn_bwd_dkdv": 2 * 5 * 2 * 2,
-    "attn_bwd_dq": 2 * 5 * 2 * 2,
+    "attn_bwd_preprocess": 3 * 5 * 2,
+    # (dtype, tf32) x head_dim x dropout x bias x (1 aligned + 1 generic)
+    "attn_bwd_dkdv": _DT * 5 * 4 * 2,
+    "attn_bwd_dq": _DT * 5 * 4 * 2,
+    # (dtype, tf32) x head_dim x dropout x (1 aligned + 1 generic)
+    "attn_bwd_dbias": _DT * 5 * 2 * 2,
+    "debug_dropout_mask": 2,
 }
+FUNCTIONALS = {"attn_fwd": _DT * 5 * 4, "attn_bwd_preprocess": 3 * 5, "attn_bwd_dkdv": _DT * 5 * 4,
+               "attn_bwd_dq": _DT * 5 * 4, "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
+
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K"]
+DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
+ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"]
+BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
+               "stride_vz", "stride_vh", "stride_vn", "stride_doz", "stride_doh", "stride_dom",
+               "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah"]
+BIAS_STRIDES = ["stride_bz", "stride_bh", "stride_bm"]
 
 CONTRACT = {
     "attn_fwd": [
-        "Q", "K", "V", "O", "LSE", "sm_scale",
+        "Q", "K", "V", "O", "LSE", "BIAS", "sm_scale",
         "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
-        "stride_lz", "stride_lh",
-        "N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET", "STORE_LSE",
-        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"],
+        "stride_lz", "stride_lh", *BIAS_STRIDES,
+        "STORE_LSE", *ATTENTION_GROUP, *DROPOUT_GROUP, "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
+        *ATTN_CONSTEXPRS],
     "attn_bwd_preprocess": [
         "O", "DO", "DELTA",
         "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh", "stride_dom",
         "stride_deltaz", "stride_deltah",
-        "N_CTX_Q", "D_HEAD",
+        "N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q",
         "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_dkdv": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "sm_scale",
-        "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
-        "stride_vz", "stride_vh", "stride_vn", "stride_doz", "stride_doh", "stride_dom",
-        "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah",
-        "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn",
-        "N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET",
-        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"],
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", *BWD_STRIDES,
+        "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES,
+        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
     "attn_bwd_dq": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "sm_scale",
-        "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
-        "stride_vz", "stride_vh", "stride_vn", "stride_doz", "stride_doh", "stride_dom",
-        "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah",
-        "stride_dqz", "stride_dqh", "stride_dqm",
-        "N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "DIAG_OFFSET",
-        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"],
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", *BWD_STRIDES,
+        "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES,
+        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
+    "attn_bwd_dbias": [
+        "Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale", *BWD_STRIDES,
+        *BIAS_STRIDES, "stride_dbz", "stride_dbh", "stride_dbm",
+        "N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q",
+        *ATTENTION_GROUP, *DROPOUT_GROUP, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"],
+    "debug_dropout_mask": [
+        "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
+        "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
 }
-CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "WINDOWED"}
-DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
+CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"}
+DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
                "stride_dvn"}
+#: Non-default argument types (everything else not a pointer/stride is i32).
+SPECIAL_TYPES = {"sm_scale": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
+                 "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
+                 "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
+                 "LSE": "*fp32", "DELTA": "*fp32"}
+STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ", "dk": "DK", "dv": "DV", "b": "BIAS",
+                 "db": "DBIAS", "l": "LSE", "delta": "DELTA"}
 
 
 def _functional_key(spec):
@@ -68,25 +92,36 @@ class EnumerateKernelsTest(unittest.TestCase):
         ids = [s.id for s in specs]
         self.assertEqual(len(set(ids)), len(ids))
         self.assertEqual(ids, sorted(ids))
-        for example in ("attn_fwd-fp16-hd64-win0-m128n64w4s3-aligned",
-                        "attn_fwd-bf16-hd16-win1-m64n64w4s3-generic",
-                        "attn_bwd_preprocess-fp16-hd256-m32w4s1-aligned",
-                        "attn_bwd_dkdv-bf16-hd128-win1-m32n64w8s2-aligned",
-                        "attn_bwd_dq-fp16-hd32-win0-m64n64w4s3-generic"):
+        for example in ("attn_fwd-fp16-tf0-hd64-drop0-bias0-m128n64w4s3-aligned",
+                        "attn_fwd-bf16-tf0-hd16-drop0-bias0-m64n64w4s3-generic",
+                        "attn_fwd-fp32-tf1-hd128-drop1-bias1-m64n32w4s2-aligned",
+                        "attn_bwd_preprocess-fp32-hd256-m32w4s1-aligned",
+                        "attn_bwd_dkdv-bf16-tf0-hd128-drop1-bias0-m32n64w8s2-aligned",
+                        "attn_bwd_dq-fp16-tf0-hd32-drop0-bias1-m64n64w4s3-generic",
+                        "attn_bwd_dbias-fp32-tf0-hd64-drop1-m32n32w4s2-aligned",
+                        "debug_dropout_mask-fp32-m32n64w4s1-generic"):
             self.assertIn(example, ids)
 
     def test_families_and_axes(self):
         self.assertEqual([f.name for f in rules.FAMILIES],
-                         ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"])
+                         ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dbias",
+                          "debug_dropout_mask"])
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
         axes = {f.name: f.axes for f in rules.FAMILIES}
-        full = {"dtype": ["fp16", "bf16"], "head_dim": [16, 32, 64, 128, 256], "windowed": [False, True]}
+        full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
+                "dropout": [False, True], "bias": [False, True]}
         for name in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
-            self.assertEqual(list(axes[name]), ["dtype", "head_dim", "windowed"], name)
+            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias"], name)
             self.assertEqual(axes[name], full, name)
+        self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
+        self.assertEqual(axes["debug_dropout_mask"], {"dtype": ["fp32"]})
+        modules = {"attn_fwd": "fwd", "debug_dropout_mask": "debug_dropout"}
         for f in rules.FAMILIES:
-            self.assertEqual(f.module, f"kernels/flash/{ {'attn_fwd': 'fwd'}.get(f.name, f.name[5:]) }.py")
+            self.assertEqual(f.module, f"kernels/flash/{modules.get(f.name, f.name[5:])}.py")
+        for f in rules.FAMILIES:
+            for fn in rules.functionals(f):
+                self.assertFalse(fn.get("tf32") and fn["dtype"] != "fp32", fn)  # tf32 only for fp32
 
     def test_every_arch(self):
         for arch in rules.TARGETS:
@@ -101,15 +136,17 @@ class EnumerateKernelsTest(unittest.TestCase):
         for arch in rules.TARGETS:
             specs = rules.enumerate_kernels(arch)
             keys = {_functional_key(s) for s in specs}
-            self.assertEqual(len(keys), 20 + 10 + 20 + 20)
+            self.assertEqual(len(keys), sum(FUNCTIONALS.values()))
             for key in keys:
                 mine = [s for s in specs if _functional_key(s) == key]
                 generic = [s for s in mine if s.variant == "generic"]
                 aligned = [s for s in mine if s.variant == "aligned"]
                 self.assertEqual(len(generic), 1, key)
-                self.assertEqual(len(aligned), 2 if key[0] == "attn_fwd" else 1, key)
+                fn = dict(key[1])
+                two = key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
+                self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
-                if key[0] == "attn_fwd":  # largest BLOCK_M first
+                if two:  # largest BLOCK_M first
                     cfgs = rules.family(key[0]).configs(arch, dict(key[1]))
                     self.assertGreater(cfgs[0]["BLOCK_M"], cfgs[1]["BLOCK_M"])
 
@@ -120,14 +157,17 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertEqual(s.attrs, {})
                 continue
             for name, d in s.divisibility.items():
+                tensor = STRIDE_TENSOR.get(name[len("stride_"):-1]) if name.startswith("stride_") else None
+                if tensor == "O" and s.family == "debug_dropout_mask":
+                    tensor = "OUT"
                 if s.signature[name].startswith("*"):
-                    want = 16                                  # pointers, LSE and DELTA included
-                elif name.startswith("stride_") and name.rstrip("zhmn").replace("stride_", "").upper() in DATA_TENSORS:
-                    want = 8                                   # 16 bytes of fp16 / bf16
+                    want = 16                                  # every pointer (LSE, DELTA, BIAS, CU_SEQLENS, PHILOX)
+                elif tensor in DATA_TENSORS:
+                    want = 4 if s.functional["dtype"] == "fp32" else 8   # 16 bytes
                 elif name == "D_HEAD":
                     want = 8
                 else:
-                    want = 1                                   # LSE/DELTA strides, seqlens, window, ...
+                    want = 1                                   # LSE/DELTA strides, seqlens, window, dropout
                 self.assertEqual(d, want, f"{s.id}: {name}")
             self.assertEqual(len(s.attrs), sum(d != 1 for d in s.divisibility.values()))
 
@@ -145,17 +185,19 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertEqual(list(s.signature), names)
                     self.assertEqual([a["name"] for a in s.args], [n for n in names if n not in CONSTEXPRS])
                     self.assertEqual(list(s.constexprs), [n for n in names if n in CONSTEXPRS])
-                    self.assertEqual(s.constexprs["HEAD_DIM"], s.functional["head_dim"])
-                    if "WINDOWED" in s.constexprs:
-                        self.assertIs(s.constexprs["WINDOWED"], s.functional["windowed"])
+                    if "HEAD_DIM" in s.constexprs:
+                        self.assertEqual(s.constexprs["HEAD_DIM"], s.functional["head_dim"])
+                    if "DROPOUT" in s.constexprs:
+                        self.assertIs(s.constexprs["DROPOUT"], s.functional["dropout"])
+                        self.assertIs(s.constexprs["ALLOW_TF32"], s.functional["tf32"])
+                    if "HAS_BIAS" in s.constexprs:
+                        self.assertIs(s.constexprs["HAS_BIAS"], s.functional["bias"])
                     for a in s.args:
                         n, t = a["name"], a["type"]
                         if n in DATA_TENSORS:
                             want = "*" + s.functional["dtype"]
-                        elif n in ("LSE", "DELTA"):
-                            want = "*fp32"
-                        elif n == "sm_scale":
-                            want = "fp32"
+                        elif n in SPECIAL_TYPES:
+                            want = SPECIAL_TYPES[n]
                         elif n in ROW_STRIDES:
                             want = "i32"
                         elif n.startswith("stride_"):
@@ -163,7 +205,8 @@ class EnumerateKernelsTest(unittest.TestCase):
                         else:
                             want = "i32"
                         self.assertEqual(t, want, n)
-                break  # one kernel per family is enough: the signature depends only on the dtype
+                    if s.functional["dtype"] == "fp32":
+                        break  # one kernel per dtype is enough: the signature depends only on the dtype
 
     def test_matches_kernel_source(self):
         # The argument list in rules.py must be the kernel's, in order (checked by parsing, no Triton import).
@@ -185,7 +228,7 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(rules.parse_arch_list("sm_90; sm_80;sm_90"), ["sm_90", "sm_80"])
 
     def test_head_dims_drive_count(self):
-        patches = [mock.patch.dict(f.axes, {"head_dim": [64, 128]}) for f in rules.FAMILIES]
+        patches = [mock.patch.dict(f.axes, {"head_dim": [64, 128]}) for f in rules.FAMILIES if "head_dim" in f.axes]
         for p in patches:
             p.start()
         try:
@@ -193,8 +236,15 @@ class EnumerateKernelsTest(unittest.TestCase):
         finally:
             for p in patches:
                 p.stop()
-        self.assertEqual(len(specs), sum(FAMILY_COUNTS_SM90.values()) * 2 // 5)
+        debug = FAMILY_COUNTS_SM90["debug_dropout_mask"]
+        self.assertEqual(len(specs), (sum(FAMILY_COUNTS_SM90.values()) - debug) * 2 // 5 + debug)
         self.assertFalse(any("-hd256-" in s.id for s in specs))
+
+    def test_tf32_off_where_unsupported(self):
+        for arch in rules.TARGETS:
+            for s in rules.enumerate_kernels(arch):
+                if "ALLOW_TF32" in s.constexprs:
+                    self.assertIs(s.constexprs["ALLOW_TF32"], s.functional["tf32"] and arch != "gfx90a", s.id)
 
     def test_amd_configs_fit(self):
         # AMD: wave64, LDS 64 KiB -> at most 2 stages; checked against the compiled `shared` by the build.

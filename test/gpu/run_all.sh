@@ -5,10 +5,13 @@
 # sources of test/gpu/cpp and bench/, and on the machine: cmake, ninja (optional), g++, python3
 # with torch and triton, the CUDA driver. Builds the C++ test and the benchmark shim against
 # .stage/install into $BUILD (default /tmp/aotriton-gpu-build), runs
-#   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases)
+#   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases, then
+#                             dropout / bias / varlen / fp32 / deterministic / CUDA-graph cases)
 #   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so)
-#   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64)
-#   4. the benchmark         (bench/bench_attn.py: forward and backward beside torch SDPA)
+#   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64, incl.
+#                             dropout, broadcast bias + dBias, packed batches)
+#   4. the benchmark         (bench/bench_attn.py: forward and backward beside torch SDPA, then the
+#                             feature rows: dropout, bias, varlen; BENCH_ARGS="--features ''" skips them)
 # keeps going when one part fails, prints a short summary last (pass/fail lines and both
 # benchmark tables) and exits 1 if anything failed. Files in $OUT: rust-api.log, cpp-api.log,
 # grad-check.log, bench_attn.log, bench_attn.json, and build-<name>.log only for a failed build.

@@ -29,6 +29,12 @@ mkdir -p .stage/bin
 cp "$target_dir/release/aotriton-gpu-tests" .stage/bin/
 strip .stage/bin/aotriton-gpu-tests 2>/dev/null || true
 cp -a "$INSTALL" .stage/install
+# What the GPU run needs of the install tree: headers, the shared library (stripped) and its
+# CMake package. The static library and the archive copies (the library embeds the archive)
+# would push the carried tree past its 64 MiB limit.
+rm -f .stage/install/lib/libaotriton.a .stage/install/lib/cmake/aotriton/aotritonStaticTargets*.cmake
+rm -rf .stage/install/lib/aotriton
+strip --strip-unneeded .stage/install/lib/libaotriton.so.* 2>/dev/null || true
 
 echo "staged:"
 (cd .stage && find . -type f -printf '%10s  %p\n' | sort -k2)

@@ -2,94 +2,139 @@
 
 For one block of query rows of one query head::
 
-    dQ = sm_scale * sum_j dS K,   dS = P * (dO V^T - delta),   P = exp(sm_scale * q.k - lse)
+    dQ = sm_scale * sum_j dS K,   dS = P * (dP - delta),   dP = (dO V^T) * M * scale,   P = exp(s - lse)
 
-(P recomputed from the forward's LSE in the exp2 form, ``delta`` from
-``attn_bwd_preprocess``; dS cast to the input dtype for the dot, fp32
-accumulator).  ``DQ`` is overwritten.  Rows that see no key (LSE = +inf) get
-P = 0, hence dQ = 0.
+with ``s = sm_scale * q.k + bias`` (P recomputed from the forward's LSE in the
+exp2 form), ``M``/``scale`` the dropout keep mask and ``dropout_scale`` (1
+without dropout), ``delta`` from ``attn_bwd_preprocess``; dS cast to the input
+dtype for the dot, fp32 accumulator.  ``DQ`` is overwritten.  Rows that see no
+key (LSE = +inf) get P = 0, hence dQ = 0.
 
-Tensors as in ``fwd.py`` (GQA: query head ``h`` reads K/V head ``h // GQA_GROUP``).
-Grid: ``(cdiv(N_CTX_Q, BLOCK_M), Hq, B)``.  Masks and key-block loop bounds are
-the forward's (``mask.py``).
+Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DQ, BIAS``;
+``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dq: z/h/row;
+bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
+WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
+CU_SEQLENS_K``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
+PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
+
+Tensors as in ``fwd.py`` (GQA: query head ``h`` reads K/V head ``h // GQA_GROUP``;
+varlen, bias, dropout: ``varlen.py``, ``bias.py``, ``dropout.py``).
+Grid: ``(cdiv(N_CTX_Q, BLOCK_M), Hq, B)`` (query blocks in reverse order, as the
+forward).  Masks and key-block loop bounds are the forward's (``mask.py``).
 """
 import triton
 import triton.language as tl
 
-from .mask import block_walk, block_walk_start, key_block_bounds, score_mask
+from .bias import load_bias_log2
+from .dropout import dropout_head_offset, dropout_keep, philox_state
+from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
 from .softmax import softmax_backward, softmax_recompute
-from .tiles import load_row_vector, load_tile, load_tile_t, store_tile
+from .tiles import load_row_vector, load_tile, load_tile_t, mma, store_tile
+from .varlen import sequence
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                          offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale,
-                         N_CTX_Q, N_CTX_K, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                         BLOCK_N: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr):
+                         seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                         philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                         DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
     """Accumulate the key blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``dq`` (``mask.block_walk``)."""
     offs_n = tl.arange(0, BLOCK_N)
     n_lead, n_blocks = block_walk(lo, hi, skip_lo, skip_hi, BLOCK_N)
     for it in range(0, n_blocks):
         start_n = tl.multiple_of(block_walk_start(it, lo, n_lead, skip_hi, BLOCK_N), BLOCK_N)
         cols = start_n + offs_n
-        k_t = load_tile_t(k_base, cols, stride_kn, offs_d, D_HEAD, N_CTX_K, MASKED)   # [HEAD_DIM, BLOCK_N]
-        v_t = load_tile_t(v_base, cols, stride_vn, offs_d, D_HEAD, N_CTX_K, MASKED)
-        s = tl.dot(q, k_t) * qk_scale
-        p = softmax_recompute(s, lse_log2[:, None])
+        k_t = load_tile_t(k_base, cols, stride_kn, offs_d, D_HEAD, seqlen_k, MASKED)   # [HEAD_DIM, BLOCK_N]
+        v_t = load_tile_t(v_base, cols, stride_vn, offs_d, D_HEAD, seqlen_k, MASKED)
+        s = mma(q, k_t, None, ALLOW_TF32) * qk_scale
         if MASKED:
-            visible = score_mask(offs_m[:, None], cols[None, :], N_CTX_Q, N_CTX_K,
-                                 WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET, WINDOWED)
+            visible = score_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k,
+                                 WINDOW_LEFT, WINDOW_RIGHT, diag)
+            if HAS_BIAS:
+                s += load_bias_log2(bias_base, offs_m[:, None], cols[None, :], stride_bm, visible)
+            p = softmax_recompute(s, lse_log2[:, None])
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, v_t)
+        else:
+            if HAS_BIAS:
+                s += load_bias_log2(bias_base, offs_m[:, None], cols[None, :], stride_bm,
+                                    offs_m[:, None] < seqlen_q)
+            p = softmax_recompute(s, lse_log2[:, None])
+        dp = mma(do, v_t, None, ALLOW_TF32)
+        if DROPOUT:
+            keep = dropout_keep(philox_seed, philox_head, offs_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
+                                BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = softmax_backward(p, dp, delta[:, None])
-        dq = tl.dot(ds.to(k_t.dtype), tl.trans(k_t), dq)
+        dq = mma(ds.to(k_t.dtype), tl.trans(k_t), dq, ALLOW_TF32)
     return dq
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sm_scale,
+def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                 stride_vz, stride_vh, stride_vn, stride_doz, stride_doh, stride_dom,
                 stride_lz, stride_lh, stride_deltaz, stride_deltah,
                 stride_dqz, stride_dqh, stride_dqm,
-                N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
-    if WINDOWED:
-        start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first, as the forward
-    else:
-        start_m = tl.program_id(0)
+                stride_bz, stride_bh, stride_bm,
+                N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+                CU_SEQLENS_Q, CU_SEQLENS_K,
+                DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first, as the forward
     off_h = tl.program_id(1)
     off_hk = (off_h // GQA_GROUP).to(tl.int64)
     off_h = off_h.to(tl.int64)
-    off_z = tl.program_id(2).to(tl.int64)
+    off_z = tl.program_id(2)
 
-    k_base = K + off_z * stride_kz + off_hk * stride_kh
-    v_base = V + off_z * stride_vz + off_hk * stride_vh
+    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
+    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K)
+    if start_m * BLOCK_M >= seqlen_q:
+        return
+    diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)
+    philox_seed = 0
+    philox_head = 0
+    if DROPOUT:
+        philox_seed, philox_offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
+        philox_head = dropout_head_offset(philox_offset, off_z, off_h, tl.num_programs(1), N_CTX_Q, N_CTX_K)
+
+    off_z = off_z.to(tl.int64)
+    q_start64 = q_start.to(tl.int64)
+    k_start64 = k_start.to(tl.int64)
+    k_base = K + off_z * stride_kz + off_hk * stride_kh + k_start64 * stride_kn
+    v_base = V + off_z * stride_vz + off_hk * stride_vh + k_start64 * stride_vn
+    bias_base = BIAS + off_z * stride_bz + off_h * stride_bh
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q = load_tile(Q + off_z * stride_qz + off_h * stride_qh, offs_m, stride_qm, offs_d, D_HEAD, N_CTX_Q, True)
-    do = load_tile(DO + off_z * stride_doz + off_h * stride_doh, offs_m, stride_dom, offs_d, D_HEAD, N_CTX_Q,
-                   True)
-    lse = load_row_vector(LSE + off_z * stride_lz + off_h * stride_lh, offs_m, N_CTX_Q, float("inf"))
+    q = load_tile(Q + off_z * stride_qz + off_h * stride_qh + q_start64 * stride_qm, offs_m, stride_qm, offs_d,
+                  D_HEAD, seqlen_q, True)
+    do = load_tile(DO + off_z * stride_doz + off_h * stride_doh + q_start64 * stride_dom, offs_m, stride_dom, offs_d,
+                   D_HEAD, seqlen_q, True)
+    lse = load_row_vector(LSE + off_z * stride_lz + off_h * stride_lh + q_start, offs_m, seqlen_q, float("inf"))
     lse_log2 = lse * LOG2E
-    delta = load_row_vector(DELTA + off_z * stride_deltaz + off_h * stride_deltah, offs_m, N_CTX_Q, 0.0)
+    delta = load_row_vector(DELTA + off_z * stride_deltaz + off_h * stride_deltah + q_start, offs_m, seqlen_q, 0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E
 
-    start, full_lo, full_hi, end = key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                                                    DIAG_OFFSET, BLOCK_M, BLOCK_N, WINDOWED)
+    start, full_lo, full_hi, end = key_block_bounds(start_m, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                    BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
-    dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+    dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                               offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale,
-                              N_CTX_Q, N_CTX_K, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                              BLOCK_N, False, WINDOWED)
+                              seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                              philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                              BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
-    dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, stride_kn, stride_vn,
+    dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                               offs_m, offs_d, start, end, full_lo, full_hi, qk_scale,
-                              N_CTX_Q, N_CTX_K, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                              BLOCK_N, True, WINDOWED)
+                              seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                              philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                              BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32)
 
-    store_tile(DQ + off_z * stride_dqz + off_h * stride_dqh, offs_m, stride_dqm, offs_d, dq * sm_scale,
-               D_HEAD, N_CTX_Q)
+    store_tile(DQ + off_z * stride_dqz + off_h * stride_dqh + q_start64 * stride_dqm, offs_m, stride_dqm, offs_d,
+               dq * sm_scale, D_HEAD, seqlen_q)

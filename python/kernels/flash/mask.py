@@ -1,21 +1,23 @@
 """Attention masks and the block-loop bounds that must agree with them.
 
-One general mask covers every supported attention pattern.  Query row ``i``
-sees key column ``j`` iff
+One general mask covers every supported attention pattern, entirely at run time
+(no constexpr).  Query row ``i`` (local to its sequence) sees key column ``j`` iff
 
-    j < N_CTX_K   and   i + DIAG_OFFSET - WINDOW_LEFT  <=  j  <=  i + DIAG_OFFSET + WINDOW_RIGHT
+    j < seqlen_k   and   i + off - WINDOW_LEFT  <=  j  <=  i + off + WINDOW_RIGHT
 
-(``i < N_CTX_Q`` is implied: rows past the query tail do not exist).  Runtime
-arguments: ``WINDOW_LEFT``, ``WINDOW_RIGHT`` >= 0 (the runtime turns
-"unbounded" into a large value, at most 2**30) and ``DIAG_OFFSET`` (0 for
-top-left alignment, ``N_CTX_K - N_CTX_Q`` for bottom-right; may be negative):
+with ``off = seqlen_k - seqlen_q`` when ``ALIGN_BOTTOM_RIGHT`` is 1, else 0
+(``diag_offset``), computed by the kernels from the per-sequence lengths
+(``N_CTX_Q``/``N_CTX_K``, or the varlen lengths from ``CU_SEQLENS_*``).
+``i < seqlen_q`` is implied: rows past the query tail do not exist.
+Runtime arguments ``WINDOW_LEFT``, ``WINDOW_RIGHT`` >= 0:
 
-* no mask               -- ``WINDOWED=False`` (the three window arguments are ignored);
-* causal top-left       -- ``WINDOWED=True``, left = unbounded, right = 0, offset 0;
-* causal bottom-right   -- same with offset ``N_CTX_K - N_CTX_Q``;
+* no mask               -- left = right = ``N_CTX_Q + N_CTX_K`` (every key visible: the
+  bounds put every full block in the unmasked loop, only the sequence tail is masked);
+* causal top-left       -- left = unbounded (2**30), right = 0, ``ALIGN_BOTTOM_RIGHT`` 0;
+* causal bottom-right   -- the same with ``ALIGN_BOTTOM_RIGHT`` 1;
 * sliding window        -- any (left, right) in either alignment.
 
-With a window (and with bottom-right alignment when ``N_CTX_Q > N_CTX_K``) a
+With a window (and with bottom-right alignment when ``seqlen_q > seqlen_k``) a
 query row may see no key at all; the kernels give such rows O = 0, LSE = +inf
 and zero gradients.  All window arithmetic is int32: the caller keeps
 ``N_CTX_Q + N_CTX_K + 2**30 < 2**31``.
@@ -37,9 +39,8 @@ resp. query blocks).  ``block_loop_bounds`` returns four column positions
 ``start`` is a multiple of the block size, so every block is block-aligned.
 The kernels run two loops: the full range without masks, then the leading and
 trailing boundary blocks together in one masked loop (``block_walk``: one loop
-body instead of two, which also keeps register pressure down).  Without
-``WINDOWED`` the leading range is empty and the trailing range is just the
-sequence tail.
+body instead of two, which also keeps register pressure down).  Without a mask
+the leading range is empty and the trailing range is just the sequence tail.
 """
 import triton
 import triton.language as tl
@@ -58,32 +59,35 @@ def query_tail_mask(offs_m, N_CTX_Q):
 
 
 @triton.jit
-def window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET):
+def window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, diag):
     """Bool: key ``j`` inside query ``i``'s window, ``i + off - left <= j <= i + off + right``.
 
     ``offs_q`` and ``offs_k`` are broadcastable (``[M, 1]`` and ``[1, N]`` in the
     forward, transposed in the dK/dV kernel).
     """
-    diag = offs_q + DIAG_OFFSET
-    return (offs_k >= diag - WINDOW_LEFT) & (offs_k <= diag + WINDOW_RIGHT)
+    d = offs_q + diag
+    return (offs_k >= d - WINDOW_LEFT) & (offs_k <= d + WINDOW_RIGHT)
 
 
 @triton.jit
-def score_mask(offs_q, offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-               WINDOWED: tl.constexpr):
+def score_mask(offs_q, offs_k, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag):
     """Bool, broadcast of ``offs_q`` and ``offs_k``: every mask of the configuration combined.
 
     Used only on boundary blocks; both sequence tails are included so the same
     mask serves the forward, dQ (rows = queries) and dK/dV (rows = keys) kernels.
     """
-    visible = query_tail_mask(offs_q, N_CTX_Q) & key_tail_mask(offs_k, N_CTX_K)
-    if WINDOWED:
-        visible = visible & window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET)
-    return visible
+    visible = query_tail_mask(offs_q, seqlen_q) & key_tail_mask(offs_k, seqlen_k)
+    return visible & window_mask(offs_q, offs_k, WINDOW_LEFT, WINDOW_RIGHT, diag)
 
 
 @triton.jit
-def block_loop_bounds(first, last, N_COLS, lo_off, hi_off, BLOCK: tl.constexpr, WINDOWED: tl.constexpr):
+def diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT):
+    """The window's diagonal offset: ``seqlen_k - seqlen_q`` for bottom-right alignment, else 0."""
+    return (seqlen_k - seqlen_q) * (ALIGN_BOTTOM_RIGHT != 0).to(tl.int32)
+
+
+@triton.jit
+def block_loop_bounds(first, last, N_COLS, lo_off, hi_off, BLOCK: tl.constexpr):
     """Column loop bounds ``(start, full_lo, full_hi, end)`` for the row tile ``[first, last]``.
 
     ``last`` is the tile's last *existing* row.  Column ``c`` is visible to row
@@ -94,51 +98,43 @@ def block_loop_bounds(first, last, N_COLS, lo_off, hi_off, BLOCK: tl.constexpr, 
       column is visible to the last row) and ``c + BLOCK <= min(N_COLS, first + hi_off + 1)``
       (its last column exists and is visible to the first row).
     """
-    if WINDOWED:
-        lo = tl.maximum(first + lo_off, 0)
-        hi = tl.minimum(last + hi_off + 1, N_COLS)
-        start = (lo // BLOCK) * BLOCK                                   # lo >= 0: floor division is exact
-        block_end = ((hi + BLOCK - 1) // BLOCK) * BLOCK
-        full_lo = tl.maximum(last + lo_off, lo)                         # >= 0
-        full_lo = tl.minimum(((full_lo + BLOCK - 1) // BLOCK) * BLOCK, block_end)
-        full_lo = tl.maximum(full_lo, start)
-        full_hi = tl.maximum(tl.minimum(first + hi_off + 1, N_COLS), 0)
-        full_hi = tl.maximum(tl.minimum((full_hi // BLOCK) * BLOCK, block_end), full_lo)
-        # No visible column at all: every range empty (not a masked walk over nothing).
-        empty = hi <= lo
-        start = tl.where(empty, 0, start)
-        full_lo = tl.where(empty, 0, full_lo)
-        full_hi = tl.where(empty, 0, full_hi)
-        end = tl.where(empty, 0, hi)
-    else:
-        start = 0
-        full_lo = 0
-        full_hi = (N_COLS // BLOCK) * BLOCK
-        end = N_COLS
+    lo = tl.maximum(first + lo_off, 0)
+    hi = tl.minimum(last + hi_off + 1, N_COLS)
+    start = (lo // BLOCK) * BLOCK                                   # lo >= 0: floor division is exact
+    block_end = ((hi + BLOCK - 1) // BLOCK) * BLOCK
+    full_lo = tl.maximum(last + lo_off, lo)                         # >= 0
+    full_lo = tl.minimum(((full_lo + BLOCK - 1) // BLOCK) * BLOCK, block_end)
+    full_lo = tl.maximum(full_lo, start)
+    full_hi = tl.maximum(tl.minimum(first + hi_off + 1, N_COLS), 0)
+    full_hi = tl.maximum(tl.minimum((full_hi // BLOCK) * BLOCK, block_end), full_lo)
+    # No visible column at all (or no row): every range empty (not a masked walk over nothing).
+    empty = (hi <= lo) | (last < first)
+    start = tl.where(empty, 0, start)
+    full_lo = tl.where(empty, 0, full_lo)
+    full_hi = tl.where(empty, 0, full_hi)
+    end = tl.where(empty, 0, hi)
     return start, full_lo, full_hi, end
 
 
 @triton.jit
-def key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+def key_block_bounds(start_m, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key loop bounds (forward, dQ) for query block ``start_m``: see ``block_loop_bounds``."""
     first = start_m * BLOCK_M
-    last = tl.minimum(first + BLOCK_M, N_CTX_Q) - 1
-    return block_loop_bounds(first, last, N_CTX_K, DIAG_OFFSET - WINDOW_LEFT, DIAG_OFFSET + WINDOW_RIGHT,
-                             BLOCK_N, WINDOWED)
+    last = tl.minimum(first + BLOCK_M, seqlen_q) - 1
+    return block_loop_bounds(first, last, seqlen_k, diag - WINDOW_LEFT, diag + WINDOW_RIGHT, BLOCK_N)
 
 
 @triton.jit
-def query_block_bounds(start_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, DIAG_OFFSET,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
-    """Query loop bounds (dK/dV) for key block ``start_n``: the window seen from the key side,
+def query_block_bounds(start_n, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query loop bounds (dK/dV, dBias) for key block ``start_n``: the window seen from the key side,
 
-    key ``j`` is seen by query ``i`` iff ``j - off - right <= i <= j - off + left`` (and ``i < N_CTX_Q``).
+    key ``j`` is seen by query ``i`` iff ``j - off - right <= i <= j - off + left`` (and ``i < seqlen_q``).
     """
     first = start_n * BLOCK_N
-    last = tl.minimum(first + BLOCK_N, N_CTX_K) - 1
-    return block_loop_bounds(first, last, N_CTX_Q, -(DIAG_OFFSET + WINDOW_RIGHT), WINDOW_LEFT - DIAG_OFFSET,
-                             BLOCK_M, WINDOWED)
+    last = tl.minimum(first + BLOCK_N, seqlen_k) - 1
+    return block_loop_bounds(first, last, seqlen_q, -(diag + WINDOW_RIGHT), WINDOW_LEFT - diag, BLOCK_M)
 
 
 @triton.jit

@@ -47,3 +47,15 @@ def store_tile(base, rows, stride_row, offs_d, value, D_HEAD, N_ROWS):
 def load_row_vector(base, rows, N_ROWS, other):
     """``[len(rows)]`` fp32 per-row values (LSE, delta), ``other`` past the tail."""
     return tl.load(base + rows, mask=rows < N_ROWS, other=other)
+
+
+@triton.jit
+def mma(a, b, acc, ALLOW_TF32: tl.constexpr):
+    """``a @ b (+ acc)``; fp32 inputs in IEEE fp32 unless ``ALLOW_TF32`` (then TF32), 16-bit inputs as usual."""
+    if a.dtype == tl.float32:
+        if ALLOW_TF32:
+            return tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)

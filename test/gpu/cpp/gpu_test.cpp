@@ -13,6 +13,12 @@
 // poisoned with NaN before each run: an element left unwritten fails, and so does any write
 // outside the views or into an input.
 //
+// Then 9 forward + backward cases of the third milestone (run_feature: dropout with the
+// reference mask from flash::debug_dropout_mask, broadcast biases with dbias, packed batches with
+// zero-length sequences, fp32; see "third milestone" below) and invalid calls for the new
+// validations (dropout_p = 1, a missing seed, a bias that does not broadcast, dbias without
+// bias, int32 cu_seqlens given as fp32, max_seqlen below a sequence's length with host copies).
+//
 // The CUDA driver is loaded with dlopen; no CUDA headers or toolkit are needed to build this.
 // Usage: aotriton_gpu_test_cpp [--log PATH] [--seed N] [--require-gpu]
 // Without a driver or a device it prints "skipped: no GPU" and exits 0 (2 with --require-gpu).
@@ -804,6 +810,634 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   return {pass, line};
 }
 
+// ---- third milestone: dropout, bias + dBias, packed batches, fp32 ---------------------------
+// Forward + backward through the C++ API with the features of FwdParams v3 / BwdParams v2.
+// The dropout keep-mask of the reference is the library's own flash::debug_dropout_mask (the
+// Rust suite checks that mask bit for bit against a host Philox model and against the masks
+// the forward and backward use); the reference is the row-by-row one above extended with the
+// bias (s = scale q.k + bias), dropout (O = sum_j p_j m_j r v_j, dp_j = m_j r dO.v_j,
+// ds_j = p_j (dp_j - D)) and dBias = ds summed over the bias's broadcast dims, run per sequence
+// for packed batches (each sequence's own lengths for the mask, local positions for bias and
+// dropout, max lengths for the mask's counter layout). fp32: the naive reference is the same
+// math in float, floor 1e-5 (x max(1, max|ref|) for every tensor).
+enum class Elt { kF16, kBF16, kF32 };
+
+const char* elt_name(Elt e) { return e == Elt::kF16 ? "fp16" : e == Elt::kBF16 ? "bf16" : "fp32"; }
+aotriton::DType elt_dtype(Elt e) {
+  return e == Elt::kF16 ? aotriton::DType::kFloat16 : e == Elt::kBF16 ? aotriton::DType::kBFloat16 : aotriton::DType::kFloat32;
+}
+Lowp elt_lowp(Elt e) { return e == Elt::kF16 ? Lowp::kF16 : Lowp::kBF16; }
+float elt_round(Elt e, float x) { return e == Elt::kF32 ? x : round_to(elt_lowp(e), x); }
+
+template <typename T>
+T elt_enc(Elt e, float x);
+template <>
+uint16_t elt_enc<uint16_t>(Elt e, float x) {
+  return to_bits(elt_lowp(e), x);
+}
+template <>
+uint32_t elt_enc<uint32_t>(Elt, float x) {
+  return bits_of(x);
+}
+template <typename T>
+float elt_dec(Elt e, T b);
+template <>
+float elt_dec<uint16_t>(Elt e, uint16_t b) {
+  return from_bits(elt_lowp(e), b);
+}
+template <>
+float elt_dec<uint32_t>(Elt, uint32_t b) {
+  return float_of(b);
+}
+
+constexpr size_t kTail = 2;  // poisoned tokens after the last sequence of a packed tensor
+
+struct FeatCase {
+  Elt dtype = Elt::kF16;
+  size_t d = 0, batch = 0, hq = 0, hk = 0, sq = 0, sk = 0;  // packed: batch = sequences, sq / sk = max lengths
+  bool causal = false;
+  MaskAlign align = MaskAlign::kTopLeft;
+  int32_t window_left = -1, window_right = -1;
+  bool bias = false;
+  bool bias_one[3] = {false, false, false};  // bias size 1 (broadcast) in B, Hq, Sq
+  float dropout = 0.0f;
+  std::vector<size_t> lq, lk;  // packed batch when not empty
+  bool host_cu = false;
+
+  bool packed() const { return !lq.empty(); }
+  size_t group() const { return hq / hk; }
+  bool visible(size_t i, size_t j, size_t len_q, size_t len_k) const {
+    int64_t off = align == MaskAlign::kBottomRight ? static_cast<int64_t>(len_k) - static_cast<int64_t>(len_q) : 0;
+    int64_t left = window_left, right = causal ? 0 : window_right;
+    int64_t diag = static_cast<int64_t>(i) + off, jj = static_cast<int64_t>(j);
+    return (left < 0 || jj >= diag - left) && (right < 0 || jj <= diag + right);
+  }
+  std::vector<size_t> cu(const std::vector<size_t>& l) const {
+    std::vector<size_t> c(1, 0);
+    for (size_t x : l) c.push_back(c.back() + x);
+    return c;
+  }
+  size_t tokens_q() const { return packed() ? cu(lq).back() + kTail : sq; }
+  size_t tokens_k() const { return packed() ? cu(lk).back() + kTail : sk; }
+  size_t len_q(size_t s) const { return packed() ? lq[s] : sq; }
+  size_t len_k(size_t s) const { return packed() ? lk[s] : sk; }
+  // Row (token) index into the logical [*, D] arrays: [B, H, S, D] or packed [1, H, T, D].
+  size_t qrow(size_t s, size_t h, size_t i) const {
+    return packed() ? h * tokens_q() + cu(lq)[s] + i : (s * hq + h) * sq + i;
+  }
+  size_t krow(size_t s, size_t h, size_t j) const {
+    return packed() ? h * tokens_k() + cu(lk)[s] + j : (s * hk + h) * sk + j;
+  }
+  void bias_sizes(size_t out[4]) const {
+    out[0] = bias_one[0] ? 1 : batch;
+    out[1] = bias_one[1] ? 1 : hq;
+    out[2] = bias_one[2] ? 1 : sq;
+    out[3] = sk;
+  }
+  size_t bias_at(size_t s, size_t h, size_t i, size_t j) const {
+    size_t z[4];
+    bias_sizes(z);
+    return (((z[0] == 1 ? 0 : s) * z[1] + (z[1] == 1 ? 0 : h)) * z[2] + (z[2] == 1 ? 0 : i)) * z[3] + j;
+  }
+  std::string describe() const {
+    char buf[256];
+    const char* al = align == MaskAlign::kBottomRight ? "BR" : "TL";
+    std::string mask = causal ? std::string("causal-") + al
+                              : (window_left < 0 && window_right < 0)
+                                    ? std::string("none")
+                                    : "win(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")-" + al;
+    std::snprintf(buf, sizeof buf, "fwd+bwd %s D=%-3zu G=%zu Hq=%zu Hk=%zu B=%zu Sq=%-4zu Sk=%-4zu mask=%s", elt_name(dtype),
+                  d, group(), hq, hk, batch, sq, sk, mask.c_str());
+    std::string s = buf;
+    if (bias) {
+      s += std::string(" bias=[") + (bias_one[0] ? "1" : "B") + "," + (bias_one[1] ? "1" : "Hq") + "," +
+           (bias_one[2] ? "1" : "Sq") + ",Sk]";
+    }
+    if (dropout > 0) s += " dropout=" + fmt("%g", dropout);
+    if (packed()) {
+      s += " packed q{";
+      for (size_t i = 0; i < lq.size(); ++i) s += (i ? "," : "") + std::to_string(lq[i]);
+      s += "} k{";
+      for (size_t i = 0; i < lk.size(); ++i) s += (i ? "," : "") + std::to_string(lk[i]);
+      s += host_cu ? "} +host" : "}";
+    }
+    return s;
+  }
+};
+
+struct FeatRef {
+  std::vector<double> o, lse, dq, dk, dv, dbias;
+};
+
+// exact (double) and naive (float, products rounded to the dtype) references; elements of tail
+// tokens stay NaN. `keep`: B x Hq x Sq x Sk (max lengths) 0/1 or empty.
+void feat_reference(const FeatCase& c, float sm_scale, const std::vector<float>& q, const std::vector<float>& k,
+                    const std::vector<float>& v, const std::vector<float>& d_o, const std::vector<float>& bias,
+                    const std::vector<float>& keep, FeatRef& ex, FeatRef& nv) {
+  const size_t d = c.d, g = c.group(), nq = c.hq * c.tokens_q() * (c.packed() ? 1 : c.batch),
+               nk = c.hk * c.tokens_k() * (c.packed() ? 1 : c.batch);
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  size_t bz[4];
+  c.bias_sizes(bz);
+  const size_t nb = c.bias ? bz[0] * bz[1] * bz[2] * bz[3] : 0;
+  for (FeatRef* r : {&ex, &nv}) {
+    r->o.assign(nq * d, nan);
+    r->dq.assign(nq * d, nan);
+    r->lse.assign(nq, nan);
+    r->dk.assign(nk * d, nan);
+    r->dv.assign(nk * d, nan);
+    r->dbias.assign(nb, 0.0);
+  }
+  std::vector<float> dbias32(nb, 0.0f);
+  const double r64 = c.dropout > 0 ? 1.0 / (1.0 - static_cast<double>(c.dropout)) : 1.0;
+  const float r32 = static_cast<float>(r64);
+  const Elt e = c.dtype;
+  for (size_t s = 0; s < c.batch; ++s) {
+    const size_t lq = c.len_q(s), lk = c.len_k(s);
+    for (size_t h = 0; h < c.hk; ++h) {
+      std::vector<double> dk64(lk * d, 0), dv64(lk * d, 0);
+      std::vector<float> dk32(lk * d, 0), dv32(lk * d, 0);
+      for (size_t hh = h * g; hh < (h + 1) * g; ++hh) {
+        for (size_t i = 0; i < lq; ++i) {
+          const size_t row = c.qrow(s, hh, i);
+          const float* qi = &q[row * d];
+          const float* doi = &d_o[row * d];
+          std::vector<size_t> js;
+          for (size_t j = 0; j < lk; ++j)
+            if (c.visible(i, j, lq, lk)) js.push_back(j);
+          if (js.empty()) {
+            for (FeatRef* r : {&ex, &nv}) {
+              r->lse[row] = inf;
+              for (size_t t = 0; t < d; ++t) r->o[row * d + t] = r->dq[row * d + t] = 0.0;
+            }
+            continue;
+          }
+          std::vector<double> s64(lk), p64(lk, 0), f64(lk, 1.0);
+          std::vector<float> s32(lk), p32(lk, 0), pd32(lk, 0), f32v(lk, 1.0f);
+          double m64 = -inf, l64 = 0;
+          float m32 = -std::numeric_limits<float>::infinity(), l32 = 0;
+          for (size_t j : js) {
+            const float* kj = &k[c.krow(s, h, j) * d];
+            double a64 = 0;
+            float a32 = 0;
+            for (size_t t = 0; t < d; ++t) {
+              a64 += static_cast<double>(qi[t]) * kj[t];
+              a32 += qi[t] * kj[t];
+            }
+            const float b = c.bias ? bias[c.bias_at(s, hh, i, j)] : 0.0f;
+            s64[j] = a64 * sm_scale + b;
+            s32[j] = elt_round(e, a32 * sm_scale + b);
+            m64 = std::max(m64, s64[j]);
+            m32 = std::max(m32, s32[j]);
+            if (!keep.empty()) {
+              const float kept = keep[((s * c.hq + hh) * c.sq + i) * c.sk + j];
+              f64[j] = kept * r64;
+              f32v[j] = kept * r32;
+            }
+          }
+          for (size_t j : js) {
+            l64 += std::exp(s64[j] - m64);
+            l32 += std::exp(s32[j] - m32);
+          }
+          std::vector<double> o64(d, 0);
+          std::vector<float> o32(d, 0);
+          for (size_t j : js) {
+            const float* vj = &v[c.krow(s, h, j) * d];
+            p64[j] = std::exp(s64[j] - m64) / l64;
+            const float praw = std::exp(s32[j] - m32) / l32;
+            p32[j] = elt_round(e, praw);
+            pd32[j] = elt_round(e, praw * f32v[j]);
+            for (size_t t = 0; t < d; ++t) {
+              o64[t] += p64[j] * f64[j] * vj[t];
+              o32[t] += pd32[j] * vj[t];
+            }
+          }
+          double delta64 = 0;
+          float delta32 = 0;
+          for (size_t t = 0; t < d; ++t) {
+            o32[t] = elt_round(e, o32[t]);
+            ex.o[row * d + t] = o64[t];
+            nv.o[row * d + t] = o32[t];
+            delta64 += doi[t] * o64[t];
+            delta32 += doi[t] * o32[t];
+          }
+          ex.lse[row] = m64 + std::log(l64);
+          nv.lse[row] = m32 + std::log(l32);
+          std::vector<double> dq64(d, 0);
+          std::vector<float> dq32(d, 0);
+          for (size_t j : js) {
+            const size_t kr = c.krow(s, h, j);
+            const float* kj = &k[kr * d];
+            const float* vj = &v[kr * d];
+            double dp64 = 0;
+            float dp32 = 0;
+            for (size_t t = 0; t < d; ++t) {
+              dp64 += static_cast<double>(doi[t]) * vj[t];
+              dp32 += doi[t] * vj[t];
+            }
+            dp64 *= f64[j];
+            dp32 = elt_round(e, dp32 * f32v[j]);
+            const double ds64 = p64[j] * (dp64 - delta64);
+            const float ds32 = elt_round(e, p32[j] * (dp32 - delta32));
+            if (c.bias) {
+              ex.dbias[c.bias_at(s, hh, i, j)] += ds64;
+              dbias32[c.bias_at(s, hh, i, j)] += ds32;
+            }
+            for (size_t t = 0; t < d; ++t) {
+              dq64[t] += ds64 * kj[t];
+              dq32[t] += ds32 * kj[t];
+              dk64[j * d + t] += ds64 * qi[t];
+              dk32[j * d + t] += ds32 * qi[t];
+              dv64[j * d + t] += p64[j] * f64[j] * doi[t];
+              dv32[j * d + t] += pd32[j] * doi[t];
+            }
+          }
+          for (size_t t = 0; t < d; ++t) {
+            ex.dq[row * d + t] = static_cast<double>(sm_scale) * dq64[t];
+            nv.dq[row * d + t] = elt_round(e, sm_scale * dq32[t]);
+          }
+        }
+      }
+      for (size_t j = 0; j < lk; ++j) {
+        const size_t kr = c.krow(s, h, j);
+        for (size_t t = 0; t < d; ++t) {
+          ex.dk[kr * d + t] = static_cast<double>(sm_scale) * dk64[j * d + t];
+          ex.dv[kr * d + t] = dv64[j * d + t];
+          nv.dk[kr * d + t] = elt_round(e, sm_scale * dk32[j * d + t]);
+          nv.dv[kr * d + t] = elt_round(e, dv32[j * d + t]);
+        }
+      }
+    }
+  }
+  for (size_t x = 0; x < nb; ++x) nv.dbias[x] = elt_round(e, dbias32[x]);
+}
+
+// The elements whose reference is not NaN (tail tokens of packed tensors are left out).
+void live3(const std::vector<double>& got, const std::vector<double>& exact, const std::vector<double>& naive,
+           std::vector<double>& g, std::vector<double>& x, std::vector<double>& n) {
+  g.clear();
+  x.clear();
+  n.clear();
+  for (size_t i = 0; i < exact.size(); ++i) {
+    if (std::isnan(exact[i])) continue;
+    g.push_back(got[i]);
+    x.push_back(exact[i]);
+    n.push_back(naive[i]);
+  }
+}
+
+// `bounded` with a given floor (x max(1, max|exact|) when scale_floor).
+bool bounded_floor(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
+                   const std::vector<double>& naive, double k, double floor, bool scale_floor, std::string& line) {
+  if (scale_floor) {
+    double mag = 1.0;
+    for (double x : exact) mag = std::max(mag, std::fabs(x));
+    floor *= mag;
+  }
+  const double err = max_err(got, exact), bound = k * max_err(naive, exact) + floor;
+  const size_t nan = count_nan(got);
+  const bool ok = nan == 0 && err <= bound;
+  line += std::string("  ") + name + " " + fmt("%.2e", err) + "/" + fmt("%.2e", bound);
+  if (nan) line += "[" + std::to_string(nan) + " NaN]";
+  if (!ok) line += "!";
+  return ok;
+}
+
+template <typename T>
+Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
+  using aotriton::Status;
+  namespace fl = aotriton::v2::flash;
+  const Elt e = c.dtype;
+  const aotriton::DType dt = elt_dtype(e);
+  const T poison = static_cast<T>(~T(0));  // NaN in every dtype here
+  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  const size_t d = c.d, tq = c.tokens_q(), tk = c.tokens_k();
+  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + "  " + what + "  FAIL"}; };
+  auto status_text = [](const char* call, Status st) {
+    return std::string(call) + " returned " + aotriton::status_name(st) + ": " + aotriton::last_error_message();
+  };
+  // Placements: [B, H, S, D] contiguous, or packed [1, H, T, D] over T x H x D memory.
+  auto place = [&](size_t h, size_t t) {
+    if (c.packed()) {
+      size_t sz[4] = {1, h, t, d}, st[4] = {t * h * d, d, h * d, 1};
+      return Placement<4>(sz, st, 0);
+    }
+    size_t sz[4] = {c.batch, h, t, d}, st[4] = {h * t * d, t * d, d, 1};
+    return Placement<4>(sz, st, 0);
+  };
+  const size_t rows_b = c.packed() ? 1 : c.batch;
+  size_t rsz[3] = {rows_b, c.hq, tq}, rst[3] = {c.hq * tq, tq, 1};
+  const Placement<3> rows(rsz, rst, 0);
+  auto draw = [&](size_t n) {
+    std::vector<float> x(n);
+    for (auto& y : x) {
+      if (e == Elt::kF32) {
+        do y = static_cast<float>(rng.normal());
+        while (y == 0.0f);
+      } else {
+        y = rng.normal_in(elt_lowp(e));
+      }
+    }
+    return x;
+  };
+  auto enc = [&](const std::vector<float>& x) {
+    std::vector<T> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = elt_enc<T>(e, x[i]);
+    return out;
+  };
+  const Placement<4> pq = place(c.hq, tq), pk = place(c.hk, tk);
+  const std::vector<float> q = draw(pq.count()), k = draw(pk.count()), v = draw(pk.count()), d_o = draw(pq.count());
+  size_t bz[4];
+  c.bias_sizes(bz);
+  const size_t bst[4] = {bz[1] * bz[2] * bz[3], bz[2] * bz[3], bz[3], 1};
+  const Placement<4> pb(bz, bst, 0);
+  const std::vector<float> bias = c.bias ? draw(pb.count()) : std::vector<float>();
+  const std::vector<T> qb = enc(q), kb = enc(k), vb = enc(v), dob = enc(d_o), biasb = enc(bias);
+
+  DevTensor<T, 4> q_dev(pq, &qb, poison, stream), k_dev(pk, &kb, poison, stream), v_dev(pk, &vb, poison, stream);
+  DevTensor<T, 4> do_dev(pq, &dob, poison, stream), o_dev(pq, nullptr, poison, stream);
+  DevTensor<T, 4> dq_dev(pq, nullptr, poison, stream), dk_dev(pk, nullptr, poison, stream), dv_dev(pk, nullptr, poison, stream);
+  DevTensor<uint32_t, 3> lse_dev(rows, nullptr, kPoison32, stream), delta_dev(rows, nullptr, kPoison32, stream);
+  DevTensor<T, 4> bias_dev(pb, c.bias ? &biasb : nullptr, poison, stream), dbias_dev(pb, nullptr, poison, stream);
+  // cu_seqlens (int32) and their host copies.
+  std::vector<int32_t> cuq, cuk;
+  for (size_t x : c.cu(c.lq)) cuq.push_back(static_cast<int32_t>(x));
+  for (size_t x : c.cu(c.lk)) cuk.push_back(static_cast<int32_t>(x));
+  DevBuf cuq_dev(cuq.size() * 4), cuk_dev(cuk.size() * 4);
+  if (c.packed()) {
+    cuq_dev.upload(cuq, stream);
+    cuk_dev.upload(cuk, stream);
+  }
+  // Seed, offset, and the seed/offset the forward reports.
+  const uint64_t seed = rng.next(), offset = rng.next() >> 8, base = rng.next() >> 40;
+  DevBuf seed_dev(8), offset_dev(8), out_dev(16);
+  seed_dev.upload(std::vector<uint64_t>{seed}, stream);
+  offset_dev.upload(std::vector<uint64_t>{offset}, stream);
+  out_dev.upload(std::vector<uint64_t>{~0ull, ~0ull}, stream);
+  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  auto ptr = [](const DevBuf& b) { return reinterpret_cast<void*>(static_cast<uintptr_t>(b.ptr)); };
+  auto cu_view = [&](const DevBuf& b, size_t n) {
+    const uint64_t sz[1] = {n};
+    return aotriton::TensorView<1>::contiguous(ptr(b), sz, aotriton::DType::kInt32);
+  };
+
+  // The keep-mask from the library's debug entry, B x Hq x Sq x Sk (max lengths).
+  std::vector<float> keep;
+  std::string notes;
+  bool pass = true;
+  if (c.dropout > 0) {
+    size_t msz[4] = {c.batch, c.hq, c.sq, c.sk}, mst[4] = {c.hq * c.sq * c.sk, c.sq * c.sk, c.sk, 1};
+    DevTensor<uint32_t, 4> mask_dev(Placement<4>(msz, mst, 0), nullptr, kPoison32, stream);
+    Status st = fl::debug_dropout_mask(mask_dev.view(aotriton::DType::kFloat32), c.dropout, ptr(seed_dev), ptr(offset_dev),
+                                       base, aotriton::Stream{stream});
+    if (st != Status::kSuccess) return fail(status_text("debug_dropout_mask", st));
+    const std::vector<uint32_t> bits = mask_dev.read(stream);
+    size_t bad = mask_dev.stray(bits), kept = 0;
+    for (uint32_t b : mask_dev.logical(bits)) {
+      bad += b != 0 && b != bits_of(1.0f);
+      keep.push_back(b == bits_of(1.0f) ? 1.0f : 0.0f);
+      kept += b == bits_of(1.0f);
+    }
+    const double n = static_cast<double>(keep.size()), p = c.dropout;
+    const double z = (kept / n - (1 - p)) / std::sqrt(p * (1 - p) / n);
+    const bool ok = bad == 0 && std::fabs(z) <= 6;
+    pass &= ok;
+    notes += "  debug mask kept " + fmt("%.3f", kept / n) + " (z " + fmt("%+.1f", z) + ")" + (bad ? " [not 0/1]!" : "") +
+             (ok ? "" : "!");
+  }
+
+  fl::FwdParams fp;
+  fp.q = q_dev.view(dt);
+  fp.k = k_dev.view(dt);
+  fp.v = v_dev.view(dt);
+  fp.o = o_dev.view(dt);
+  fp.lse = lse_dev.view(aotriton::DType::kFloat32);
+  fp.sm_scale = sm_scale;
+  fp.causal = c.causal;
+  fp.align = c.align;
+  fp.window_left = c.window_left;
+  fp.window_right = c.window_right;
+  if (c.bias) fp.bias = bias_dev.view(dt);
+  if (c.dropout > 0) {
+    fp.dropout_p = c.dropout;
+    fp.philox_seed = ptr(seed_dev);
+    fp.philox_offset = ptr(offset_dev);
+    fp.philox_offset_base = base;
+    fp.philox_seed_out = ptr(out_dev);
+    fp.philox_offset_out = reinterpret_cast<void*>(static_cast<uintptr_t>(out_dev.ptr + 8));
+  }
+  if (c.packed()) {
+    fp.cu_seqlens_q = cu_view(cuq_dev, cuq.size());
+    fp.cu_seqlens_k = cu_view(cuk_dev, cuk.size());
+    fp.max_seqlen_q = c.sq;
+    fp.max_seqlen_k = c.sk;
+    if (c.host_cu) {
+      fp.cu_seqlens_q_host = cuq.data();
+      fp.cu_seqlens_k_host = cuk.data();
+    }
+  }
+  Status st = fl::attn_fwd(fp, aotriton::Stream{stream});
+  if (st != Status::kSuccess) return fail(status_text("attn_fwd", st));
+  const std::vector<T> o_bits = o_dev.read(stream);
+  const std::vector<uint32_t> lse_bits = lse_dev.read(stream);
+  if (c.dropout > 0) {
+    std::vector<uint64_t> got(2);
+    out_dev.download(got, stream);
+    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    if (got[0] != seed || got[1] != offset + base) {
+      pass = false;
+      notes += "  seed_out/offset_out wrong!";
+    }
+  }
+
+  fl::BwdParams bp;
+  bp.q = fp.q;
+  bp.k = fp.k;
+  bp.v = fp.v;
+  bp.o = fp.o;
+  bp.d_o = do_dev.view(dt);
+  bp.lse = fp.lse;
+  bp.delta = delta_dev.view(aotriton::DType::kFloat32);
+  bp.dq = dq_dev.view(dt);
+  bp.dk = dk_dev.view(dt);
+  bp.dv = dv_dev.view(dt);
+  bp.sm_scale = sm_scale;
+  bp.causal = c.causal;
+  bp.align = c.align;
+  bp.window_left = c.window_left;
+  bp.window_right = c.window_right;
+  bp.bias = fp.bias;
+  if (c.bias) bp.dbias = dbias_dev.view(dt);
+  bp.dropout_p = fp.dropout_p;
+  bp.philox_seed = fp.philox_seed;
+  bp.philox_offset = fp.philox_offset;
+  bp.philox_offset_base = fp.philox_offset_base;
+  bp.cu_seqlens_q = fp.cu_seqlens_q;
+  bp.cu_seqlens_k = fp.cu_seqlens_k;
+  bp.max_seqlen_q = fp.max_seqlen_q;
+  bp.max_seqlen_k = fp.max_seqlen_k;
+  bp.cu_seqlens_q_host = fp.cu_seqlens_q_host;
+  bp.cu_seqlens_k_host = fp.cu_seqlens_k_host;
+  st = fl::attn_bwd(bp, aotriton::Stream{stream});
+  if (st != Status::kSuccess) return fail(status_text("attn_bwd", st));
+  const std::vector<T> dq_bits = dq_dev.read(stream), dk_bits = dk_dev.read(stream), dv_bits = dv_dev.read(stream);
+  const std::vector<T> dbias_bits = dbias_dev.read(stream);
+  const std::vector<uint32_t> delta_bits = delta_dev.read(stream);
+  const bool inputs_changed = o_dev.read(stream) != o_bits || lse_dev.read(stream) != lse_bits ||
+                              q_dev.read(stream) != q_dev.host || k_dev.read(stream) != k_dev.host ||
+                              v_dev.read(stream) != v_dev.host || do_dev.read(stream) != do_dev.host ||
+                              bias_dev.read(stream) != bias_dev.host;
+
+  FeatRef ex, nv;
+  feat_reference(c, sm_scale, q, k, v, d_o, bias, keep, ex, nv);
+  auto dec = [&](const std::vector<T>& bits) {
+    std::vector<double> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = elt_dec<T>(e, bits[i]);
+    return out;
+  };
+  const std::vector<double> o = dec(o_dev.logical(o_bits)), dq = dec(dq_dev.logical(dq_bits)),
+                            dk = dec(dk_dev.logical(dk_bits)), dv = dec(dv_dev.logical(dv_bits));
+  std::vector<double> lse, delta;
+  for (uint32_t x : lse_dev.logical(lse_bits)) lse.push_back(float_of(x));
+  for (uint32_t x : delta_dev.logical(delta_bits)) delta.push_back(float_of(x));
+  const bool fp32 = e == Elt::kF32;
+  const double floor = fp32 ? 1e-5 : 1e-3;
+  std::string line = c.describe();
+  std::vector<double> g, x, n;
+  live3(o, ex.o, nv.o, g, x, n);
+  pass &= bounded_floor("O", g, x, n, 3, floor, fp32, line);
+  live3(lse, ex.lse, nv.lse, g, x, n);
+  pass &= lse_ok(g, x, n, line);
+  live3(dq, ex.dq, nv.dq, g, x, n);
+  pass &= bounded_floor("dQ", g, x, n, 5, floor, true, line);
+  live3(dk, ex.dk, nv.dk, g, x, n);
+  pass &= bounded_floor("dK", g, x, n, 5, floor, true, line);
+  live3(dv, ex.dv, nv.dv, g, x, n);
+  pass &= bounded_floor("dV", g, x, n, 5, floor, true, line);
+  if (c.bias) pass &= bounded_floor("dBias", dec(dbias_dev.logical(dbias_bits)), ex.dbias, nv.dbias, 5, floor, true, line);
+  // Rows without keys: O = dQ = 0; keys of sequences without queries: dK = dV = 0 (exactly).
+  size_t empty = 0, idle = 0, nonzero = 0;
+  for (size_t row = 0; row < ex.lse.size(); ++row) {
+    if (!(ex.lse[row] == std::numeric_limits<double>::infinity())) continue;
+    ++empty;
+    for (size_t t = 0; t < d; ++t) nonzero += o[row * d + t] != 0.0 || dq[row * d + t] != 0.0;
+  }
+  for (size_t s = 0; c.packed() && s < c.batch; ++s) {
+    if (c.lq[s] != 0) continue;
+    for (size_t h = 0; h < c.hk; ++h)
+      for (size_t j = 0; j < c.lk[s]; ++j, ++idle)
+        for (size_t t = 0; t < d; ++t) {
+          const size_t at = c.krow(s, h, j) * d + t;
+          nonzero += dk[at] != 0.0 || dv[at] != 0.0;
+        }
+  }
+  if (empty) line += "  rows w/o keys " + std::to_string(empty);
+  if (idle) line += "  keys w/o queries " + std::to_string(idle);
+  if (nonzero) line += "[" + std::to_string(nonzero) + " nonzero O/dQ/dK/dV]!";
+  pass &= nonzero == 0;
+  // delta = rowsum(dO o O) on live rows.
+  size_t delta_bad = 0;
+  for (size_t row = 0; row < delta.size(); ++row) {
+    if (std::isnan(ex.lse[row])) continue;
+    double want = 0, mag = 0;
+    for (size_t t = 0; t < d; ++t) {
+      want += d_o[row * d + t] * o[row * d + t];
+      mag += std::fabs(d_o[row * d + t] * o[row * d + t]);
+    }
+    delta_bad += !(std::fabs(delta[row] - want) <= 1e-4 * (1 + mag));
+  }
+  if (delta_bad) line += "  delta: " + std::to_string(delta_bad) + " rows wrong!";
+  // Nothing outside the views, nor in the tail tokens of packed tensors.
+  size_t stray = o_dev.stray(o_bits) + dq_dev.stray(dq_bits) + dk_dev.stray(dk_bits) + dv_dev.stray(dv_bits) +
+                 lse_dev.stray(lse_bits) + delta_dev.stray(delta_bits) + dbias_dev.stray(dbias_bits);
+  auto tail = [&](const std::vector<T>& logical, const std::vector<double>& exact) {
+    size_t m = 0;
+    for (size_t i = 0; i < exact.size(); ++i) m += std::isnan(exact[i]) && logical[i] != poison;
+    return m;
+  };
+  auto tail32 = [&](const std::vector<uint32_t>& logical) {
+    size_t m = 0;
+    for (size_t i = 0; i < ex.lse.size(); ++i) m += std::isnan(ex.lse[i]) && logical[i] != kPoison32;
+    return m;
+  };
+  stray += tail(o_dev.logical(o_bits), ex.o) + tail(dq_dev.logical(dq_bits), ex.dq) + tail(dk_dev.logical(dk_bits), ex.dk) +
+           tail(dv_dev.logical(dv_bits), ex.dv) + tail32(lse_dev.logical(lse_bits)) + tail32(delta_dev.logical(delta_bits));
+  if (stray) line += "  " + std::to_string(stray) + " writes outside the views / sequences!";
+  if (inputs_changed) line += "  the backward changed an input!";
+  pass &= delta_bad == 0 && stray == 0 && !inputs_changed;
+  line += notes + (pass ? "  PASS" : "  FAIL");
+  return {pass, line};
+}
+
+Outcome run_feature(const FeatCase& c, SplitMix64& rng, CUstream stream) {
+  return c.dtype == Elt::kF32 ? run_feature_typed<uint32_t>(c, rng, stream) : run_feature_typed<uint16_t>(c, rng, stream);
+}
+
+std::vector<FeatCase> feature_cases() {
+  const MaskAlign TL = MaskAlign::kTopLeft, BR = MaskAlign::kBottomRight;
+  auto mk = [](Elt e, size_t d, size_t b, size_t hq, size_t hk, size_t sq, size_t sk) {
+    FeatCase c;
+    c.dtype = e;
+    c.d = d;
+    c.batch = b;
+    c.hq = hq;
+    c.hk = hk;
+    c.sq = sq;
+    c.sk = sk;
+    return c;
+  };
+  auto pk = [&](Elt e, size_t d, size_t hq, size_t hk, std::vector<size_t> lq, std::vector<size_t> lk, bool host) {
+    FeatCase c = mk(e, d, lq.size(), hq, hk, *std::max_element(lq.begin(), lq.end()), *std::max_element(lk.begin(), lk.end()));
+    c.lq = std::move(lq);
+    c.lk = std::move(lk);
+    c.host_cu = host;
+    return c;
+  };
+  std::vector<FeatCase> out;
+  FeatCase c = mk(Elt::kBF16, 64, 2, 4, 2, 97, 131);  // dropout
+  c.dropout = 0.2f;
+  out.push_back(c);
+  c = mk(Elt::kF16, 128, 1, 4, 1, 200, 173);  // dropout + key-padding bias + causal BR
+  c.dropout = 0.5f;
+  c.causal = true;
+  c.align = BR;
+  c.bias = true;
+  c.bias_one[1] = c.bias_one[2] = true;
+  out.push_back(c);
+  c = mk(Elt::kF16, 64, 2, 4, 2, 77, 130);  // bias [1, Hq, Sq, Sk], window
+  c.bias = true;
+  c.bias_one[0] = true;
+  c.window_left = 16;
+  c.window_right = 4;
+  out.push_back(c);
+  c = mk(Elt::kBF16, 96, 3, 2, 2, 61, 99);  // bias [B, 1, 1, Sk], causal TL
+  c.bias = true;
+  c.bias_one[1] = c.bias_one[2] = true;
+  c.causal = true;
+  c.align = TL;
+  out.push_back(c);
+  c = pk(Elt::kBF16, 64, 4, 2, {17, 0, 40, 1}, {23, 5, 0, 64}, true);  // packed, zero-length q and k
+  c.causal = true;
+  c.align = BR;
+  out.push_back(c);
+  c = pk(Elt::kF16, 128, 4, 4, {50, 9, 0}, {0, 31, 44}, false);  // packed + bias [B,Hq,1,Sk] + dropout
+  c.bias = true;
+  c.bias_one[2] = true;
+  c.dropout = 0.3f;
+  out.push_back(c);
+  out.push_back(mk(Elt::kF32, 64, 1, 4, 2, 97, 61));  // fp32
+  c = mk(Elt::kF32, 128, 2, 2, 1, 33, 129);  // fp32 + broadcast bias + dropout + causal
+  c.bias = true;
+  c.bias_one[0] = c.bias_one[1] = c.bias_one[2] = true;
+  c.dropout = 0.25f;
+  c.causal = true;
+  out.push_back(c);
+  c = pk(Elt::kF32, 64, 2, 1, {30, 0, 12}, {25, 9, 0}, true);  // fp32 packed + full bias
+  c.bias = true;
+  out.push_back(c);
+  return out;
+}
+
 // Invalid calls on a live device: each must return its documented Status and write nothing.
 // `spoil_fwd` or `spoil_bwd` (one of them) breaks otherwise valid parameters (Hq 4, Hk 2).
 Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
@@ -951,6 +1585,13 @@ int main(int argc, char** argv) {
       record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
     }
   }
+  for (const FeatCase& c : feature_cases()) {
+    try {
+      record(run_feature(c, rng, stream));
+    } catch (const DriverError& e) {
+      record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
+    }
+  }
   using aotriton::Status;
   using P = aotriton::v2::flash::FwdParams;
   using BP = aotriton::v2::flash::BwdParams;
@@ -960,7 +1601,72 @@ int main(int argc, char** argv) {
     std::function<void(P&)> spoil_fwd;
     std::function<void(BP&)> spoil_bwd;
   };
+  // Live buffers the new invalid calls point at: seed, offset, a bias-sized buffer, int32
+  // offsets {0, 30, 64} of two packed sequences over the [1, 4, 64, 64] tensors.
+  static const int32_t cu_host[3] = {0, 30, 64};
+  DevBuf live_seed(8), live_offset(8), live_bias(4 * 64 * 64 * 2), live_cu(12);
+  try {
+    live_seed.upload(std::vector<uint64_t>{7}, stream);
+    live_offset.upload(std::vector<uint64_t>{0}, stream);
+    live_cu.upload(std::vector<int32_t>(cu_host, cu_host + 3), stream);
+    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  } catch (const DriverError& e) {
+    std::printf("cpp-api: setup failed: %s\n", e.message.c_str());
+    return 1;
+  }
+  const void* seed_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(live_seed.ptr));
+  const void* offset_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(live_offset.ptr));
+  const void* bias_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(live_bias.ptr));
+  const void* cu_ptr = reinterpret_cast<const void*>(static_cast<uintptr_t>(live_cu.ptr));
+  auto bias_view = [bias_ptr](uint64_t b, uint64_t h, uint64_t m, uint64_t n) {
+    const uint64_t sz[4] = {b, h, m, n};
+    return aotriton::TensorView<4>::contiguous(bias_ptr, sz, aotriton::DType::kFloat16);
+  };
+  auto cu_view = [cu_ptr](aotriton::DType dt) {
+    const uint64_t sz[1] = {3};
+    return aotriton::TensorView<1>::contiguous(cu_ptr, sz, dt);
+  };
+  auto packed_fwd = [cu_view](P& p, aotriton::DType dt, uint64_t max_q, bool host) {
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_view(dt);
+    p.max_seqlen_q = max_q;
+    p.max_seqlen_k = 34;
+    if (host) p.cu_seqlens_q_host = p.cu_seqlens_k_host = cu_host;
+  };
+  auto packed_bwd = [cu_view](BP& p, aotriton::DType dt, uint64_t max_q, bool host) {
+    p.cu_seqlens_q = p.cu_seqlens_k = cu_view(dt);
+    p.max_seqlen_q = max_q;
+    p.max_seqlen_k = 34;
+    if (host) p.cu_seqlens_q_host = p.cu_seqlens_k_host = cu_host;
+  };
   const Invalid invalid[] = {
+      {"fwd: dropout_p 1", Status::kInvalidArgument,
+       [=](P& p) {
+         p.dropout_p = 1.0f;
+         p.philox_seed = seed_ptr;
+         p.philox_offset = offset_ptr;
+       },
+       nullptr},
+      {"bwd: dropout_p 1", Status::kInvalidArgument, nullptr,
+       [=](BP& p) {
+         p.dropout_p = 1.0f;
+         p.philox_seed = seed_ptr;
+         p.philox_offset = offset_ptr;
+       }},
+      {"fwd: dropout without a seed pointer", Status::kNullPointer,
+       [=](P& p) {
+         p.dropout_p = 0.5f;
+         p.philox_offset = offset_ptr;
+       },
+       nullptr},
+      {"fwd: bias [1,3,64,64] with Hq 4", Status::kShapeMismatch, [=](P& p) { p.bias = bias_view(1, 3, 64, 64); },
+       nullptr},
+      {"bwd: dbias without bias", Status::kInvalidArgument, nullptr, [=](BP& p) { p.dbias = bias_view(1, 1, 1, 64); }},
+      {"fwd: cu_seqlens fp32", Status::kDTypeMismatch,
+       [=](P& p) { packed_fwd(p, aotriton::DType::kFloat32, 34, false); }, nullptr},
+      {"fwd: max_seqlen_q 20 < sequence of 30 (host copies)", Status::kInvalidArgument,
+       [=](P& p) { packed_fwd(p, aotriton::DType::kInt32, 20, true); }, nullptr},
+      {"bwd: max_seqlen_q 20 < sequence of 30 (host copies)", Status::kInvalidArgument, nullptr,
+       [=](BP& p) { packed_bwd(p, aotriton::DType::kInt32, 20, true); }},
       {"fwd: q null", Status::kNullPointer, [](P& p) { p.q.data = nullptr; }, nullptr},
       {"fwd: sm_scale unset", Status::kInvalidArgument,
        [](P& p) { p.sm_scale = std::numeric_limits<float>::quiet_NaN(); }, nullptr},

@@ -26,10 +26,20 @@
 //! written (guard and padding keep their poison), the inputs (q, k, v, o, dO, lse) must come back
 //! unchanged from the backward, and NaN never passes.
 //!
+//! Then the third milestone (ext.rs): the GPU's `debug_dropout_mask` against a host
+//! Philox4x32-10 model (philox.rs) bit for bit, keep-rate statistics, the masks the forward and
+//! backward actually use revealed through identity V / dO and compared to the debug mask exactly,
+//! forward + backward with dropout, additive bias with dBias (every broadcast pattern, masks),
+//! packed variable-length batches (per-sequence reference, sequences of length 0 and 1), fp32
+//! (IEEE) and TF32, the deterministic backward (10 runs + a second stream), CUDA-graph replay
+//! with a new dropout offset, and invalid calls for the new validations.
+//!
 //! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list]
 //! Without a driver or a device it prints `skipped: no GPU` and exits 0 (2 with --require-gpu).
 //! `--seed` changes the input values, not the case list.
+mod ext;
 mod lowp;
+mod philox;
 mod reference;
 
 use std::collections::BTreeMap;
@@ -559,6 +569,18 @@ struct Bounded {
 impl Bounded {
     /// `k` · max|naive − exact| + 1e-3 (× max(1, max|exact|) when `scale_floor`).
     fn new(name: &'static str, got: &[f64], exact: &[f64], naive: &[f64], k: f64, scale_floor: bool) -> Self {
+        Self::with_floor(name, got, exact, naive, k, 1e-3, scale_floor)
+    }
+    /// `k` · max|naive − exact| + `floor` (× max(1, max|exact|) when `scale_floor`).
+    fn with_floor(
+        name: &'static str,
+        got: &[f64],
+        exact: &[f64],
+        naive: &[f64],
+        k: f64,
+        floor: f64,
+        scale_floor: bool,
+    ) -> Self {
         let nan = got.iter().filter(|x| x.is_nan()).count();
         let err = max_err(got, exact);
         let naive_err = max_err(naive, exact);
@@ -570,7 +592,7 @@ impl Bounded {
         Bounded {
             name,
             err,
-            bound: k * naive_err + 1e-3 * floor_factor,
+            bound: k * naive_err + floor * floor_factor,
             floor_factor,
             nan,
         }
@@ -611,6 +633,11 @@ fn max_err(a: &[f64], r: &[f64]) -> f64 {
 /// LSE: finite reference rows within 3·max|naive − ref| + 1e-3·max(1, |ref_i|); +inf exactly
 /// where the reference is +inf. Returns (pass, text); the text shows the worst row by err/bound.
 fn check_lse(got: &[f64], exact: &[f64], naive: &[f64]) -> (bool, String) {
+    check_lse_floor(got, exact, naive, 1e-3)
+}
+
+/// `check_lse` with the floor `floor` · max(1, |ref_i|).
+fn check_lse_floor(got: &[f64], exact: &[f64], naive: &[f64], floor: f64) -> (bool, String) {
     let finite = |x: &f64| x.is_finite();
     let naive_err = naive
         .iter()
@@ -618,14 +645,14 @@ fn check_lse(got: &[f64], exact: &[f64], naive: &[f64]) -> (bool, String) {
         .filter(|(n, e)| finite(n) && finite(e))
         .map(|(n, e)| (n - e).abs())
         .fold(0.0, f64::max);
-    let (mut worst, mut worst_err, mut worst_bound) = (0.0f64, 0.0, 3.0 * naive_err + 1e-3);
+    let (mut worst, mut worst_err, mut worst_bound) = (0.0f64, 0.0, 3.0 * naive_err + floor);
     let (mut bad_inf, mut bad) = (0usize, 0usize);
     for (&g, &e) in got.iter().zip(exact) {
         if e.is_infinite() {
             bad_inf += (g != f64::INFINITY) as usize;
             continue;
         }
-        let bound = 3.0 * naive_err + 1e-3 * e.abs().max(1.0);
+        let bound = 3.0 * naive_err + floor * e.abs().max(1.0);
         let err = if g.is_finite() { (g - e).abs() } else { f64::INFINITY };
         bad += (err > bound) as usize; // NaN g: err is inf
         if err / bound > worst {
@@ -763,7 +790,7 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     // References.
     let started = Instant::now();
     let problem = reference::Problem {
-        dtype: c.dtype,
+        dtype: reference::Precision::Half(c.dtype),
         batch: b,
         heads_q: hq,
         heads_k: hk,
@@ -776,6 +803,8 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         k: &k,
         v: &v,
         d_o: &d_o,
+        bias: None,
+        dropout: None,
     };
     let (exact, naive) = reference::compute(&problem);
     let ref_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -888,10 +917,45 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     Ok(Outcome { pass, line })
 }
 
+/// Live device buffers an invalid call may point at: a seed and an offset (u64), a bias-sized
+/// fp16 buffer, and int32 offsets [0, 30, 64] of two packed sequences.
+struct Live {
+    seed: u64,
+    offset: u64,
+    bias: u64,
+    cu: u64,
+}
+
+/// Host copies of `Live::cu`.
+const CU_HOST: [i32; 3] = [0, 30, 64];
+
+type FwdSpoil = Box<dyn for<'a> Fn(&mut flash::FwdParams<'a>, &Live)>;
+type BwdSpoil = Box<dyn for<'a> Fn(&mut flash::BwdParams<'a>, &Live)>;
+
 /// The call an invalid case makes, after spoiling valid parameters.
 enum Spoiled {
-    Fwd(fn(&mut flash::FwdParams)),
-    Bwd(fn(&mut flash::BwdParams)),
+    Fwd(FwdSpoil),
+    Bwd(BwdSpoil),
+}
+
+fn fwd_spoil(f: impl for<'a> Fn(&mut flash::FwdParams<'a>, &Live) + 'static) -> Spoiled {
+    Spoiled::Fwd(Box::new(f))
+}
+
+fn bwd_spoil(f: impl for<'a> Fn(&mut flash::BwdParams<'a>, &Live) + 'static) -> Spoiled {
+    Spoiled::Bwd(Box::new(f))
+}
+
+/// A packed batch over the invalid calls' [1, H, 64, D] tensors, sequences of 30 and 34 tokens.
+fn live_varlen<'a>(live: &Live, dtype: DType, max_q: u64, host: bool) -> flash::Varlen<'a> {
+    let cu = TensorView::contiguous(live.cu, [3], dtype);
+    flash::Varlen {
+        cu_seqlens_q: cu,
+        cu_seqlens_k: cu,
+        max_seqlen_q: max_q,
+        max_seqlen_k: 34,
+        host_cu_seqlens: host.then_some((&CU_HOST[..], &CU_HOST[..])),
+    }
 }
 
 /// An invalid call on a live device must fail with `want` and write nothing.
@@ -920,6 +984,20 @@ fn invalid_case(what: &str, want: ErrorKind, spoil: Spoiled, stream: sys::CUstre
         unsafe { result::memcpy_htod_async(buf.0, &rows, stream) }.map_err(|e| format!("upload: {e:?}"))?;
     }
     let row_view = |ptr| TensorView::contiguous(ptr, [b as u64, hq as u64, s as u64], DType::F32);
+    let live_bufs = [
+        DevBuf::new(8)?,
+        DevBuf::new(8)?,
+        DevBuf::new(b * hq * s * s * 2)?,
+        DevBuf::new(12)?,
+    ];
+    unsafe { result::memcpy_htod_async(live_bufs[0].0, &[7u64], stream) }.map_err(|e| format!("upload: {e:?}"))?;
+    unsafe { result::memcpy_htod_async(live_bufs[3].0, &CU_HOST, stream) }.map_err(|e| format!("upload: {e:?}"))?;
+    let live = Live {
+        seed: live_bufs[0].0,
+        offset: live_bufs[1].0,
+        bias: live_bufs[2].0,
+        cu: live_bufs[3].0,
+    };
     let (q, k, v, d_o) = (
         t(hq, inputs[0].0),
         t(hk, inputs[1].0),
@@ -935,7 +1013,7 @@ fn invalid_case(what: &str, want: ErrorKind, spoil: Spoiled, stream: sys::CUstre
     let got = match spoil {
         Spoiled::Fwd(spoil) => {
             let mut p = flash::FwdParams::new(q, k, v, o, Some(row_view(row_bufs[0].0)));
-            spoil(&mut p);
+            spoil(&mut p, &live);
             flash::attn_fwd(&p, Stream::from_raw(stream as usize))
         }
         Spoiled::Bwd(spoil) => {
@@ -952,7 +1030,7 @@ fn invalid_case(what: &str, want: ErrorKind, spoil: Spoiled, stream: sys::CUstre
                 dk,
                 dv,
             );
-            spoil(&mut p);
+            spoil(&mut p, &live);
             flash::attn_bwd(&p, Stream::from_raw(stream as usize))
         }
     };
@@ -981,12 +1059,12 @@ fn invalid_case(what: &str, want: ErrorKind, spoil: Spoiled, stream: sys::CUstre
 fn invalid_calls() -> Vec<(&'static str, ErrorKind, Spoiled)> {
     use ErrorKind::*;
     vec![
-        ("fwd: q null", NullPointer, Spoiled::Fwd(|p| p.q.ptr = 0)),
-        ("bwd: lse null", NullPointer, Spoiled::Bwd(|p| p.lse.ptr = 0)),
+        ("fwd: q null", NullPointer, fwd_spoil(|p, _| p.q.ptr = 0)),
+        ("bwd: lse null", NullPointer, bwd_spoil(|p, _| p.lse.ptr = 0)),
         (
             "fwd: Hq 3, Hk 2",
             ShapeMismatch,
-            Spoiled::Fwd(|p| {
+            fwd_spoil(|p, _| {
                 p.q.sizes[1] = 3;
                 p.o.sizes[1] = 3;
                 p.lse = p.lse.map(|mut l| {
@@ -998,7 +1076,7 @@ fn invalid_calls() -> Vec<(&'static str, ErrorKind, Spoiled)> {
         (
             "bwd: Hq 3, Hk 2",
             ShapeMismatch,
-            Spoiled::Bwd(|p| {
+            bwd_spoil(|p, _| {
                 for t in [&mut p.q, &mut p.o, &mut p.d_o, &mut p.dq] {
                     t.sizes[1] = 3;
                 }
@@ -1009,7 +1087,7 @@ fn invalid_calls() -> Vec<(&'static str, ErrorKind, Spoiled)> {
         (
             "bwd: head dim 12",
             UnsupportedHeadDim,
-            Spoiled::Bwd(|p| {
+            bwd_spoil(|p, _| {
                 for t in [
                     &mut p.q, &mut p.k, &mut p.v, &mut p.o, &mut p.d_o, &mut p.dq, &mut p.dk, &mut p.dv,
                 ] {
@@ -1020,7 +1098,71 @@ fn invalid_calls() -> Vec<(&'static str, ErrorKind, Spoiled)> {
         (
             "bwd: window_left -2",
             InvalidArgument,
-            Spoiled::Bwd(|p| p.mask = Mask::window(-2, 0, MaskAlign::TopLeft)),
+            bwd_spoil(|p, _| p.mask = Mask::window(-2, 0, MaskAlign::TopLeft)),
+        ),
+        (
+            "fwd: dropout p = 1",
+            InvalidArgument,
+            fwd_spoil(|p, l| p.dropout = Some(flash::Dropout::new(1.0, l.seed, l.offset))),
+        ),
+        (
+            "bwd: dropout p = 1",
+            InvalidArgument,
+            bwd_spoil(|p, l| p.dropout = Some(flash::Dropout::new(1.0, l.seed, l.offset))),
+        ),
+        (
+            "fwd: dropout offset misaligned",
+            MisalignedPointer,
+            fwd_spoil(|p, l| p.dropout = Some(flash::Dropout::new(0.5, l.seed, l.offset + 4))),
+        ),
+        (
+            "fwd: bias [1,3,64,64] with Hq 4",
+            ShapeMismatch,
+            fwd_spoil(|p, l| p.bias = Some(TensorView::contiguous(l.bias, [1, 3, 64, 64], DType::F16))),
+        ),
+        (
+            "bwd: bias [1,4,64,32] (Sk 64)",
+            ShapeMismatch,
+            bwd_spoil(|p, l| p.bias = Some(TensorView::contiguous(l.bias, [1, 4, 64, 32], DType::F16))),
+        ),
+        (
+            "bwd: dbias without bias",
+            InvalidArgument,
+            bwd_spoil(|p, l| p.dbias = Some(TensorView::contiguous(l.bias, [1, 1, 1, 64], DType::F16))),
+        ),
+        (
+            "bwd: dbias sizes != bias sizes",
+            ShapeMismatch,
+            bwd_spoil(|p, l| {
+                p.bias = Some(TensorView::contiguous(l.bias, [1, 1, 1, 64], DType::F16));
+                p.dbias = Some(TensorView::contiguous(l.bias, [1, 4, 1, 64], DType::F16));
+            }),
+        ),
+        (
+            "fwd: cu_seqlens fp32",
+            DTypeMismatch,
+            fwd_spoil(|p, l| {
+                p.varlen = Some(live_varlen(l, DType::F32, 34, false));
+                p.lse = p.lse.map(|mut t| {
+                    t.sizes = [1, 4, 64];
+                    t
+                });
+            }),
+        ),
+        (
+            "bwd: cu_seqlens fp32",
+            DTypeMismatch,
+            bwd_spoil(|p, l| p.varlen = Some(live_varlen(l, DType::F32, 34, false))),
+        ),
+        (
+            "fwd: max_seqlen_q 20 < sequence of 30 (host copies)",
+            InvalidArgument,
+            fwd_spoil(|p, l| p.varlen = Some(live_varlen(l, DType::I32, 20, true))),
+        ),
+        (
+            "bwd: max_seqlen_q 20 < sequence of 30 (host copies)",
+            InvalidArgument,
+            bwd_spoil(|p, l| p.varlen = Some(live_varlen(l, DType::I32, 20, true))),
         ),
     ]
 }
@@ -1091,9 +1233,15 @@ const RULES: &str = "bounds: max|out-ref64| <= k*max|naive-ref64| + floor; k=3 (
 for gradients x max|ref| when that is > 1 (shown as f×N); LSE per row 3*naive + 1e-3*max(1,|lse|), +inf exactly \
 where ref is +inf; shown as err/bound, '!' marks a failed check";
 
+const EXT_RULES: &str = "feature cases (dropout, bias/dBias, varlen, fp32/tf32, deterministic): same rule with the \
+f64 reference using the host Philox mask and the expanded bias (dBias k=5, scaled floor); varlen reference per sequence; \
+fp32: floor 1e-5 x max(1,max|ref|) on every tensor, LSE 1e-5; tf32: naive with TF32-rounded product inputs, k=6 (O) / \
+10 (grads), floor 1e-5";
+
 fn main() {
     let args = parse_args();
     let all = cases();
+    let ext_all = ext::ext_cases();
     if args.list {
         for (i, c) in all.iter().enumerate() {
             println!(
@@ -1105,6 +1253,15 @@ fn main() {
             );
         }
         println!("{}", coverage(&all));
+        for (i, c) in ext_all.iter().enumerate() {
+            println!("[ext {:2}] {}  cost {:.1e}", i + 1, c.describe(), c.cost() as f64);
+        }
+        println!(
+            "plus {} debug-mask shapes, 3 keep-rate checks, {} mask-reveal cases, 1 CUDA-graph case, {} invalid calls",
+            ext::debug_mask_cases().len(),
+            ext::reveal_cases().len(),
+            invalid_calls().len()
+        );
         return;
     }
     let stream = match open_device() {
@@ -1138,6 +1295,7 @@ fn main() {
     );
     emit(coverage(&all), &mut log);
     emit(RULES.to_string(), &mut log);
+    emit(EXT_RULES.to_string(), &mut log);
     let started = Instant::now();
     let mut rng = SplitMix64::new(args.seed);
     let (mut passed, mut failed) = (0usize, 0usize);
@@ -1158,6 +1316,42 @@ fn main() {
         });
         record(outcome, &mut log);
     }
+    // The third milestone: debug mask vs host Philox, keep rates, mask reveal, feature cases,
+    // CUDA graph replay.
+    let guarded = |what: String, r: Result<Outcome, String>| {
+        r.unwrap_or_else(|e| Outcome {
+            pass: false,
+            line: format!("{what}  driver error: {e}  FAIL"),
+        })
+    };
+    for case in ext::debug_mask_cases() {
+        record(
+            guarded(format!("debug mask {:?}", case.0), ext::debug_mask_case(case, stream)),
+            &mut log,
+        );
+    }
+    for p in [0.1, 0.5, 0.9] {
+        record(
+            guarded(format!("keep rate p={p}"), ext::keep_rate_case(p, stream)),
+            &mut log,
+        );
+    }
+    for case in ext::reveal_cases() {
+        record(
+            guarded(
+                format!("mask reveal {case:?}"),
+                ext::reveal_case(case, &mut rng, stream),
+            ),
+            &mut log,
+        );
+    }
+    for c in &ext_all {
+        record(guarded(c.describe(), ext::run_ext(c, &mut rng, stream)), &mut log);
+    }
+    record(
+        guarded("CUDA graph".into(), ext::graph_case(&mut rng, stream)),
+        &mut log,
+    );
     for (what, want, spoil) in invalid_calls() {
         let outcome = invalid_case(what, want, spoil, stream).unwrap_or_else(|e| Outcome {
             pass: false,
@@ -1245,7 +1439,7 @@ mod tests {
             );
             let t = Instant::now();
             let problem = reference::Problem {
-                dtype: c.dtype,
+                dtype: reference::Precision::Half(c.dtype),
                 batch: b,
                 heads_q: hq,
                 heads_k: hk,
@@ -1258,6 +1452,8 @@ mod tests {
                 k: &k,
                 v: &v,
                 d_o: &d_o,
+                bias: None,
+                dropout: None,
             };
             let _ = reference::compute(&problem);
             println!("{:8.0} ms  {}", t.elapsed().as_secs_f64() * 1e3, c.describe());

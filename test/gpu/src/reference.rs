@@ -12,11 +12,22 @@
 //!   dK, dV of a K/V head = the sum of the dK, dV of the G query heads sharing it.
 //! ```
 //!
+//! With an additive bias (B×Hq×Sq×Sk, already broadcast) and a dropout keep-mask M (same
+//! sizes, scale r = 1/(1−p)):
+//!
+//! ```text
+//!   S  = scale · Q Kᵀ + bias               P = softmax_rows(S)     (LSE ignores dropout)
+//!   O  = (P∘M·r) V          dV = (P∘M·r)ᵀ dO
+//!   dP = dO Vᵀ ∘ M·r        dS = P ∘ (dP − D)      dBias = dS (summed over broadcast dims)
+//! ```
+//!
 //! The same function `head` computes this twice (one generic body, so both references are the
 //! same math by construction):
 //! * `exact`: in f64, nothing rounded;
 //! * `naive`: in f32, every matrix product accumulated in f32 and its result rounded to the input
-//!   dtype (S, P, O, dP, dS, dQ, dK, dV); softmax, LSE and D in f32.
+//!   dtype (S, P, O, dP, dS, dQ, dK, dV); softmax, LSE and D in f32. For fp32 inputs nothing is
+//!   rounded (the same math in f32); for TF32 the inputs of every matrix product are rounded to
+//!   TF32 (10-bit mantissa, nearest even) and the products accumulated in f32.
 //!
 //! The naive error against `exact` sets the scale of the error a kernel is allowed.
 //!
@@ -45,8 +56,45 @@ impl MaskSpec {
     }
 }
 
+/// The precision the naive reference imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// fp16 / bf16 inputs: products rounded to the dtype.
+    Half(Lowp),
+    /// IEEE fp32: nothing rounded.
+    F32,
+    /// fp32 inputs with TF32 products: the inputs of each product rounded to a 10-bit mantissa.
+    Tf32,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Half(t) => t.name(),
+            Precision::F32 => "fp32",
+            Precision::Tf32 => "tf32",
+        }
+    }
+    /// Rounds a value to the storage type (identity for fp32).
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Precision::Half(t) => t.round(x),
+            _ => x,
+        }
+    }
+}
+
+/// Rounds an f32 to TF32 (10 explicit mantissa bits), to nearest, ties to even.
+pub fn round_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let b = x.to_bits();
+    f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff)
+}
+
 pub struct Problem<'a> {
-    pub dtype: Lowp,
+    pub dtype: Precision,
     pub batch: usize,
     pub heads_q: usize,
     pub heads_k: usize,
@@ -59,6 +107,10 @@ pub struct Problem<'a> {
     pub k: &'a [f32],
     pub v: &'a [f32],
     pub d_o: &'a [f32],
+    /// Additive bias B×Hq×Sq×Sk (broadcast already expanded), values in the input dtype.
+    pub bias: Option<&'a [f32]>,
+    /// Dropout: keep-mask B×Hq×Sq×Sk (1 kept) and the scale 1/(1−p).
+    pub dropout: Option<(&'a [u8], f32)>,
 }
 
 /// Outputs in logical order: O, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no key);
@@ -69,6 +121,9 @@ pub struct Outputs {
     pub dq: Vec<f64>,
     pub dk: Vec<f64>,
     pub dv: Vec<f64>,
+    /// dS = ∂L/∂S, B×Hq×Sq×Sk (the bias gradient before summing over broadcast dims); only
+    /// computed when the problem has a bias.
+    pub ds: Vec<f64>,
 }
 
 /// The arithmetic the generic `head` needs, for f64 (exact) and f32 (naive).
@@ -144,6 +199,18 @@ fn matmul<T: Real>(a: &[T], b: &[T], m: usize, n_inner: usize, n: usize) -> Vec<
     c
 }
 
+/// `matmul` with the inputs first rounded by `round_in` (TF32), if any.
+fn mm<T: Real>(a: &[T], b: &[T], m: usize, n_inner: usize, n: usize, round_in: Option<&dyn Fn(T) -> T>) -> Vec<T> {
+    match round_in {
+        None => matmul(a, b, m, n_inner, n),
+        Some(r) => {
+            let ra: Vec<T> = a.iter().map(|&x| r(x)).collect();
+            let rb: Vec<T> = b.iter().map(|&x| r(x)).collect();
+            matmul(&ra, &rb, m, n_inner, n)
+        }
+    }
+}
+
 /// Transpose of a row-major rows×cols matrix.
 fn transpose<T: Real>(a: &[T], rows: usize, cols: usize) -> Vec<T> {
     let mut t = vec![T::ZERO; rows * cols];
@@ -162,11 +229,12 @@ struct HeadOut<T> {
     dq: Vec<T>,
     dk: Vec<T>,
     dv: Vec<T>,
+    ds: Vec<T>,
 }
 
 /// The formulas of the module docs for query head `bh` (= b·Hq + h). `round` is the identity
 /// for the exact reference and rounding to the dtype for the naive one.
-fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T) -> HeadOut<T> {
+fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Option<&dyn Fn(T) -> T>) -> HeadOut<T> {
     let (sq, sk, d) = (p.seqlen_q, p.seqlen_k, p.head_dim);
     let group = p.heads_q / p.heads_k;
     let (b, h) = (bh / p.heads_q, bh % p.heads_q);
@@ -177,13 +245,25 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T) -> HeadOut<T> {
     let k = load(p.k, bhk * sk * d, sk * d);
     let v = load(p.v, bhk * sk * d, sk * d);
     let scale = T::of(p.sm_scale);
+    let bias = p.bias.map(|b| load(b, bh * sq * sk, sq * sk));
+    // Dropout factor per element: M·r (0 or r); 1 without dropout.
+    let keep = p.dropout.map(|(m, r)| {
+        m[bh * sq * sk..(bh + 1) * sq * sk]
+            .iter()
+            .map(|&kept| if kept != 0 { T::of(r) } else { T::ZERO })
+            .collect::<Vec<T>>()
+    });
 
-    // S = scale · Q Kᵀ (Sq×Sk), then P = softmax over visible keys, LSE.
-    let s: Vec<T> = matmul(&q, &transpose(&k, sk, d), sq, d, sk)
+    // S = scale · Q Kᵀ + bias (Sq×Sk), then P = softmax over visible keys, LSE.
+    let s: Vec<T> = mm(&q, &transpose(&k, sk, d), sq, d, sk, round_in)
         .into_iter()
-        .map(|x| round(x * scale))
+        .enumerate()
+        .map(|(at, x)| match &bias {
+            Some(bias) => round(x * scale + bias[at]),
+            None => round(x * scale),
+        })
         .collect();
-    let mut pm = vec![T::ZERO; sq * sk];
+    let mut pr = vec![T::ZERO; sq * sk]; // P before rounding
     let mut lse = vec![T::INF; sq];
     for i in 0..sq {
         let row = &s[i * sk..(i + 1) * sk];
@@ -202,17 +282,27 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T) -> HeadOut<T> {
             l += (row[j] - m).exp();
         }
         for j in (0..sk).filter(|&j| vis(j)) {
-            pm[i * sk + j] = round((row[j] - m).exp() / l);
+            pr[i * sk + j] = (row[j] - m).exp() / l;
         }
         lse[i] = m + l.ln();
     }
+    let pm: Vec<T> = pr.iter().map(|&x| round(x)).collect();
+    // The P that multiplies V: P∘M·r with dropout.
+    let pd: Vec<T> = match &keep {
+        Some(keep) => pr.iter().zip(keep).map(|(&x, &f)| round(x * f)).collect(),
+        None => pm.clone(),
+    };
 
-    // O = P V; dV = Pᵀ dO; dP = dO Vᵀ; D = rowsum(dO ∘ O); dS = P ∘ (dP − D).
-    let o: Vec<T> = matmul(&pm, &v, sq, sk, d).into_iter().map(round).collect();
-    let dv = matmul(&transpose(&pm, sq, sk), &d_o, sk, sq, d);
-    let dp: Vec<T> = matmul(&d_o, &transpose(&v, sk, d), sq, d, sk)
+    // O = Pd V; dV = Pdᵀ dO; dP = dO Vᵀ ∘ M·r; D = rowsum(dO ∘ O); dS = P ∘ (dP − D).
+    let o: Vec<T> = mm(&pd, &v, sq, sk, d, round_in).into_iter().map(round).collect();
+    let dv = mm(&transpose(&pd, sq, sk), &d_o, sk, sq, d, round_in);
+    let dp: Vec<T> = mm(&d_o, &transpose(&v, sk, d), sq, d, sk, round_in)
         .into_iter()
-        .map(round)
+        .enumerate()
+        .map(|(at, x)| match &keep {
+            Some(keep) => round(x * keep[at]),
+            None => round(x),
+        })
         .collect();
     let mut ds = vec![T::ZERO; sq * sk];
     for i in 0..sq {
@@ -225,15 +315,16 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T) -> HeadOut<T> {
         }
     }
     // dQ = scale · dS K; dK = scale · dSᵀ Q.
-    let dq: Vec<T> = matmul(&ds, &k, sq, sk, d)
+    let dq: Vec<T> = mm(&ds, &k, sq, sk, d, round_in)
         .into_iter()
         .map(|x| round(scale * x))
         .collect();
-    let dk: Vec<T> = matmul(&transpose(&ds, sq, sk), &q, sk, sq, d)
+    let dk: Vec<T> = mm(&transpose(&ds, sq, sk), &q, sk, sq, d, round_in)
         .into_iter()
         .map(|x| scale * x)
         .collect();
-    HeadOut { o, lse, dq, dk, dv }
+    let ds = if p.bias.is_some() { ds } else { Vec::new() };
+    HeadOut { o, lse, dq, dk, dv, ds }
 }
 
 /// Assembles per-head results: O, LSE, dQ per query head; dK, dV summed over each GQA group,
@@ -244,7 +335,7 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
     let n_kv = p.batch * p.heads_k;
     let mut dk = vec![T::ZERO; n_kv * sk * d];
     let mut dv = vec![T::ZERO; n_kv * sk * d];
-    let (mut o, mut lse, mut dq) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut o, mut lse, mut dq, mut ds) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (bh, hd) in heads.into_iter().enumerate() {
         let bhk = (bh / p.heads_q) * p.heads_k + (bh % p.heads_q) / group;
         for (acc, part) in [(&mut dk, &hd.dk), (&mut dv, &hd.dv)] {
@@ -255,6 +346,7 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
         o.extend(hd.o.iter().map(|x| x.to_f64()));
         lse.extend(hd.lse.iter().map(|x| x.to_f64()));
         dq.extend(hd.dq.iter().map(|x| x.to_f64()));
+        ds.extend(hd.ds.iter().map(|x| x.to_f64()));
     }
     let fin = |x: Vec<T>| x.into_iter().map(|x| round(x).to_f64()).collect();
     Outputs {
@@ -263,6 +355,36 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
         dq,
         dk: fin(dk),
         dv: fin(dv),
+        ds,
+    }
+}
+
+/// dBias of a bias with `sizes` [B or 1, Hq or 1, Sq or 1, Sk] from the full dS (B×Hq×Sq×Sk):
+/// the sum over the broadcast dims. `naive`: summed in f32 and rounded to the dtype.
+pub fn reduce_dbias(ds: &[f64], full: [usize; 4], sizes: [usize; 4], naive: Option<Precision>) -> Vec<f64> {
+    let [b, h, sq, sk] = full;
+    let n: usize = sizes.iter().product();
+    let mut acc64 = vec![0.0f64; n];
+    let mut acc32 = vec![0.0f32; n];
+    let at = |z: usize, hh: usize, i: usize, j: usize| {
+        let pick = |x: usize, size: usize| if size == 1 { 0 } else { x };
+        ((pick(z, sizes[0]) * sizes[1] + pick(hh, sizes[1])) * sizes[2] + pick(i, sizes[2])) * sizes[3] + j
+    };
+    for z in 0..b {
+        for hh in 0..h {
+            for i in 0..sq {
+                for j in 0..sk {
+                    let x = ds[((z * h + hh) * sq + i) * sk + j];
+                    let t = at(z, hh, i, j);
+                    acc64[t] += x;
+                    acc32[t] += x as f32;
+                }
+            }
+        }
+    }
+    match naive {
+        None => acc64,
+        Some(prec) => acc32.into_iter().map(|x| prec.round(x) as f64).collect(),
     }
 }
 
@@ -271,6 +393,8 @@ pub fn compute(p: &Problem) -> (Outputs, Outputs) {
     let bh = p.batch * p.heads_q;
     let dtype = p.dtype;
     let round_lowp = move |x: f32| dtype.round(x);
+    let tf32 = |x: f32| round_tf32(x);
+    let round_in: Option<&(dyn Fn(f32) -> f32 + Sync)> = if dtype == Precision::Tf32 { Some(&tf32) } else { None };
     let exact_parts: Mutex<Vec<Option<HeadOut<f64>>>> = Mutex::new((0..bh).map(|_| None).collect());
     let naive_parts: Mutex<Vec<Option<HeadOut<f32>>>> = Mutex::new((0..bh).map(|_| None).collect());
     let next = AtomicUsize::new(0);
@@ -289,10 +413,11 @@ pub fn compute(p: &Problem) -> (Outputs, Outputs) {
                     // Larger items first would balance better; interleaving precisions suffices.
                     let (head_index, naive) = (item / 2, item % 2 == 1);
                     if naive {
-                        let out = head::<f32>(p, head_index, &round_lowp);
+                        let round_in = round_in.map(|r| r as &dyn Fn(f32) -> f32);
+                        let out = head::<f32>(p, head_index, &round_lowp, round_in);
                         naive_parts.lock().unwrap()[head_index] = Some(out);
                     } else {
-                        let out = head::<f64>(p, head_index, &|x| x);
+                        let out = head::<f64>(p, head_index, &|x| x, None);
                         exact_parts.lock().unwrap()[head_index] = Some(out);
                     }
                 }
@@ -323,8 +448,8 @@ mod tests {
     use crate::lowp::SplitMix64;
 
     /// Loss L = Σ O ∘ dO computed independently (row by row, f64, no matrices), for finite
-    /// differences.
-    fn loss(p: &Problem, q: &[f32], k: &[f32], v: &[f32]) -> f64 {
+    /// differences; `bias` (full B×Hq×Sq×Sk) and the problem's dropout mask are applied.
+    fn loss_with(p: &Problem, q: &[f32], k: &[f32], v: &[f32], bias: Option<&[f32]>) -> f64 {
         let (sq, sk, d, g) = (p.seqlen_q, p.seqlen_k, p.head_dim, p.heads_q / p.heads_k);
         let mut total = 0.0;
         for b in 0..p.batch {
@@ -332,25 +457,31 @@ mod tests {
                 let qb = (b * p.heads_q + h) * sq * d;
                 let kb = (b * p.heads_k + h / g) * sk * d;
                 for i in 0..sq {
+                    let at = |j: usize| ((b * p.heads_q + h) * sq + i) * sk + j;
                     let scores: Vec<(usize, f64)> = (0..sk)
                         .filter(|&j| p.mask.visible(i, j, sq, sk))
                         .map(|j| {
                             let dot: f64 = (0..d)
                                 .map(|t| q[qb + i * d + t] as f64 * k[kb + j * d + t] as f64)
                                 .sum();
-                            (j, dot * p.sm_scale as f64)
+                            (j, dot * p.sm_scale as f64 + bias.map_or(0.0, |b| b[at(j)] as f64))
                         })
                         .collect();
                     let z: f64 = scores.iter().map(|(_, s)| s.exp()).sum();
                     for (j, s) in &scores {
+                        let factor = p.dropout.map_or(1.0, |(m, r)| m[at(*j)] as f64 * r as f64);
                         for t in 0..d {
-                            total += s.exp() / z * v[kb + j * d + t] as f64 * p.d_o[qb + i * d + t] as f64;
+                            total += s.exp() / z * factor * v[kb + j * d + t] as f64 * p.d_o[qb + i * d + t] as f64;
                         }
                     }
                 }
             }
         }
         total
+    }
+
+    fn loss(p: &Problem, q: &[f32], k: &[f32], v: &[f32]) -> f64 {
+        loss_with(p, q, k, v, p.bias)
     }
 
     fn random(n: usize, rng: &mut SplitMix64) -> Vec<f32> {
@@ -391,7 +522,7 @@ mod tests {
             let v = random(batch * heads_k * sk * d, &mut rng);
             let d_o = random(batch * heads_q * sq * d, &mut rng);
             let p = Problem {
-                dtype: Lowp::BF16,
+                dtype: Precision::Half(Lowp::BF16),
                 batch,
                 heads_q,
                 heads_k,
@@ -404,6 +535,8 @@ mod tests {
                 k: &k,
                 v: &v,
                 d_o: &d_o,
+                bias: None,
+                dropout: None,
             };
             let (exact, _) = compute(&p);
             // Sq > Sk bottom-right causal: rows 0 and 1 see nothing.
@@ -441,6 +574,115 @@ mod tests {
         }
     }
 
+    /// With a bias and a dropout mask: dQ, dK, dV, dS (= dBias of a full bias) match central
+    /// finite differences of L = Σ O ∘ dO, and dBias of broadcast biases is dS summed.
+    #[test]
+    fn bias_and_dropout_gradients_match_finite_differences() {
+        let (batch, heads_q, heads_k, sq, sk, d) = (2, 4, 2, 5, 6, 4);
+        for (mi, mask) in [
+            MaskSpec {
+                left: -1,
+                right: -1,
+                bottom_right: false,
+            },
+            MaskSpec {
+                left: -1,
+                right: 0,
+                bottom_right: true,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut rng = SplitMix64::new(101 + mi as u64);
+            let q = random(batch * heads_q * sq * d, &mut rng);
+            let k = random(batch * heads_k * sk * d, &mut rng);
+            let v = random(batch * heads_k * sk * d, &mut rng);
+            let d_o = random(batch * heads_q * sq * d, &mut rng);
+            let bias = random(batch * heads_q * sq * sk, &mut rng);
+            let keep: Vec<u8> = (0..batch * heads_q * sq * sk)
+                .map(|_| (rng.below(10) >= 3) as u8)
+                .collect();
+            let p = Problem {
+                dtype: Precision::F32,
+                batch,
+                heads_q,
+                heads_k,
+                seqlen_q: sq,
+                seqlen_k: sk,
+                head_dim: d,
+                mask,
+                sm_scale: 0.6,
+                q: &q,
+                k: &k,
+                v: &v,
+                d_o: &d_o,
+                bias: Some(&bias),
+                dropout: Some((&keep, 1.0 / 0.7)),
+            };
+            let (exact, naive) = compute(&p);
+            assert_eq!(exact.ds.len(), bias.len());
+            let h = 1e-3f32;
+            let fd = |which: usize, idx: usize| {
+                let mut plus = [q.clone(), k.clone(), v.clone(), bias.clone()];
+                let mut minus = plus.clone();
+                plus[which][idx] += h;
+                minus[which][idx] -= h;
+                let step = plus[which][idx] as f64 - minus[which][idx] as f64;
+                (loss_with(&p, &plus[0], &plus[1], &plus[2], Some(&plus[3]))
+                    - loss_with(&p, &minus[0], &minus[1], &minus[2], Some(&minus[3])))
+                    / step
+            };
+            for (name, grad, which) in [
+                ("dq", &exact.dq, 0),
+                ("dk", &exact.dk, 1),
+                ("dv", &exact.dv, 2),
+                ("dbias", &exact.ds, 3),
+            ] {
+                for (idx, &g) in grad.iter().enumerate() {
+                    let f = fd(which, idx);
+                    assert!(
+                        (f - g).abs() < 2e-3 * (1.0 + f.abs()),
+                        "mask {mi} {name}[{idx}]: fd {f} vs {g}"
+                    );
+                }
+            }
+            // O with dropout: linear in dO.
+            let base = loss(&p, &q, &k, &v);
+            let mut d_o2 = d_o.clone();
+            d_o2[9] += 1.0;
+            let p2 = Problem { d_o: &d_o2, ..p };
+            let o9 = (loss(&p2, &q, &k, &v) - base) / (d_o2[9] as f64 - d_o[9] as f64);
+            assert!((o9 - exact.o[9]).abs() < 1e-9, "O[9] {o9} vs {}", exact.o[9]);
+            // The f32 naive reference is the same math: close.
+            for (a, b) in naive.o.iter().zip(&exact.o).chain(naive.ds.iter().zip(&exact.ds)) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+            // Broadcast dBias = dS summed over the broadcast dims.
+            let full = [batch, heads_q, sq, sk];
+            let db = reduce_dbias(&exact.ds, full, [batch, 1, 1, sk], None);
+            for z in 0..batch {
+                for j in 0..sk {
+                    let want: f64 = (0..heads_q * sq)
+                        .map(|r| exact.ds[(z * heads_q * sq + r) * sk + j])
+                        .sum();
+                    assert!((db[z * sk + j] - want).abs() < 1e-12);
+                }
+            }
+            assert_eq!(reduce_dbias(&exact.ds, full, full, None), exact.ds);
+        }
+    }
+
+    #[test]
+    fn tf32_rounding() {
+        assert_eq!(round_tf32(1.0), 1.0);
+        assert_eq!(round_tf32(1.0 + 2f32.powi(-11)), 1.0); // tie -> even
+        assert_eq!(round_tf32(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2f32.powi(-9)); // tie -> even (up)
+        assert_eq!(round_tf32(1.0 + 2f32.powi(-10)), 1.0 + 2f32.powi(-10));
+        assert_eq!(round_tf32(-1.5), -1.5);
+        assert!(round_tf32(f32::NAN).is_nan());
+    }
+
     /// The naive reference is close to the exact one (it is the same math, rounded).
     #[test]
     fn naive_tracks_exact() {
@@ -454,7 +696,7 @@ mod tests {
             draw(batch * heads_q * sq * d, &mut rng),
         );
         let p = Problem {
-            dtype: Lowp::F16,
+            dtype: Precision::Half(Lowp::F16),
             batch,
             heads_q,
             heads_k,
@@ -471,6 +713,8 @@ mod tests {
             k: &k,
             v: &v,
             d_o: &d_o,
+            bias: None,
+            dropout: None,
         };
         let (e, n) = compute(&p);
         let err = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);

@@ -337,7 +337,7 @@ pub(crate) mod tests {
         assert!(err.message().contains("sequence 2") && err.message().contains("12"), "{err}");
         assert_eq!(kind(packed(Some((&[0, 5, 4, 17], CU_K)))), ErrorKind::InvalidArgument, "decreasing offsets");
         assert_eq!(kind(packed(Some((&[0, 5, 17], CU_K)))), ErrorKind::ShapeMismatch, "host copy of the wrong length");
-        assert_eq!(kind(packed(Some((&[0, 5, 5, 18], CU_K)))), ErrorKind::ShapeMismatch, "past the packed tensor");
+        assert_eq!(kind(packed(Some((&[0, 5, 6, 18], CU_K)))), ErrorKind::ShapeMismatch, "past the packed tensor");
         let mut p = packed(None);
         p.q.sizes[0] = 2;
         p.o.sizes[0] = 2;

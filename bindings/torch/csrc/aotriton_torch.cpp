@@ -1,0 +1,363 @@
+// PyTorch custom ops over the installed aotriton C++ API (include/aotriton/flash.h).
+//
+//   torch.ops.aotriton.fwd(q, k, v, bias?, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
+//                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32)
+//       -> (out, lse, rng_state)
+//   torch.ops.aotriton.bwd(dout, q, k, v, out, lse, bias?, bias_requires_grad, cu_seqlens_q?,
+//                          cu_seqlens_k?, max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left,
+//                          window_right, align, dropout_p, rng_state, allow_tf32, deterministic)
+//       -> (dq, dk, dv, dbias)
+//   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
+//   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
+//
+// q/k/v/out are B x H x S x D views with a unit last stride (any other strides). A packed
+// (varlen) batch passes [1, H, total, D] views plus int32 cu_seqlens. Outputs are allocated with
+// torch's allocator: out/dq as B x S x Hq x D memory viewed as B x Hq x S x D (dk, dv likewise),
+// lse fp32 B x Hq x S, rng_state int64[2] = (seed, offset) the dropout used.
+//
+// Dropout randomness comes from torch's default CUDA generator of q's device: each forward with
+// dropout_p > 0 advances its Philox offset by dropout_offsets_consumed(B, Hq, Sq, Sk) rounded up
+// to a multiple of 4 (B = number of sequences, Sq/Sk = max lengths for packed batches). Under CUDA
+// graph capture the kernels read the generator's graph-safe seed/offset device slots, so every
+// replay uses fresh numbers; the forward writes the (seed, offset) it used into rng_state, which
+// the backward reads, so forward and backward always agree.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <aotriton/flash.h>
+
+#include <mutex>
+#include <string>
+
+namespace {
+
+namespace flash = aotriton::v2::flash;
+using aotriton::DType;
+using aotriton::Status;
+using at::Tensor;
+
+DType dtype_of(const Tensor& t, const char* name) {
+  switch (t.scalar_type()) {
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kInt:
+      return DType::kInt32;
+    default:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "aotriton: ", name, " has dtype ", t.scalar_type(),
+                                  "; supported: float16, bfloat16, float32");
+  }
+}
+
+template <int R>
+aotriton::TensorView<R> view_of(const Tensor& t, const char* name) {
+  aotriton::TensorView<R> v;
+  if (!t.defined()) return v;
+  TORCH_CHECK_VALUE(t.dim() == R, "aotriton: ", name, " must have ", R, " dims, got ", t.dim());
+  v.data = t.data_ptr();
+  for (int d = 0; d < R; ++d) {
+    v.sizes[d] = static_cast<uint64_t>(t.size(d));
+    v.strides[d] = t.stride(d);
+  }
+  v.dtype = dtype_of(t, name);
+  return v;
+}
+
+void check_cuda(const Tensor& t, const Tensor& q, const char* name) {
+  if (!t.defined()) return;
+  TORCH_CHECK(t.is_cuda(), "aotriton: ", name, " must be a CUDA tensor, got device ", t.device());
+  TORCH_CHECK(t.device() == q.device(), "aotriton: ", name, " is on ", t.device(), " but q is on ",
+              q.device());
+}
+
+// A non-success Status becomes a Python exception of a fitting type with aotriton's message.
+void check_status(Status st, const char* op) {
+  if (st == Status::kSuccess) return;
+  const std::string msg = std::string("aotriton ") + op + " failed (" + aotriton::status_name(st) +
+                          "): " + aotriton::last_error_message();
+  switch (st) {
+    case Status::kUnsupportedHeadDim:
+    case Status::kUnsupportedDType:
+    case Status::kUnsupportedGpu:
+    case Status::kKernelNotFound:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, msg);
+    case Status::kDTypeMismatch:
+      TORCH_CHECK_TYPE(false, msg);
+    case Status::kInvalidArgument:
+    case Status::kShapeMismatch:
+    case Status::kBadStrides:
+    case Status::kEmptyInput:
+    case Status::kTooLarge:
+    case Status::kNullPointer:
+    case Status::kMisalignedPointer:
+      TORCH_CHECK_VALUE(false, msg);
+    default:
+      TORCH_CHECK(false, msg);
+  }
+}
+
+aotriton::Stream current_stream(const Tensor& q) {
+  return aotriton::Stream{
+      static_cast<void*>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream())};
+}
+
+flash::MaskAlign align_of(int64_t align) {
+  TORCH_CHECK_VALUE(align == 0 || align == 1,
+                    "aotriton: align must be 0 (top-left) or 1 (bottom-right), got ", align);
+  return align == 0 ? flash::MaskAlign::kTopLeft : flash::MaskAlign::kBottomRight;
+}
+
+int32_t window_of(int64_t w, const char* name) {
+  TORCH_CHECK_VALUE(w >= -1 && w <= INT32_MAX, "aotriton: ", name, " must be -1 or >= 0, got ", w);
+  return static_cast<int32_t>(w);
+}
+
+// B x S x H x D memory viewed as B x H x S x D.
+Tensor alloc_bhsd(int64_t b, int64_t h, int64_t s, int64_t d, const at::TensorOptions& opts,
+                  bool zero) {
+  Tensor t = zero ? at::zeros({b, s, h, d}, opts) : at::empty({b, s, h, d}, opts);
+  return t.transpose(1, 2);
+}
+
+struct Problem {
+  bool varlen = false;
+  int64_t batch = 0, heads_q = 0, heads_k = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
+};
+
+Problem problem_of(const Tensor& q, const Tensor& k, const c10::optional<Tensor>& cu_q,
+                   const c10::optional<Tensor>& cu_k, int64_t max_q, int64_t max_k) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4,
+                    "aotriton: q and k must be 4-D (B x H x S x D) views, got ", q.sizes(), " and ",
+                    k.sizes());
+  Problem p;
+  p.varlen = cu_q.has_value() && cu_q->defined();
+  TORCH_CHECK_VALUE(p.varlen == (cu_k.has_value() && cu_k->defined()),
+                    "aotriton: give both cu_seqlens_q and cu_seqlens_k, or neither");
+  p.heads_q = q.size(1);
+  p.heads_k = k.size(1);
+  p.head_dim = q.size(3);
+  if (p.varlen) {
+    for (const Tensor* cu : {&*cu_q, &*cu_k}) {
+      check_cuda(*cu, q, "cu_seqlens");
+      TORCH_CHECK_TYPE(cu->scalar_type() == at::kInt, "aotriton: cu_seqlens must be int32, got ",
+                       cu->scalar_type());
+      TORCH_CHECK_VALUE(cu->dim() == 1, "aotriton: cu_seqlens must be 1-D");
+    }
+    TORCH_CHECK_VALUE(max_q > 0 && max_k > 0, "aotriton: max_seqlen_q/k must be > 0 for a packed batch");
+    p.batch = cu_q->size(0) - 1;
+    p.seqlen_q = max_q;
+    p.seqlen_k = max_k;
+  } else {
+    p.batch = q.size(0);
+    p.seqlen_q = q.size(2);
+    p.seqlen_k = k.size(2);
+  }
+  return p;
+}
+
+uint64_t philox_increment(const Problem& p) {
+  const uint64_t n = flash::dropout_offsets_consumed(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k);
+  return (n + 3) / 4 * 4;
+}
+
+std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const c10::optional<Tensor>& bias,
+                                            const c10::optional<Tensor>& cu_seqlens_q,
+                                            const c10::optional<Tensor>& cu_seqlens_k,
+                                            int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                            double sm_scale, bool causal, int64_t window_left,
+                                            int64_t window_right, int64_t align, double dropout_p,
+                                            bool allow_tf32) {
+  TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  check_cuda(k, q, "k");
+  check_cuda(v, q, "v");
+  if (bias.has_value()) check_cuda(*bias, q, "bias");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+
+  // Rows of a packed tensor past the last sequence are not written by the kernels: zero them.
+  Tensor out = alloc_bhsd(q.size(0), q.size(1), q.size(2), q.size(3), q.options(), pr.varlen);
+  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
+
+  flash::FwdParams p;
+  p.q = view_of<4>(q, "q");
+  p.k = view_of<4>(k, "k");
+  p.v = view_of<4>(v, "v");
+  p.o = view_of<4>(out, "out");
+  p.lse = view_of<3>(lse, "lse");
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.causal = causal;
+  p.align = align_of(align);
+  p.window_left = window_of(window_left, "window_left");
+  p.window_right = window_of(window_right, "window_right");
+  if (bias.has_value() && bias->defined()) p.bias = view_of<4>(*bias, "bias");
+  if (pr.varlen) {
+    p.cu_seqlens_q = view_of<1>(*cu_seqlens_q, "cu_seqlens_q");
+    p.cu_seqlens_k = view_of<1>(*cu_seqlens_k, "cu_seqlens_k");
+    p.max_seqlen_q = static_cast<uint64_t>(max_seqlen_q);
+    p.max_seqlen_k = static_cast<uint64_t>(max_seqlen_k);
+  }
+  p.allow_tf32 = allow_tf32;
+
+  Tensor philox_in;  // keeps the host-mode seed/offset alive until the launch is enqueued
+  if (dropout_p > 0.0) {
+    TORCH_CHECK_VALUE(dropout_p < 1.0, "aotriton: dropout_p must be in [0, 1), got ", dropout_p);
+    auto gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+        c10::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.device().index()));
+    at::PhiloxCudaState st;
+    {
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      st = gen->philox_cuda_state(philox_increment(pr));
+    }
+    if (st.captured_) {
+      // CUDA graph capture: device slots the graph refreshes before every replay.
+      p.philox_seed = st.seed_.ptr;
+      p.philox_offset = st.offset_.ptr;
+      p.philox_offset_base = st.offset_intragraph_;
+    } else {
+      philox_in = at::empty({2}, q.options().dtype(at::kLong));
+      philox_in.select(0, 0).fill_(static_cast<int64_t>(st.seed_.val));
+      philox_in.select(0, 1).fill_(static_cast<int64_t>(st.offset_.val));
+      p.philox_seed = philox_in.data_ptr<int64_t>();
+      p.philox_offset = philox_in.data_ptr<int64_t>() + 1;
+      p.philox_offset_base = 0;
+    }
+    p.dropout_p = static_cast<float>(dropout_p);
+    p.philox_seed_out = rng_state.data_ptr<int64_t>();
+    p.philox_offset_out = rng_state.data_ptr<int64_t>() + 1;
+  }
+  check_status(flash::attn_fwd(p, current_stream(q)), "attn_fwd");
+  return {out, lse, rng_state};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+    const Tensor& lse, const c10::optional<Tensor>& bias, bool bias_requires_grad,
+    const c10::optional<Tensor>& cu_seqlens_q, const c10::optional<Tensor>& cu_seqlens_k,
+    int64_t max_seqlen_q, int64_t max_seqlen_k, double sm_scale, bool causal, int64_t window_left,
+    int64_t window_right, int64_t align, double dropout_p, const Tensor& rng_state,
+    bool allow_tf32, bool deterministic) {
+  TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  for (auto [t, name] : {std::pair<const Tensor*, const char*>{&dout, "dout"}, {&k, "k"}, {&v, "v"},
+                         {&out, "out"}, {&lse, "lse"}, {&rng_state, "rng_state"}}) {
+    check_cuda(*t, q, name);
+  }
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) check_cuda(*bias, q, "bias");
+  TORCH_CHECK_VALUE(!bias_requires_grad || has_bias,
+                    "aotriton: bias_requires_grad is set but no bias is given");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+
+  // Packed batches: rows past the last sequence get no gradient from the kernels; zero them.
+  Tensor dq = alloc_bhsd(q.size(0), q.size(1), q.size(2), q.size(3), q.options(), pr.varlen);
+  Tensor dk = alloc_bhsd(k.size(0), k.size(1), k.size(2), k.size(3), k.options(), pr.varlen);
+  Tensor dv = alloc_bhsd(v.size(0), v.size(1), v.size(2), v.size(3), v.options(), pr.varlen);
+  Tensor delta = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  Tensor dbias = bias_requires_grad ? at::empty(bias->sizes(), bias->options())
+                                    : at::empty({0}, q.options());
+
+  flash::BwdParams p;
+  p.q = view_of<4>(q, "q");
+  p.k = view_of<4>(k, "k");
+  p.v = view_of<4>(v, "v");
+  p.o = view_of<4>(out, "out");
+  p.d_o = view_of<4>(dout, "dout");
+  p.lse = view_of<3>(lse, "lse");
+  p.delta = view_of<3>(delta, "delta");
+  p.dq = view_of<4>(dq, "dq");
+  p.dk = view_of<4>(dk, "dk");
+  p.dv = view_of<4>(dv, "dv");
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.causal = causal;
+  p.align = align_of(align);
+  p.window_left = window_of(window_left, "window_left");
+  p.window_right = window_of(window_right, "window_right");
+  if (has_bias) p.bias = view_of<4>(*bias, "bias");
+  if (bias_requires_grad) p.dbias = view_of<4>(dbias, "dbias");
+  if (pr.varlen) {
+    p.cu_seqlens_q = view_of<1>(*cu_seqlens_q, "cu_seqlens_q");
+    p.cu_seqlens_k = view_of<1>(*cu_seqlens_k, "cu_seqlens_k");
+    p.max_seqlen_q = static_cast<uint64_t>(max_seqlen_q);
+    p.max_seqlen_k = static_cast<uint64_t>(max_seqlen_k);
+  }
+  if (dropout_p > 0.0) {
+    TORCH_CHECK_VALUE(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 &&
+                          rng_state.is_contiguous(),
+                      "aotriton: rng_state must be the forward's int64[2] (seed, offset)");
+    p.dropout_p = static_cast<float>(dropout_p);
+    p.philox_seed = rng_state.data_ptr<int64_t>();
+    p.philox_offset = rng_state.data_ptr<int64_t>() + 1;
+    p.philox_offset_base = 0;
+  }
+  p.allow_tf32 = allow_tf32;
+  p.deterministic = deterministic;
+  check_status(flash::attn_bwd(p, current_stream(q)), "attn_bwd");
+  return {dq, dk, dv, dbias};
+}
+
+Tensor dropout_mask_cuda(const Tensor& rng_state, int64_t batch, int64_t heads, int64_t seqlen_q,
+                         int64_t seqlen_k, double dropout_p) {
+  TORCH_CHECK(rng_state.is_cuda(), "aotriton: rng_state must be a CUDA tensor");
+  TORCH_CHECK_VALUE(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 &&
+                        rng_state.is_contiguous(),
+                    "aotriton: rng_state must be an int64[2] (seed, offset) tensor");
+  const c10::cuda::CUDAGuard guard(rng_state.device());
+  Tensor mask = at::empty({batch, heads, seqlen_q, seqlen_k}, rng_state.options().dtype(at::kFloat));
+  check_status(flash::debug_dropout_mask(view_of<4>(mask, "mask"), static_cast<float>(dropout_p),
+                                         rng_state.data_ptr<int64_t>(),
+                                         rng_state.data_ptr<int64_t>() + 1, 0,
+                                         current_stream(rng_state)),
+               "debug_dropout_mask");
+  return mask;
+}
+
+int64_t dropout_offsets_consumed(int64_t batch, int64_t heads_q, int64_t seqlen_q,
+                                 int64_t seqlen_k) {
+  return static_cast<int64_t>(flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k));
+}
+
+std::string library_version() { return aotriton::version(); }
+
+}  // namespace
+
+TORCH_LIBRARY(aotriton, m) {
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+      "int max_seqlen_q, int max_seqlen_k, float sm_scale, bool causal, int window_left, "
+      "int window_right, int align, float dropout_p, bool allow_tf32) -> (Tensor, Tensor, Tensor)",
+      {at::Tag::nondeterministic_seeded});
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? bias, "
+      "bool bias_requires_grad, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float sm_scale, bool causal, int window_left, int window_right, "
+      "int align, float dropout_p, Tensor rng_state, bool allow_tf32, bool deterministic) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "dropout_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, "
+      "float dropout_p) -> Tensor");
+  m.def("dropout_offsets_consumed(int batch, int heads_q, int seqlen_q, int seqlen_k) -> int",
+        &dropout_offsets_consumed);
+  m.def("version() -> str", &library_version);
+}
+
+TORCH_LIBRARY_IMPL(aotriton, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
+  m.impl("bwd", &bwd_cuda);
+  m.impl("dropout_mask", &dropout_mask_cuda);
+}
+
+// A Python module too, so that `import aotriton._C` loads the library (and registers the ops).
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "aotriton torch ops (registered as torch.ops.aotriton.*)";
+  m.def("version", &library_version);
+  m.def("dropout_offsets_consumed", &dropout_offsets_consumed);
+}

@@ -1,0 +1,422 @@
+"""PyTorch front end of aotriton's FlashAttention (forward and backward, CUDA tensors).
+
+Entry points (all differentiable through ``torch.autograd.Function``):
+
+* :func:`scaled_dot_product_attention` -- a drop-in for ``torch.nn.functional.
+  scaled_dot_product_attention`` (same arguments, layouts and semantics).
+* :func:`flash_attention` -- the padded ``(B, H, S, D)`` (or ``(B, S, H, D)``) layout with sliding
+  windows, bottom-right alignment, an additive bias and dropout.
+* :func:`flash_attn_varlen` -- packed variable-length batches, ``(total, H, D)`` tensors plus
+  ``cu_seqlens`` offsets (flash-attn's ``flash_attn_varlen_func`` layout).
+* :func:`dropout_mask` -- the keep-mask a dropout call used, from its ``rng_state``.
+
+The ops behind them are ``torch.ops.aotriton.{fwd,bwd,dropout_mask}`` (C++, library
+``aotriton._C``), with fake (meta) implementations so ``torch.compile`` can trace them.
+
+Dropout and torch's RNG: randomness comes from torch's default CUDA generator of the inputs'
+device, so ``torch.manual_seed`` / ``torch.cuda.manual_seed`` make it reproducible. Each forward
+call with ``dropout_p > 0`` takes the generator's current (seed, offset) and advances its Philox
+offset by :func:`philox_increment` ``(B, Hq, Sq, Sk)`` =
+``B * Hq * Sq * ceil(Sk / 4)`` rounded up to a multiple of 4 (for packed batches B is the number of
+sequences and Sq, Sk the max lengths). The (seed, offset) actually used is written by the forward
+kernel into an int64[2] ``rng_state`` tensor kept for the backward, which regenerates exactly the
+forward's mask. Under CUDA graph capture the kernels read the generator's graph-safe seed/offset
+slots (refreshed by every replay), so each replay draws a new mask and its backward still matches.
+
+Importing this module needs neither a GPU nor the compiled extension; calls raise a clear error
+when either is missing.
+"""
+import importlib
+import math
+import os
+import warnings
+
+import torch  # the real torch: this package's module is aotriton.torch (absolute import)
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "flash_attention",
+    "flash_attn_varlen",
+    "dropout_mask",
+    "philox_increment",
+    "is_available",
+    "version",
+]
+
+# Torch's own SDPA, kept before anyone can monkeypatch it (used for empty inputs).
+_torch_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_HEAD_DIM = 256
+_load_error = None
+
+
+def _load():
+    """Loads the C++ ops (``aotriton._C``, or the library named by ``$AOTRITON_TORCH_LIBRARY``)."""
+    global _load_error
+    try:
+        path = os.environ.get("AOTRITON_TORCH_LIBRARY")
+        if path:
+            torch.ops.load_library(path)
+        else:
+            importlib.import_module("aotriton._C")
+        _register_fakes()
+    except Exception as e:  # keep import working: report at call time
+        _load_error = e
+
+
+def _register_fakes():
+    """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
+
+    def bhsd(t, b, h, s, d):  # B x S x H x D memory viewed as B x H x S x D, like the C++ side
+        return t.new_empty((b, s, h, d)).transpose(1, 2)
+
+    @torch.library.register_fake("aotriton::fwd")
+    def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
+                  window_left, window_right, align, dropout_p, allow_tf32):
+        b, h, s, d = q.shape
+        out = bhsd(q, b, h, s, d)
+        lse = q.new_empty((b, h, s), dtype=torch.float32)
+        rng_state = q.new_empty((2,), dtype=torch.int64)
+        return out, lse, rng_state
+
+    @torch.library.register_fake("aotriton::bwd")
+    def _bwd_fake(dout, q, k, v, out, lse, bias, bias_requires_grad, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                  max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p, rng_state,
+                  allow_tf32, deterministic):
+        dq = bhsd(q, *q.shape)
+        dk = bhsd(k, *k.shape)
+        dv = bhsd(v, *v.shape)
+        dbias = bias.new_empty(bias.shape) if bias_requires_grad else q.new_empty((0,))
+        return dq, dk, dv, dbias
+
+    @torch.library.register_fake("aotriton::dropout_mask")
+    def _mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
+        return rng_state.new_empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.float32)
+
+
+_load()
+
+
+def is_available():
+    """True when the C++ ops are loaded and a CUDA device is visible."""
+    return _load_error is None and torch.cuda.is_available()
+
+
+def _ops():
+    if _load_error is not None:
+        raise RuntimeError(
+            "aotriton: the PyTorch extension (aotriton._C) could not be loaded: "
+            f"{type(_load_error).__name__}: {_load_error}. Build it with "
+            "`python bindings/torch/build.py --prefix <aotriton install>` and put bindings/torch/python "
+            "on PYTHONPATH.") from _load_error
+    return torch.ops.aotriton
+
+
+def version():
+    """The aotriton library's version string (e.g. ``0.1.0 (sm_90)``)."""
+    return _ops().version()
+
+
+def philox_increment(batch, heads_q, seqlen_q, seqlen_k):
+    """How far one dropout call advances torch's CUDA generator offset:
+    ``dropout_offsets_consumed(B, Hq, Sq, Sk)`` (= ``B*Hq*Sq*ceil(Sk/4)``) rounded up to a multiple of 4."""
+    n = int(_ops().dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k))
+    return (n + 3) // 4 * 4
+
+
+def dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
+    """The keep-mask (fp32 ``B x H x Sq x Sk``, 1 = kept) of the dropout call whose forward wrote
+    ``rng_state`` (returned by ``flash_attention(..., return_aux=True)``). Debugging/testing aid
+    (calls ``flash::debug_dropout_mask``); kept values are scaled by ``1 / (1 - dropout_p)``."""
+    if not rng_state.is_cuda:
+        raise ValueError("aotriton: rng_state must be the CUDA int64[2] tensor a forward returned")
+    return _ops().dropout_mask(rng_state, int(batch), int(heads), int(seqlen_q), int(seqlen_k), float(dropout_p))
+
+
+def _tf32_flag():
+    """torch's matmul TF32 switch (read without its deprecation warnings)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return bool(torch.backends.cuda.matmul.allow_tf32)
+        except Exception:
+            return torch.get_float32_matmul_precision() != "highest"
+
+
+try:  # torch.compile: read the flag at trace time instead of tracing the warnings machinery
+    _tf32_flag = torch._dynamo.assume_constant_result(_tf32_flag)
+except Exception:
+    pass
+
+
+def _allow_tf32(dtype):
+    return dtype == torch.float32 and _tf32_flag()
+
+
+class _FlashAttnFunction(torch.autograd.Function):
+    """out, lse, rng_state = attention(q, k, v, bias); lse and rng_state are not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
+                window_left, window_right, align, dropout_p, allow_tf32):
+        out, lse, rng_state = _ops().fwd(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                         sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32)
+        ctx.save_for_backward(q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
+                    allow_tf32)
+        ctx.mark_non_differentiable(lse, rng_state)
+        return out, lse, rng_state
+
+    @staticmethod
+    def backward(ctx, dout, _dlse, _drng):
+        q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
+         allow_tf32) = ctx.args
+        if dout.stride(-1) != 1:
+            dout = dout.contiguous()
+        bias_grad = bool(ctx.needs_input_grad[3]) and bias is not None
+        dq, dk, dv, dbias = _ops().bwd(dout, q, k, v, out, lse, bias, bias_grad, cu_seqlens_q, cu_seqlens_k,
+                                       max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right,
+                                       align, dropout_p, rng_state, allow_tf32,
+                                       torch.are_deterministic_algorithms_enabled())
+        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 11
+
+
+def _unit_last_stride(t):
+    return t if t.stride(-1) == 1 or t.size(-1) <= 1 else t.contiguous()
+
+
+def _align_code(align):
+    if align in ("top_left", 0):
+        return 0
+    if align in ("bottom_right", 1):
+        return 1
+    raise ValueError(f"aotriton: align must be 'top_left' or 'bottom_right', got {align!r}")
+
+
+def _window(window_size):
+    try:
+        left, right = (int(w) for w in window_size)
+    except Exception:
+        raise ValueError(f"aotriton: window_size must be a pair (left, right), got {window_size!r}") from None
+    for w in (left, right):
+        if w < -1:
+            raise ValueError(f"aotriton: window sizes are -1 (unbounded) or >= 0, got {window_size!r}")
+    return left, right
+
+
+def _check_common(q, k, v, what):
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"aotriton: {name} must be a tensor, got {type(t).__name__}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise RuntimeError(f"aotriton: expected query, key and value to have the same dtype, got "
+                           f"{q.dtype}, {k.dtype} and {v.dtype}")
+    if q.dtype not in _SUPPORTED_DTYPES:
+        raise NotImplementedError(f"aotriton: dtype {q.dtype} is not supported (float16, bfloat16, float32)")
+    if not (q.device == k.device == v.device):
+        raise RuntimeError(f"aotriton: query, key and value are on different devices ({q.device}, {k.device}, "
+                           f"{v.device})")
+    if q.device.type != "cuda":
+        raise NotImplementedError(f"aotriton: {what} runs on CUDA tensors only, got device {q.device}")
+    d, dk, dv = q.size(-1), k.size(-1), v.size(-1)
+    if dk != d:
+        raise RuntimeError(f"aotriton: query head dim {d} differs from key head dim {dk}")
+    if dv != d:
+        raise NotImplementedError(f"aotriton: value head dim {dv} differs from query head dim {d} "
+                                  "(only equal head dims are supported)")
+    if d % 8 != 0 or d == 0:
+        raise NotImplementedError(f"aotriton: head dim {d} is not a multiple of 8")
+    if d > _MAX_HEAD_DIM:
+        raise NotImplementedError(f"aotriton: head dim {d} is above {_MAX_HEAD_DIM}")
+
+
+def _check_dropout(dropout_p):
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"aotriton: dropout_p must be in [0, 1), got {dropout_p}")
+    return p
+
+
+def _bias_from_mask(mask, shape, dtype, name):
+    """An additive bias [B or 1, Hq or 1, Sq or 1, Sk] (unit last stride) from a bool mask (True =
+    take part; -> 0 / -inf) or a float mask, broadcast like torch SDPA. Autograd flows through the
+    views and casts, so a float mask's gradient comes back in its own shape."""
+    if mask is None:
+        return None
+    b, h, sq, sk = shape
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"aotriton: {name} must be a tensor or None, got {type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(),
+                                                                                       float("-inf"))
+    elif mask.is_floating_point():
+        if mask.dtype != dtype:
+            mask = mask.to(dtype)
+    else:
+        raise TypeError(f"aotriton: {name} must be bool or floating point, got {mask.dtype}")
+    if mask.dim() > 4:
+        raise RuntimeError(f"aotriton: {name} has {mask.dim()} dims; it must broadcast to (B, Hq, Sq, Sk)")
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    full = (b, h, sq, sk)
+    if any(mask.size(i) not in (1, full[i]) for i in range(4)):
+        raise RuntimeError(f"aotriton: {name} of shape {tuple(mask.shape)} is not broadcastable to "
+                           f"(B, Hq, Sq, Sk) = {full}")
+    if mask.size(3) != sk:
+        mask = mask.expand(mask.size(0), mask.size(1), mask.size(2), sk)
+    if mask.device.type != "cuda":
+        raise RuntimeError(f"aotriton: {name} must be on the inputs' CUDA device, got {mask.device}")
+    return _unit_last_stride(mask)
+
+
+def _attention(q, k, v, bias, sm_scale, causal, window_left, window_right, align, dropout_p,
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
+    return _FlashAttnFunction.apply(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                    float(sm_scale), bool(causal), int(window_left), int(window_right), int(align),
+                                    float(dropout_p), _allow_tf32(q.dtype))
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by aotriton.
+
+    query ``(B, Hq, Sq, D)``, key/value ``(B, Hk, Sk, D)`` (or 3-D without the batch), any strides
+    (a non-unit last stride costs a copy); fp16, bf16 or fp32; D a multiple of 8 up to 256.
+    ``attn_mask``: bool (True = take part) or float (added to the scores), broadcastable to
+    ``(B, Hq, Sq, Sk)``; a float mask that requires grad gets its gradient in its own shape.
+    ``is_causal``: query i sees keys j <= i (top-left, as torch). ``scale``: default 1/sqrt(D).
+    ``enable_gqa``: Hq a multiple of Hk (without it Hq must equal Hk, or Hk be 1 as torch's
+    broadcasting allows). ``dropout_p`` applies whenever it is > 0 (like torch's functional);
+    it advances torch's CUDA generator by ``philox_increment(B, Hq, Sq, Sk)`` (module docs).
+    Unsupported inputs raise ``NotImplementedError`` naming the feature.
+    """
+    squeeze = False
+    if query.dim() == 3 and key.dim() == 3 and value.dim() == 3:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        squeeze = True
+    elif not (query.dim() == 4 and key.dim() == 4 and value.dim() == 4):
+        raise NotImplementedError(f"aotriton: scaled_dot_product_attention takes 3-D or 4-D query/key/value, got "
+                                  f"{query.dim()}-D, {key.dim()}-D and {value.dim()}-D")
+    _check_common(query, key, value, "scaled_dot_product_attention")
+    p = _check_dropout(dropout_p)
+    b, hq, sq, d = query.shape
+    bk, hk, sk, _ = key.shape
+    bv, hv, sv, _ = value.shape
+    if not (b == bk == bv):
+        raise RuntimeError(f"aotriton: query, key and value batch sizes differ ({b}, {bk}, {bv})")
+    if sk != sv:
+        raise RuntimeError(f"aotriton: key and value sequence lengths differ ({sk}, {sv})")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("aotriton: _scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                           "is_causal=True")
+    if enable_gqa:
+        if hk == 0 or hq % hk != 0 or hv == 0 or hq % hv != 0:
+            raise RuntimeError(f"aotriton: number of heads in key and value must divide the number of heads in "
+                               f"query (query {hq}, key {hk}, value {hv})")
+    elif not (hq == hk == hv or (hk == hv == 1)):
+        raise RuntimeError(f"aotriton: query has {hq} heads but key has {hk} and value {hv}; torch requires equal "
+                           "head counts unless enable_gqa=True")
+    if hk != hv:
+        raise NotImplementedError(f"aotriton: key and value must have the same number of heads ({hk} vs {hv})")
+    if b == 0 or hq == 0 or sq == 0 or sk == 0:  # nothing for the kernels to do: torch's semantics
+        out = _torch_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+        return out.squeeze(0) if squeeze else out
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bias = _bias_from_mask(attn_mask, (b, hq, sq, sk), query.dtype, "attn_mask")
+    out, _, _ = _attention(query, key, value, bias, sm_scale, is_causal, -1, -1, 0, p)
+    return out.squeeze(0) if squeeze else out
+
+
+def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left", bias=None, dropout_p=0.0,
+                    scale=None, layout="bhsd", return_aux=False):
+    """Attention over padded batches with every aotriton option.
+
+    ``layout="bhsd"``: q ``(B, Hq, Sq, D)``, k/v ``(B, Hk, Sk, D)``; ``"bshd"``: ``(B, S, H, D)``
+    (flash-attn's layout; the output follows the same layout). Hq a multiple of Hk (GQA/MQA).
+    Query i sees key j iff ``i + off - left <= j <= i + off + right`` with ``(left, right) =
+    window_size`` (-1 = unbounded) and ``off = 0`` (``align="top_left"``) or ``Sk - Sq``
+    (``"bottom_right"``, torch's ``causal_lower_right`` and flash-attn's causal); ``causal=True``
+    sets right to 0. A query row that sees no key gets zeros. ``bias``: bool or float mask like
+    :func:`scaled_dot_product_attention`'s ``attn_mask`` (differentiable). ``scale`` default 1/sqrt(D).
+    ``return_aux=True`` returns ``(out, lse, rng_state)``: the natural-log log-sum-exp fp32
+    ``(B, Hq, Sq)`` (+inf for rows with no key) and the int64[2] (seed, offset) of the dropout.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"aotriton: layout must be 'bhsd' or 'bshd', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"aotriton: flash_attention takes 4-D q, k, v; {name} is "
+                             f"{t.dim() if isinstance(t, torch.Tensor) else type(t).__name__}-D")
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _check_common(q, k, v, "flash_attention")
+    p = _check_dropout(dropout_p)
+    left, right = _window(window_size)
+    code = _align_code(align)
+    b, hq, sq, d = q.shape
+    _, hk, sk, _ = k.shape
+    if k.shape != v.shape or k.size(0) != b:
+        raise RuntimeError(f"aotriton: k and v must both be (B, Hk, Sk, D) with q's batch; got q {tuple(q.shape)}, "
+                           f"k {tuple(k.shape)}, v {tuple(v.shape)} (layout {layout})")
+    if hk == 0 or hq % hk != 0:
+        raise RuntimeError(f"aotriton: q has {hq} heads, not a multiple of k's {hk}")
+    if b == 0 or hq == 0 or sq == 0 or sk == 0:
+        raise ValueError(f"aotriton: empty input (B {b}, Hq {hq}, Sq {sq}, Sk {sk})")
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bias = _bias_from_mask(bias, (b, hq, sq, sk), q.dtype, "bias")
+    out, lse, rng_state = _attention(q, k, v, bias, sm_scale, causal, left, right, code, p)
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    return (out, lse, rng_state) if return_aux else out
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                      softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False):
+    """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
+
+    q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``; sequence b owns query tokens
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and key tokens ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``
+    (int32 CUDA tensors of B+1 offsets starting at 0; other integer dtypes are converted).
+    ``max_seqlen_q/k`` (Python ints) must bound every sequence's length; they are trusted, not
+    checked against the device offsets (that would need a device-to-host copy). Masks use each
+    sequence's own lengths: ``align="top_left"`` (default, torch's causal) or ``"bottom_right"``
+    (flash-attn's causal). Output ``(total_q, Hq, D)``; tokens past ``cu_seqlens_q[-1]`` get zeros.
+    Dropout advances the generator by ``philox_increment(B, Hq, max_seqlen_q, max_seqlen_k)``.
+    ``return_aux=True`` adds the LSE ``(Hq, total_q)`` and the int64[2] rng_state.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"aotriton: flash_attn_varlen takes (total, H, D) tensors; {name} is not 3-D")
+    _check_common(q, k, v, "flash_attn_varlen")
+    p = _check_dropout(dropout_p)
+    left, right = _window(window_size)
+    code = _align_code(align)
+    if k.shape != v.shape:
+        raise RuntimeError(f"aotriton: k and v shapes differ ({tuple(k.shape)} vs {tuple(v.shape)})")
+    hq, hk, d = q.size(1), k.size(1), q.size(2)
+    if hk == 0 or hq % hk != 0:
+        raise RuntimeError(f"aotriton: q has {hq} heads, not a multiple of k's {hk}")
+    cus = []
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"aotriton: {name} must be a 1-D tensor of B+1 >= 2 offsets")
+        if cu.device != q.device:
+            raise RuntimeError(f"aotriton: {name} is on {cu.device}, q on {q.device}")
+        cus.append(cu.to(torch.int32).contiguous() if cu.dtype != torch.int32 else cu.contiguous())
+    if cus[0].numel() != cus[1].numel():
+        raise ValueError("aotriton: cu_seqlens_q and cu_seqlens_k must have the same length (B+1)")
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    if max_q <= 0 or max_k <= 0:
+        raise ValueError(f"aotriton: max_seqlen_q/k must be > 0, got {max_q}, {max_k}")
+    sm_scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    q4 = _unit_last_stride(q).unsqueeze(0).transpose(1, 2)  # [1, Hq, total_q, D]
+    k4 = _unit_last_stride(k).unsqueeze(0).transpose(1, 2)
+    v4 = _unit_last_stride(v).unsqueeze(0).transpose(1, 2)
+    out, lse, rng_state = _attention(q4, k4, v4, None, sm_scale, causal, left, right, code, p,
+                                     cus[0], cus[1], max_q, max_k)
+    out = out.transpose(1, 2).squeeze(0)
+    return (out, lse.squeeze(0), rng_state) if return_aux else out

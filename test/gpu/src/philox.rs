@@ -1,0 +1,139 @@
+//! Philox4x32-10 on the host and the dropout keep-mask model of `aotriton::flash` (module docs):
+//!
+//! ```text
+//!   key     = seed (lo, hi 32-bit words)
+//!   counter = *offset + offset_base + ((b·Hq + h)·Sq + i)·⌈Sk/4⌉ + ⌊j/4⌋   (u64, wrapping;
+//!             lo, hi as counter words 0, 1; words 2, 3 zero)
+//!   word    = Philox4x32-10(counter, key)[j mod 4]
+//!   keep    = word ≥ ⌊p·2³²⌋
+//! ```
+//!
+//! For packed (varlen) batches b is the sequence, i, j local positions, Sq, Sk the max lengths.
+
+const M0: u32 = 0xD251_1F53;
+const M1: u32 = 0xCD9E_8D57;
+const W0: u32 = 0x9E37_79B9;
+const W1: u32 = 0xBB67_AE85;
+
+/// Philox4x32 with 10 rounds (Random123's `philox4x32_R(10, ctr, key)`).
+pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let (mut c, mut k) = (ctr, key);
+    for round in 0..10 {
+        if round > 0 {
+            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        }
+        let p0 = M0 as u64 * c[0] as u64;
+        let p1 = M1 as u64 * c[2] as u64;
+        let (hi0, lo0) = ((p0 >> 32) as u32, p0 as u32);
+        let (hi1, lo1) = ((p1 >> 32) as u32, p1 as u32);
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+    }
+    c
+}
+
+/// The threshold the runtime derives from p (an f32): ⌊p·2³²⌋.
+pub fn threshold(p: f32) -> u32 {
+    (p as f64 * 4_294_967_296.0).floor() as u32
+}
+
+/// 1/(1−p) as the kernels get it (computed in f64, passed as f32).
+pub fn scale(p: f32) -> f32 {
+    (1.0 / (1.0 - p as f64)) as f32
+}
+
+/// The dropout of one call, on the host.
+#[derive(Debug, Clone, Copy)]
+pub struct HostDropout {
+    pub p: f32,
+    pub seed: u64,
+    /// `*offset + offset_base` (wrapping).
+    pub offset: u64,
+}
+
+impl HostDropout {
+    /// Keep-mask of a B×H×Sq×Sk score matrix, row-major, 1 = kept.
+    pub fn mask(&self, b: usize, h: usize, sq: usize, sk: usize) -> Vec<u8> {
+        let mut out = vec![0u8; b * h * sq * sk];
+        let th = threshold(self.p);
+        let key = [self.seed as u32, (self.seed >> 32) as u32];
+        let groups = sk.div_ceil(4);
+        for row in 0..b * h * sq {
+            for g in 0..groups {
+                let c = self.offset.wrapping_add((row * groups + g) as u64);
+                let words = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key);
+                for (w, &word) in words.iter().enumerate() {
+                    let j = 4 * g + w;
+                    if j < sk {
+                        out[row * sk + j] = (word >= th) as u8;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Known-answer vectors of Random123 (kat_vectors, philox4x32 10 rounds).
+    #[test]
+    fn random123_vectors() {
+        assert_eq!(
+            philox4x32_10([0; 4], [0; 2]),
+            [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+        );
+        assert_eq!(
+            philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+            [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
+        );
+        assert_eq!(
+            philox4x32_10(
+                [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
+                [0xa4093822, 0x299f31d0]
+            ),
+            [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
+        );
+    }
+
+    /// The mask layout: element (b, h, i, j) reads word j mod 4 of counter row·⌈Sk/4⌉ + ⌊j/4⌋,
+    /// and a shifted offset shifts the stream.
+    #[test]
+    fn mask_layout() {
+        let d = HostDropout {
+            p: 0.5,
+            seed: 0x1234_5678_9abc_def0,
+            offset: 7,
+        };
+        let (b, h, sq, sk) = (2, 3, 5, 9);
+        let m = d.mask(b, h, sq, sk);
+        let groups = sk.div_ceil(4) as u64;
+        for (bi, hi, i, j) in [(0, 0, 0, 0), (1, 2, 4, 8), (0, 1, 3, 5), (1, 0, 2, 7)] {
+            let row = ((bi * h + hi) * sq + i) as u64;
+            let c = 7 + row * groups + (j / 4) as u64;
+            let w = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], [0x9abc_def0, 0x1234_5678])[j % 4];
+            assert_eq!(m[((bi * h + hi) * sq + i) * sk + j], (w >= 1 << 31) as u8);
+        }
+        // Counter words carry across the 32-bit boundary.
+        let hi = HostDropout {
+            offset: u32::MAX as u64,
+            ..d
+        }
+        .mask(1, 1, 1, 8);
+        let c1 = philox4x32_10([0, 1, 0, 0], [0x9abc_def0, 0x1234_5678]);
+        assert_eq!(hi[4..8], c1.map(|w| (w >= 1 << 31) as u8));
+        // p = 0 keeps everything; the threshold of p is ⌊p·2³²⌋.
+        assert!(HostDropout { p: 0.0, ..d }.mask(1, 2, 3, 5).iter().all(|&k| k == 1));
+        assert_eq!(threshold(0.5), 1 << 31);
+        assert_eq!(threshold(0.1), (0.1f32 as f64 * 4294967296.0) as u32);
+        // Keep rate near 1 − p.
+        let kept = HostDropout { p: 0.25, ..d }
+            .mask(4, 4, 64, 64)
+            .iter()
+            .filter(|&&k| k == 1)
+            .count();
+        let n = 4 * 4 * 64 * 64;
+        assert!((kept as f64 / n as f64 - 0.75).abs() < 5.0 * (0.25f64 * 0.75 / n as f64).sqrt());
+    }
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The PyTorch-integration tests, on a GPU machine, from anywhere in the repo:
+#   test/torch/run.sh [PREFIX]        PREFIX: installed aotriton (default .stage/install)
+# Env: OUT (logs, default /tmp/out), PYTHON (default python3), BUILD (scratch, default
+# /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py).
+# Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py and
+# the README's C++ consumer example; keeps going when one fails; logs go to $OUT/torch-*.log;
+# prints a summary last and exits 1 if anything failed.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PREFIX=${1:-${AOTRITON_PREFIX:-$ROOT/.stage/install}}
+PREFIX=$(cd "$PREFIX" 2>/dev/null && pwd) || { echo "run.sh: no install prefix at ${1:-.stage/install}" >&2; exit 1; }
+OUT=${OUT:-/tmp/out}
+PYTHON=${PYTHON:-python3}
+BUILD=${BUILD:-/tmp/aotriton-torch-build}
+mkdir -p "$OUT" "$BUILD"
+failed=0
+declare -a summary
+step() { echo "== $* ($(date +%T))"; }
+
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)
+versions=$("$PYTHON" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n 1)
+
+step "build the extension against $PREFIX"
+if "$PYTHON" bindings/torch/build.py --prefix "$PREFIX" >"$OUT/torch-build.log" 2>&1; then
+  summary+=("torch-build: ok")
+else
+  tail -n 40 "$OUT/torch-build.log"
+  echo "torch-build: FAILED (see $OUT/torch-build.log)"
+  exit 1
+fi
+export PYTHONPATH="$ROOT/bindings/torch/python:$ROOT/test/torch${PYTHONPATH:+:$PYTHONPATH}"
+export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+for name in ops graph llama; do
+  step "test_$name.py"
+  args=()
+  [ "$name" = llama ] && args=(${LLAMA_ARGS:-})
+  "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$OUT/torch-$name.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  line=$(grep -E "^torch-$name: [0-9]+ passed, [0-9]+ failed" "$OUT/torch-$name.log" | tail -n 1)
+  [ -n "$line" ] || line="torch-$name: did not finish (exit $rc): $(tail -n 1 "$OUT/torch-$name.log")"
+  summary+=("$line")
+  grep -E "^FAIL" "$OUT/torch-$name.log" | head -n 15 | while read -r l; do echo "    $l"; done >"$BUILD/$name.failures"
+done
+
+# The README's C++ consumer example (its ```cmake and ```cpp blocks, verbatim).
+step "C++ consumer example from bindings/torch/README.md"
+ex=$BUILD/cpp_example
+rm -rf "$ex" && mkdir -p "$ex"
+"$PYTHON" - "$ROOT/bindings/torch/README.md" "$ex" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+open(sys.argv[2] + "/CMakeLists.txt", "w").write(re.search(r"```cmake\n(.*?)```", text, re.S).group(1))
+open(sys.argv[2] + "/main.cpp", "w").write(re.search(r"```cpp\n(.*?)```", text, re.S).group(1))
+EOF
+log=$OUT/torch-cpp-example.log
+if ! command -v cmake >/dev/null 2>&1; then
+  summary+=("torch-cpp-example: skipped (no cmake)")
+elif cmake -S "$ex" -B "$ex/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" >"$log" 2>&1 \
+     && cmake --build "$ex/build" >>"$log" 2>&1; then
+  if "$ex/build/example" >>"$log" 2>&1; then
+    summary+=("torch-cpp-example: 1 passed, 0 failed")
+  else
+    failed=1
+    summary+=("torch-cpp-example: 0 passed, 1 failed ($(tail -n 1 "$log"))")
+  fi
+elif grep -q "CUDAToolkit" "$log"; then
+  summary+=("torch-cpp-example: skipped (no CUDA toolkit for cudart; see $log)")
+else
+  failed=1
+  summary+=("torch-cpp-example: build failed (see $log)")
+fi
+
+echo
+echo "================ torch summary (logs in $OUT) ================"
+echo "$gpu | $versions"
+for line in "${summary[@]}"; do
+  echo "$line"
+  case $line in
+    torch-ops:*) cat "$BUILD/ops.failures" ;;
+    torch-graph:*) cat "$BUILD/graph.failures" ;;
+    torch-llama:*) cat "$BUILD/llama.failures" ;;
+  esac
+done
+grep -E "^worst tensor" "$OUT/torch-llama.log" 2>/dev/null
+echo "torch overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
+exit $failed

@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""Op-level tests of aotriton.torch against float64 references (on a CUDA GPU).
+
+Every case computes the output and all gradients three ways: aotriton in the input dtype, the
+plain reference (harness.attention_ref) in float64, and the same plain reference in the input
+dtype. Bounds: forward max|err| <= 3 * (input-dtype reference's max|err|) + 1e-3, gradients
+5 * (...) + 1e-3; NaN never passes. The float64 reference itself is cross-checked against torch's
+math SDPA. Dropout cases take the keep-mask of the very call (aotriton.torch.dropout_mask on the
+returned rng_state) into the reference.
+
+    PYTHONPATH=bindings/torch/python python test/torch/test_ops.py [-k substring]
+Last line: `torch-ops: N passed, M failed`; exit status 1 on any failure.
+"""
+import argparse
+import math
+import os
+import re
+
+import torch
+
+from harness import Runner, attention_ref, lse_ref, max_err, visible
+
+import aotriton.torch as A
+
+DEV = "cuda"
+F64 = torch.float64
+R = Runner("ops")
+ARGS = None
+
+
+def rnd(*shape):
+    return torch.randn(*shape, device=DEV, dtype=F64)
+
+
+def wanted(name):
+    return ARGS.k is None or ARGS.k in name
+
+
+def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, grad_factor=5.0, atol=1e-3):
+    """inputs: name -> float64 tensor. Runs fn_ours on dtype copies and fn_ref on float64 and dtype
+    copies, backpropagates one random dout, and checks output + gradients of grad_names."""
+    if not wanted(name):
+        return
+
+    def leaves(dt):
+        return {n: t.to(dt).detach().requires_grad_(n in grad_names) for n, t in inputs.items()}
+
+    def body():
+        ours_in = leaves(dtype)
+        out = fn_ours(**ours_in)
+        dout64 = torch.randn(out.shape, device=DEV, dtype=F64).to(dtype).to(F64)
+        ours_g = torch.autograd.grad(out, [ours_in[n] for n in grad_names], dout64.to(dtype))
+        ref_in = leaves(F64)
+        ref = fn_ref(**ref_in)
+        ref_g = torch.autograd.grad(ref, [ref_in[n] for n in grad_names], dout64)
+        low_in = leaves(dtype)
+        low = fn_ref(**low_in)
+        low_g = torch.autograd.grad(low, [low_in[n] for n in grad_names], dout64.to(dtype))
+        results = [("out", out, ref, low, fwd_factor)]
+        results += [(f"d{n}", o, r, l, grad_factor) for n, o, r, l in zip(grad_names, ours_g, ref_g, low_g)]
+        details, ok = [], True
+        for what, o, r, l, factor in results:
+            e = max_err(o, r)
+            bound = factor * max_err(l, r) + atol
+            if o.shape != r.shape:
+                ok = False
+                details.append(f"{what} shape {tuple(o.shape)} != {tuple(r.shape)}")
+                continue
+            ok &= e <= bound
+            details.append(f"{what} {e:.2e}/{bound:.2e}" + ("" if e <= bound else " <-- over"))
+        R.check(name, ok, " ".join(details))
+
+    R.run(name, body)
+
+
+def tag(dtype):
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+
+
+# ---------------------------------------------------------------- padded SDPA cases
+def sdpa_case(dtype, b, hq, hk, sq, sk, d, causal=False, scale=None, label=""):
+    sc = 1.0 / math.sqrt(d) if scale is None else scale
+    vis = visible(sq, sk, causal=True) if causal else None
+    name = (f"sdpa {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else "")
+            + (f" scale{scale}" if scale is not None else "") + label)
+    compare(name, dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)),
+            lambda q, k, v: A.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                           enable_gqa=hq != hk),
+            lambda q, k, v: attention_ref(q, k, v, sc, vis=vis), ["q", "k", "v"])
+
+
+def test_dtypes_and_head_dims():
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for d in (8, 40, 64, 72, 128, 256):
+            sdpa_case(dtype, 2, 3, 3, 67, 91, d)
+        for d in (64, 128):
+            sdpa_case(dtype, 2, 4, 4, 128, 128, d, causal=True)
+    sdpa_case(torch.bfloat16, 1, 2, 2, 300, 1000, 64)  # long keys, several blocks
+    sdpa_case(torch.float16, 3, 2, 2, 1, 77, 128)      # one query (decode-like)
+
+
+def test_causal_scale_gqa():
+    for sq, sk in ((50, 80), (80, 50)):
+        sdpa_case(torch.float16, 2, 2, 2, sq, sk, 64, causal=True)  # top-left, as torch
+    sdpa_case(torch.bfloat16, 2, 4, 4, 64, 64, 64, scale=0.3)
+    sdpa_case(torch.float16, 2, 8, 2, 96, 96, 128, causal=True, label=" GQA")
+    sdpa_case(torch.bfloat16, 2, 8, 1, 70, 90, 64, label=" MQA")
+    sdpa_case(torch.float32, 1, 6, 3, 33, 65, 40, label=" GQA")
+
+
+def test_layouts():
+    b, h, s, d = 2, 4, 77, 64
+    inputs = dict(q=rnd(b, h, s, d), k=rnd(b, h, s, d), v=rnd(b, h, s, d))
+    sc = 1.0 / math.sqrt(d)
+
+    def bshd_views(q, k, v):  # (B, S, H, D) memory seen as (B, H, S, D), as in most models
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        return A.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compare("sdpa layout bshd-views", torch.float16, inputs, bshd_views,
+            lambda q, k, v: attention_ref(q, k, v, sc, vis=visible(s, s, causal=True)), ["q", "k", "v"])
+
+    def strided_last(q, k, v):  # last stride 2: must be made contiguous by the wrapper
+        k2 = torch.stack([k, k], dim=-1)[..., 0]
+        return A.scaled_dot_product_attention(q, k2, v)
+
+    compare("sdpa non-unit last stride", torch.bfloat16, inputs, strided_last,
+            lambda q, k, v: attention_ref(q, k, v, sc), ["q", "k", "v"])
+    compare("sdpa 3-D inputs", torch.float16, dict(q=rnd(h, s, d), k=rnd(h, 50, d), v=rnd(h, 50, d)),
+            lambda q, k, v: A.scaled_dot_product_attention(q, k, v),
+            lambda q, k, v: attention_ref(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sc).squeeze(0),
+            ["q", "k", "v"])
+
+
+def test_masks():
+    b, hq, hk, sq, sk, d = 2, 4, 2, 61, 83, 64
+    sc = 1.0 / math.sqrt(d)
+    qkv = dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d))
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    # Bool masks (True = take part), broadcast from several shapes; a few fully-masked rows.
+    for shape in ((sq, sk), (b, 1, 1, sk), (b, hq, sq, sk), (1, hq, sq, 1), (sk,)):
+        mask = torch.rand(shape, device=DEV, generator=gen) > 0.3
+        if mask.dim() >= 2 and mask.size(-2) == sq and mask.size(-1) == sk:
+            mask[..., 3, :] = False  # a row that sees nothing: zeros out, like torch's math SDPA
+        compare(f"sdpa bool mask {tuple(shape)} GQA", torch.float16, qkv,
+                lambda q, k, v, m=mask: A.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                lambda q, k, v, m=mask: attention_ref(q, k, v, sc, vis=m), ["q", "k", "v"])
+    # Float masks (additive), with and without a gradient of their own, broadcast.
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for shape, grad in (((b, hq, sq, sk), True), ((1, hq, 1, sk), True), ((sq, 1), True), ((b, 1, sq, sk), False)):
+            inputs = dict(qkv, m=rnd(*shape))
+            names = ["q", "k", "v"] + (["m"] if grad else [])
+            compare(f"sdpa float mask {tag(dtype)} {tuple(shape)}" + (" +grad" if grad else ""), dtype, inputs,
+                    lambda q, k, v, m: A.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+                    lambda q, k, v, m: attention_ref(q, k, v, sc, bias=m), names)
+    # A float mask of another dtype than the inputs (cast like torch).
+    compare("sdpa fp32 mask on bf16 inputs", torch.bfloat16, qkv,
+            lambda q, k, v: A.scaled_dot_product_attention(q, k, v, attn_mask=MASK32, enable_gqa=True),
+            lambda q, k, v: attention_ref(q, k, v, sc, bias=MASK32.to(q.dtype)), ["q", "k", "v"])
+
+
+MASK32 = None
+
+
+def test_reference_vs_torch_math():
+    """The float64 reference agrees with torch's math SDPA (GQA, mask, causal, scale)."""
+    if not wanted("reference"):
+        return
+
+    def body():
+        b, hq, hk, sq, sk, d = 2, 4, 2, 40, 56, 32
+        q, k, v = rnd(b, hq, sq, d), rnd(b, hk, sk, d), rnd(b, hk, sk, d)
+        m = rnd(1, hq, sq, sk)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.MATH):
+            t1 = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.2, enable_gqa=True)
+            t2 = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        r1 = attention_ref(q, k, v, 0.2, bias=m)
+        r2 = attention_ref(q, k, v, 1 / math.sqrt(d), vis=visible(sq, sk, causal=True))
+        e = max(max_err(t1, r1), max_err(t2, r2))
+        R.check("reference == torch math SDPA (float64)", e < 1e-10, f"{e:.1e}")
+
+    R.run("reference == torch math SDPA (float64)", body)
+
+
+# ---------------------------------------------------------------- flash_attention: windows, bottom-right, bias
+def test_windows():
+    cases = [  # (sq, sk, window, align, causal, dtype, hq, hk)
+        (64, 100, (8, 4), "top_left", False, torch.float16, 2, 2),
+        (64, 100, (16, 0), "bottom_right", False, torch.bfloat16, 4, 2),
+        (64, 100, (-1, 3), "bottom_right", False, torch.float16, 2, 1),
+        (100, 64, (-1, -1), "bottom_right", True, torch.float16, 2, 2),  # rows with no key: zeros
+        (90, 90, (20, -1), "top_left", True, torch.float32, 2, 2),
+        (37, 200, (0, 0), "top_left", False, torch.bfloat16, 2, 2),
+    ]
+    for sq, sk, win, align, causal, dtype, hq, hk in cases:
+        d = 64
+        code = 0 if align == "top_left" else 1
+        vis = visible(sq, sk, win[0], win[1], code, causal)
+        compare(f"flash window {win} {align}{' causal' if causal else ''} {tag(dtype)} Sq{sq} Sk{sk} Hq{hq} Hk{hk}",
+                dtype, dict(q=rnd(2, hq, sq, d), k=rnd(2, hk, sk, d), v=rnd(2, hk, sk, d)),
+                lambda q, k, v, w=win, a=align, c=causal: A.flash_attention(q, k, v, causal=c, window_size=w, align=a),
+                lambda q, k, v, m=vis: attention_ref(q, k, v, 1 / math.sqrt(d), vis=m), ["q", "k", "v"])
+    # bshd layout + bias (with grad) + window
+    sq, sk, d = 48, 72, 128
+    vis = visible(sq, sk, 10, 10, 1)
+    compare("flash bshd bias+grad window (10,10) bottom_right bf16", torch.bfloat16,
+            dict(q=rnd(2, sq, 4, d), k=rnd(2, sk, 2, d), v=rnd(2, sk, 2, d), m=rnd(2, 1, sq, sk)),
+            lambda q, k, v, m: A.flash_attention(q, k, v, window_size=(10, 10), align="bottom_right", bias=m,
+                                                 layout="bshd"),
+            lambda q, k, v, m: attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1 / math.sqrt(d),
+                                             bias=m, vis=vis).transpose(1, 2), ["q", "k", "v", "m"])
+    # LSE (natural log; +inf for rows that see no key)
+    if wanted("flash lse"):
+        def body():
+            q, k = rnd(1, 2, 100, 64), rnd(1, 2, 64, 64)
+            v = rnd(1, 2, 64, 64)
+            _, lse, _ = A.flash_attention(q.half(), k.half(), v.half(), causal=True, align="bottom_right",
+                                          return_aux=True)
+            ref = lse_ref(q.half().double(), k.half().double(), 1 / 8, vis=visible(100, 64, causal=True, align=1))
+            e = max_err(lse, ref)
+            R.check("flash lse (natural log, +inf rows)", e < 1e-2 and torch.isinf(lse[0, 0, :36]).all(), f"{e:.2e}")
+        R.run("flash lse (natural log, +inf rows)", body)
+
+
+# ---------------------------------------------------------------- dropout
+def test_dropout():
+    for dtype, (b, hq, hk, sq, sk, d), causal, p in (
+        (torch.float16, (2, 4, 4, 70, 90, 64), False, 0.2),
+        (torch.bfloat16, (2, 8, 2, 128, 128, 128), True, 0.5),
+        (torch.float32, (1, 2, 2, 33, 47, 40), False, 0.1),
+    ):
+        state = {}
+        vis = visible(sq, sk, causal=True) if causal else None
+
+        def ours(q, k, v, causal=causal, p=p, dims=(b, hq, sq, sk)):
+            out, _, rng = A.flash_attention(q, k, v, causal=causal, dropout_p=p, return_aux=True)
+            state["keep"] = A.dropout_mask(rng, *dims, p)
+            return out
+
+        compare(f"dropout p{p} {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else ""),
+                dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)), ours,
+                lambda q, k, v, vis=vis, p=p: attention_ref(q, k, v, 1 / math.sqrt(q.shape[-1]), vis=vis,
+                                                            keep=state["keep"], p=p), ["q", "k", "v"])
+    # dropout + float mask with its gradient
+    state = {}
+
+    def ours_mask(q, k, v, m):
+        out, _, rng = A.flash_attention(q, k, v, bias=m, dropout_p=0.3, return_aux=True)
+        state["keep"] = A.dropout_mask(rng, 2, 2, 40, 60, 0.3)
+        return out
+
+    compare("dropout p0.3 + float mask grad fp16", torch.float16,
+            dict(q=rnd(2, 2, 40, 64), k=rnd(2, 2, 60, 64), v=rnd(2, 2, 60, 64), m=rnd(1, 2, 40, 60)), ours_mask,
+            lambda q, k, v, m: attention_ref(q, k, v, 1 / 8, bias=m, keep=state["keep"], p=0.3), ["q", "k", "v", "m"])
+    if wanted("dropout rng"):
+        R.run("dropout rng", dropout_rng)
+
+
+def gen_offset(gen):
+    if hasattr(gen, "get_offset"):
+        return int(gen.get_offset())
+    state = torch.cuda.get_rng_state()  # seed (8 bytes) then offset (8 bytes)
+    return int(state[8:16].view(torch.int64).item())
+
+
+def dropout_rng():
+    b, hq, hk, sq, sk, d, p = 2, 4, 2, 100, 130, 64, 0.25
+    q, k, v = (rnd(*s).half() for s in ((b, hq, sq, d), (b, hk, sk, d), (b, hk, sk, d)))
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    torch.manual_seed(1234)
+    seed = gen.initial_seed()
+    off0 = gen_offset(gen)
+    o1, _, rng1 = A.flash_attention(q, k, v, dropout_p=p, return_aux=True)
+    off1 = gen_offset(gen)
+    o2, _, rng2 = A.flash_attention(q, k, v, dropout_p=p, return_aux=True)
+    off2 = gen_offset(gen)
+    inc = A.philox_increment(b, hq, sq, sk)
+    expect_inc = (b * hq * sq * math.ceil(sk / 4) + 3) // 4 * 4
+    R.check("dropout rng: generator advances by philox_increment", off1 - off0 == inc == expect_inc and off2 - off1 == inc,
+            f"advances {off1 - off0}, {off2 - off1}; documented {expect_inc}")
+    r1, r2 = rng1.tolist(), rng2.tolist()
+    R.check("dropout rng: rng_state = (seed, offset before the call)",
+            r1 == [seed, off0] and r2 == [seed, off1], f"{r1} {r2} seed {seed} offsets {off0} {off1}")
+    m1, m2 = A.dropout_mask(rng1, b, hq, sq, sk, p), A.dropout_mask(rng2, b, hq, sq, sk, p)
+    frac = m1.mean().item()
+    R.check("dropout rng: two calls give different masks and outputs",
+            not torch.equal(m1, m2) and not torch.equal(o1, o2), f"mask differences {(m1 != m2).sum().item()}")
+    R.check("dropout rng: kept fraction ~ 1 - p", abs(frac - (1 - p)) < 0.01, f"{frac:.4f}")
+    torch.manual_seed(1234)
+    o1b = A.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    o2b = A.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    R.check("dropout rng: manual_seed reproduces (sdpa == flash_attention, bitwise)",
+            torch.equal(o1, o1b) and torch.equal(o2, o2b))
+    torch.cuda.manual_seed(99)
+    o3 = A.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=True)
+    R.check("dropout rng: another seed gives another mask", not torch.equal(o3, o1))
+
+
+# ---------------------------------------------------------------- varlen
+def varlen_case(dtype, lens_q, lens_k, hq, hk, d, causal=False, window=(-1, -1), align="top_left", p=0.0,
+                pad_q=0, pad_k=0):
+    name = (f"varlen {tag(dtype)} q{lens_q}+{pad_q} k{lens_k}+{pad_k} Hq{hq} Hk{hk} D{d}"
+            + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
+            + f" {align}" + (f" p{p}" if p else ""))
+    cq = [0]
+    for n in lens_q:
+        cq.append(cq[-1] + n)
+    ck = [0]
+    for n in lens_k:
+        ck.append(ck[-1] + n)
+    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
+    mq, mk = max(lens_q), max(max(lens_k), 1)
+    code = 0 if align == "top_left" else 1
+    state = {}
+
+    def ours(q, k, v):
+        out, _, rng = A.flash_attn_varlen(q, k, v, cu_q, cu_k, mq, mk, dropout_p=p, causal=causal, window_size=window,
+                                          align=align, return_aux=True)
+        if p:
+            state["keep"] = A.dropout_mask(rng, len(lens_q), hq, mq, mk, p)
+        return out
+
+    def ref(q, k, v):
+        outs = []
+        for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+            qb = q[cq[i]:cq[i + 1]].transpose(0, 1).unsqueeze(0)
+            kb = k[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+            vb = v[ck[i]:ck[i + 1]].transpose(0, 1).unsqueeze(0)
+            if lk == 0:
+                outs.append(torch.zeros_like(q[cq[i]:cq[i + 1]]) + 0 * q[cq[i]:cq[i + 1]])
+                continue
+            vis = visible(lq, lk, window[0], window[1], code, causal)
+            keep = state["keep"][i:i + 1, :, :lq, :lk] if p else None
+            ob = attention_ref(qb, kb, vb, 1 / math.sqrt(d), vis=vis, keep=keep, p=p)
+            outs.append(ob.squeeze(0).transpose(0, 1))
+        if pad_q:
+            outs.append(torch.zeros(pad_q, hq, d, device=DEV, dtype=q.dtype) + 0 * q[cq[-1]:])
+        return torch.cat(outs, 0) + 0 * k.sum() + 0 * v.sum()  # keeps every input in the graph
+
+    tq, tk = cq[-1] + pad_q, ck[-1] + pad_k
+    compare(name, dtype, dict(q=rnd(tq, hq, d), k=rnd(tk, hk, d), v=rnd(tk, hk, d)), ours, ref, ["q", "k", "v"])
+
+
+def test_varlen():
+    varlen_case(torch.float16, (17, 64, 5), (30, 64, 9), 4, 4, 64)
+    varlen_case(torch.bfloat16, (17, 64, 5), (30, 64, 9), 8, 2, 128, causal=True)
+    varlen_case(torch.float16, (17, 64, 5), (30, 64, 9), 4, 2, 64, causal=True, align="bottom_right")
+    varlen_case(torch.bfloat16, (100, 33), (80, 200), 2, 2, 64, window=(16, 8), align="bottom_right")
+    varlen_case(torch.float32, (31, 7, 64), (31, 7, 64), 2, 1, 40, causal=True, window=(8, -1))
+    varlen_case(torch.float16, (40, 12), (50, 20), 4, 4, 64, pad_q=6, pad_k=5)  # padding tokens: zeros
+    varlen_case(torch.float16, (40, 60), (50, 70), 4, 2, 64, causal=True, p=0.2)
+    varlen_case(torch.float16, (9, 20), (0, 25), 2, 2, 64)  # a sequence without keys: zeros
+
+
+# ---------------------------------------------------------------- errors and edges
+def expect_error(name, fn, exc, needle):
+    if not wanted(name):
+        return
+    try:
+        fn()
+    except exc as e:
+        R.check(name, needle in str(e), f"{type(e).__name__}: {str(e)[:200]}")
+        return
+    except Exception as e:  # noqa: BLE001
+        R.check(name, False, f"raised {type(e).__name__} instead of {exc.__name__}: {str(e)[:200]}")
+        return
+    R.check(name, False, "no error raised")
+
+
+def test_errors():
+    def t(*shape, dtype=torch.float16, dev=DEV):
+        return torch.randn(*shape, device=dev, dtype=dtype)
+
+    sdpa = A.scaled_dot_product_attention
+    expect_error("error: head dim 100", lambda: sdpa(t(1, 2, 8, 100), t(1, 2, 8, 100), t(1, 2, 8, 100)),
+                 NotImplementedError, "aotriton: head dim 100 is not a multiple of 8")
+    expect_error("error: head dim 264", lambda: sdpa(t(1, 2, 8, 264), t(1, 2, 8, 264), t(1, 2, 8, 264)),
+                 NotImplementedError, "head dim 264")
+    expect_error("error: float64", lambda: sdpa(*(t(1, 2, 8, 64, dtype=F64) for _ in range(3))),
+                 NotImplementedError, "float64")
+    expect_error("error: cpu tensors", lambda: sdpa(*(t(1, 2, 8, 64, dtype=torch.float32, dev="cpu") for _ in range(3))),
+                 NotImplementedError, "CUDA")
+    expect_error("error: value head dim differs", lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 32)),
+                 NotImplementedError, "value head dim 32")
+    expect_error("error: GQA heads without enable_gqa", lambda: sdpa(t(1, 8, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64)),
+                 RuntimeError, "enable_gqa")
+    expect_error("error: GQA heads not a divisor",
+                 lambda: sdpa(t(1, 6, 8, 64), t(1, 4, 8, 64), t(1, 4, 8, 64), enable_gqa=True), RuntimeError, "divide")
+    expect_error("error: mask with is_causal",
+                 lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), attn_mask=t(8, 8), is_causal=True),
+                 RuntimeError, "is_causal")
+    expect_error("error: mask not broadcastable",
+                 lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), attn_mask=t(3, 8, 8)),
+                 RuntimeError, "broadcastable")
+    expect_error("error: dropout_p 1", lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64), dropout_p=1.0),
+                 ValueError, "dropout_p")
+    expect_error("error: bad align", lambda: A.flash_attention(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64),
+                                                               align="middle"), ValueError, "align")
+    # The library's own checks surface as Python exceptions carrying aotriton's message.
+    q = t(1, 2, 8, 64)
+    expect_error("error: op-level dtype mismatch (kDTypeMismatch)",
+                 lambda: torch.ops.aotriton.fwd(q, t(1, 2, 8, 64, dtype=torch.bfloat16), t(1, 2, 8, 64, dtype=torch.bfloat16),
+                                                None, None, None, 0, 0, 0.125, False, -1, -1, 0, 0.0, False),
+                 TypeError, "kDTypeMismatch")
+    expect_error("error: op-level last stride 2 (kBadStrides)",
+                 lambda: torch.ops.aotriton.fwd(t(1, 2, 8, 128)[..., ::2], q, q, None, None, None, 0, 0, 0.125, False,
+                                                -1, -1, 0, 0.0, False), ValueError, "kBadStrides")
+    if wanted("empty"):
+        out = R.run("empty query", lambda: sdpa(t(1, 2, 0, 64), t(1, 2, 8, 64), t(1, 2, 8, 64)))
+        if out is not None:
+            R.check("empty query", out.shape == (1, 2, 0, 64))
+
+
+def test_readme_example():
+    """Runs the PyTorch example of bindings/torch/README.md (the first ```python block)."""
+    if not wanted("readme"):
+        return
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "bindings", "torch", "README.md")
+
+    def body():
+        text = open(path).read()
+        code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+        scope = {}
+        exec(compile(code, "README.md", "exec"), scope)
+        R.check("README PyTorch example runs", True)
+
+    R.run("README PyTorch example runs", body)
+
+
+def main():
+    global ARGS, MASK32
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", help="only cases whose name contains this")
+    ARGS = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device")
+        R.check("CUDA device present", False)
+        R.finish()
+    torch.manual_seed(0)
+    print("torch", torch.__version__, "| aotriton", A.version(), "|", torch.cuda.get_device_name())
+    MASK32 = torch.randn(2, 1, 61, 83, device=DEV, dtype=torch.float32)
+    for test in (test_reference_vs_torch_math, test_dtypes_and_head_dims, test_causal_scale_gqa, test_layouts,
+                 test_masks, test_windows, test_dropout, test_varlen, test_errors, test_readme_example):
+        R.run(test.__name__, test)
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
