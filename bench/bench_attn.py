@@ -305,13 +305,13 @@ def run_feature(aot, args, kind, gen):
         aot_bwd()
         torch.cuda.synchronize()
         outs = {"aotriton": {"o": o, "dq": dq, "dk": dk, "dv": dv}}
-        peer = None
+        varlen_peer = None
         try:
             pf, pb, pout = _flash_varlen(qt, kt, vt, vl.cu_seqlens_q, vl.cu_seqlens_k, vl.max_seqlen_q,
                                          vl.max_seqlen_k, sm_scale)
             pdq, pdk, pdv = pb(dot)[:3]
             outs["flash"] = {"o": pout, "dq": pdq, "dk": pdk, "dv": pdv}
-            peer = (pf, pb)
+            varlen_peer = (pf, pb)
         except (RuntimeError, AttributeError, TypeError) as e:
             row["na"]["flash_fwd"] = row["na"]["flash_bwd"] = f"flash varlen: {str(e).splitlines()[0][:160]}"
         # Per-sequence float32 reference on the packed layout.
@@ -390,9 +390,9 @@ def run_feature(aot, args, kind, gen):
     bounds = {}
     for t in outs["aotriton"]:
         mag = max(1.0, float(ref[t].abs().max()))
-        peer = [errs[n][t][0] for n in errs if n != "aotriton" and t in errs[n]]
+        peer_errs = [errs[n][t][0] for n in errs if n != "aotriton" and t in errs[n]]
         k_t, floor = (3.0, 1e-3) if t == "o" else (5.0, 1e-3 * mag)
-        bounds[t] = k_t * max(peer) + floor if peer else 2e-2 * mag
+        bounds[t] = k_t * max(peer_errs) + floor if peer_errs else 2e-2 * mag
         err, nan = errs["aotriton"][t]
         ok &= nan == 0 and err <= bounds[t]
     text = "  ".join(f"{t}: aot {errs['aotriton'][t][0]:.2e}"
@@ -407,9 +407,9 @@ def run_feature(aot, args, kind, gen):
     row["ms_fwd"]["aotriton"] = bench(aot_fwd)
     row["ms_bwd"]["aotriton"] = bench(aot_bwd)
     if kind == "varlen":
-        if peer is not None:
-            row["ms_fwd"]["flash"] = bench(peer[0])
-            row["ms_bwd"]["flash"] = bench(lambda: peer[1](dot))
+        if varlen_peer is not None:
+            row["ms_fwd"]["flash"] = bench(varlen_peer[0])
+            row["ms_bwd"]["flash"] = bench(lambda: varlen_peer[1](dot))
     else:
         if aot_bwd_db is not None:
             row["ms_bwd_dbias_aotriton"] = bench(aot_bwd_db)

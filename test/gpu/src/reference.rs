@@ -27,7 +27,7 @@
 //! * `naive`: in f32, every matrix product accumulated in f32 and its result rounded to the input
 //!   dtype (S, P, O, dP, dS, dQ, dK, dV); softmax, LSE and D in f32. For fp32 inputs nothing is
 //!   rounded (the same math in f32); for TF32 the inputs of every matrix product are rounded to
-//!   TF32 (10-bit mantissa, nearest even) and the products accumulated in f32.
+//!   TF32 (10-bit mantissa, truncated as the tensor cores do) and the products accumulated in f32.
 //!
 //! The naive error against `exact` sets the scale of the error a kernel is allowed.
 //!
@@ -84,13 +84,13 @@ impl Precision {
     }
 }
 
-/// Rounds an f32 to TF32 (10 explicit mantissa bits), to nearest, ties to even.
+/// An f32 as the tensor cores read it in TF32 mode: the 13 low mantissa bits dropped (toward
+/// zero; Hopper's TF32 matrix products truncate fp32 inputs, they do not round them).
 pub fn round_tf32(x: f32) -> f32 {
     if !x.is_finite() {
         return x;
     }
-    let b = x.to_bits();
-    f32::from_bits(b.wrapping_add(0xfff + ((b >> 13) & 1)) & !0x1fff)
+    f32::from_bits(x.to_bits() & !0x1fff)
 }
 
 pub struct Problem<'a> {
@@ -676,9 +676,10 @@ mod tests {
     #[test]
     fn tf32_rounding() {
         assert_eq!(round_tf32(1.0), 1.0);
-        assert_eq!(round_tf32(1.0 + 2f32.powi(-11)), 1.0); // tie -> even
-        assert_eq!(round_tf32(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2f32.powi(-9)); // tie -> even (up)
+        assert_eq!(round_tf32(1.0 + 2f32.powi(-11)), 1.0); // below the last kept bit: dropped
+        assert_eq!(round_tf32(1.0 + 3.0 * 2f32.powi(-11)), 1.0 + 2f32.powi(-10)); // truncated, not rounded up
         assert_eq!(round_tf32(1.0 + 2f32.powi(-10)), 1.0 + 2f32.powi(-10));
+        assert_eq!(round_tf32(-1.0 - 3.0 * 2f32.powi(-11)), -1.0 - 2f32.powi(-10)); // toward zero
         assert_eq!(round_tf32(-1.5), -1.5);
         assert!(round_tf32(f32::NAN).is_nan());
     }
