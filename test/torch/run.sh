@@ -47,10 +47,10 @@ for name in ops graph llama; do
 done
 
 # The README's C++ consumer example (its ```cmake and ```cpp blocks, verbatim).
-step "C++ consumer example from bindings/torch/README.md"
+step "C++ consumer example from README.md"
 ex=$BUILD/cpp_example
 rm -rf "$ex" && mkdir -p "$ex"
-"$PYTHON" - "$ROOT/bindings/torch/README.md" "$ex" <<'EOF'
+"$PYTHON" - "$ROOT/README.md" "$ex" <<'EOF'
 import re, sys
 text = open(sys.argv[1]).read()
 open(sys.argv[2] + "/CMakeLists.txt", "w").write(re.search(r"```cmake\n(.*?)```", text, re.S).group(1))

@@ -414,10 +414,10 @@ def test_errors():
 
 
 def test_readme_example():
-    """Runs the PyTorch example of bindings/torch/README.md (the first ```python block)."""
+    """Runs the PyTorch example of the top-level README.md (its first ```python block)."""
     if not wanted("readme"):
         return
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "bindings", "torch", "README.md")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
     def body():
         text = open(path).read()
