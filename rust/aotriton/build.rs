@@ -5,8 +5,10 @@
 //! * Otherwise the top-level CMake project is configured with `AOTRITON_GENERATE_ONLY=ON` inside
 //!   OUT_DIR and only its `aotriton_kernels` target is built: a private venv with the pinned
 //!   Triton, then `python/compile.py` (content-addressed cache, so rebuilds compile nothing).
+//!
 //! Either way the images are packed here with the crate's own archive writer, and copied to
 //! `AOTRITON_ARCHIVE_OUT_DIR` when set (the superbuild installs them from there).
+//!
 //! `AOTRITON_TARGET_ARCH=none` builds the runtime with no kernels at all (every launch then
 //! reports UnsupportedGpu): for documentation builds and archive-format work without Triton.
 use std::env;

@@ -24,15 +24,18 @@ pub fn built_archs() -> Vec<&'static str> {
     embedded::ARCHIVES.iter().map(|(arch, _)| *arch).collect()
 }
 
+/// The images of one functional, one per kernel, decompressed once.
+type FunctionalImages = Arc<Vec<Vec<u8>>>;
+
 /// A parsed archive plus its lazily decompressed functionals.
 pub(crate) struct LoadedArchive {
     pub archive: Archive,
-    images: Vec<OnceLock<Result<Arc<Vec<Vec<u8>>>>>>,
+    images: Vec<OnceLock<Result<FunctionalImages>>>,
 }
 
 impl LoadedArchive {
     /// The images of functional `index`, one per kernel, decompressed and checked on first use.
-    pub fn images(&self, index: usize) -> Result<Arc<Vec<Vec<u8>>>> {
+    pub fn images(&self, index: usize) -> Result<FunctionalImages> {
         self.images[index]
             .get_or_init(|| Ok(Arc::new(self.archive.load_images(index)?)))
             .clone()
@@ -106,8 +109,21 @@ fn check_matches(archive: &Archive, arch: &str) -> Result<()> {
 }
 
 /// Every value of `axis` among the functionals of `family` in the first built arch's archive
-/// (all archs are built from the same rules), e.g. the compiled head dims. Needs no GPU.
-pub(crate) fn compiled_axis_values(family: &str, axis: &str) -> Result<Vec<String>> {
+/// (all archs are built from the same rules), e.g. the compiled head dims. Needs no GPU; computed
+/// once per (family, axis) and process, since validation asks on every call.
+pub(crate) fn compiled_axis_values(family: &str, axis: &str) -> Result<Arc<[String]>> {
+    type Cache = Mutex<HashMap<(String, String), Result<Arc<[String]>>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let key = (family.to_string(), axis.to_string());
+    if let Some(found) = lock(cache).get(&key) {
+        return found.clone();
+    }
+    let values = scan_axis_values(family, axis);
+    lock(cache).entry(key).or_insert(values).clone()
+}
+
+fn scan_axis_values(family: &str, axis: &str) -> Result<Arc<[String]>> {
     let Some(arch) = built_archs().first().copied() else {
         return Err(Error::new(ErrorKind::UnsupportedGpu, "this build of aotriton carries no kernels"));
     };
@@ -121,7 +137,7 @@ pub(crate) fn compiled_axis_values(family: &str, axis: &str) -> Result<Vec<Strin
         .collect();
     values.sort_by_key(|v| (v.parse::<i64>().unwrap_or(i64::MAX), v.clone()));
     values.dedup();
-    Ok(values)
+    Ok(values.into())
 }
 
 #[cfg(test)]

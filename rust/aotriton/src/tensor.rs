@@ -76,7 +76,7 @@ impl<const RANK: usize> TensorView<RANK> {
         if self.ptr == 0 {
             bail!(NullPointer, "{name}: data pointer is null");
         }
-        if self.ptr % self.dtype.size_bytes() != 0 {
+        if !self.ptr.is_multiple_of(self.dtype.size_bytes()) {
             bail!(
                 MisalignedPointer,
                 "{name}: pointer {:#x} is not aligned to its {}-byte {} elements",

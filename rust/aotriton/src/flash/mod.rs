@@ -281,7 +281,7 @@ pub(crate) fn head_dim_bucket(family: &str, head_dim: u64) -> Result<u64> {
         images::compiled_axis_values(family, "head_dim")?.iter().filter_map(|v| v.parse().ok()).collect();
     buckets.sort_unstable();
     let largest = buckets.last().copied().unwrap_or(0);
-    if head_dim == 0 || head_dim % 8 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(8) {
         bail!(UnsupportedHeadDim, "head dim {head_dim} is not a multiple of 8 (supported: multiples of 8 up to {largest})");
     }
     match buckets.iter().find(|&&b| b >= head_dim) {
