@@ -33,7 +33,8 @@ def problem(d, seqlen=4096, tokens=16384):
     delta = torch.randn(b, h, seqlen, device="cuda", generator=g)
     return dict(b=b, h=h, s=seqlen, d=d, q=q, k=k, v=v, do=do, lse=lse, delta=delta,
                 dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
-                dummy=torch.zeros(8, device="cuda", dtype=torch.int64))
+                cu=torch.zeros(8, device="cuda", dtype=torch.int32),
+                philox=torch.zeros(8, device="cuda", dtype=torch.int64))
 
 
 def args_for(p, cfg):
@@ -48,8 +49,8 @@ def args_for(p, cfg):
              stride_deltah=p["delta"].stride(1), stride_bz=0, stride_bh=0, stride_bm=0)
     n = p["s"]
     a.update(N_CTX_Q=n, N_CTX_K=n, D_HEAD=p["d"], GQA_GROUP=1, WINDOW_LEFT=2 * n, WINDOW_RIGHT=2 * n,
-             ALIGN_BOTTOM_RIGHT=0, IS_VARLEN=0, CU_SEQLENS_Q=p["dummy"], CU_SEQLENS_K=p["dummy"],
-             DROPOUT_THRESHOLD=0, dropout_scale=1.0, PHILOX_SEED=p["dummy"], PHILOX_OFFSET=p["dummy"],
+             ALIGN_BOTTOM_RIGHT=0, IS_VARLEN=0, CU_SEQLENS_Q=p["cu"], CU_SEQLENS_K=p["cu"],
+             DROPOUT_THRESHOLD=0, dropout_scale=1.0, PHILOX_SEED=p["philox"], PHILOX_OFFSET=p["philox"],
              philox_offset_base=0, HEAD_DIM=p["d"], BLOCK_M=cfg[0], BLOCK_N=cfg[1], DROPOUT=False,
              HAS_BIAS=False, ALLOW_TF32=False)
     return a
@@ -92,7 +93,8 @@ def main():
                 try:
                     ms = run(kernel, p, cfg)
                 except Exception as e:  # out of resources etc.: skip the config
-                    print(f"hd{d} {kernel} {cfg}: {type(e).__name__}: {str(e).splitlines()[0][:100]}", flush=True)
+                    print(f"hd{d} {kernel} {cfg}: {type(e).__name__}: {' | '.join(str(e).splitlines()[:6])[:300]}",
+                          flush=True)
                     continue
                 results.append(dict(kernel=kernel, head_dim=d, config=cfg, ms=ms))
                 print(f"hd{d} {kernel} BM{cfg[0]} BN{cfg[1]} w{cfg[2]} s{cfg[3]}: {ms:.3f} ms", flush=True)
