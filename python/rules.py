@@ -316,6 +316,23 @@ def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[
     return [_cfg(min(128, 8192 // functional["head_dim"]), None, 4, 1)]
 
 
+# The backward configs measured on an H200 (bench/tune_bwd.py: bf16, B·S = 16k, S = 4096, no mask;
+# 8 candidates per kernel and head dim, median of do_bench). Used for fp16/bf16 on sm_90 without
+# dropout or bias (those variants hold more registers and keep the untimed, spill-checked picks).
+# Keyed by head-dim bucket (16 and 32 use the 64 row). ms per kernel, best vs the earlier pick:
+#   dkdv hd64 3.04 | hd128 2.61 (was 6.70) | hd256 6.81 (was 10.66)
+#   dq   hd64 1.52 | hd128 1.43 (was 1.86) | hd256 2.10 (was 10.59)
+_SM90_BWD_TIMED = {
+    "dkdv": {64: _cfg(32, 128, 4, 2), 128: _cfg(64, 64, 4, 2), 256: _cfg(32, 32, 4, 1)},
+    "dq": {64: _cfg(128, 64, 4, 2), 128: _cfg(64, 64, 4, 2), 256: _cfg(64, 32, 4, 1)},
+}
+
+
+def _plain(functional: dict[str, Any]) -> bool:
+    """fp16/bf16 without dropout or bias: the functionals the timed configs were measured on."""
+    return functional["dtype"] in ("fp16", "bf16") and not functional.get("dropout") and not functional.get("bias")
+
+
 def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  BLOCK_N keys per program (dK, dV, K, V stay in registers), BLOCK_M queries per step.
 
@@ -331,6 +348,8 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
             if hd == 128:
                 return [_cfg(32, 32, 8, 1)]
             return [_cfg(16, 16, 8, 1)]
+        if arch == "sm_90" and _plain(functional):
+            return [_SM90_BWD_TIMED["dkdv"][min(hd, 256) if hd > 64 else 64]]
         if hd <= 64:
             return [_cfg(32, 128, 8, 3)]
         if hd == 128:
@@ -363,6 +382,8 @@ def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
             if hd == 128:
                 return [_cfg(32, 32, 4, 1)]
             return [_cfg(16, 32, 8, 1)]
+        if arch == "sm_90" and _plain(functional):
+            return [_SM90_BWD_TIMED["dq"][min(hd, 256) if hd > 64 else 64]]
         if hd <= 64:
             return [_cfg(64, 64, 4, 3)]
         if hd == 128:
