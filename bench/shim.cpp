@@ -41,55 +41,9 @@ aotriton::Stream make_stream(uint64_t stream) {
 
 extern "C" {
 
-// q, k, v, o: `sizes4` / `strides4` hold 16 int64 each (q, k, v, o). lse: B x Hq x Sq fp32 with
-// `lse_sizes3` / `lse_strides3`; lse = 0 means "not wanted" (the forward then skips it).
-__attribute__((visibility("default"))) int aotriton_shim_attn_fwd(
-    uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t lse, const int64_t* sizes4,
-    const int64_t* strides4, const int64_t* lse_sizes3, const int64_t* lse_strides3, int dtype,
-    float sm_scale, int causal, int align, int window_left, int window_right, uint64_t stream) {
-  const auto dt = static_cast<aotriton::DType>(dtype);
-  aotriton::v2::flash::FwdParams p;
-  p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
-  p.k = make_view<4>(k, sizes4 + 4, strides4 + 4, dt);
-  p.v = make_view<4>(v, sizes4 + 8, strides4 + 8, dt);
-  p.o = make_view<4>(o, sizes4 + 12, strides4 + 12, dt);
-  p.lse = make_view<3>(lse, lse_sizes3, lse_strides3, aotriton::DType::kFloat32);
-  p.sm_scale = sm_scale;
-  p.causal = causal != 0;
-  p.align = align ? aotriton::v2::flash::MaskAlign::kBottomRight : aotriton::v2::flash::MaskAlign::kTopLeft;
-  p.window_left = window_left;
-  p.window_right = window_right;
-  return static_cast<int>(aotriton::v2::flash::attn_fwd(p, make_stream(stream)));
-}
-
-// q, k, v, o, d_o, dq, dk, dv: `sizes4` / `strides4` hold 32 int64 each, in that order.
-// lse, delta: `rows_sizes3` / `rows_strides3` hold 6 int64 each (lse, then delta).
-__attribute__((visibility("default"))) int aotriton_shim_attn_bwd(
-    uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t d_o, uint64_t dq, uint64_t dk, uint64_t dv,
-    uint64_t lse, uint64_t delta, const int64_t* sizes4, const int64_t* strides4, const int64_t* rows_sizes3,
-    const int64_t* rows_strides3, int dtype, float sm_scale, int causal, int align, int window_left,
-    int window_right, uint64_t stream) {
-  const auto dt = static_cast<aotriton::DType>(dtype);
-  aotriton::v2::flash::BwdParams p;
-  p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
-  p.k = make_view<4>(k, sizes4 + 4, strides4 + 4, dt);
-  p.v = make_view<4>(v, sizes4 + 8, strides4 + 8, dt);
-  p.o = make_view<4>(o, sizes4 + 12, strides4 + 12, dt);
-  p.d_o = make_view<4>(d_o, sizes4 + 16, strides4 + 16, dt);
-  p.dq = make_view<4>(dq, sizes4 + 20, strides4 + 20, dt);
-  p.dk = make_view<4>(dk, sizes4 + 24, strides4 + 24, dt);
-  p.dv = make_view<4>(dv, sizes4 + 28, strides4 + 28, dt);
-  p.lse = make_view<3>(lse, rows_sizes3 + 0, rows_strides3 + 0, aotriton::DType::kFloat32);
-  p.delta = make_view<3>(delta, rows_sizes3 + 3, rows_strides3 + 3, aotriton::DType::kFloat32);
-  p.sm_scale = sm_scale;
-  p.causal = causal != 0;
-  p.align = align ? aotriton::v2::flash::MaskAlign::kBottomRight : aotriton::v2::flash::MaskAlign::kTopLeft;
-  p.window_left = window_left;
-  p.window_right = window_right;
-  return static_cast<int>(aotriton::v2::flash::attn_bwd(p, make_stream(stream)));
-}
-
-// Extended entries (FwdParams v3 / BwdParams v2): the same leading arguments as above, then
+// attn_fwd: q, k, v, o sizes/strides in `sizes4` / `strides4` (16 int64 each); lse B x Hq x Sq
+// fp32 (0 = not wanted). attn_bwd: q, k, v, o, d_o, dq, dk, dv (32 int64 each), then lse and
+// delta in `rows_sizes3` / `rows_strides3` (6 each). Both (FwdParams v3 / BwdParams v2) then take
 //   bias, bias_sizes4, bias_strides4      additive bias (0 = none), [B|1, Hq|1, Sq|1, Sk]
 //   (bwd) dbias                           its gradient (0 = none), same sizes/strides as bias
 //   dropout_p, philox_seed, philox_offset device addresses of u64 seed / offset (dropout_p 0 = off)
