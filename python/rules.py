@@ -316,7 +316,7 @@ def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[
     return [_cfg(min(128, 8192 // functional["head_dim"]), None, 4, 1)]
 
 
-# The backward configs measured on an H200 (bench/tune_bwd.py: bf16, B·S = 16k, S = 4096, no mask;
+# The backward configs measured on an H200 (bench/tune.py: bf16, B·S = 16k, S = 4096, no mask;
 # 8 candidates per kernel and head dim, median of do_bench). Used for fp16/bf16 on sm_90 without
 # dropout or bias (those variants hold more registers and keep the untimed, spill-checked picks).
 # Keyed by head-dim bucket (16 and 32 use the 64 row). ms per kernel, best vs the earlier pick:
