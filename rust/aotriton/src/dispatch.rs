@@ -127,7 +127,6 @@ pub(crate) struct Launcher {
 /// A kernel chosen, loaded and given its launch geometry, ready to enqueue.
 pub(crate) struct Prepared<'a> {
     kernel: Arc<LoadedKernel>,
-    meta: KernelMeta,
     args: Args<'a>,
     dims: LaunchDims,
 }
@@ -160,11 +159,11 @@ impl Launcher {
             ));
         }
         let kernel_index = choose(functional, &fitting, &self.context.device);
-        let meta = functional.kernels[kernel_index].clone();
         let kernel = load(&self.context, &loaded, functional_index, kernel_index)?;
-        kernel.slots.get_or_init(|| plan_slots(&meta, request.args)).as_ref().map_err(Clone::clone)?;
-        let dims = LaunchDims { grid: grid(&meta), threads: meta.num_warps * meta.warp_size, shared: meta.shared };
-        Ok(Prepared { kernel, meta, args: request.args, dims })
+        let meta = &kernel.meta;
+        kernel.slots.get_or_init(|| plan_slots(meta, request.args)).as_ref().map_err(Clone::clone)?;
+        let dims = LaunchDims { grid: grid(meta), threads: meta.num_warps * meta.warp_size, shared: meta.shared };
+        Ok(Prepared { kernel, args: request.args, dims })
     }
 
     /// Enqueues a prepared kernel on the stream.
@@ -184,7 +183,7 @@ impl Launcher {
         for (param, value) in params.iter_mut().zip(values.iter_mut()).take(count) {
             *param = value as *mut u64 as *mut c_void;
         }
-        cuda::launch(&prepared.kernel.function, prepared.dims, self.stream, &mut params[..count], &prepared.meta.id)
+        cuda::launch(&prepared.kernel.function, prepared.dims, self.stream, &mut params[..count], &prepared.kernel.meta.id)
     }
 }
 
@@ -235,6 +234,8 @@ fn plan_slots(meta: &KernelMeta, args: Args) -> Result<Vec<usize>> {
 struct LoadedKernel {
     function: LoadedFunction,
     slots: OnceLock<Result<Vec<usize>>>,
+    /// Copied once at load, so a launch reads it without cloning.
+    meta: KernelMeta,
 }
 
 /// Loads a kernel into the stream's context once; later calls find it in the cache. Loading
@@ -245,9 +246,11 @@ fn load(
     functional: usize,
     kernel: usize,
 ) -> Result<Arc<LoadedKernel>> {
-    type Key = (usize, String, usize, usize);
+    // (context, archive, functional, kernel): the archive's address stands for its arch (archives
+    // are cached for the life of the process), so the lookup allocates nothing.
+    type Key = (usize, usize, usize, usize);
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<LoadedKernel>>>> = OnceLock::new();
-    let key = (context.context as usize, context.device.arch.clone(), functional, kernel);
+    let key = (context.context as usize, loaded as *const LoadedArchive as usize, functional, kernel);
     let mut cache = lock(CACHE.get_or_init(Default::default));
     if let Some(found) = cache.get(&key) {
         return Ok(found.clone());
@@ -264,7 +267,7 @@ fn load(
     }
     let images = loaded.images(functional)?;
     let function = cuda::load_function(&images[kernel], &meta.symbol, meta.shared, &context.device, &meta.id)?;
-    let entry = Arc::new(LoadedKernel { function, slots: OnceLock::new() });
+    let entry = Arc::new(LoadedKernel { function, slots: OnceLock::new(), meta: meta.clone() });
     cache.insert(key, entry.clone());
     Ok(entry)
 }

@@ -2,7 +2,7 @@
 //! no CUDA installed and, with no driver present, every entry point returns `NoDriver`.
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
@@ -55,7 +55,7 @@ pub(crate) struct DeviceInfo {
 /// launches happen on the stream's device whatever the calling thread had current.
 pub(crate) struct StreamContext {
     pub context: sys::CUcontext,
-    pub device: DeviceInfo,
+    pub device: Arc<DeviceInfo>,
     _pushed: PushedContext,
 }
 
@@ -99,8 +99,9 @@ impl Drop for PushedContext {
     }
 }
 
-fn device_info(ordinal: i32) -> Result<DeviceInfo> {
-    static DEVICES: OnceLock<Mutex<HashMap<i32, DeviceInfo>>> = OnceLock::new();
+/// Read once per device; later calls share it (no allocation on the launch path).
+fn device_info(ordinal: i32) -> Result<Arc<DeviceInfo>> {
+    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<DeviceInfo>>>> = OnceLock::new();
     let devices = DEVICES.get_or_init(Default::default);
     if let Some(info) = lock(devices).get(&ordinal) {
         return Ok(info.clone());
@@ -118,12 +119,12 @@ fn device_info(ordinal: i32) -> Result<DeviceInfo> {
     use sys::CUdevice_attribute as A;
     let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-    let info = DeviceInfo {
+    let info = Arc::new(DeviceInfo {
         ordinal,
         arch: format!("sm_{major}{minor}"),
         multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
         max_shared_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
-    };
+    });
     lock(devices).insert(ordinal, info.clone());
     Ok(info)
 }
