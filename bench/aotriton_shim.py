@@ -2,7 +2,11 @@
 debug_dropout_mask), shared by bench_attn.py and grad_check.py. Tensors are torch CUDA tensors
 (any strides with a unit last stride); every call goes to torch's current stream.
 
-Features (FwdParams v3 / BwdParams v2):
+Backends (FwdParams v4 / BwdParams v3): ``Aotriton(path, backend="auto"|"portable"|"gluon")`` sets the
+backend of every call; the backward's workspace is sized with attn_bwd_workspace_bytes and allocated
+from torch's allocator when the chosen backend needs one (the Gluon backward).
+
+Features:
   bias     a tensor in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk] (size 1 = broadcast);
            dbias (backward) the same sizes.
   dropout  Dropout(p, seed, offset, base): seed and offset are 1-element int64 CUDA tensors read
@@ -19,6 +23,7 @@ from typing import Optional
 import torch
 
 AOTRITON_DTYPE = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3}  # aotriton::DType
+BACKEND = {"auto": 0, "portable": 1, "gluon": 2}  # aotriton::v2::flash::Backend
 ALIGN = {"tl": 0, "br": 1}  # aotriton::v2::flash::MaskAlign
 
 
@@ -82,17 +87,19 @@ def packed_view(t):
 
 
 class Aotriton:
-    def __init__(self, path):
+    def __init__(self, path, backend="auto"):
+        self.backend = BACKEND[backend]
         self.lib = ctypes.CDLL(path)
         u64, i64, i64p, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.c_int, \
             ctypes.c_float
         fwd = self.lib.aotriton_shim_attn_fwd_ex
         fwd.argtypes = ([u64] * 5 + [i64p] * 4 + [i32, f32, i32, i32, i32, i32]
-                        + [u64, i64p, i64p, f32, u64, u64, u64, u64, u64, u64, u64, i64, u64, u64, i32, u64])
+                        + [u64, i64p, i64p, f32, u64, u64, u64, u64, u64, u64, u64, i64, u64, u64, i32, i32, u64])
         fwd.restype = ctypes.c_int
         bwd = self.lib.aotriton_shim_attn_bwd_ex
         bwd.argtypes = ([u64] * 10 + [i64p] * 4 + [i32, f32, i32, i32, i32, i32]
-                        + [u64, i64p, i64p, u64, f32, u64, u64, u64, u64, u64, i64, u64, u64, i32, i32, u64])
+                        + [u64, i64p, i64p, u64, f32, u64, u64, u64, u64, u64, i64, u64, u64, i32, i32, i32, u64, u64,
+                           ctypes.POINTER(ctypes.c_uint64), u64])
         bwd.restype = ctypes.c_int
         mask = self.lib.aotriton_shim_debug_dropout_mask
         mask.argtypes = [u64, i64p, i64p, f32, u64, u64, u64, u64]
@@ -139,7 +146,7 @@ class Aotriton:
                 sizes4, strides4, lse_sizes, lse_strides, AOTRITON_DTYPE[q.dtype], float(sm_scale), int(causal),
                 ALIGN[align], int(window[0]), int(window[1]), bias_ptr, bias_sizes, bias_strides,
                 float(dropout.p) if dropout is not None else 0.0, seed, offset, base, seed_out, offset_out,
-                cu_q, cu_k, n_cu, max_q, max_k, int(allow_tf32), torch.cuda.current_stream().cuda_stream)
+                cu_q, cu_k, n_cu, max_q, max_k, int(allow_tf32), self.backend, torch.cuda.current_stream().cuda_stream)
         return self._runner(self.lib.aotriton_shim_attn_fwd_ex, args, "attn_fwd",
                             (sizes4, strides4, lse_sizes, lse_strides, bias_sizes, bias_strides, dropout, varlen))
 
@@ -160,14 +167,25 @@ class Aotriton:
                 "dbias must match the bias's sizes and strides"
         seed, offset, base, _, _ = dropout.ptrs() if dropout is not None else (0, 0, 0, 0, 0)
         cu_q, cu_k, n_cu, max_q, max_k = varlen.args() if varlen is not None else (0, 0, 0, 0, 0)
-        args = tuple(t.data_ptr() for t in fours) + (
+        head = tuple(t.data_ptr() for t in fours) + (
             lse.data_ptr(), delta.data_ptr(), sizes4, strides4, rows_sizes, rows_strides, AOTRITON_DTYPE[q.dtype],
             float(sm_scale), int(causal), ALIGN[align], int(window[0]), int(window[1]), bias_ptr, bias_sizes,
             bias_strides, dbias.data_ptr() if dbias is not None else 0,
             float(dropout.p) if dropout is not None else 0.0, seed, offset, base, cu_q, cu_k, n_cu, max_q, max_k,
-            int(allow_tf32), int(deterministic), torch.cuda.current_stream().cuda_stream)
+            int(allow_tf32), int(deterministic), self.backend)
+        stream = torch.cuda.current_stream().cuda_stream
+        # The workspace the chosen backend needs (0: none), from torch's caching allocator.
+        need = ctypes.c_uint64(0)
+        rc = self.lib.aotriton_shim_attn_bwd_ex(*head, 0, 0, ctypes.byref(need), stream)
+        if rc != 0:
+            raise RuntimeError(f"aotriton attn_bwd_workspace_bytes failed (status {rc}): "
+                               f"{self.lib.aotriton_shim_last_error().decode()}")
+        workspace = torch.empty(need.value, dtype=torch.uint8, device=q.device) if need.value else None
+        ws_ptr = workspace.data_ptr() if workspace is not None else 0
+        args = head + (ws_ptr, need.value, None, stream)
         return self._runner(self.lib.aotriton_shim_attn_bwd_ex, args, "attn_bwd",
-                            (sizes4, strides4, rows_sizes, rows_strides, bias_sizes, bias_strides, dropout, varlen))
+                            (sizes4, strides4, rows_sizes, rows_strides, bias_sizes, bias_strides, dropout, varlen,
+                             workspace))
 
     def debug_dropout_mask(self, shape, dropout: Dropout, device="cuda"):
         """The keep-mask (float32 1.0 kept / 0.0 dropped) of a B x H x Sq x Sk score matrix."""

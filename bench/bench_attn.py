@@ -15,8 +15,11 @@ triton.testing.do_bench(warmup, rep, return_mode="median") (CUDA events):
             gradient accumulation is timed for one backend and not another.
 A backend that refuses a shape (RuntimeError) shows "n/a" in its cell.
 
-Default shapes (DESIGN.md "Peers"/"Measuring"): bf16, B*S = 16384 tokens, H*D = 2048, hd 64/128/256
-(H = 32/16/8), S in 512..16384 (B = 16384 / S), causal off and on.
+Default shapes: the FlashAttention-3 paper's grid (DESIGN.md "Peers"/"Measuring"): bf16 and fp16,
+B*S = 16384 tokens, H*D = 2048, hd 64/128/256 (H = 32/16/8), S in 512..16384 (B = 16384 / S),
+causal off and on; plus a GQA row (64 query heads, 8 K/V heads, hd128, causal, B=1, S=16k).
+Peers: torch SDPA's FLASH_ATTENTION (FA2) and CUDNN_ATTENTION backends and FlexAttention
+(torch.compile'd flex_attention, a block mask for causal), each timed the same way.
 FLOPs: forward 4*B*H*Sq*Sk*D (x0.5 causal); backward 2.5x forward.
 
     python3 bench/bench_attn.py --shim /tmp/bench/libaotriton_shim.so --json /tmp/out/bench_attn.json
@@ -42,6 +45,25 @@ from aotriton_shim import Aotriton, Dropout, Varlen, packed_view  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 GRADS = ("dq", "dk", "dv")
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class Flex:
+    """torch FlexAttention (torch.compile'd, block mask for causal) as a peer; absent if torch lacks it."""
+
+    def __init__(self):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        self.create_block_mask = create_block_mask
+        self.fn = torch.compile(flex_attention, dynamic=False)
+        self.masks = {}
+
+    def __call__(self, q, k, v, causal, sm_scale):
+        key = (q.shape[2], k.shape[2], causal)
+        if causal and key not in self.masks:
+            self.masks[key] = self.create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, q.shape[2],
+                                                     k.shape[2], device=q.device)
+        gqa = q.shape[1] != k.shape[1]
+        return self.fn(q, k, v, block_mask=self.masks.get(key) if causal else None, scale=sm_scale, enable_gqa=gqa)
 
 
 def randn_nonzero(shape, dtype, gen, layout):
@@ -62,7 +84,11 @@ def reference(q, k, v, d_o, sm_scale, causal, grads):
     f32 = dict(device=q.device, dtype=torch.float32)
     ref = {"o": torch.empty(q.shape, **f32), "lse": torch.empty((b, h, sq), **f32)}
     if grads:
-        ref.update(dq=torch.empty(q.shape, **f32), dk=torch.empty(k.shape, **f32), dv=torch.empty(v.shape, **f32))
+        # dK/dV per query head; GQA sums them over each K/V head's group at the end.
+        ref.update(dq=torch.empty(q.shape, **f32), dk=torch.empty(q.shape[:3] + (k.shape[3],), **f32),
+                   dv=torch.empty(q.shape[:3] + (v.shape[3],), **f32))
+    group = h // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k, v))
     # About 2 GiB of scores per chunk (the backward keeps a few such tensors alive).
     hc = max(1, min(h, int(2**31 // (sq * sk * 4 * (3 if grads else 1)))))
     # Causal as torch's is_causal (top-left; the benchmark's shapes are square, where both alignments agree).
@@ -85,6 +111,9 @@ def reference(q, k, v, d_o, sm_scale, causal, grads):
                 if grads:
                     ref["dq"][sl], ref["dk"][sl], ref["dv"][sl] = qf.grad, kf.grad, vf.grad
             del o, qf, kf, vf
+    if grads and group > 1:
+        for t in ("dk", "dv"):
+            ref[t] = ref[t].unflatten(1, (h // group, group)).sum(2)
     return ref
 
 
@@ -95,14 +124,19 @@ def max_err(out, ref):
     return float(diff.nan_to_num(0.0).max()), nan
 
 
-def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
+def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
+    """One grid cell; ``hk`` < ``h`` makes it a GQA row (K/V with ``hk`` heads)."""
     passes = args.passes
+    hk = hk or h
     shape = (b, h, s, d)
-    q, k, v, d_o = (randn_nonzero(shape, dtype, gen, args.layout) for _ in range(4))
+    q, d_o = (randn_nonzero(shape, dtype, gen, args.layout) for _ in range(2))
+    k, v = (randn_nonzero((b, hk, s, d), dtype, gen, args.layout) for _ in range(2))
+    gqa = dict(enable_gqa=True) if hk != h else {}
     sm_scale = 1.0 / math.sqrt(d)
     flops = 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
-    label = f"hd{d:<3} S{s:<5} B{b:<2} H{h:<2} {'causal' if causal else 'full'}"
-    row = {"case": label, "batch": b, "heads": h, "seqlen": s, "head_dim": d, "causal": causal,
+    heads = f"H{h:<2}" if hk == h else f"H{h}/{hk}"
+    label = f"{DTYPE_NAMES[dtype]} hd{d:<3} S{s:<5} B{b:<2} {heads} {'causal' if causal else 'full'}"
+    row = {"case": label, "batch": b, "heads": h, "heads_k": hk, "seqlen": s, "head_dim": d, "causal": causal,
            "dtype": str(dtype).replace("torch.", ""), "layout": args.layout, "flops_fwd": flops,
            "flops_bwd": 2.5 * flops, "na": {}}
     want_bwd = "bwd" in passes
@@ -126,7 +160,7 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
     for name, backend in PEERS.items():
         try:
             with sdpa_kernel([backend]):
-                outs[name] = {"o": F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)}
+                outs[name] = {"o": F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, **gqa)}
         except RuntimeError as e:
             row["na"][f"{name}_fwd"] = row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
             continue
@@ -134,12 +168,25 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
             try:
                 leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
                 with sdpa_kernel([backend]):
-                    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale)
+                    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale, **gqa)
                     out.backward(d_o, retain_graph=True)
                 outs[name].update(dq=leaves[0].grad, dk=leaves[1].grad, dv=leaves[2].grad)
                 peer_grad_inputs[name] = (leaves, out)
             except RuntimeError as e:
                 row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
+    flex_leaves = None
+    if args.flex is not None:
+        try:
+            outs["flex"] = {"o": args.flex(q, k, v, causal, sm_scale)}
+            if want_bwd:
+                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+                out = args.flex(*leaves, causal, sm_scale)
+                out.backward(d_o, retain_graph=True)
+                outs["flex"].update(dq=leaves[0].grad, dk=leaves[1].grad, dv=leaves[2].grad)
+                flex_leaves = (leaves, out)
+        except Exception as e:  # noqa: BLE001 -- a peer that cannot run this shape is "n/a"
+            row["na"]["flex_fwd"] = row["na"]["flex_bwd"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            outs.pop("flex", None)
     torch.cuda.synchronize()
 
     ref = reference(q, k, v, d_o, sm_scale, causal, want_bwd)
@@ -151,7 +198,7 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
     bounds, ok = {}, lse_nan == 0 and lse_err <= lse_bound
     for t in ["o"] + (list(GRADS) if want_bwd else []):
         mag = max(1.0, float(ref[t].abs().max()))
-        peer = [errs[n][t][0] for n in PEERS if n in errs and t in errs[n]]
+        peer = [errs[n][t][0] for n in (*PEERS, "flex") if n in errs and t in errs[n]]
         k_t, floor = (3.0, 1e-3) if t == "o" else (5.0, 1e-3 * mag)
         bounds[t] = k_t * max(peer) + floor if peer else 2e-2 * mag
         err, nan = errs["aotriton"][t]
@@ -161,7 +208,7 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
                lse_bound=lse_bound, nan_lse=lse_nan, correct=bool(ok))
     text = "  ".join(
         f"{t}: aot {errs['aotriton'][t][0]:.2e} "
-        + " ".join(f"{n} {errs[n][t][0]:.2e}" for n in PEERS if n in errs and t in errs[n])
+        + " ".join(f"{n} {errs[n][t][0]:.2e}" for n in (*PEERS, "flex") if n in errs and t in errs[n])
         + f" (bound {bounds[t]:.2e})" for t in bounds)
     nans = {t: n for t, n in row["nan"].items() if n} | ({"lse": lse_nan} if lse_nan else {})
     print(f"  {label}: max|x-ref| {text}  lse {lse_err:.2e} (bound {lse_bound:.2e})"
@@ -180,12 +227,18 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen):
             if f"{name}_fwd" in row["na"]:
                 continue
             with sdpa_kernel([backend]):
-                ms_fwd[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale))
+                ms_fwd[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale,
+                                                                            **gqa))
+        if "flex" in outs:
+            ms_fwd["flex"] = bench(lambda: args.flex(q, k, v, causal, sm_scale))
     if want_bwd:
         ms_bwd["aotriton"] = bench(aot_bwd)
         for name, (leaves, out) in peer_grad_inputs.items():
             with sdpa_kernel([PEERS[name]]):
                 ms_bwd[name] = bench(lambda: out.backward(d_o, retain_graph=True), grad_to_none=leaves)
+        if flex_leaves is not None:
+            leaves, out = flex_leaves
+            ms_bwd["flex"] = bench(lambda: out.backward(d_o, retain_graph=True), grad_to_none=leaves)
     row["ms_fwd"], row["ms_bwd"] = ms_fwd, ms_bwd
     row["tflops_fwd"] = {n: flops / (t * 1e-3) / 1e12 for n, t in ms_fwd.items()}
     row["tflops_bwd"] = {n: 2.5 * flops / (t * 1e-3) / 1e12 for n, t in ms_bwd.items()}
@@ -201,11 +254,12 @@ def print_table(title, rows, key, na_key):
 
     print()
     print(title)
-    print(f"{'case':<30}{'aotriton':>9}{'flash':>9}{'cuDNN':>9}{'aot/cuDNN':>11}{'aot/flash':>11}  check")
+    print(f"{'case':<36}{'aotriton':>9}{'flash':>9}{'cuDNN':>9}{'flex':>9}{'aot/cuDNN':>11}{'aot/flash':>11}"
+          f"{'aot/flex':>10}  check")
     for r in rows:
         tf = r.get(key, {})
-        a, fl, cu = tf.get("aotriton"), tf.get("flash"), tf.get("cudnn")
-        print(f"{r['case']:<30}{cell(a)}{cell(fl)}{cell(cu)}{ratio(a, cu)}{ratio(a, fl)}  "
+        a, fl, cu, fx = tf.get("aotriton"), tf.get("flash"), tf.get("cudnn"), tf.get("flex")
+        print(f"{r['case']:<36}{cell(a)}{cell(fl)}{cell(cu)}{cell(fx)}{ratio(a, cu)}{ratio(a, fl)}{ratio(a, fx)[1:]}  "
               f"{'ok' if r.get('correct') else 'WRONG'}")
     notes = sorted({f"{k}: {v}" for r in rows for k, v in r.get("na", {}).items() if k.endswith(na_key)})
     for n in notes[:6]:
@@ -452,7 +506,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shim", required=True, help="path of libaotriton_shim.so")
     ap.add_argument("--json", help="write all numbers here")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16")
+    ap.add_argument("--backend", default="auto", choices=["auto", "portable", "gluon"],
+                    help="aotriton backend (auto = the dispatch rule; the others forced)")
+    ap.add_argument("--no-flex", dest="flex", action="store_false", help="skip the FlexAttention peer")
+    ap.add_argument("--gqa", default="64,8,128,16384", help="GQA row Hq,Hk,D,S (B=1, causal); '' = none")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--tokens", type=int, default=16384, help="B*S")
     ap.add_argument("--hidden", type=int, default=2048, help="H*D")
@@ -473,8 +531,16 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference must be float32
     torch.backends.cudnn.allow_tf32 = False
-    aot = Aotriton(args.shim)
-    dtype = DTYPES[args.dtype]
+    aot = Aotriton(args.shim, backend=args.backend)
+    dtypes = [DTYPES[x] for x in args.dtypes.split(",") if x]
+    if args.flex:
+        try:
+            args.flex = Flex()
+        except ImportError as e:
+            print(f"FlexAttention unavailable: {e}")
+            args.flex = None
+    else:
+        args.flex = None
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     timer = f"triton.testing.do_bench(warmup={args.warmup}, rep={args.rep}, return_mode='median')"
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -483,22 +549,24 @@ def main():
           f"| cuDNN {env['cudnn']} | {timer}", flush=True)
     rows, failures = [], 0
     started = time.time()
-    for d in (int(x) for x in args.head_dims.split(",")):
-        h = args.hidden // d
-        for s in (int(x) for x in args.seqlens.split(",")):
-            b = max(1, args.tokens // s)
-            for causal in (bool(int(x)) for x in args.causal.split(",")):
-                t0 = time.time()
-                try:
-                    row = run_shape(aot, args, dtype, b, h, s, d, causal, gen)
-                except Exception as e:  # keep going: report the shape as failed
-                    row = {"case": f"hd{d:<3} S{s:<5} B{b:<2} H{h:<2} {'causal' if causal else 'full'}",
-                           "correct": False, "exception": f"{type(e).__name__}: {e}"}
-                    print(f"  {row['case']}: {row['exception']}", flush=True)
-                row["wall_s"] = round(time.time() - t0, 1)
-                failures += not row["correct"]
-                rows.append(row)
-                torch.cuda.empty_cache()
+    cells = [(dtype, d, args.hidden // d, s, max(1, args.tokens // s), causal, None)
+             for dtype in dtypes for d in (int(x) for x in args.head_dims.split(","))
+             for s in (int(x) for x in args.seqlens.split(",")) for causal in (bool(int(x)) for x in args.causal.split(","))]
+    if args.gqa:
+        hq, hk, d, s = (int(x) for x in args.gqa.split(","))
+        cells.append((dtypes[0], d, hq, s, 1, True, hk))
+    for dtype, d, h, s, b, causal, hk in cells:
+        t0 = time.time()
+        try:
+            row = run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=hk)
+        except Exception as e:  # keep going: report the shape as failed
+            row = {"case": f"{DTYPE_NAMES[dtype]} hd{d:<3} S{s:<5} B{b:<2} H{h:<2} {'causal' if causal else 'full'}",
+                   "correct": False, "exception": f"{type(e).__name__}: {e}"}
+            print(f"  {row['case']}: {row['exception']}", flush=True)
+        row["wall_s"] = round(time.time() - t0, 1)
+        failures += not row["correct"]
+        rows.append(row)
+        torch.cuda.empty_cache()
 
     feature_rows = []
     for kind in (x for x in args.features.split(",") if x):
@@ -513,7 +581,8 @@ def main():
         feature_rows.append(row)
         torch.cuda.empty_cache()
 
-    common = f"{args.dtype}, B*S={args.tokens}, H*D={args.hidden}, layout {args.layout}, TFLOP/s (median)"
+    common = (f"{args.dtypes}, B*S={args.tokens}, H*D={args.hidden}, layout {args.layout}, aotriton backend "
+              f"{args.backend}, TFLOP/s (median)")
     if "fwd" in args.passes:
         print_table(f"forward, {common}", rows, "tflops_fwd", "_fwd")
     if "bwd" in args.passes:
@@ -524,7 +593,8 @@ def main():
           f"{time.time() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "args": vars(args), "cases": rows, "features": feature_rows}, f, indent=2)
+            json.dump({"env": env, "args": {k: v for k, v in vars(args).items() if k != "flex"}, "cases": rows,
+                       "features": feature_rows}, f, indent=2)
     return 1 if failures else 0
 
 

@@ -344,12 +344,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shim", required=True, help="path of libaotriton_shim.so")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="auto", choices=["auto", "portable", "gluon"],
+                    help="aotriton backend of every call (gluon: the dropout/bias/packed cases are skipped, "
+                         "that backend does not serve them)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    aot = Aotriton(args.shim)
+    aot = Aotriton(args.shim, backend=args.backend)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    print(f"aotriton {aot.version} | {torch.cuda.get_device_name()} | torch {torch.__version__}")
+    print(f"aotriton {aot.version} | {torch.cuda.get_device_name()} | torch {torch.__version__} "
+          f"| backend {args.backend}")
     print("bounds: max|aot-ref64| <= k*max|naive-ref64| + floor, k=3 (O) / 5 (dQ,dK,dV), floor 1e-3 "
           "(x max(1,max|ref|) for gradients); shown as err/bound, '!' marks a failed check")
     masks = [("none", -1, -1, "tl"), ("causal-BR", -1, 0, "br"), ("win(8,4)-BR", 8, 4, "br"),
@@ -377,6 +381,12 @@ def main():
         (torch.float16, 64, 53, 53, causal_br, (True, True, True), 0.2),     # full bias + dropout
         (torch.bfloat16, 40, 37, 53, none, (False, False, False), 0.4),      # [1,1,1,Sk] + dropout
     ]
+    if args.backend == "gluon":
+        print("dropout, bias and packed cases skipped: the gluon backend does not serve them (the Rust suite "
+              "checks that it refuses them)")
+        features, packed_cases = [], []
+    else:
+        packed_cases = None
     for dtype, d, sq, sk, mask, bias_shape, p in features:
         try:
             ok, line = run_feature_case(aot, dtype, d, sq, sk, mask, bias_shape, p, gen)
@@ -390,6 +400,8 @@ def main():
         (torch.float16, 64, [13, 0, 29, 1], [17, 6, 0, 40], causal_br, 0.0),
         (torch.bfloat16, 128, [31, 5, 0, 20], [12, 44, 9, 20], win_tl, 0.25),
     ]
+    if packed_cases is not None:
+        packed = packed_cases
     for dtype, d, lq, lk, mask, p in packed:
         try:
             ok, line = run_varlen_case(aot, dtype, d, lq, lk, mask, p, gen)

@@ -52,6 +52,9 @@ extern "C" {
 //   cu_seqlens_q, cu_seqlens_k, n_cu      int32 device offsets (B+1 = n_cu entries; 0 = not packed)
 //   max_seqlen_q, max_seqlen_k
 //   allow_tf32, (bwd) deterministic
+//   backend                               0 auto, 1 portable, 2 gluon (aotriton::v2::flash::Backend)
+//   (bwd) workspace, workspace_bytes      the backward's workspace (0 = none)
+//   (bwd) query_bytes                     when not null: store attn_bwd_workspace_bytes() there, launch nothing
 // dtype: 1 fp16, 2 bf16, 3 fp32.
 __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
     uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t lse, const int64_t* sizes4,
@@ -60,7 +63,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
     const int64_t* bias_sizes4, const int64_t* bias_strides4, float dropout_p, uint64_t philox_seed,
     uint64_t philox_offset, uint64_t philox_offset_base, uint64_t philox_seed_out, uint64_t philox_offset_out,
     uint64_t cu_seqlens_q, uint64_t cu_seqlens_k, int64_t n_cu, uint64_t max_seqlen_q, uint64_t max_seqlen_k,
-    int allow_tf32, uint64_t stream) {
+    int allow_tf32, int backend, uint64_t stream) {
   const auto dt = static_cast<aotriton::DType>(dtype);
   aotriton::v2::flash::FwdParams p;
   p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
@@ -88,6 +91,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
     p.max_seqlen_k = max_seqlen_k;
   }
   p.allow_tf32 = allow_tf32 != 0;
+  p.backend = static_cast<aotriton::v2::flash::Backend>(backend);
   return static_cast<int>(aotriton::v2::flash::attn_fwd(p, make_stream(stream)));
 }
 
@@ -98,7 +102,8 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_bwd_ex(
     int window_right, uint64_t bias, const int64_t* bias_sizes4, const int64_t* bias_strides4, uint64_t dbias,
     float dropout_p, uint64_t philox_seed, uint64_t philox_offset, uint64_t philox_offset_base,
     uint64_t cu_seqlens_q, uint64_t cu_seqlens_k, int64_t n_cu, uint64_t max_seqlen_q, uint64_t max_seqlen_k,
-    int allow_tf32, int deterministic, uint64_t stream) {
+    int allow_tf32, int deterministic, int backend, uint64_t workspace, uint64_t workspace_bytes,
+    uint64_t* query_bytes, uint64_t stream) {
   const auto dt = static_cast<aotriton::DType>(dtype);
   aotriton::v2::flash::BwdParams p;
   p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
@@ -131,6 +136,12 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_bwd_ex(
   }
   p.allow_tf32 = allow_tf32 != 0;
   p.deterministic = deterministic != 0;
+  p.backend = static_cast<aotriton::v2::flash::Backend>(backend);
+  p.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(workspace));
+  p.workspace_bytes = workspace_bytes;
+  if (query_bytes) {
+    return static_cast<int>(aotriton::v2::flash::attn_bwd_workspace_bytes(p, make_stream(stream), query_bytes));
+  }
   return static_cast<int>(aotriton::v2::flash::attn_bwd(p, make_stream(stream)));
 }
 

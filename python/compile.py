@@ -69,12 +69,18 @@ def triton_version() -> str:
     return importlib.metadata.version("triton")
 
 
-def kernel_sources_digest(kernels_dir: str = KERNELS_DIR) -> str:
-    """sha256 over the relative path and text of every .py under kernels/, in sorted order."""
+def kernel_sources_digest(kernels_dir: str = KERNELS_DIR, packages: tuple[str, ...] | None = None) -> str:
+    """sha256 over the relative path and text of every .py under kernels/, in sorted order.
+
+    With ``packages``, only the files directly in ``kernels/`` and under those packages count
+    (a family's ``sources``): editing one backend's kernels leaves the other's cache valid.
+    """
     h = hashlib.sha256()
     paths = []
     for root, dirs, files in os.walk(kernels_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        if packages is not None and root == kernels_dir:
+            dirs[:] = [d for d in dirs if d in packages]
         paths += [os.path.join(root, f) for f in files if f.endswith(".py")]
     for path in sorted(paths):
         rel = os.path.relpath(path, kernels_dir).replace(os.sep, "/")
@@ -188,7 +194,12 @@ def compile_spec(spec: rules.KernelSpec) -> tuple[bytes, dict]:
     target = GPUTarget(t["backend"], t["arch"], t["warp_size"])
     backend = make_backend(target)
     options = backend.parse_options(dict(spec.options))
-    src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs), attrs=spec.attrs)
+    if spec.language == "gluon":
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs),
+                             attrs=spec.attrs)
+    else:
+        src = ASTSource(fn=fn, signature=dict(spec.signature), constexprs=dict(spec.constexprs), attrs=spec.attrs)
     ccinfo = triton.compile(src, target=target, options=options.__dict__)
     image = ccinfo.asm[backend.binary_ext]
     md = ccinfo.metadata._asdict()
@@ -199,6 +210,8 @@ def compile_spec(spec: rules.KernelSpec) -> tuple[bytes, dict]:
             raise BuildError(f"compiled metadata lacks {field!r}")
         metadata[field] = value
     metadata["warp_size"] = md.get("warp_size", t["warp_size"])
+    # Host-side TMA descriptors: Triton reports one entry per descriptor argument, in order.
+    metadata["tensordesc_meta"] = [dict(m) for m in (md.get("tensordesc_meta") or [])]
     return bytes(image), metadata
 
 
@@ -318,6 +331,27 @@ class ArchStats:
                 f"{self.seconds:.1f} s")
 
 
+#: The fields of Triton's ``tensordesc_meta`` the runtime needs to encode a CUtensorMap.
+TENSORDESC_FIELDS = ("block_size", "swizzle", "elem_type", "elem_size", "fp4_padded")
+
+
+def _args_with_tensordesc(spec: rules.KernelSpec, metadata: dict) -> list[dict[str, Any]]:
+    """``spec.args`` with each tensor-descriptor argument given its TMA box meta (``tensordesc``)."""
+    metas = list(metadata.get("tensordesc_meta") or [])
+    args = []
+    for arg in spec.args:
+        arg = dict(arg)
+        if arg["type"].startswith("tensordesc"):
+            if not metas:
+                raise BuildError(f"{spec.id}: Triton reported no tensordesc_meta for {arg['name']}")
+            meta = metas.pop(0)
+            arg["tensordesc"] = {k: meta[k] for k in TENSORDESC_FIELDS}
+        args.append(arg)
+    if metas:
+        raise BuildError(f"{spec.id}: {len(metas)} tensordesc_meta entries without a descriptor argument")
+    return args
+
+
 def kernel_json(spec: rules.KernelSpec, metadata: dict, version: str) -> dict:
     """The per-kernel JSON: the contract with the Rust packer."""
     return {
@@ -330,7 +364,7 @@ def kernel_json(spec: rules.KernelSpec, metadata: dict, version: str) -> dict:
         "triton_version": version,
         "symbol": metadata["name"],
         "image": f"{spec.id}.{spec.image_ext}",
-        "args": spec.args,
+        "args": _args_with_tensordesc(spec, metadata),
         "constexprs": spec.constexprs,
         "shared": metadata["shared"],
         "num_warps": metadata["num_warps"],
@@ -379,7 +413,13 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
         rules.target_of(arch)
     jobs = jobs or os.cpu_count() or 1
     version = triton_version()
-    digest = kernel_sources_digest()
+    digests: dict[tuple[str, ...], str] = {}
+
+    def digest_of(spec: rules.KernelSpec) -> str:
+        if spec.sources not in digests:
+            digests[spec.sources] = kernel_sources_digest(packages=spec.sources)
+        return digests[spec.sources]
+
     cache = Cache(cache_dir)
     pool: WorkerPool | None = None
     tmp_home: str | None = None
@@ -392,7 +432,7 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
                 specs = [s for s in specs if only in s.id]
                 if not specs:
                     raise ValueError(f"--only {only!r} selects no kernel for {arch}")
-            keys = {s.id: cache_key(s, digest, version) for s in specs}
+            keys = {s.id: cache_key(s, digest_of(s), version) for s in specs}
             results: dict[str, tuple[bytes, dict]] = {}
             todo = []
             for spec in specs:

@@ -193,14 +193,100 @@ DEBUG_DROPOUT_MASK_ARGS = (
     + ["N_CTX_Q", "N_CTX_K", "N_HEADS", "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
     + ["BLOCK_M", "BLOCK_N"]
 )
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32")
+#: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
+GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED"]
+GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS"]
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
+               *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
+
+# The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
+# host TMA descriptors over [B, H, S, D]; the backward's workspace views are rank 2.
+_GLUON_WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
+ATTN_FWD_GLUON_ARGS = (
+    ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
+     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FWD_KNOBS
+)
+ATTN_BWD_GLUON_PREPROCESS_ARGS = (
+    ["O", "DO"] + _strides("o", "zhm") + _strides("do", "zhm")
+    + ["LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz", "stride_deltah", "LSE2", "DELTA2", "DQ_ACC",
+       "N_CTX_Q", "SQ_PAD", "D_HEAD", "ZERO_DQ_ACC"]
+    + ["HEAD_DIM", "BLOCK_M"]
+)
+ATTN_BWD_GLUON_ARGS = (
+    ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2",
+     "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ"] + GLUON_BWD_KNOBS
+)
+ATTN_BWD_GLUON_DQ_CONVERT_ARGS = (
+    ["DQ_ACC", "DQ"] + _strides("dq", "zhm") + ["sm_scale", "N_CTX_Q", "SQ_PAD", "D_HEAD", "N_HEADS_Q"]
+    + ["HEAD_DIM", "BLOCK_M"]
+)
+#: fp32 workspace pointers of the Gluon backward.
+_WORKSPACE_TENSORS = ("LSE2", "DELTA2", "DQ_ACC")
+
+
+def nvmma_layout_repr(block: list[int], bits: int) -> str:
+    """``repr`` of ``gl.NVMMASharedLayout.get_default_for(block, dtype)`` (Triton 3.6), without Triton.
+
+    The largest swizzle (128/64/32 B) dividing the contiguous row; none when fewer than 8 rows.
+    ``test_rules`` checks this against Triton's own function.
+    """
+    row_bytes = block[-1] * bits // 8
+    swizzle = next((w for w in (128, 64, 32) if row_bytes >= w and row_bytes % w == 0), 0)
+    outer = 1
+    for size in block[:-1]:
+        outer *= size
+    if len(block) < 2 or outer < 8:
+        swizzle = 0
+    return (f"NVMMASharedLayout(swizzle_byte_width={swizzle}, element_bitwidth={bits}, rank={len(block)}, "
+            "transposed=False, fp4_padded=False, cga_layout=[])")
+
+
+def tensordesc_type(dtype: str, block: list[int]) -> str:
+    """Gluon signature type of a host TMA descriptor with the default NVMMA shared layout."""
+    bits = 8 * ELEMENT_SIZE[dtype]
+    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{nvmma_layout_repr(block, bits)}>"
+
+
+def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str, int]) -> dict[str, tuple]:
+    """Descriptor argument -> (dtype, block) per ABI.md."""
+    hd, dt = functional["head_dim"], functional["dtype"]
+    if family == "attn_fwd_gluon":
+        q = [1, 1, 64, hd]   # one consumer warpgroup's 64 rows
+        kv = [1, 1, config["BLOCK_N"], hd]
+        return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_o": (dt, q)}
+    q = [1, 1, config["BLOCK_M"], hd]
+    kv = [1, 1, config["BLOCK_N"], hd]
+    dkv = [1, 1, config["BLOCK_N"] // 2, hd]      # one compute warpgroup's 64 keys
+    vec = ("fp32", [1, config["BLOCK_M"]])
+    return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_do": (dt, q),
+            "desc_dk": (dt, dkv), "desc_dv": (dt, dkv), "desc_dq_acc": ("fp32", [config["BLOCK_M"], hd]),
+            "desc_lse2": vec, "desc_delta2": vec}
+
+
+def _gluon_signature_of(family: str, args: list[str], constexprs: list[str]):
+    def signature(functional: dict[str, Any], config: dict[str, int] | None = None) -> dict[str, str]:
+        has_desc = any(n.startswith("desc_") for n in args)
+        blocks = _gluon_desc_blocks(family, functional, config) if config and has_desc else {}
+        out = {}
+        for n in args:
+            if n in constexprs:
+                out[n] = "constexpr"
+            elif n.startswith("desc_"):
+                dt, block = blocks.get(n, (functional["dtype"], [1]))
+                out[n] = tensordesc_type(dt, block)
+            else:
+                out[n] = arg_type(n, functional["dtype"])
+        return out
+    return signature
 
 
 def arg_type(name: str, dtype: str) -> str:
     """Triton type of one (non-constexpr) argument; the same rules for every family."""
     if name in _DATA_TENSORS:
         return f"*{dtype}"
-    if name in _ROW_TENSORS:
+    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS:
         return "*fp32"
     if name in _I64_POINTERS:
         return "*i64"
@@ -220,7 +306,7 @@ def arg_type(name: str, dtype: str) -> str:
 
 
 def _signature_of(args: list[str], constexprs: list[str]):
-    def signature(functional: dict[str, Any]) -> dict[str, str]:
+    def signature(functional: dict[str, Any], config: dict[str, int] | None = None) -> dict[str, str]:
         """Triton signature (argument name -> type) for one functional, in ABI order."""
         return {n: ("constexpr" if n in constexprs else arg_type(n, functional["dtype"])) for n in args}
     return signature
@@ -425,6 +511,51 @@ def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     return [_cfg(16, 16, 4, 1) if fp32 else _cfg(16, 32, 4, 1)]
 
 
+def _gluon_cfg(bm, bn, stages, maxnreg=168, **knobs):
+    """A Gluon config: 4 warps in the default partition (the workers add theirs), a register cap
+    (it decides how many CTAs fit an SM), and the kernel's performance knobs."""
+    c = {"BLOCK_M": bm}
+    if bn is not None:
+        c["BLOCK_N"] = bn
+    c.update(STAGES=stages, num_warps=4, maxnreg=maxnreg, **knobs)
+    return c
+
+
+def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config per head dim, the best of the variant sweep on the H200 (test/gluon/sweep_fwd.py,
+    bf16, B·S = 16k, H·D = 2048, S 1k..16k, causal and not; ratio to cuDNN, geomean non-causal / causal):
+
+    * hd64:  two CTAs per SM (maxnreg 80: consumers 104 registers, loader 24), BLOCK_N 64, serial
+      softmax/PV order, step 0 unmasked when full -- 0.958 / 0.968 (2 consumers, BLOCK_N 128,
+      overlap: 0.82 / 0.80: the short CTAs' prologue and epilogue are not hidden at one CTA per SM);
+    * hd128: two consumers, BLOCK_N 128, 2 stages, FA3's intra-warpgroup overlap -- 0.895 / 0.934;
+    * hd256: the same with BLOCK_N 64 (shared memory) -- 0.976 / 1.041.
+    """
+    hd = functional["head_dim"]
+    knobs = dict(NUM_CONSUMERS=2, LOADER_REGS=24, SCHED=0)
+    if hd == 64:
+        return [_gluon_cfg(128, 64, 2, maxnreg=80, CONSUMER_REGS=104, PEEL_FULL=1, OVERLAP=0, **knobs)]
+    return [_gluon_cfg(128, 64 if hd == 256 else 128, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, **knobs)]
+
+
+def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config: 128 keys per CTA (two compute warpgroups), 64 queries per step, a 2-stage Q/dO ring.
+
+    Picked by the variant sweep on the H200 (test/gluon/sweep_bwd.py, same grid as the forward):
+    hd64 masks by a split walk (boundary steps first, then the interior with no mask code,
+    MASK_MODE 2) -- geomean 0.970 of cuDNN; hd128 applies the mask on every step (MASK_MODE 1, the
+    fewest spills) with 232 registers for the compute worker -- 0.962.
+    """
+    if functional["head_dim"] == 64:
+        return [_gluon_cfg(64, 128, 2, MASK_MODE=2, CONS_REGS=240, DK_SS=0)]
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=1, CONS_REGS=232, DK_SS=0)]
+
+
+def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """Preprocess / dQ convert: row kernels, 4096 elements per tile (8192 spills in the fp16 preprocess)."""
+    return [_cfg(4096 // functional["head_dim"], None, 4, 1)]
+
+
 def _debug_dropout_mask_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config (a debug path)."""
     return [_cfg(32, 64, 4, 1)]
@@ -442,8 +573,18 @@ class Family:
     axes: dict[str, list]           #: functional axes, in id order
     args: list[str]                 #: every argument, in declaration order
     constexprs: list[str]
-    signature: Any                  #: functional -> {arg: type}
+    signature: Any                  #: (functional, config) -> {arg: type}
     configs: Any                    #: (arch, functional) -> [config], largest BLOCK_M first
+    #: Archs the family is compiled for (None = every target).  The Gluon backend is sm_90 only.
+    archs: tuple[str, ...] | None = None
+    #: ``triton`` (``triton.language``, ASTSource) or ``gluon`` (GluonASTSource).
+    language: str = "triton"
+    #: Variants compiled per config: ``aligned`` + one ``generic`` (portable families), or just
+    #: ``aligned`` (the Gluon backend: its inputs always meet TMA's 16-byte rules).
+    variants: tuple[str, ...] = ("aligned", "generic")
+    #: Packages under ``kernels/`` whose sources the family's kernels read: the compile cache
+    #: key covers exactly these, so editing one backend does not recompile the other.
+    sources: tuple[str, ...] = ("flash",)
 
 
 def _family(name, module, args, axes, configs) -> Family:
@@ -467,7 +608,32 @@ ATTN_BWD_DBIAS = _family("attn_bwd_dbias", "kernels/flash/bwd_dbias.py", ATTN_BW
 DEBUG_DROPOUT_MASK = _family("debug_dropout_mask", "kernels/flash/debug_dropout.py", DEBUG_DROPOUT_MASK_ARGS,
                              {"dtype": ["fp32"]}, _debug_dropout_mask_configs)
 
-FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, DEBUG_DROPOUT_MASK]
+
+
+def _gluon_family(name, module, args, axes, configs, language="gluon") -> Family:
+    """A family of the Gluon backend: sm_90 only, one ``aligned`` variant per config."""
+    constexprs = [a for a in args if a in _CONSTEXPRS]
+    return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
+                  signature=_gluon_signature_of(name, list(args), constexprs), configs=configs,
+                  archs=("sm_90",), language=language, variants=("aligned",), sources=("flash", "flash_gluon"))
+
+
+GLUON_DTYPES = ["fp16", "bf16"]
+ATTN_FWD_GLUON = _gluon_family("attn_fwd_gluon", "kernels/flash_gluon/fwd.py", ATTN_FWD_GLUON_ARGS,
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_fwd_gluon_configs)
+ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
+    "attn_bwd_gluon_preprocess", "kernels/flash_gluon/bwd_preprocess.py", ATTN_BWD_GLUON_PREPROCESS_ARGS,
+    {"dtype": GLUON_DTYPES, "head_dim": [64, 128]}, _attn_bwd_gluon_rows_configs, language="triton")
+ATTN_BWD_GLUON = _gluon_family("attn_bwd_gluon", "kernels/flash_gluon/bwd.py", ATTN_BWD_GLUON_ARGS,
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128], "dq": [True, False]},
+                               _attn_bwd_gluon_configs)
+ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
+    "attn_bwd_gluon_dq_convert", "kernels/flash_gluon/bwd_dq_convert.py", ATTN_BWD_GLUON_DQ_CONVERT_ARGS,
+    {"dtype": GLUON_DTYPES, "head_dim": [64, 128]}, _attn_bwd_gluon_rows_configs, language="triton")
+
+PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, DEBUG_DROPOUT_MASK]
+GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT]
+FAMILIES = PORTABLE_FAMILIES + GLUON_FAMILIES
 
 
 def family(name: str) -> Family:
@@ -502,6 +668,8 @@ class KernelSpec:
     family: str
     module: str
     function: str
+    language: str                               #: "triton" | "gluon"
+    sources: tuple[str, ...]                    #: packages under kernels/ the kernel reads
     functional: dict[str, Any]
     config: dict[str, int]
     variant: str                                #: "aligned" | "generic"
@@ -526,7 +694,9 @@ class KernelSpec:
 
     @property
     def options(self) -> dict[str, int]:
-        """Options for ``backend.parse_options``."""
+        """Options for ``backend.parse_options`` (Gluon: the register cap instead of pipelining stages)."""
+        if "maxnreg" in self.config:
+            return {"num_warps": self.config["num_warps"], "maxnreg": self.config["maxnreg"]}
         return {"num_warps": self.config["num_warps"], "num_stages": self.config["num_stages"]}
 
     @property
@@ -537,6 +707,7 @@ class KernelSpec:
         """Canonical dict of everything that determines the compiled image (used for the cache key)."""
         return {
             "id": self.id, "family": self.family, "module": self.module, "function": self.function,
+            "language": self.language,
             "signature": self.signature, "constexprs": self.constexprs,
             "attrs": [[list(k), v] for k, v in sorted(self.attrs.items())],
             "target": self.target, "options": self.options,
@@ -563,18 +734,23 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
         else:
             parts.append(f"{axis}{v}")
     bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
-    parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}")
+    if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
+        parts.append(f"m{config['BLOCK_M']}{bn}st{config['STAGES']}r{config['maxnreg']}")
+    else:
+        parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}")
     parts.append(variant)
     return "-".join(parts)
 
 
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
     backend, target_arch, warp_size = target_of(arch)
-    signature = family.signature(functional)
+    signature = family.signature(functional, config)
     values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
               "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
               "HAS_BIAS": bool(functional.get("bias")),
-              "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS}
+              "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
+              "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
+              **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS}}
     constexprs = {n: values[n] for n in family.constexprs}
     if variant == "aligned":
         divisibility = aligned_hints(signature)
@@ -582,7 +758,8 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
         divisibility = {n: 1 for n, t in signature.items() if t != "constexpr"}
     return KernelSpec(
         id=kernel_id(family, functional, config, variant),
-        family=family.name, module=family.module, function=family.function,
+        family=family.name, module=family.module, function=family.function, language=family.language,
+        sources=family.sources,
         functional=dict(functional), config=dict(config), variant=variant, arch=arch,
         target={"backend": backend, "arch": target_arch, "warp_size": warp_size},
         signature=signature, constexprs=constexprs, divisibility=divisibility,
@@ -594,12 +771,15 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None) -> list[K
     target_of(arch)
     specs = []
     for family in families or FAMILIES:
+        if family.archs is not None and arch not in family.archs:
+            continue
         for functional in functionals(family):
             configs = family.configs(arch, functional)
             for config in configs:
                 specs.append(_spec(family, arch, functional, config, "aligned"))
-            smallest = min(configs, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
-            specs.append(_spec(family, arch, functional, smallest, "generic"))
+            if "generic" in family.variants:
+                smallest = min(configs, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
+                specs.append(_spec(family, arch, functional, smallest, "generic"))
     specs.sort(key=lambda s: s.id)
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):

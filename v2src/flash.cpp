@@ -73,7 +73,8 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          bridge::TensorView4{},
                          dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
                          varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
-                         false};
+                         false,
+                         static_cast<int32_t>(Backend::kAuto)};
     // Read only the fields the caller's version of the struct has.
     if (params.version >= 2) {
       args.mask = mask_of(params.causal, params.align, params.window_left, params.window_right);
@@ -89,48 +90,89 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
       args.allow_tf32 = params.allow_tf32;
       host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
     }
+    if (params.version >= 4) {
+      args.backend = static_cast<int32_t>(params.backend);
+    }
     return detail::finish(
         bridge::attn_fwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
   });
 }
 
+namespace {
+
+// The bridge's view of a BwdParams of any version; fails on an unknown version.
+Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* host) {
+  if (params.version < 1 || params.version > BwdParams::kVersion) {
+    return unknown_version("BwdParams", params.version, BwdParams::kVersion);
+  }
+  bridge::BwdArgs args{to_bridge<4, bridge::TensorView4>(params.q),
+                       to_bridge<4, bridge::TensorView4>(params.k),
+                       to_bridge<4, bridge::TensorView4>(params.v),
+                       to_bridge<4, bridge::TensorView4>(params.o),
+                       to_bridge<4, bridge::TensorView4>(params.d_o),
+                       to_bridge<3, bridge::TensorView3>(params.lse),
+                       to_bridge<3, bridge::TensorView3>(params.delta),
+                       to_bridge<4, bridge::TensorView4>(params.dq),
+                       to_bridge<4, bridge::TensorView4>(params.dk),
+                       to_bridge<4, bridge::TensorView4>(params.dv),
+                       params.sm_scale,
+                       mask_of(params.causal, params.align, params.window_left, params.window_right),
+                       bridge::TensorView4{},
+                       bridge::TensorView4{},
+                       dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
+                       varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
+                       false,
+                       false,
+                       static_cast<int32_t>(Backend::kAuto),
+                       0,
+                       0};
+  *host = HostOffsets{};
+  // Read only the fields the caller's version of the struct has.
+  if (params.version >= 2) {
+    args.bias = to_bridge<4, bridge::TensorView4>(params.bias);
+    args.dbias = to_bridge<4, bridge::TensorView4>(params.dbias);
+    args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
+                              params.philox_offset_base, nullptr, nullptr);
+    args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
+                            params.max_seqlen_k);
+    args.allow_tf32 = params.allow_tf32;
+    args.deterministic = params.deterministic;
+    *host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
+  }
+  if (params.version >= 3) {
+    args.backend = static_cast<int32_t>(params.backend);
+    args.workspace = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.workspace));
+    args.workspace_bytes = params.workspace_bytes;
+  }
+  *out = args;
+  return Status::kSuccess;
+}
+
+}  // namespace
+
 Status attn_bwd(const BwdParams& params, Stream stream) noexcept {
   return detail::guarded([&] {
-    if (params.version < 1 || params.version > BwdParams::kVersion) {
-      return unknown_version("BwdParams", params.version, BwdParams::kVersion);
-    }
-    bridge::BwdArgs args{to_bridge<4, bridge::TensorView4>(params.q),
-                         to_bridge<4, bridge::TensorView4>(params.k),
-                         to_bridge<4, bridge::TensorView4>(params.v),
-                         to_bridge<4, bridge::TensorView4>(params.o),
-                         to_bridge<4, bridge::TensorView4>(params.d_o),
-                         to_bridge<3, bridge::TensorView3>(params.lse),
-                         to_bridge<3, bridge::TensorView3>(params.delta),
-                         to_bridge<4, bridge::TensorView4>(params.dq),
-                         to_bridge<4, bridge::TensorView4>(params.dk),
-                         to_bridge<4, bridge::TensorView4>(params.dv),
-                         params.sm_scale,
-                         mask_of(params.causal, params.align, params.window_left, params.window_right),
-                         bridge::TensorView4{},
-                         bridge::TensorView4{},
-                         dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
-                         varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
-                         false,
-                         false};
+    bridge::BwdArgs args;
     HostOffsets host{};
-    if (params.version >= 2) {
-      args.bias = to_bridge<4, bridge::TensorView4>(params.bias);
-      args.dbias = to_bridge<4, bridge::TensorView4>(params.dbias);
-      args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
-                                params.philox_offset_base, nullptr, nullptr);
-      args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
-                              params.max_seqlen_k);
-      args.allow_tf32 = params.allow_tf32;
-      args.deterministic = params.deterministic;
-      host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
-    }
+    Status status = bwd_args_of(params, &args, &host);
+    if (status != Status::kSuccess) return status;
     return detail::finish(
         bridge::attn_bwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
+  });
+}
+
+Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream, uint64_t* bytes) noexcept {
+  return detail::guarded([&] {
+    if (bytes == nullptr) {
+      return detail::fail(Status::kNullPointer, "attn_bwd_workspace_bytes: bytes (the output) is null");
+    }
+    *bytes = 0;
+    bridge::BwdArgs args;
+    HostOffsets host{};
+    Status status = bwd_args_of(params, &args, &host);
+    if (status != Status::kSuccess) return status;
+    return detail::finish(bridge::attn_bwd_workspace_bytes(
+        args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle), *bytes));
   });
 }
 

@@ -49,6 +49,7 @@ const char* status_name(Status status) noexcept {
     case Status::kUnsupportedDType: return "kUnsupportedDType";
     case Status::kTooLarge: return "kTooLarge";
     case Status::kUnsupportedVersion: return "kUnsupportedVersion";
+    case Status::kUnsupportedByBackend: return "kUnsupportedByBackend";
     case Status::kNoDriver: return "kNoDriver";
     case Status::kDriverError: return "kDriverError";
     case Status::kUnsupportedGpu: return "kUnsupportedGpu";

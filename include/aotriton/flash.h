@@ -23,6 +23,19 @@ enum class MaskAlign : int32_t {
   kBottomRight = 1,  // query i's diagonal key is i + Sk - Sq (torch's causal_lower_right)
 };
 
+// Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
+// else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
+// the dtype and head dim; fp16/bf16; head dim <= 256 (forward) / <= 128 (backward); no dropout,
+// no bias, not packed (varlen); every tensor TMA can address (data 16-byte aligned, last stride
+// 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
+// least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
+// kUnsupportedByBackend (message: the reason) and launches nothing.
+enum class Backend : int32_t {
+  kAuto = 0,
+  kPortable = 1,  // triton.language kernels: every arch, every feature
+  kGluon = 2,     // sm_90 Gluon kernels (TMA, warp-specialized)
+};
+
 // Versioned parameters: `version` tells the library which fields the caller's header had.
 // Later versions only append fields, so a program built against an older header keeps working
 // (the library reads only the fields of the caller's version and defaults the rest).
@@ -31,7 +44,7 @@ enum class MaskAlign : int32_t {
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -74,6 +87,9 @@ struct FwdParams {
   const int32_t* cu_seqlens_k_host = nullptr;
   // fp32 inputs: allow TF32 matrix products (default: IEEE fp32).
   bool allow_tf32 = false;
+
+  // -- version 4 --
+  Backend backend = Backend::kAuto;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -81,10 +97,11 @@ struct FwdParams {
 AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 
 // Gradients of the forward above. Overwrites dq, dk, dv (and the delta workspace); with GQA, dk
-// and dv are summed over each group's query heads. No atomics: results are bitwise identical
-// from run to run.
+// and dv are summed over each group's query heads. The portable kernels use no atomics: results
+// are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
+// `deterministic` is set.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 2;
+  static constexpr uint32_t kVersion = 3;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -116,13 +133,30 @@ struct BwdParams {
   const int32_t* cu_seqlens_q_host = nullptr;
   const int32_t* cu_seqlens_k_host = nullptr;
   bool allow_tf32 = false;
-  // Require bitwise-reproducible gradients. Every path is deterministic today (no atomics).
+  // Require bitwise-reproducible gradients (the Gluon backend then computes dQ with the
+  // portable kernel instead of reduce-adds; the portable backend is always deterministic).
   bool deterministic = false;
+
+  // -- version 3 --
+  Backend backend = Backend::kAuto;
+  // Scratch device memory for the Gluon backend: 16-byte aligned, at least
+  // attn_bwd_workspace_bytes() bytes, any contents, not shared with a concurrent call. Null (the
+  // default) keeps kAuto on the portable kernels, which need none.
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
 };
 
 // Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any
 // error.
 AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
+
+// The workspace bytes attn_bwd(params, stream) needs on the stream's device: 0 when it would run
+// the portable kernels (kPortable, or kAuto with inputs or a device Gluon does not serve), else
+// B * Hq * SQ_PAD * (HEAD_DIM + 2) * 4 with SQ_PAD = Sq rounded up to 128 and HEAD_DIM = D rounded
+// up to 64 or 128. The workspace fields are ignored. Errors as attn_bwd's before any launch
+// (validation, kUnsupportedByBackend, kNoDriver); *bytes is 0 then.
+AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream,
+                                             uint64_t* bytes) noexcept;
 
 // Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
 // (max lengths for packed batches). Advance the generator's offset by this between calls.

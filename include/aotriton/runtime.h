@@ -24,6 +24,7 @@ enum class Status : int32_t {
   kUnsupportedDType = 9,    // the operator does not take this dtype
   kTooLarge = 10,           // beyond the launch grid or the kernel's index arithmetic
   kUnsupportedVersion = 11, // a parameter struct's `version` is unknown to this library
+  kUnsupportedByBackend = 12,  // the forced backend cannot serve these inputs on this device
   kNoDriver = 20,           // no GPU driver library on this machine
   kDriverError = 21,        // a driver call failed (named in the message)
   kUnsupportedGpu = 22,     // no kernels for this GPU architecture in this build

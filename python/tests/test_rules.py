@@ -22,6 +22,9 @@ FAMILY_COUNTS_SM90 = {
     "attn_bwd_dbias": _DT * 5 * 2 * 2,
     "debug_dropout_mask": 2,
 }
+#: The Gluon backend (sm_90 only): one aligned kernel per functional.
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 2, "attn_bwd_gluon": 2 * 2 * 2,
+                     "attn_bwd_gluon_dq_convert": 2 * 2}
 FUNCTIONALS = {"attn_fwd": _DT * 5 * 4, "attn_bwd_preprocess": 3 * 5, "attn_bwd_dkdv": _DT * 5 * 4,
                "attn_bwd_dq": _DT * 5 * 4, "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
 
@@ -78,6 +81,26 @@ STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ",
                  "db": "DBIAS", "l": "LSE", "delta": "DELTA"}
 
 
+_WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
+#: The Gluon backend's argument lists (kernels/flash_gluon/ABI.md).
+GLUON_CONTRACT = {
+    "attn_fwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
+                       "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
+                       "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
+                       "PEEL_FULL", "OVERLAP", "SCHED"],
+    "attn_bwd_gluon_preprocess": ["O", "DO", "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh",
+                                  "stride_dom", "LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz",
+                                  "stride_deltah", "LSE2", "DELTA2", "DQ_ACC", "N_CTX_Q", "SQ_PAD", "D_HEAD",
+                                  "ZERO_DQ_ACC", "HEAD_DIM", "BLOCK_M"],
+    "attn_bwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2",
+                       "desc_delta2", "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP",
+                       *_WINDOW, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "MASK_MODE", "CONS_REGS",
+                       "DK_SS"],
+    "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
+                                  "SQ_PAD", "D_HEAD", "N_HEADS_Q", "HEAD_DIM", "BLOCK_M"],
+}
+
+
 def _functional_key(spec):
     return spec.family, tuple(sorted(spec.functional.items()))
 
@@ -88,7 +111,7 @@ class EnumerateKernelsTest(unittest.TestCase):
         counts = {}
         for s in specs:
             counts[s.family] = counts.get(s.family, 0) + 1
-        self.assertEqual(counts, FAMILY_COUNTS_SM90)
+        self.assertEqual(counts, {**FAMILY_COUNTS_SM90, **GLUON_COUNTS_SM90})
         ids = [s.id for s in specs]
         self.assertEqual(len(set(ids)), len(ids))
         self.assertEqual(ids, sorted(ids))
@@ -99,13 +122,17 @@ class EnumerateKernelsTest(unittest.TestCase):
                         "attn_bwd_dkdv-bf16-tf0-hd128-drop1-bias0-m32n64w8s2-aligned",
                         "attn_bwd_dq-fp16-tf0-hd32-drop0-bias1-m64n64w4s3-generic",
                         "attn_bwd_dbias-fp32-tf0-hd64-drop1-m32n32w4s2-aligned",
-                        "debug_dropout_mask-fp32-m32n64w4s1-generic"):
+                        "debug_dropout_mask-fp32-m32n64w4s1-generic",
+                        "attn_fwd_gluon-bf16-hd128-m128n128st2r168-aligned", "attn_fwd_gluon-fp16-hd64-m128n64st2r80-aligned",
+                        "attn_bwd_gluon-fp16-hd64-dq0-m64n128st2r168-aligned",
+                        "attn_bwd_gluon_preprocess-bf16-hd128-m32w4s1-aligned"):
             self.assertIn(example, ids)
 
     def test_families_and_axes(self):
-        self.assertEqual([f.name for f in rules.FAMILIES],
+        self.assertEqual([f.name for f in rules.PORTABLE_FAMILIES],
                          ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dbias",
                           "debug_dropout_mask"])
+        self.assertEqual(rules.FAMILIES, rules.PORTABLE_FAMILIES + rules.GLUON_FAMILIES)
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
         axes = {f.name: f.axes for f in rules.FAMILIES}
         full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
@@ -117,7 +144,7 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
         self.assertEqual(axes["debug_dropout_mask"], {"dtype": ["fp32"]})
         modules = {"attn_fwd": "fwd", "debug_dropout_mask": "debug_dropout"}
-        for f in rules.FAMILIES:
+        for f in rules.PORTABLE_FAMILIES:
             self.assertEqual(f.module, f"kernels/flash/{modules.get(f.name, f.name[5:])}.py")
         for f in rules.FAMILIES:
             for fn in rules.functionals(f):
@@ -127,14 +154,15 @@ class EnumerateKernelsTest(unittest.TestCase):
         for arch in rules.TARGETS:
             with self.subTest(arch=arch):
                 specs = rules.enumerate_kernels(arch)
-                self.assertEqual(len(specs), sum(FAMILY_COUNTS_SM90.values()))
+                gluon = sum(GLUON_COUNTS_SM90.values()) if arch == "sm_90" else 0
+                self.assertEqual(len(specs), sum(FAMILY_COUNTS_SM90.values()) + gluon)
                 backend, target_arch, warp_size = rules.TARGETS[arch]
                 for s in specs:
                     self.assertEqual(s.target, {"backend": backend, "arch": target_arch, "warp_size": warp_size})
 
     def test_every_functional_has_one_generic(self):
         for arch in rules.TARGETS:
-            specs = rules.enumerate_kernels(arch)
+            specs = rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES)
             keys = {_functional_key(s) for s in specs}
             self.assertEqual(len(keys), sum(FUNCTIONALS.values()))
             for key in keys:
@@ -151,7 +179,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertGreater(cfgs[0]["BLOCK_M"], cfgs[1]["BLOCK_M"])
 
     def test_divisibility_hints(self):
-        for s in rules.enumerate_kernels("sm_90"):
+        for s in rules.enumerate_kernels("sm_90", rules.PORTABLE_FAMILIES):
             if s.variant == "generic":
                 self.assertEqual(set(s.divisibility.values()), {1}, s.id)
                 self.assertEqual(s.attrs, {})
@@ -210,7 +238,7 @@ class EnumerateKernelsTest(unittest.TestCase):
 
     def test_matches_kernel_source(self):
         # The argument list in rules.py must be the kernel's, in order (checked by parsing, no Triton import).
-        for fam in rules.FAMILIES:
+        for fam in rules.PORTABLE_FAMILIES:
             with self.subTest(family=fam.name):
                 with open(os.path.join(_paths.PYTHON_DIR, fam.module)) as f:
                     tree = ast.parse(f.read())
@@ -228,11 +256,12 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(rules.parse_arch_list("sm_90; sm_80;sm_90"), ["sm_90", "sm_80"])
 
     def test_head_dims_drive_count(self):
-        patches = [mock.patch.dict(f.axes, {"head_dim": [64, 128]}) for f in rules.FAMILIES if "head_dim" in f.axes]
+        patches = [mock.patch.dict(f.axes, {"head_dim": [64, 128]}) for f in rules.PORTABLE_FAMILIES
+                   if "head_dim" in f.axes]
         for p in patches:
             p.start()
         try:
-            specs = rules.enumerate_kernels("sm_90")
+            specs = rules.enumerate_kernels("sm_90", rules.PORTABLE_FAMILIES)
         finally:
             for p in patches:
                 p.stop()
@@ -249,8 +278,54 @@ class EnumerateKernelsTest(unittest.TestCase):
     def test_amd_configs_fit(self):
         # AMD: wave64, LDS 64 KiB -> at most 2 stages; checked against the compiled `shared` by the build.
         for arch in ("gfx942", "gfx90a"):
-            for s in rules.enumerate_kernels(arch):
+            for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES):
                 self.assertLessEqual(s.config["num_stages"], 2)
+
+    def test_gluon_backend(self):
+        # sm_90 only; every descriptor argument typed with the block of ABI.md and Triton's default layout.
+        for arch in ("sm_80", "gfx942"):
+            self.assertFalse([s for s in rules.enumerate_kernels(arch) if "gluon" in s.family])
+        specs = [s for s in rules.enumerate_kernels("sm_90") if s.family in GLUON_CONTRACT]
+        self.assertEqual(len(specs), sum(GLUON_COUNTS_SM90.values()))
+        for s in specs:
+            with self.subTest(kernel=s.id):
+                self.assertEqual(list(s.signature), GLUON_CONTRACT[s.family])
+                self.assertEqual(s.variant, "aligned")
+                self.assertEqual(s.sources, ("flash", "flash_gluon"))
+                hd, dt = s.functional["head_dim"], s.functional["dtype"]
+                for name, ty in s.signature.items():
+                    if name.startswith("desc_"):
+                        self.assertTrue(ty.startswith("tensordesc<"), ty)
+                        self.assertEqual(s.divisibility[name], 1)
+                        if name in ("desc_q", "desc_o", "desc_do"):
+                            self.assertIn(f"{dt}[1, 1, 64, {hd}]", ty)
+                if s.family == "attn_bwd_gluon":
+                    self.assertIs(s.constexprs["COMPUTE_DQ"], s.functional["dq"])
+                    self.assertIn(f"fp32[64, {hd}]", s.signature["desc_dq_acc"])
+                    self.assertIn("fp32[1, 64],NVMMASharedLayout(swizzle_byte_width=0", s.signature["desc_lse2"])
+                if "maxnreg" in s.config:
+                    self.assertEqual(s.options, {"num_warps": 4, "maxnreg": s.config["maxnreg"]})
+
+    def test_nvmma_layout_matches_triton(self):
+        try:
+            from triton.experimental.gluon import language as gl
+        except ImportError:
+            self.skipTest("triton is not installed in this interpreter")
+        dtypes = {16: gl.bfloat16, 32: gl.float32}
+        for block, bits in [([1, 1, 64, 128], 16), ([1, 1, 128, 64], 16), ([1, 1, 64, 256], 16), ([64, 128], 32),
+                            ([1, 64], 32), ([64, 64], 32), ([1, 1, 64, 16], 16), ([1, 1, 64, 32], 16)]:
+            want = repr(gl.NVMMASharedLayout.get_default_for(block, dtypes[bits]))
+            self.assertEqual(rules.nvmma_layout_repr(block, bits), want, block)
+
+    def test_gluon_matches_kernel_source(self):
+        for fam in rules.GLUON_FAMILIES:
+            with self.subTest(family=fam.name):
+                path = os.path.join(_paths.PYTHON_DIR, fam.module)
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fam.function)
+                self.assertEqual([a.arg for a in fn.args.args if a.arg != "num_warps"], fam.args)
+                self.assertEqual(fam.args, GLUON_CONTRACT[fam.name])
 
     def test_cheap_import(self):
         import subprocess

@@ -174,6 +174,54 @@ int main() {
   g.dk.dtype = DType::kBFloat16;
   expect("backward dk dtype", flash::attn_bwd(g, stream), Status::kDTypeMismatch);
 
+  // Backends (FwdParams version 4, BwdParams version 3): a forced backend that cannot serve the
+  // inputs says why, before any driver call.
+  p = valid_params();
+  p.backend = flash::Backend::kGluon;
+  for (auto* t : {&p.q, &p.k, &p.v, &p.o}) t->dtype = DType::kFloat32;
+  expect("forced Gluon with fp32", flash::attn_fwd(p, stream), Status::kUnsupportedByBackend);
+  p = valid_params();
+  p.backend = flash::Backend::kGluon;
+  p.dropout_p = 0.1f;
+  p.philox_seed = &philox_state[0];
+  p.philox_offset = &philox_state[1];
+  expect("forced Gluon with dropout", flash::attn_fwd(p, stream), Status::kUnsupportedByBackend);
+  p = valid_params();
+  p.backend = static_cast<flash::Backend>(9);
+  expect("unknown backend value", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+
+  g = valid_bwd_params();
+  g.backend = flash::Backend::kGluon;
+  expect("forced Gluon backward, no workspace", flash::attn_bwd(g, stream), Status::kUnsupportedByBackend);
+  g.workspace = reinterpret_cast<void*>(0x1000000);
+  g.workspace_bytes = 64;
+  expect("forced Gluon backward, small workspace", flash::attn_bwd(g, stream),
+         Status::kUnsupportedByBackend);
+  g.workspace = reinterpret_cast<void*>(0x1000008);
+  g.workspace_bytes = 1 << 30;
+  expect("backward workspace misaligned", flash::attn_bwd(g, stream), Status::kMisalignedPointer);
+
+  uint64_t bytes = 7;
+  g = valid_bwd_params();
+  g.backend = flash::Backend::kPortable;
+  expect("workspace bytes, portable", flash::attn_bwd_workspace_bytes(g, stream, &bytes), Status::kSuccess);
+  if (bytes != 0) {
+    std::printf("FAIL portable backward needs %llu workspace bytes, expected 0\n", (unsigned long long)bytes);
+    ++g_failures;
+  }
+  g.backend = flash::Backend::kGluon;
+  g.dropout_p = 0.1f;
+  g.philox_seed = &philox_state[0];
+  g.philox_offset = &philox_state[1];
+  expect("workspace bytes, forced Gluon, dropout", flash::attn_bwd_workspace_bytes(g, stream, &bytes),
+         Status::kUnsupportedByBackend);
+  expect("workspace bytes, null output", flash::attn_bwd_workspace_bytes(g, stream, nullptr),
+         Status::kNullPointer);
+  if (std::strcmp(aotriton::status_name(Status::kUnsupportedByBackend), "kUnsupportedByBackend") != 0) {
+    std::printf("FAIL status_name(kUnsupportedByBackend)\n");
+    ++g_failures;
+  }
+
   // Valid calls: without a driver they must say so (and not crash).
   if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {
     dlclose(cuda);
@@ -187,6 +235,24 @@ int main() {
     p.window_left = -2;
     expect("version-1 params ignore v2 fields", flash::attn_fwd(p, stream), Status::kNoDriver);
     expect("valid packed forward, no driver", flash::attn_fwd(packed(), stream), Status::kNoDriver);
+    // Eligible inputs need the device to decide the backend.
+    p = valid_params();
+    p.backend = flash::Backend::kGluon;
+    expect("forced Gluon forward, no driver", flash::attn_fwd(p, stream), Status::kNoDriver);
+    g = valid_bwd_params();
+    expect("workspace bytes, auto, no driver", flash::attn_bwd_workspace_bytes(g, stream, &bytes),
+           Status::kNoDriver);
+    // Callers built against older headers: the newer fields are not read.
+    p = valid_params();
+    p.version = 3;
+    p.backend = flash::Backend::kGluon;
+    for (auto* t : {&p.q, &p.k, &p.v, &p.o}) t->dtype = DType::kFloat32;
+    expect("version-3 params ignore backend", flash::attn_fwd(p, stream), Status::kNoDriver);
+    g = valid_bwd_params();
+    g.version = 2;
+    g.backend = flash::Backend::kGluon;
+    g.workspace = reinterpret_cast<void*>(0x1000008);
+    expect("version-2 backward ignores v3 fields", flash::attn_bwd(g, stream), Status::kNoDriver);
     float mask_out = 0;
     auto out = aotriton::TensorView<4>::contiguous(&mask_out, {1, 1, 1, 1}, DType::kFloat32);
     expect("debug dropout mask, no driver",

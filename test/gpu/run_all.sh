@@ -2,20 +2,27 @@
 # Runs every GPU check of aotriton on a GPU machine, from the repo root:
 #   test/gpu/run_all.sh            (OUT=/tmp/out by default; full logs go there)
 # Needs what test/gpu/stage.sh put in .stage/ (the Rust test binary and the installed tree), the
-# sources of test/gpu/cpp and bench/, and on the machine: cmake, ninja (optional), g++, python3
-# with torch and triton, the CUDA driver. Builds the C++ test and the benchmark shim against
-# .stage/install into $BUILD (default /tmp/aotriton-gpu-build), runs
-#   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases, then
-#                             dropout / bias / varlen / fp32 / deterministic / CUDA-graph cases)
-#   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so)
-#   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64, incl.
-#                             dropout, broadcast bias + dBias, packed batches)
-#   4. the benchmark         (bench/bench_attn.py: forward and backward beside torch SDPA, then the
-#                             feature rows: dropout, bias, varlen; BENCH_ARGS="--features ''" skips them)
-# keeps going when one part fails, prints a short summary last (pass/fail lines and both
-# benchmark tables) and exits 1 if anything failed. Files in $OUT: rust-api.log, cpp-api.log,
-# grad-check.log, bench_attn.log, bench_attn.json, and build-<name>.log only for a failed build.
-# BENCH_ARGS adds options to bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens 4096").
+# sources of test/gpu/cpp, test/gluon, test/torch and bench/, and on the machine: cmake, ninja
+# (optional), g++, python3 with torch and triton, the CUDA driver. Builds the C++ test and the
+# benchmark shim against .stage/install into $BUILD (default /tmp/aotriton-gpu-build), runs
+#   0. the Gluon kernel checks (test/gluon/check_{fwd,bwd}.py through Triton's JIT: float64
+#                             references, 100 repeated launches, then --consan: Gluon's
+#                             concurrency sanitizer on every kernel shape family)
+#   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases,
+#                             dropout / bias / varlen / fp32 / deterministic / CUDA-graph cases,
+#                             100-launch stability with a host-allocation count), once per
+#                             backend forced (--backend portable, --backend gluon)
+#   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so), per backend
+#   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64), per backend
+#   4. the benchmark         (bench/bench_attn.py: the FlashAttention-3 grid, bf16 and fp16, beside
+#                             torch SDPA's FA2 and cuDNN backends and FlexAttention, plus a GQA row;
+#                             then the feature rows: dropout, bias, varlen)
+#   5. the PyTorch tests     (test/torch/run.sh; TORCH=0 skips; BENCH=0 skips step 4)
+# keeps going when one part fails, prints a short summary last (pass/fail lines and the
+# benchmark tables) and exits 1 if anything failed. Files in $OUT: <suite>-<backend>.log,
+# gluon-*.log, bench_attn.log, bench_attn.json, torch-*.log, and build-<name>.log only for a failed
+# build. BACKENDS (default "portable gluon") picks the backends; BENCH_ARGS adds options to
+# bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens 4096 --dtypes bf16").
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -56,16 +63,18 @@ build() {
 
 # Runs a test binary: its output goes to $BUILD/<api>.out (and, through --log, the per-case log
 # to $OUT/<api>.log; when the program died before writing it, its raw output goes there instead).
+# The last argument is the backend (after --backend): logs are <api>-<backend>.
 run_test() {
-  local api=$1 rc
+  local api=$1 rc backend=${*: -1}
   shift
-  step "$api test"
-  "$@" --require-gpu --log "$OUT/$api.log" >"$BUILD/$api.out" 2>&1
+  local tag=$api-$backend
+  step "$api test (backend $backend)"
+  "$@" --require-gpu --log "$OUT/$tag.log" >"$BUILD/$tag.out" 2>&1
   rc=$?
-  [ -s "$OUT/$api.log" ] || cp "$BUILD/$api.out" "$OUT/$api.log"
+  [ -s "$OUT/$tag.log" ] || cp "$BUILD/$tag.out" "$OUT/$tag.log"
   [ $rc -eq 0 ] || failed=1
-  note "$(result_line "$api" "$BUILD/$api.out" $rc)"
-  grep -E "FAIL|panicked|error" "$BUILD/$api.out" | grep -v PASS | head -n 20 | sed 's/^/    /' > "$BUILD/$api.failures"
+  note "[$backend] $(result_line "$api" "$BUILD/$tag.out" $rc)"
+  grep -E "FAIL|panicked|error" "$BUILD/$tag.out" | grep -v PASS | head -n 20 | sed 's/^/    /' > "$BUILD/$tag.failures"
 }
 
 # The "<api>: N passed, M failed" line of a test's output, or a note that it did not finish.
@@ -75,15 +84,35 @@ result_line() {
   if [ -n "$line" ]; then echo "$line"; else echo "$api: did not finish (exit $rc): $(tail -n 1 "$out")"; fi
 }
 
-rm -f "$OUT"/rust-api.log "$OUT"/cpp-api.log "$OUT"/grad-check.log "$OUT"/bench_fwd.* "$OUT"/bench_attn.* \
-  "$OUT"/build-*.log "$BUILD"/*.failures
+rm -f "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
+  "$OUT"/bench_attn.* "$OUT"/build-*.log "$BUILD"/*.failures
 
-# 1. Rust API test
-run_test rust-api "$STAGE/bin/aotriton-gpu-tests"
+# 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
+#    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
+#    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips.
+if [ "${GLUON_CHECKS:-1}" = 1 ]; then
+  for check in "check_fwd" "check_bwd" "check_fwd --consan" "check_bwd --consan"; do
+    name=gluon-${check// --/-}
+    step "$name"
+    # shellcheck disable=SC2086
+    "$PYTHON" test/gluon/${check%% *}.py ${check#* } >"$OUT/$name.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || failed=1
+    line=$(grep -E "^(check_fwd|check_bwd|consan)[^:]*: " "$OUT/$name.log" | tail -n 1)
+    note "$name: ${line:-did not finish (exit $rc): $(tail -n 1 "$OUT/$name.log")}"
+  done
+fi
 
-# 2. C++ API test
+# 1. Rust API test, per backend (forced)
+for backend in ${BACKENDS:-portable gluon}; do
+  run_test rust-api "$STAGE/bin/aotriton-gpu-tests" --backend "$backend"
+done
+
+# 2. C++ API test, per backend (forced)
 if build cpp test/gpu/cpp; then
-  run_test cpp-api "$BUILD/cpp/aotriton_gpu_test_cpp"
+  for backend in ${BACKENDS:-portable gluon}; do
+    run_test cpp-api "$BUILD/cpp/aotriton_gpu_test_cpp" --backend "$backend"
+  done
 else
   failed=1
   note "cpp-api: build failed (see $OUT/build-cpp.log)"
@@ -93,13 +122,17 @@ fi
 bench_ok=0
 SHIM=$BUILD/bench/libaotriton_shim.so
 if build bench bench; then
-  step "grad check"
-  "$PYTHON" bench/grad_check.py --shim "$SHIM" >"$OUT/grad-check.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || failed=1
-  note "$(result_line grad-check "$OUT/grad-check.log" $rc)"
-  grep -E "FAIL|Error" "$OUT/grad-check.log" | head -n 20 | sed 's/^/    /' > "$BUILD/grad-check.failures"
+  for backend in ${BACKENDS:-portable gluon}; do
+    step "grad check (backend $backend)"
+    log=$OUT/grad-check-$backend.log
+    "$PYTHON" bench/grad_check.py --shim "$SHIM" --backend "$backend" >"$log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || failed=1
+    note "[$backend] $(result_line grad-check "$log" $rc)"
+    grep -E "FAIL|Error" "$log" | head -n 20 | sed 's/^/    /' > "$BUILD/grad-check-$backend.failures"
+  done
 
+  if [ "${BENCH:-1}" = 1 ]; then
   step "benchmark"
   # shellcheck disable=SC2086
   "$PYTHON" bench/bench_attn.py --shim "$SHIM" --json "$OUT/bench_attn.json" ${BENCH_ARGS:-} \
@@ -107,10 +140,19 @@ if build bench bench; then
   rc=$?
   if [ $rc -eq 0 ]; then bench_ok=1; else failed=1; fi
   note "bench: exit $rc (full log $OUT/bench_attn.log, numbers $OUT/bench_attn.json)"
+  fi
 else
   failed=1
   note "grad-check: not run (shim build failed, see $OUT/build-bench.log)"
   note "bench: shim build failed (see $OUT/build-bench.log)"
+fi
+
+# 5. PyTorch integration (its own summary is folded into ours).
+if [ "${TORCH:-1}" = 1 ]; then
+  step "torch tests"
+  OUT=$OUT PYTHON=$PYTHON test/torch/run.sh "$PREFIX" >"$BUILD/torch.out" 2>&1
+  [ $? -eq 0 ] || failed=1
+  while IFS= read -r line; do note "$line"; done < <(sed -n '/^================ torch summary/,$p' "$BUILD/torch.out" | tail -n +3)
 fi
 
 echo
@@ -119,9 +161,9 @@ echo "$gpu"
 for line in "${summary[@]}"; do
   echo "$line"
   case $line in
-    rust-api:*) cat "$BUILD/rust-api.failures" 2>/dev/null ;;
-    cpp-api:*) cat "$BUILD/cpp-api.failures" 2>/dev/null ;;
-    grad-check:*) cat "$BUILD/grad-check.failures" 2>/dev/null ;;
+    "["*"] "*)
+      b=${line#[}; b=${b%%]*}; n=${line#*] }; n=${n%%:*}
+      cat "$BUILD/$n-$b.failures" 2>/dev/null ;;
   esac
 done
 if [ -f "$OUT/bench_attn.log" ]; then

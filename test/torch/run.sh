@@ -3,8 +3,9 @@
 #   test/torch/run.sh [PREFIX]        PREFIX: installed aotriton (default .stage/install)
 # Env: OUT (logs, default /tmp/out), PYTHON (default python3), BUILD (scratch, default
 # /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py).
-# Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py and
-# the README's C++ consumer example; keeps going when one fails; logs go to $OUT/torch-*.log;
+# Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py (forced
+# portable backend, then the default dispatch; test_llama.py also forced onto Gluon) and the
+# README's C++ consumer example; keeps going when one fails; logs go to $OUT/torch-*.log;
 # prints a summary last and exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/../.."
@@ -33,17 +34,22 @@ fi
 export PYTHONPATH="$ROOT/bindings/torch/python:$ROOT/test/torch${PYTHONPATH:+:$PYTHONPATH}"
 export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-for name in ops graph llama; do
-  step "test_$name.py"
+# Each suite on the forced portable backend, then with the default dispatch (on an H200: the Gluon
+# kernels wherever they apply); the Llama training run once more forced onto Gluon (every call of
+# that model is one Gluon serves, so a refusal would fail it).
+for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto llama:gluon; do
+  name=${run%%:*} backend=${run#*:}
+  step "test_$name.py (backend $backend)"
   args=()
   [ "$name" = llama ] && args=(${LLAMA_ARGS:-})
-  "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$OUT/torch-$name.log" 2>&1
+  log=$OUT/torch-$name-$backend.log
+  AOTRITON_BACKEND=$backend "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || failed=1
-  line=$(grep -E "^torch-$name: [0-9]+ passed, [0-9]+ failed" "$OUT/torch-$name.log" | tail -n 1)
-  [ -n "$line" ] || line="torch-$name: did not finish (exit $rc): $(tail -n 1 "$OUT/torch-$name.log")"
-  summary+=("$line")
-  grep -E "^FAIL" "$OUT/torch-$name.log" | head -n 15 | while read -r l; do echo "    $l"; done >"$BUILD/$name.failures"
+  line=$(grep -E "^torch-$name: [0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1)
+  [ -n "$line" ] || line="torch-$name: did not finish (exit $rc): $(tail -n 1 "$log")"
+  summary+=("[$backend] $line")
+  grep -E "^FAIL" "$log" | head -n 15 | while read -r l; do echo "    $l"; done >"$BUILD/$name-$backend.failures"
 done
 
 # The README's C++ consumer example (its ```cmake and ```cpp blocks, verbatim).
@@ -80,11 +86,13 @@ echo "$gpu | $versions"
 for line in "${summary[@]}"; do
   echo "$line"
   case $line in
-    torch-ops:*) cat "$BUILD/ops.failures" ;;
-    torch-graph:*) cat "$BUILD/graph.failures" ;;
-    torch-llama:*) cat "$BUILD/llama.failures" ;;
+    "["*"] torch-"*)
+      b=${line#[}; b=${b%%]*}; n=${line#*torch-}; n=${n%%:*}
+      cat "$BUILD/$n-$b.failures" 2>/dev/null ;;
   esac
 done
-grep -E "^worst tensor" "$OUT/torch-llama.log" 2>/dev/null
+for b in portable auto gluon; do
+  grep -E "^worst tensor" "$OUT/torch-llama-$b.log" 2>/dev/null | sed "s/^/[$b] /"
+done
 echo "torch overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
 exit $failed

@@ -15,6 +15,10 @@
 // torch's allocator: out/dq as B x S x Hq x D memory viewed as B x Hq x S x D (dk, dv likewise),
 // lse fp32 B x Hq x S, rng_state int64[2] = (seed, offset) the dropout used.
 //
+// Backend: AOTRITON_BACKEND=auto|portable|gluon in the environment (read once; default auto, the
+// library's dispatch rule) forces every call onto one backend, for testing; a call the forced
+// backend cannot serve raises. The Gluon backward's workspace comes from torch's allocator.
+//
 // Dropout randomness comes from torch's default CUDA generator of q's device: each forward with
 // dropout_p > 0 advances its Philox offset by dropout_offsets_consumed(B, Hq, Sq, Sk) rounded up
 // to a multiple of 4 (B = number of sequences, Sq/Sk = max lengths for packed batches). Under CUDA
@@ -30,6 +34,7 @@
 
 #include <aotriton/flash.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -38,6 +43,20 @@ namespace {
 namespace flash = aotriton::v2::flash;
 using aotriton::DType;
 using aotriton::Status;
+
+// AOTRITON_BACKEND, read once: auto (default), portable or gluon.
+flash::Backend backend_from_env() {
+  static const flash::Backend backend = [] {
+    const char* env = std::getenv("AOTRITON_BACKEND");
+    const std::string name = env ? env : "auto";
+    if (name == "portable") return flash::Backend::kPortable;
+    if (name == "gluon") return flash::Backend::kGluon;
+    TORCH_CHECK_VALUE(name == "auto" || name.empty(), "aotriton: AOTRITON_BACKEND must be auto, portable or gluon, got ",
+                      name);
+    return flash::Backend::kAuto;
+  }();
+  return backend;
+}
 using at::Tensor;
 
 DType dtype_of(const Tensor& t, const char* name) {
@@ -206,6 +225,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
     p.max_seqlen_k = static_cast<uint64_t>(max_seqlen_k);
   }
   p.allow_tf32 = allow_tf32;
+  p.backend = backend_from_env();
 
   Tensor philox_in;  // keeps the host-mode seed/offset alive until the launch is enqueued
   if (dropout_p > 0.0) {
@@ -300,6 +320,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   }
   p.allow_tf32 = allow_tf32;
   p.deterministic = deterministic;
+  p.backend = backend_from_env();
+  // The workspace the chosen backend needs (0 = none), from torch's caching allocator (graph-safe).
+  uint64_t workspace_bytes = 0;
+  check_status(flash::attn_bwd_workspace_bytes(p, current_stream(q), &workspace_bytes), "attn_bwd_workspace_bytes");
+  Tensor workspace;
+  if (workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = workspace_bytes;
+  }
   check_status(flash::attn_bwd(p, current_stream(q)), "attn_bwd");
   return {dq, dk, dv, dbias};
 }

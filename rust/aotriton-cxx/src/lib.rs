@@ -3,7 +3,7 @@
 //! (code + message); panics are caught here and never unwind into C++.
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use aotriton::flash::{Dropout, Mask, MaskAlign, Varlen};
+use aotriton::flash::{Backend, Dropout, Mask, MaskAlign, Varlen, Workspace};
 use aotriton::{DType, Error, ErrorKind, Stream, TensorView, flash};
 
 #[cxx::bridge(namespace = "aotriton::bridge")]
@@ -70,6 +70,8 @@ mod ffi {
         dropout: DropoutSpec,
         varlen: VarlenSpec,
         allow_tf32: bool,
+        /// aotriton::v2::flash::Backend value.
+        backend: i32,
     }
 
     /// aotriton::v2::flash::BwdParams.
@@ -92,6 +94,10 @@ mod ffi {
         varlen: VarlenSpec,
         allow_tf32: bool,
         deterministic: bool,
+        backend: i32,
+        /// 0: no workspace.
+        workspace: u64,
+        workspace_bytes: u64,
     }
 
     /// 0 on success, else an aotriton::Status value, with the message naming the cause.
@@ -105,6 +111,14 @@ mod ffi {
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
         fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
         fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
+        /// Writes the workspace bytes the call needs into `bytes` (0 on error).
+        fn attn_bwd_workspace_bytes(
+            params: &BwdArgs,
+            host_cu_seqlens_q: &[i32],
+            host_cu_seqlens_k: &[i32],
+            stream: usize,
+            bytes: &mut u64,
+        ) -> Outcome;
         fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64;
         fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: usize) -> Outcome;
     }
@@ -175,6 +189,10 @@ fn varlen<'a>(v: &ffi::VarlenSpec, host_q: &'a [i32], host_k: &'a [i32]) -> Resu
     }))
 }
 
+fn backend(raw: i32) -> Result<Backend, Error> {
+    Backend::from_raw(raw).ok_or_else(|| Error::new(ErrorKind::InvalidArgument, format!("backend: unknown Backend value {raw}")))
+}
+
 fn optional(t: &ffi::TensorView4, name: &str) -> Result<Option<TensorView<4>>, Error> {
     Ok(if t.ptr == 0 { None } else { Some(view!(t, name)) })
 }
@@ -189,6 +207,7 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> 
         params.dropout = dropout(&p.dropout);
         params.varlen = varlen(&p.varlen, host_q, host_k)?;
         params.allow_tf32 = p.allow_tf32;
+        params.backend = backend(p.backend)?;
         flash::attn_fwd(&params, Stream::from_raw(stream))
     })
 }
@@ -204,29 +223,41 @@ fn debug_dropout_mask(out: &ffi::TensorView4, d: &ffi::DropoutSpec, stream: usiz
     })
 }
 
+fn bwd_params<'a>(p: &ffi::BwdArgs, host_q: &'a [i32], host_k: &'a [i32]) -> Result<flash::BwdParams<'a>, Error> {
+    let mut params = flash::BwdParams::new(
+        view!(p.q, "q"),
+        view!(p.k, "k"),
+        view!(p.v, "v"),
+        view!(p.o, "o"),
+        view!(p.d_o, "d_o"),
+        view!(p.lse, "lse"),
+        view!(p.delta, "delta"),
+        view!(p.dq, "dq"),
+        view!(p.dk, "dk"),
+        view!(p.dv, "dv"),
+    );
+    params.sm_scale = p.sm_scale;
+    params.mask = mask(&p.mask)?;
+    params.bias = optional(&p.bias, "bias")?;
+    params.dbias = optional(&p.dbias, "dbias")?;
+    params.dropout = dropout(&p.dropout);
+    params.varlen = varlen(&p.varlen, host_q, host_k)?;
+    params.allow_tf32 = p.allow_tf32;
+    params.deterministic = p.deterministic;
+    params.backend = backend(p.backend)?;
+    params.workspace = (p.workspace != 0 || p.workspace_bytes != 0).then_some(Workspace { ptr: p.workspace, bytes: p.workspace_bytes });
+    Ok(params)
+}
+
 fn attn_bwd(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> Outcome {
+    guard(|| flash::attn_bwd(&bwd_params(p, host_q, host_k)?, Stream::from_raw(stream)))
+}
+
+fn attn_bwd_workspace_bytes(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], stream: usize, bytes: &mut u64) -> Outcome {
+    *bytes = 0;
     guard(|| {
-        let mut params = flash::BwdParams::new(
-            view!(p.q, "q"),
-            view!(p.k, "k"),
-            view!(p.v, "v"),
-            view!(p.o, "o"),
-            view!(p.d_o, "d_o"),
-            view!(p.lse, "lse"),
-            view!(p.delta, "delta"),
-            view!(p.dq, "dq"),
-            view!(p.dk, "dk"),
-            view!(p.dv, "dv"),
-        );
-        params.sm_scale = p.sm_scale;
-        params.mask = mask(&p.mask)?;
-        params.bias = optional(&p.bias, "bias")?;
-        params.dbias = optional(&p.dbias, "dbias")?;
-        params.dropout = dropout(&p.dropout);
-        params.varlen = varlen(&p.varlen, host_q, host_k)?;
-        params.allow_tf32 = p.allow_tf32;
-        params.deterministic = p.deterministic;
-        flash::attn_bwd(&params, Stream::from_raw(stream))
+        *bytes = flash::attn_bwd_workspace_bytes(&bwd_params(p, host_q, host_k)?, Stream::from_raw(stream))?;
+        Ok(())
     })
 }
 
@@ -261,6 +292,7 @@ mod tests {
                 max_seqlen_k: 0,
             },
             allow_tf32: false,
+            backend: 0,
         };
         let out = attn_fwd(&p, &[], &[], 0);
         assert_eq!(out.code, ErrorKind::NullPointer as i32, "{}", out.message);
@@ -268,6 +300,11 @@ mod tests {
         let mut bad = p;
         bad.q.dtype = 42;
         assert_eq!(attn_fwd(&bad, &[], &[], 0).code, ErrorKind::InvalidArgument as i32);
+        bad.q.dtype = 1;
+        bad.backend = 7;
+        let out = attn_fwd(&bad, &[], &[], 0);
+        assert_eq!(out.code, ErrorKind::InvalidArgument as i32, "{}", out.message);
+        assert!(out.message.contains("backend"), "{}", out.message);
         assert_eq!(guard(|| panic!("expected in this test")).code, ErrorKind::Internal as i32);
     }
 

@@ -6,12 +6,12 @@
 //! on embedded bytes), looks a functional up with [`Archive::find`] and decompresses only the
 //! functionals it actually launches with [`Archive::load_images`].
 //!
-//! # Byte layout (format version 1, all integers little-endian)
+//! # Byte layout (format versions 1 and 2, all integers little-endian)
 //!
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"AOTRIMG\0"
-//! 8       4     u32    format version (1)
+//! 8       4     u32    format version (1 or 2)
 //! 12      4     u32    index length L
 //! 16      4     u32    CRC32 of the index bytes
 //! 20      L     index  UTF-8 JSON (below)
@@ -23,7 +23,7 @@
 //! The index:
 //!
 //! ```text
-//! { "format_version": 1, "arch": "sm_90", "triton_version": "3.6.0",
+//! { "format_version": 2, "arch": "sm_90", "triton_version": "3.6.0",
 //!   "target": {...as in the manifest...}, "payload_size": P,
 //!   "functionals": [
 //!     { "family": "attn_fwd", "axes": {"causal": "false", "dtype": "fp16", "head_dim": "64"},
@@ -32,7 +32,12 @@
 //!       "crc32": X,                  // of the C compressed bytes
 //!       "kernels": [
 //!         { "id": ..., "symbol": ..., "variant": ..., "config": {"BLOCK_M": 128, ...},
-//!           "args": [{"name": "Q", "type": "*fp16", "divisibility": 16}, ...],
+//!           "args": [{"name": "Q", "type": "*fp16", "divisibility": 16},
+//!                    // version 2 only: a host-side TMA descriptor argument
+//!                    {"name": "desc_q", "type": "tensordesc<bf16[1, 1, 64, 128],...>",
+//!                     "divisibility": 1,
+//!                     "tensordesc": {"block_size": [1, 1, 64, 64], "swizzle": 3,
+//!                                    "elem_type": 10, "elem_size": 2, "fp4_padded": false}}, ...],
 //!           "shared": ..., "num_warps": ..., "warp_size": ..., "num_ctas": ...,
 //!           "global_scratch_size": ..., "global_scratch_align": ...,
 //!           "profile_scratch_size": ..., "profile_scratch_align": ...,
@@ -46,6 +51,21 @@
 //! that order, and the writer is deterministic, so rebuilding from the same inputs gives a
 //! byte-identical file. The reader insists on exactly that layout, so any inconsistency in an
 //! index is reported instead of being half-trusted.
+//!
+//! # Versions
+//!
+//! The header's version and the index's `format_version` are equal. Policy: a change an older
+//! reader would misread or silently drop (a new meaning, or a new field the launch depends on)
+//! bumps the version; the reader reads every version from [`MIN_FORMAT_VERSION`] to
+//! [`FORMAT_VERSION`] and refuses newer ones by name; the writer writes the *oldest* version that
+//! can hold what was added, so archives without the newer features stay readable by older
+//! runtimes. Purely informative additions (an extra `config` key) need no bump.
+//!
+//! * 1: the base format.
+//! * 2: an argument may carry `tensordesc` (the TMA box `block_size`, outermost first, already
+//!   split for the swizzle width; `swizzle` 0..3; `elem_type`, Triton's *device* TMA data-type
+//!   enum; `elem_size` in bytes; `fp4_padded`), and its `type` then starts with `tensordesc`.
+//!   A version-1 index with a `tensordesc` is refused.
 //!
 //! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
 //! script includes it by path to pack images at build time, so the same code writes and reads the
@@ -61,8 +81,14 @@ use serde_json::{Map, Value, json};
 
 /// First eight bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"AOTRIMG\0";
-/// The format version this code writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this code reads and writes (see "Versions" above).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this code reads.
+pub const MIN_FORMAT_VERSION: u32 = 1;
+/// The first format version with `tensordesc` arguments.
+const TENSORDESC_VERSION: u32 = 2;
+/// Most dimensions of a TMA descriptor.
+pub const MAX_TENSORDESC_RANK: usize = 5;
 
 /// magic + version + index length + index CRC.
 const HEADER_LEN: usize = 20;
@@ -109,6 +135,29 @@ pub struct KernelArg {
     /// Triton type string: `*fp16`, `fp32`, `i32`, ...
     pub ty: String,
     pub divisibility: u32,
+    /// Set for a host-side TMA descriptor argument (format version 2).
+    pub tensordesc: Option<TensorDescMeta>,
+}
+
+/// What Triton reports for a tensor-descriptor argument (`tensordesc_meta`): the runtime encodes
+/// a `CUtensorMap` from it and the caller's tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorDescMeta {
+    /// The TMA box, outermost dimension first (its length is the descriptor's rank, 1..=5).
+    pub block_size: Vec<u32>,
+    /// `CUtensorMapSwizzle`: 0 none, 1 32 B, 2 64 B, 3 128 B.
+    pub swizzle: u32,
+    /// Triton's device-side TMA data-type enum (bf16 10, fp16 6, fp32 7).
+    pub elem_type: u32,
+    /// Bytes per element.
+    pub elem_size: u32,
+    pub fp4_padded: bool,
+}
+
+impl TensorDescMeta {
+    pub fn rank(&self) -> usize {
+        self.block_size.len()
+    }
 }
 
 /// Everything the runtime needs to launch one compiled kernel.
@@ -271,7 +320,9 @@ impl Archive {
         }
         let index: Value = serde_json::from_slice(index_bytes)
             .map_err(|e| err(format!("index is not valid JSON: {e}")))?;
-        let parsed = parse_index(&index).map_err(|p| err(format!("index: {p}")))?;
+        let header_version = read_u32(&bytes, 8).unwrap_or(0);
+        let parsed =
+            parse_index(&index, header_version).map_err(|p| err(format!("index: {p}")))?;
 
         let expected = (payload_start as u64).checked_add(parsed.payload_size);
         match expected {
@@ -332,9 +383,19 @@ impl Archive {
     }
 
     /// Index of the functional of `family` whose axes equal `axes` exactly (same keys, same
-    /// canonical values). A query naming one key twice matches nothing.
+    /// canonical values). A query naming one key twice matches nothing. Allocates nothing for
+    /// queries of up to 16 axes (the launch path's).
     pub fn find(&self, family: &str, axes: &[(&str, &str)]) -> Option<usize> {
-        let mut query: Vec<(&str, &str)> = axes.to_vec();
+        const INLINE: usize = 16;
+        let mut inline = [("", ""); INLINE];
+        let mut spilled = Vec::new();
+        let query: &mut [(&str, &str)] = if axes.len() <= INLINE {
+            inline[..axes.len()].copy_from_slice(axes);
+            &mut inline[..axes.len()]
+        } else {
+            spilled.extend_from_slice(axes);
+            &mut spilled
+        };
         query.sort_unstable();
         if query.windows(2).any(|w| w[0].0 == w[1].0) {
             return None;
@@ -551,10 +612,24 @@ fn kernel_meta_from_json(k: &Map<String, Value>) -> Result<KernelMeta, String> {
     for (i, a) in get_arr(k, "args")?.iter().enumerate() {
         let a = as_obj(a, &format!("args[{i}]"))?;
         let arg = (|| -> Result<KernelArg, String> {
+            let ty = get_str(a, "type")?;
+            let tensordesc = match a.get("tensordesc") {
+                None if ty.starts_with("tensordesc") => {
+                    return Err(format!("type {ty} needs a `tensordesc` object (block_size, swizzle, elem_type, elem_size)"));
+                }
+                None => None,
+                Some(d) => {
+                    if !ty.starts_with("tensordesc") {
+                        return Err(format!("has a `tensordesc` object but type {ty}"));
+                    }
+                    Some(tensordesc_from_json(as_obj(d, "field `tensordesc`")?).map_err(|p| format!("tensordesc: {p}"))?)
+                }
+            };
             Ok(KernelArg {
                 name: get_str(a, "name")?,
-                ty: get_str(a, "type")?,
+                ty,
                 divisibility: get_u32(a, "divisibility")?,
+                tensordesc,
             })
         })()
         .map_err(|p| format!("args[{i}]: {p}"))?;
@@ -577,11 +652,60 @@ fn kernel_meta_from_json(k: &Map<String, Value>) -> Result<KernelMeta, String> {
     })
 }
 
+fn tensordesc_from_json(d: &Map<String, Value>) -> Result<TensorDescMeta, String> {
+    let mut block_size = Vec::new();
+    for (i, v) in get_arr(d, "block_size")?.iter().enumerate() {
+        let v = v
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+            .filter(|v| (1..=256).contains(v))
+            .ok_or_else(|| format!("block_size[{i}] must be an integer in 1..=256 (a TMA box dimension)"))?;
+        block_size.push(v);
+    }
+    if block_size.is_empty() || block_size.len() > MAX_TENSORDESC_RANK {
+        return Err(format!(
+            "block_size has {} dimensions; a TMA descriptor has 1..={MAX_TENSORDESC_RANK}",
+            block_size.len()
+        ));
+    }
+    let swizzle = get_u32(d, "swizzle")?;
+    if swizzle > 3 {
+        return Err(format!("swizzle {swizzle} is not 0..3"));
+    }
+    let elem_size = get_u32(d, "elem_size")?;
+    if ![1, 2, 4, 8].contains(&elem_size) {
+        return Err(format!("elem_size {elem_size} is not 1, 2, 4 or 8"));
+    }
+    let fp4_padded = match d.get("fp4_padded") {
+        None => false,
+        Some(v) => v.as_bool().ok_or("field `fp4_padded` must be a bool")?,
+    };
+    Ok(TensorDescMeta {
+        block_size,
+        swizzle,
+        elem_type: get_u32(d, "elem_type")?,
+        elem_size,
+        fp4_padded,
+    })
+}
+
 fn kernel_meta_to_json(m: &KernelMeta) -> Map<String, Value> {
     let args: Vec<Value> = m
         .args
         .iter()
-        .map(|a| json!({"name": a.name, "type": a.ty, "divisibility": a.divisibility}))
+        .map(|a| {
+            let mut v = json!({"name": a.name, "type": a.ty, "divisibility": a.divisibility});
+            if let Some(d) = &a.tensordesc {
+                v["tensordesc"] = json!({
+                    "block_size": d.block_size,
+                    "swizzle": d.swizzle,
+                    "elem_type": d.elem_type,
+                    "elem_size": d.elem_size,
+                    "fp4_padded": d.fp4_padded,
+                });
+            }
+            v
+        })
         .collect();
     let mut k = Map::new();
     k.insert("id".into(), json!(m.id));
@@ -603,13 +727,26 @@ fn kernel_meta_to_json(m: &KernelMeta) -> Map<String, Value> {
     k
 }
 
+/// The oldest format version that can hold these kernels (see "Versions").
+fn version_needed<'a>(kernels: impl IntoIterator<Item = &'a KernelMeta>) -> u32 {
+    let descriptors = kernels
+        .into_iter()
+        .any(|k| k.args.iter().any(|a| a.tensordesc.is_some()));
+    if descriptors {
+        TENSORDESC_VERSION
+    } else {
+        MIN_FORMAT_VERSION
+    }
+}
+
 /// Checks the index schema and layout. Errors are relative to the index ("missing field ...").
-fn parse_index(index: &Value) -> Result<ParsedIndex, String> {
+/// `header_version` is the (already range-checked) version of the file header.
+fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String> {
     let top = as_obj(index, "the index")?;
     let version = get_u64(top, "format_version")?;
-    if version != FORMAT_VERSION as u64 {
+    if version != header_version as u64 {
         return Err(format!(
-            "format_version {version} differs from the header's {FORMAT_VERSION}"
+            "format_version {version} differs from the header's {header_version}"
         ));
     }
     let arch = get_str(top, "arch")?;
@@ -667,6 +804,12 @@ fn parse_index(index: &Value) -> Result<ParsedIndex, String> {
             let at = |p: String| at(format!("kernels[{ki}]: {p}"));
             let ko = as_obj(kv, "kernel").map_err(at)?;
             let meta = kernel_meta_from_json(ko).map_err(at)?;
+            if header_version < TENSORDESC_VERSION && version_needed([&meta]) > header_version {
+                return Err(at(format!(
+                    "kernel {} has tensordesc arguments, which need format version {TENSORDESC_VERSION} (file says {header_version})",
+                    meta.id
+                )));
+            }
             let slot = ImageSlot {
                 offset: get_u64(ko, "image_offset").map_err(at)?,
                 size: get_u64(ko, "image_size").map_err(at)?,
@@ -846,8 +989,13 @@ impl ArchiveWriter {
             }));
             offset += packed.len() as u64;
         }
+        let version = version_needed(
+            self.functionals
+                .values()
+                .flat_map(|ks| ks.values().map(|(meta, _)| meta)),
+        );
         let index = json!({
-            "format_version": FORMAT_VERSION,
+            "format_version": version,
             "arch": self.arch,
             "triton_version": self.triton_version,
             "target": self.target,
@@ -865,7 +1013,7 @@ impl ArchiveWriter {
 
         let mut out = Vec::with_capacity(HEADER_LEN + index.len() + offset as usize);
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&index_len.to_le_bytes());
         out.extend_from_slice(&crc32fast::hash(&index).to_le_bytes());
         out.extend_from_slice(&index);
@@ -1361,7 +1509,8 @@ mod tests {
                 KernelArg {
                     name: "Q".into(),
                     ty: format!("*{}", s.dtype),
-                    divisibility: 16
+                    divisibility: 16,
+                    tensordesc: None,
                 }
             );
         }
@@ -1502,13 +1651,142 @@ mod tests {
         );
     }
 
+    fn desc_meta() -> TensorDescMeta {
+        TensorDescMeta {
+            block_size: vec![1, 1, 64, 64],
+            swizzle: 3,
+            elem_type: 10,
+            elem_size: 2,
+            fp4_padded: false,
+        }
+    }
+
+    fn gluon_meta(id: &str) -> KernelMeta {
+        let mut config = BTreeMap::new();
+        for (k, v) in [("BLOCK_M", 128), ("BLOCK_N", 128), ("STAGES", 2), ("num_warps", 4), ("maxnreg", 168)] {
+            config.insert(k.to_string(), v);
+        }
+        KernelMeta {
+            id: id.into(),
+            symbol: "attn_fwd_gluon".into(),
+            variant: "aligned".into(),
+            config,
+            args: vec![
+                KernelArg {
+                    name: "desc_q".into(),
+                    ty: "tensordesc<bf16[1, 1, 64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>".into(),
+                    divisibility: 1,
+                    tensordesc: Some(desc_meta()),
+                },
+                KernelArg { name: "sm_scale".into(), ty: "fp32".into(), divisibility: 1, tensordesc: None },
+            ],
+            shared: 200_000,
+            num_warps: 12,
+            warp_size: 32,
+            num_ctas: 1,
+            global_scratch_size: 0,
+            global_scratch_align: 1,
+            profile_scratch_size: 0,
+            profile_scratch_align: 1,
+        }
+    }
+
+    fn plain_meta(id: &str) -> KernelMeta {
+        KernelMeta {
+            args: vec![KernelArg { name: "Q".into(), ty: "*bf16".into(), divisibility: 16, tensordesc: None }],
+            num_warps: 4,
+            ..gluon_meta(id)
+        }
+    }
+
+    fn written(metas: Vec<KernelMeta>) -> Vec<u8> {
+        let mut w = ArchiveWriter::new("sm_90", "3.6.0", json!({"backend": "cuda", "arch": 90, "warp_size": 32}));
+        for (i, m) in metas.into_iter().enumerate() {
+            w.add("attn_fwd_gluon", &[("dtype", "bf16"), ("head_dim", "128")], m, fake_image(&i.to_string(), 100))
+                .unwrap();
+        }
+        w.to_bytes().unwrap()
+    }
+
+    #[test]
+    fn tensordesc_metadata_round_trips_as_version_2() {
+        let bytes = written(vec![gluon_meta("g"), plain_meta("p")]);
+        assert_eq!(read_u32(&bytes, 8), Some(2), "descriptors need version 2");
+        let a = parse(bytes).unwrap();
+        let f = &a.functionals()[a.find("attn_fwd_gluon", &[("head_dim", "128"), ("dtype", "bf16")]).unwrap()];
+        let g = f.kernels.iter().find(|k| k.id == "g").unwrap();
+        assert_eq!(*g, gluon_meta("g"));
+        assert_eq!(g.args[0].tensordesc.as_ref().unwrap().rank(), 4);
+        assert_eq!(g.config["maxnreg"], 168);
+        assert_eq!(g.num_warps, 12);
+        assert_eq!(f.kernels.iter().find(|k| k.id == "p").unwrap().args[0].tensordesc, None);
+        // Archives without descriptors stay version 1, readable by older runtimes.
+        assert_eq!(read_u32(&written(vec![plain_meta("p")]), 8), Some(1));
+    }
+
+    #[test]
+    fn tensordesc_from_compile_driver_json_packs() {
+        let t = TempDir::new("tensordesc");
+        let mut s = specs();
+        s.truncate(1);
+        let jsons = write_dir(&t.0, &s);
+        let path = kernel_json_path(&t, 0);
+        edit_json(&path, |v| {
+            v["args"][0] = json!({"name": "desc_q", "type": "tensordesc<fp16[1, 1, 64, 64],NVMMASharedLayout(...)>",
+                                  "divisibility": 1,
+                                  "tensordesc": {"block_size": [1, 1, 64, 64], "swizzle": 3, "elem_type": 6,
+                                                 "elem_size": 2, "fp4_padded": false}});
+            v["config"]["maxnreg"] = json!(168);
+        });
+        drop(jsons);
+        let out = t.0.join("out.images");
+        pack_dir(&t.0, &out).unwrap();
+        let a = Archive::open(&out).unwrap();
+        let arg = &a.functionals()[0].kernels[0].args[0];
+        assert_eq!(arg.tensordesc.as_ref().unwrap().elem_type, 6);
+        assert_eq!(a.functionals()[0].kernels[0].config["maxnreg"], 168);
+    }
+
+    #[test]
+    fn bad_tensordesc_metadata_is_refused() {
+        let bytes = written(vec![gluon_meta("g")]);
+        type Edit = fn(&mut Value);
+        let cases: [(Edit, &str); 7] = [
+            (|v| v["block_size"] = json!([]), "block_size has 0 dimensions"),
+            (|v| v["block_size"] = json!([1, 1, 1, 1, 1, 1]), "block_size has 6 dimensions"),
+            (|v| v["block_size"] = json!([1, 512]), "block_size[1] must be an integer in 1..=256"),
+            (|v| v["swizzle"] = json!(4), "swizzle 4 is not 0..3"),
+            (|v| v["elem_size"] = json!(3), "elem_size 3"),
+            (|v| drop(v.as_object_mut().unwrap().remove("elem_type")), "tensordesc: missing field `elem_type`"),
+            (|v| v["fp4_padded"] = json!(1), "`fp4_padded` must be a bool"),
+        ];
+        for (edit, want) in cases {
+            parse_err(
+                with_index(&bytes, |v| edit(&mut v["functionals"][0]["kernels"][0]["args"][0]["tensordesc"])),
+                want,
+            );
+        }
+        parse_err(
+            with_index(&bytes, |v| drop(v["functionals"][0]["kernels"][0]["args"][0].as_object_mut().unwrap().remove("tensordesc"))),
+            "needs a `tensordesc` object",
+        );
+        parse_err(
+            with_index(&bytes, |v| v["functionals"][0]["kernels"][0]["args"][0]["type"] = json!("*bf16")),
+            "has a `tensordesc` object but type *bf16",
+        );
+        // A version-1 file cannot carry descriptors: refused, not half-read.
+        let mut v1 = with_index(&bytes, |v| v["format_version"] = json!(1));
+        v1[8..12].copy_from_slice(&1u32.to_le_bytes());
+        parse_err(v1, "need format version 2 (file says 1)");
+    }
+
     #[test]
     fn newer_format_version() {
         let mut bytes = archive_bytes("version");
         bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
         parse_err(
             bytes.clone(),
-            "format version 7 is newer than this runtime reads (1)",
+            "format version 7 is newer than this runtime reads (2)",
         );
         // Even when the rest of the header is missing.
         parse_err(bytes[..12].to_vec(), "format version 7 is newer");

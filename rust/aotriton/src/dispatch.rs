@@ -1,18 +1,22 @@
 //! From a request to a launch: the functional key picks the functional in the device's archive;
-//! the divisibility hints each kernel was compiled with are checked against the real argument
-//! values; the operator's heuristic picks one of the kernels that fit; the kernel is loaded once
-//! per context; its arguments are laid out in the order its metadata gives.
+//! the divisibility hints each kernel was compiled with (for TMA descriptor arguments: the TMA
+//! rules) are checked against the real argument values; the operator's heuristic picks one of
+//! the kernels that fit; the kernel is loaded once per context; its descriptors are encoded and
+//! its arguments laid out in the order its metadata gives. Everything per call lives in
+//! fixed-capacity storage: after a kernel's first launch, nothing here allocates.
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::archive::{Functional, KernelMeta};
+use crate::archive::{Functional, KernelArg, KernelMeta};
 use crate::driver::Stream;
-use crate::driver::cuda::{self, DeviceInfo, LaunchDims, LoadedFunction, StreamContext, lock};
+use crate::driver::cuda::{self, DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, StreamContext, TensorMap, lock};
 use crate::error::{Error, ErrorKind, Result};
 use crate::images::{self, LoadedArchive};
+use crate::tma::{self, MAX_RANK, TensorArg};
 
-/// One kernel argument value. Pointers are device addresses.
+/// One kernel argument value. Pointers are device addresses; a tensor goes to a host-side TMA
+/// descriptor argument (the runtime encodes the `CUtensorMap`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum ArgValue {
     Ptr(u64),
@@ -20,13 +24,17 @@ pub(crate) enum ArgValue {
     U32(u32),
     I64(i64),
     F32(f32),
+    Tensor(TensorArg),
 }
 
 impl ArgValue {
-    /// Whether the value satisfies a `tt.divisibility` hint (pointers: byte address).
-    fn divisible_by(self, d: u32) -> bool {
-        let d = d.max(1) as i64;
-        match self {
+    /// Whether the value satisfies what kernel argument `arg` was compiled to assume: its
+    /// `tt.divisibility` hint (pointers: byte address), or for a descriptor argument the TMA
+    /// rules (`tma::check`).
+    fn fits(&self, arg: &KernelArg) -> bool {
+        let d = arg.divisibility.max(1) as i64;
+        match *self {
+            ArgValue::Tensor(t) => arg.tensordesc.is_some() && tma::check(&t).is_ok(),
             ArgValue::Ptr(p) => p % d as u64 == 0,
             ArgValue::I32(v) => v as i64 % d == 0,
             ArgValue::U32(v) => v as i64 % d == 0,
@@ -35,26 +43,35 @@ impl ArgValue {
         }
     }
 
-    /// Whether this value can be passed for an argument of Triton signature type `ty`.
-    fn fits_type(self, ty: &str) -> bool {
+    /// Whether this value can be passed for an argument of Triton signature type `ty`, and
+    /// whether it must be widened to do so (an i32 value for an i64 argument).
+    fn fits_type(&self, ty: &str) -> Option<bool> {
         match self {
-            ArgValue::Ptr(_) => ty.starts_with('*'),
-            ArgValue::I32(_) => ty == "i32",
-            ArgValue::U32(_) => ty == "u32",
-            ArgValue::I64(_) => ty == "i64",
-            ArgValue::F32(_) => ty == "fp32",
+            ArgValue::Ptr(_) => ty.starts_with('*').then_some(false),
+            ArgValue::I32(_) => match ty {
+                "i32" => Some(false),
+                "i64" => Some(true),
+                _ => None,
+            },
+            ArgValue::U32(_) => (ty == "u32").then_some(false),
+            ArgValue::I64(_) => (ty == "i64").then_some(false),
+            ArgValue::F32(_) => (ty == "fp32").then_some(false),
+            ArgValue::Tensor(_) => ty.starts_with("tensordesc").then_some(false),
         }
     }
 
     /// The value's bytes in a 64-bit slot; the driver reads the argument's own size from the
-    /// slot's start (little-endian), so 4-byte values occupy the low half.
-    fn to_slot(self) -> u64 {
+    /// slot's start (little-endian), so 4-byte values occupy the low half. `widen`: an i32 value
+    /// passed as i64 (sign-extended).
+    fn to_slot(self, widen: bool) -> u64 {
         match self {
             ArgValue::Ptr(p) => p,
+            ArgValue::I32(v) if widen => v as i64 as u64,
             ArgValue::I32(v) => v as u32 as u64,
             ArgValue::U32(v) => v as u64,
             ArgValue::I64(v) => v as u64,
             ArgValue::F32(v) => v.to_bits() as u64,
+            ArgValue::Tensor(_) => 0,
         }
     }
 }
@@ -62,19 +79,129 @@ impl ArgValue {
 /// Named argument values of one call, in the operator's own (fixed) order.
 pub(crate) type Args<'a> = &'a [(&'static str, ArgValue)];
 
-/// The most arguments a kernel may take (its own plus Triton's two scratch pointers).
-const MAX_ARGS: usize = 64;
+/// The most named values one operator passes to one kernel family.
+pub(crate) const MAX_NAMED_ARGS: usize = 80;
+
+/// A fixed-capacity list of named argument values, built on the stack per call (no heap).
+pub(crate) struct ArgList {
+    items: [(&'static str, ArgValue); MAX_NAMED_ARGS],
+    len: usize,
+    overflow: bool,
+}
+
+impl ArgList {
+    pub fn new() -> ArgList {
+        ArgList { items: [("", ArgValue::Ptr(0)); MAX_NAMED_ARGS], len: 0, overflow: false }
+    }
+
+    pub fn push(&mut self, name: &'static str, value: ArgValue) {
+        match self.items.get_mut(self.len) {
+            Some(item) => {
+                *item = (name, value);
+                self.len += 1;
+            }
+            None => self.overflow = true,
+        }
+    }
+
+    pub fn extend(&mut self, values: impl IntoIterator<Item = (&'static str, ArgValue)>) {
+        for (name, value) in values {
+            self.push(name, value);
+        }
+    }
+
+    /// The values, or an internal error if more were pushed than fit.
+    pub fn args(&self) -> Result<Args<'_>> {
+        if self.overflow {
+            return Err(Error::new(ErrorKind::Internal, format!("more than {MAX_NAMED_ARGS} kernel arguments in one call")));
+        }
+        Ok(&self.items[..self.len])
+    }
+}
+
+/// The most functional axes of one family.
+const MAX_AXES: usize = 8;
+
+/// A functional key: axes and their canonical values, e.g. `[("dtype", "fp16"), ("head_dim",
+/// "64")]`, fixed capacity and `'static` text, so building one allocates nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Axes {
+    items: [(&'static str, &'static str); MAX_AXES],
+    len: usize,
+    overflow: bool,
+}
+
+impl Axes {
+    pub fn new() -> Axes {
+        Axes { items: [("", ""); MAX_AXES], len: 0, overflow: false }
+    }
+
+    pub fn of(axes: &[(&'static str, &'static str)]) -> Axes {
+        let mut a = Axes::new();
+        for &(k, v) in axes {
+            a.push(k, v);
+        }
+        a
+    }
+
+    pub fn push(&mut self, axis: &'static str, value: &'static str) {
+        match self.items.get_mut(self.len) {
+            Some(item) => {
+                *item = (axis, value);
+                self.len += 1;
+            }
+            None => self.overflow = true,
+        }
+    }
+
+    pub fn as_slice(&self) -> Result<&[(&'static str, &'static str)]> {
+        if self.overflow {
+            return Err(Error::new(ErrorKind::Internal, format!("more than {MAX_AXES} functional axes")));
+        }
+        Ok(&self.items[..self.len])
+    }
+}
+
+/// The canonical text of a boolean axis value.
+pub(crate) fn bool_axis(on: bool) -> &'static str {
+    if on { "true" } else { "false" }
+}
+
+/// A set of kernel indices within one functional (a bitmask: no allocation).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct KernelSet(u128);
+
+impl KernelSet {
+    /// Most kernels a functional may have.
+    pub const CAPACITY: usize = 128;
+
+    pub fn insert(&mut self, index: usize) {
+        debug_assert!(index < Self::CAPACITY);
+        self.0 |= 1 << index;
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+    pub fn first(&self) -> Option<usize> {
+        (self.0 != 0).then(|| self.0.trailing_zeros() as usize)
+    }
+    /// Indices in increasing order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        let bits = self.0;
+        (0..Self::CAPACITY).filter(move |&i| bits & (1 << i) != 0)
+    }
+}
 
 /// A request to run one operator: which functional, with which arguments.
 pub(crate) struct Request<'a> {
     pub family: &'static str,
     /// Functional axes and their canonical values, e.g. `[("dtype", "fp16"), ("head_dim", "64")]`.
-    pub axes: &'a [(&'static str, String)],
+    pub axes: &'a [(&'static str, &'static str)],
     pub args: Args<'a>,
 }
 
 impl Request<'_> {
-    /// `attn_fwd{dtype=fp16, head_dim=64, causal=false}`, for messages.
+    /// `attn_fwd{dtype=fp16, head_dim=64, causal=false}`, for messages (error paths only).
     pub fn describe(&self) -> String {
         let axes: Vec<String> = self.axes.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("{}{{{}}}", self.family, axes.join(", "))
@@ -83,8 +210,7 @@ impl Request<'_> {
 
 /// Finds the functional of `request` in `archive`.
 pub(crate) fn find_functional(loaded: &LoadedArchive, request: &Request) -> Result<usize> {
-    let axes: Vec<(&str, &str)> = request.axes.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    loaded.archive.find(request.family, &axes).ok_or_else(|| {
+    loaded.archive.find(request.family, request.axes).ok_or_else(|| {
         Error::new(
             ErrorKind::KernelNotFound,
             format!("{} is not compiled into {}", request.describe(), loaded.archive.name()),
@@ -92,17 +218,29 @@ pub(crate) fn find_functional(loaded: &LoadedArchive, request: &Request) -> Resu
     })
 }
 
-/// The kernels of `functional` whose compiled divisibility hints hold for `args`, as indices.
-pub(crate) fn fitting_kernels(functional: &Functional, args: Args) -> Result<Vec<usize>> {
-    let mut fitting = Vec::new();
+/// The kernels of `functional` whose compiled assumptions (divisibility hints, TMA rules) hold
+/// for `args`.
+pub(crate) fn fitting_kernels(functional: &Functional, args: Args) -> Result<KernelSet> {
+    if functional.kernels.len() > KernelSet::CAPACITY {
+        return Err(Error::new(
+            ErrorKind::BadArchive,
+            format!(
+                "functional {} has {} kernels, more than the {} the dispatcher handles",
+                functional.display_name(),
+                functional.kernels.len(),
+                KernelSet::CAPACITY
+            ),
+        ));
+    }
+    let mut fitting = KernelSet::default();
     'kernels: for (index, kernel) in functional.kernels.iter().enumerate() {
         for arg in &kernel.args {
             let value = lookup(args, &arg.name, kernel)?;
-            if !value.divisible_by(arg.divisibility) {
+            if !value.fits(arg) {
                 continue 'kernels;
             }
         }
-        fitting.push(index);
+        fitting.insert(index);
     }
     Ok(fitting)
 }
@@ -116,6 +254,12 @@ fn lookup(args: Args, name: &str, kernel: &KernelMeta) -> Result<ArgValue> {
     })
 }
 
+/// Most kernel parameters of one launch (a descriptor argument of rank r takes 1 + 2r), with
+/// Triton's two scratch pointers.
+const MAX_PARAMS: usize = 192;
+/// Most descriptor arguments of one kernel.
+pub(crate) const MAX_DESCS: usize = 12;
+
 /// Launches on one stream: holds the stream's context current while kernels are prepared and
 /// launched. Operators that launch several kernels prepare all of them first, so an error
 /// (a missing functional, a failed load) stops the call before anything is enqueued.
@@ -124,11 +268,24 @@ pub(crate) struct Launcher {
     stream: Stream,
 }
 
-/// A kernel chosen, loaded and given its launch geometry, ready to enqueue.
+/// One encoded descriptor argument: the map and the kernel parameters that follow it.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct EncodedDesc {
+    map: TensorMap,
+    shape: [u32; MAX_RANK],
+    strides: [u64; MAX_RANK],
+}
+
+const EMPTY_DESC: EncodedDesc = EncodedDesc { map: EMPTY_TENSOR_MAP, shape: [0; MAX_RANK], strides: [0; MAX_RANK] };
+
+/// A kernel chosen, loaded and given its launch geometry and encoded descriptors, ready to
+/// enqueue. Fixed-size: preparing allocates nothing once the kernel is loaded.
 pub(crate) struct Prepared<'a> {
     kernel: Arc<LoadedKernel>,
     args: Args<'a>,
     dims: LaunchDims,
+    descs: [EncodedDesc; MAX_DESCS],
 }
 
 impl Launcher {
@@ -136,13 +293,30 @@ impl Launcher {
         Ok(Launcher { context: StreamContext::enter(stream)?, stream })
     }
 
+    /// The stream's device.
+    pub fn device(&self) -> &DeviceInfo {
+        &self.context.device
+    }
+
+    /// Whether the device's archive holds the functional of `request` (false too when the
+    /// device has no archive), and whether one of its kernels fits the arguments.
+    pub fn serves(&self, request: &Request) -> Serves {
+        let Ok(loaded) = images::archive_for(&self.context.device.arch) else { return Serves::NotCompiled };
+        let Some(index) = loaded.archive.find(request.family, request.axes) else { return Serves::NotCompiled };
+        match fitting_kernels(&loaded.archive.functionals()[index], request.args) {
+            Ok(fitting) if !fitting.is_empty() => Serves::Yes,
+            _ => Serves::NoKernelFits,
+        }
+    }
+
     /// Finds the functional of `request` in the device's archive, keeps the kernels whose
-    /// compiled hints fit the arguments, lets `choose` pick one (given indices into the
-    /// functional's kernels, never empty), loads it once per context, and lays out its launch.
+    /// compiled hints fit the arguments, lets `choose` pick one (given the set of fitting
+    /// kernels, never empty), loads it once per context, encodes its TMA descriptors and lays
+    /// out its launch.
     pub fn prepare<'a>(
         &self,
         request: &Request<'a>,
-        choose: impl FnOnce(&Functional, &[usize], &DeviceInfo) -> usize,
+        choose: impl FnOnce(&Functional, KernelSet, &DeviceInfo) -> usize,
         grid: impl FnOnce(&KernelMeta) -> [u32; 3],
     ) -> Result<Prepared<'a>> {
         let loaded = images::archive_for(&self.context.device.arch)?;
@@ -158,41 +332,109 @@ impl Launcher {
                 ),
             ));
         }
-        let kernel_index = choose(functional, &fitting, &self.context.device);
+        let kernel_index = choose(functional, fitting, &self.context.device);
         let kernel = load(&self.context, &loaded, functional_index, kernel_index)?;
         let meta = &kernel.meta;
-        kernel.slots.get_or_init(|| plan_slots(meta, request.args)).as_ref().map_err(Clone::clone)?;
+        let plan = kernel.plan.get_or_init(|| plan_slots(meta, request.args)).as_ref().map_err(Clone::clone)?;
+        let mut descs = [EMPTY_DESC; MAX_DESCS];
+        for (slot, arg) in plan.slots.iter().zip(&meta.args) {
+            // The plan was made from the first call's list; operators always build it in the
+            // same order, which this re-checks cheaply.
+            let (name, value) = request.args.get(slot.value()).copied().unwrap_or(("", ArgValue::Ptr(0)));
+            if name != arg.name {
+                return Err(Error::new(
+                    ErrorKind::Internal,
+                    format!("kernel {}: argument '{}' moved in the runtime's list (found '{name}')", meta.id, arg.name),
+                ));
+            }
+            if let Slot::Desc { desc, .. } = *slot {
+                let (ArgValue::Tensor(tensor), Some(desc_meta)) = (value, &arg.tensordesc) else {
+                    return Err(Error::new(ErrorKind::Internal, format!("kernel {}: '{}' planned as a descriptor", meta.id, arg.name)));
+                };
+                let encode = tma::encode_params(&tensor, desc_meta).map_err(|problem| {
+                    Error::new(ErrorKind::UnsupportedByBackend, format!("kernel {}, argument {}: {problem}", meta.id, arg.name))
+                })?;
+                let out = &mut descs[desc];
+                cuda::encode_tensor_map(&mut out.map, &encode, || format!("{} {}", meta.id, arg.name))?;
+                out.shape = encode.shape;
+                out.strides = encode.strides;
+            }
+        }
         let dims = LaunchDims { grid: grid(meta), threads: meta.num_warps * meta.warp_size, shared: meta.shared };
-        Ok(Prepared { kernel, args: request.args, dims })
+        Ok(Prepared { kernel, args: request.args, dims, descs })
     }
 
     /// Enqueues a prepared kernel on the stream.
     pub fn launch(&self, prepared: &Prepared) -> Result<()> {
-        let slots = match prepared.kernel.slots.get() {
-            Some(Ok(slots)) => slots,
+        let plan = match prepared.kernel.plan.get() {
+            Some(Ok(plan)) => plan,
             _ => return Err(Error::new(ErrorKind::Internal, "launch of a kernel that was not prepared")),
         };
-        let mut values = [0u64; MAX_ARGS];
-        for (value, &slot) in values.iter_mut().zip(slots.iter()) {
-            *value = prepared.args[slot].1.to_slot();
+        // Scalars by value in 64-bit slots, indexed by parameter position; descriptors point
+        // into the prepared storage. Triton's two trailing scratch pointers (global, profile)
+        // stay 0: `load` refused kernels that need scratch memory.
+        let mut values = [0u64; MAX_PARAMS];
+        let mut position = 0;
+        for slot in &plan.slots {
+            match *slot {
+                Slot::Scalar { value, widen } => {
+                    values[position] = prepared.args[value].1.to_slot(widen);
+                    position += 1;
+                }
+                Slot::Desc { rank, .. } => position += 1 + 2 * rank,
+            }
         }
-        // Triton's two trailing scratch pointers (global, profile) stay 0: `load` refused kernels
-        // that need scratch memory.
-        let count = slots.len() + 2;
-        let mut params = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
-        for (param, value) in params.iter_mut().zip(values.iter_mut()).take(count) {
-            *param = value as *mut u64 as *mut c_void;
+        let count = plan.params;
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_PARAMS];
+        let base = values.as_mut_ptr();
+        let mut position = 0;
+        for slot in &plan.slots {
+            match *slot {
+                Slot::Scalar { .. } => {
+                    // SAFETY: position < count ≤ MAX_PARAMS (checked by plan_slots).
+                    params[position] = unsafe { base.add(position) } as *mut c_void;
+                    position += 1;
+                }
+                Slot::Desc { desc, rank, .. } => {
+                    let d = &prepared.descs[desc];
+                    params[position] = &d.map as *const TensorMap as *mut c_void;
+                    for i in 0..rank {
+                        params[position + 1 + i] = &d.shape[i] as *const u32 as *mut c_void;
+                        params[position + 1 + rank + i] = &d.strides[i] as *const u64 as *mut c_void;
+                    }
+                    position += 1 + 2 * rank;
+                }
+            }
+        }
+        for (scratch, param) in params.iter_mut().enumerate().take(count).skip(position) {
+            // SAFETY: as above.
+            *param = unsafe { base.add(scratch) } as *mut c_void;
         }
         cuda::launch(&prepared.kernel.function, prepared.dims, self.stream, &mut params[..count], &prepared.kernel.meta.id)
     }
 }
 
+/// What [`Launcher::serves`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Serves {
+    Yes,
+    NotCompiled,
+    NoKernelFits,
+}
+
 /// Chooses among fitting kernels by variant: the `aligned` ones when any fits (they carry the
 /// divisibility hints), else the rest. Operators then pick a config among these.
-pub(crate) fn preferred_variant(functional: &Functional, fitting: &[usize]) -> Vec<usize> {
-    let aligned: Vec<usize> =
-        fitting.iter().copied().filter(|&i| functional.kernels[i].variant == "aligned").collect();
-    if aligned.is_empty() { fitting.to_vec() } else { aligned }
+pub(crate) fn preferred_variant(functional: &Functional, fitting: KernelSet) -> KernelSet {
+    let mut aligned = KernelSet::default();
+    for i in fitting.iter().filter(|&i| functional.kernels[i].variant == "aligned") {
+        aligned.insert(i);
+    }
+    if aligned.is_empty() { fitting } else { aligned }
+}
+
+/// The first kernel of the preferred variant (families with one config per variant).
+pub(crate) fn first_preferred(functional: &Functional, fitting: KernelSet, _device: &DeviceInfo) -> usize {
+    preferred_variant(functional, fitting).first().unwrap_or(0)
 }
 
 /// A config value of a kernel (`BLOCK_M`, ...), or `default` if the kernel has none.
@@ -200,40 +442,92 @@ pub(crate) fn config(meta: &KernelMeta, key: &str, default: i64) -> i64 {
     meta.config.get(key).copied().unwrap_or(default)
 }
 
-/// For each argument of the kernel (ABI order), the index of its value in the request's
-/// argument list, with the types checked. Computed once per loaded kernel: an operator always
-/// lists its arguments in the same order.
-fn plan_slots(meta: &KernelMeta, args: Args) -> Result<Vec<usize>> {
-    if meta.args.len() + 2 > MAX_ARGS {
-        return Err(Error::new(
-            ErrorKind::BadArchive,
-            format!("kernel {} takes {} arguments, more than {MAX_ARGS}", meta.id, meta.args.len()),
-        ));
+/// Where one kernel argument's value comes from (an index into the request's list).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// One parameter by value.
+    Scalar { value: usize, widen: bool },
+    /// A TMA descriptor: the map, then rank sizes and rank strides (1 + 2·rank parameters);
+    /// `desc` indexes the prepared storage.
+    Desc { value: usize, desc: usize, rank: usize },
+}
+
+impl Slot {
+    fn value(&self) -> usize {
+        match *self {
+            Slot::Scalar { value, .. } | Slot::Desc { value, .. } => value,
+        }
     }
-    meta.args
-        .iter()
-        .map(|arg| {
-            let slot = args.iter().position(|(n, _)| *n == arg.name).ok_or_else(|| {
-                Error::new(ErrorKind::BadArchive, format!("kernel {} takes unknown argument '{}'", meta.id, arg.name))
-            })?;
-            if !args[slot].1.fits_type(&arg.ty) {
-                return Err(Error::new(
-                    ErrorKind::BadArchive,
-                    format!(
-                        "kernel {} declares '{}' as {}, but the runtime passes {:?}",
-                        meta.id, arg.name, arg.ty, args[slot].1
-                    ),
-                ));
+}
+
+/// A kernel's launch layout: one slot per metadata argument (ABI order) and the total number of
+/// driver parameters, scratch pointers included.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    slots: Vec<Slot>,
+    params: usize,
+}
+
+/// For each argument of the kernel (ABI order), the index of its value in the request's
+/// argument list, with the types checked (descriptors: a tensor of the descriptor's rank and
+/// element size). Computed once per loaded kernel: an operator always lists its arguments in
+/// the same order.
+pub(crate) fn plan_slots(meta: &KernelMeta, args: Args) -> Result<Plan> {
+    let bad = |message: String| Error::new(ErrorKind::BadArchive, message);
+    let mut slots = Vec::with_capacity(meta.args.len());
+    let mut params = 2; // the scratch pointers
+    let mut descs = 0;
+    for arg in &meta.args {
+        let value = args
+            .iter()
+            .position(|(n, _)| *n == arg.name)
+            .ok_or_else(|| bad(format!("kernel {} takes unknown argument '{}'", meta.id, arg.name)))?;
+        let given = args[value].1;
+        let Some(widen) = given.fits_type(&arg.ty) else {
+            return Err(bad(format!("kernel {} declares '{}' as {}, but the runtime passes {given:?}", meta.id, arg.name, arg.ty)));
+        };
+        match (&arg.tensordesc, given) {
+            (Some(desc), ArgValue::Tensor(tensor)) => {
+                if desc.rank() != tensor.rank || desc.elem_size as u64 != tensor.dtype.size_bytes() {
+                    return Err(bad(format!(
+                        "kernel {} declares '{}' as a rank-{} descriptor of {}-byte elements, but the runtime passes a rank-{} {} tensor",
+                        meta.id,
+                        arg.name,
+                        desc.rank(),
+                        desc.elem_size,
+                        tensor.rank,
+                        tensor.dtype.triton_name()
+                    )));
+                }
+                if descs == MAX_DESCS {
+                    return Err(bad(format!("kernel {} takes more than {MAX_DESCS} descriptor arguments", meta.id)));
+                }
+                slots.push(Slot::Desc { value, desc: descs, rank: tensor.rank });
+                descs += 1;
+                params += 1 + 2 * tensor.rank;
             }
-            Ok(slot)
-        })
-        .collect()
+            (None, ArgValue::Tensor(_)) | (Some(_), _) => {
+                return Err(bad(format!(
+                    "kernel {}: '{}' ({}) and the runtime's {given:?} disagree on being a TMA descriptor",
+                    meta.id, arg.name, arg.ty
+                )));
+            }
+            (None, _) => {
+                slots.push(Slot::Scalar { value, widen });
+                params += 1;
+            }
+        }
+    }
+    if params > MAX_PARAMS {
+        return Err(bad(format!("kernel {} takes {params} launch parameters, more than {MAX_PARAMS}", meta.id)));
+    }
+    Ok(Plan { slots, params })
 }
 
 /// A kernel loaded into one context, with its argument layout once known.
 struct LoadedKernel {
     function: LoadedFunction,
-    slots: OnceLock<Result<Vec<usize>>>,
+    plan: OnceLock<Result<Plan>>,
     /// Copied once at load, so a launch reads it without cloning.
     meta: KernelMeta,
 }
@@ -267,7 +561,122 @@ fn load(
     }
     let images = loaded.images(functional)?;
     let function = cuda::load_function(&images[kernel], &meta.symbol, meta.shared, &context.device, &meta.id)?;
-    let entry = Arc::new(LoadedKernel { function, slots: OnceLock::new(), meta: meta.clone() });
+    let entry = Arc::new(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone() });
     cache.insert(key, entry.clone());
     Ok(entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::archive::TensorDescMeta;
+    use crate::tensor::{DType, TensorView};
+
+    fn arg(name: &str, ty: &str, divisibility: u32, tensordesc: Option<TensorDescMeta>) -> KernelArg {
+        KernelArg { name: name.into(), ty: ty.into(), divisibility, tensordesc }
+    }
+
+    fn desc(block_size: &[u32], elem_size: u32) -> Option<TensorDescMeta> {
+        Some(TensorDescMeta { block_size: block_size.to_vec(), swizzle: 3, elem_type: 10, elem_size, fp4_padded: false })
+    }
+
+    fn meta(args: Vec<KernelArg>) -> KernelMeta {
+        KernelMeta {
+            id: "k".into(),
+            symbol: "k".into(),
+            variant: "aligned".into(),
+            config: Default::default(),
+            args,
+            shared: 0,
+            num_warps: 12,
+            warp_size: 32,
+            num_ctas: 1,
+            global_scratch_size: 0,
+            global_scratch_align: 1,
+            profile_scratch_size: 0,
+            profile_scratch_align: 1,
+        }
+    }
+
+    fn q() -> ArgValue {
+        ArgValue::Tensor(TensorArg::from_view(&TensorView::contiguous(0x10000, [2, 4, 100, 64], DType::BF16)))
+    }
+
+    #[test]
+    fn descriptors_take_one_plus_two_rank_parameters() {
+        let m = meta(vec![
+            arg("desc_q", "tensordesc<bf16[1, 1, 64, 64],...>", 1, desc(&[1, 1, 64, 64], 2)),
+            arg("sm_scale", "fp32", 1, None),
+            arg("N", "i64", 1, None),
+        ]);
+        let args = [("N", ArgValue::I32(-3)), ("desc_q", q()), ("sm_scale", ArgValue::F32(0.5))];
+        let plan = plan_slots(&m, &args).unwrap();
+        assert_eq!(plan.params, 9 + 1 + 1 + 2);
+        assert_eq!(
+            plan.slots,
+            [Slot::Desc { value: 1, desc: 0, rank: 4 }, Slot::Scalar { value: 2, widen: false }, Slot::Scalar { value: 0, widen: true }]
+        );
+        // An i32 value widened to an i64 argument keeps its sign.
+        assert_eq!(ArgValue::I32(-3).to_slot(true), u64::MAX - 2);
+        assert_eq!(ArgValue::I32(-3).to_slot(false), 0xffff_fffd);
+    }
+
+    #[test]
+    fn descriptor_mismatches_are_refused() {
+        let bf16_q = [("desc_q", q())];
+        let kind = |m: KernelMeta, args: &[(&'static str, ArgValue)]| plan_slots(&m, args).unwrap_err();
+        let e = kind(meta(vec![arg("desc_q", "tensordesc<...>", 1, desc(&[64, 64], 2))]), &bf16_q);
+        assert!(e.message().contains("rank-2") && e.message().contains("rank-4"), "{e}");
+        let e = kind(meta(vec![arg("desc_q", "tensordesc<...>", 1, desc(&[1, 1, 64, 64], 4))]), &bf16_q);
+        assert!(e.message().contains("4-byte"), "{e}");
+        let e = kind(meta(vec![arg("desc_q", "*bf16", 16, None)]), &bf16_q);
+        assert_eq!(e.kind(), ErrorKind::BadArchive, "{e}");
+        let e = kind(meta(vec![arg("desc_q", "tensordesc<...>", 1, desc(&[1, 1, 64, 64], 2))]), &[("desc_q", ArgValue::Ptr(0x1000))]);
+        assert_eq!(e.kind(), ErrorKind::BadArchive, "{e}");
+        let e = kind(meta(vec![arg("N", "i32", 1, None)]), &[("N", ArgValue::I64(1))]);
+        assert!(e.message().contains("declares 'N' as i32"), "{e}");
+        let many: Vec<KernelArg> = (0..13)
+            .map(|i| arg(["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"][i], "tensordesc<...>", 1, desc(&[64, 64], 2)))
+            .collect();
+        let t = ArgValue::Tensor(TensorArg::matrix(0x1000, 64, 64, DType::F16));
+        let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"];
+        let args: Vec<(&'static str, ArgValue)> = names.iter().map(|n| (*n, t)).collect();
+        assert!(kind(meta(many), &args).message().contains("more than 12 descriptor"));
+    }
+
+    #[test]
+    fn descriptors_fit_by_the_tma_rules() {
+        let a = arg("desc_q", "tensordesc<...>", 1, desc(&[1, 1, 64, 64], 2));
+        assert!(q().fits(&a));
+        let ArgValue::Tensor(mut t) = q() else { unreachable!() };
+        t.ptr += 2;
+        assert!(!ArgValue::Tensor(t).fits(&a), "TMA needs 16-byte aligned bases");
+        assert!(!q().fits(&arg("Q", "*bf16", 16, None)), "a tensor only fits a descriptor argument");
+        assert!(ArgValue::Ptr(0x1000).fits(&arg("Q", "*bf16", 16, None)));
+        assert!(!ArgValue::Ptr(0x1008).fits(&arg("Q", "*bf16", 16, None)));
+    }
+
+    #[test]
+    fn fixed_capacity_lists() {
+        let mut list = ArgList::new();
+        for _ in 0..MAX_NAMED_ARGS {
+            list.push("x", ArgValue::I32(1));
+        }
+        assert_eq!(list.args().unwrap().len(), MAX_NAMED_ARGS);
+        list.push("overflow", ArgValue::I32(1));
+        assert_eq!(list.args().unwrap_err().kind(), ErrorKind::Internal);
+        let mut axes = Axes::of(&[("dtype", "fp16"), ("head_dim", "64")]);
+        assert_eq!(axes.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
+        for _ in 0..MAX_AXES {
+            axes.push("x", "y");
+        }
+        assert_eq!(axes.as_slice().unwrap_err().kind(), ErrorKind::Internal);
+        let mut set = KernelSet::default();
+        assert_eq!(set.first(), None);
+        for i in [127, 3, 64] {
+            set.insert(i);
+        }
+        assert_eq!(set.iter().collect::<Vec<_>>(), [3, 64, 127]);
+        assert_eq!(set.first(), Some(3));
+    }
 }

@@ -29,6 +29,10 @@ pub enum ErrorKind {
     TooLarge = 10,
     /// A versioned parameter struct carries a version this library does not know.
     UnsupportedVersion = 11,
+    /// The backend the caller forced (`flash::Backend::Gluon`, ...) cannot serve these inputs on
+    /// this device (the message names the reason: dtype, head dim, a feature, a stride, the
+    /// arch, a missing or short workspace). `Backend::Auto` never reports this: it falls back.
+    UnsupportedByBackend = 12,
     /// No GPU driver library could be loaded on this machine.
     NoDriver = 20,
     /// A driver call failed; the message names the call and the driver's error.

@@ -109,21 +109,24 @@ fn check_matches(archive: &Archive, arch: &str) -> Result<()> {
 }
 
 /// Every value of `axis` among the functionals of `family` in the first built arch's archive
-/// (all archs are built from the same rules), e.g. the compiled head dims. Needs no GPU; computed
-/// once per (family, axis) and process, since validation asks on every call.
-pub(crate) fn compiled_axis_values(family: &str, axis: &str) -> Result<Arc<[String]>> {
-    type Cache = Mutex<HashMap<(String, String), Result<Arc<[String]>>>>;
+/// (all archs are built from the same rules), e.g. the compiled head dims, sorted numerically.
+/// Needs no GPU. Computed once per (family, axis) and process and kept for the process's life
+/// (a few short strings), since validation asks on every call: later calls allocate nothing.
+pub(crate) fn compiled_axis_values(family: &'static str, axis: &'static str) -> Result<&'static [&'static str]> {
+    type Cache = Mutex<HashMap<(&'static str, &'static str), Result<&'static [&'static str]>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let key = (family.to_string(), axis.to_string());
-    if let Some(found) = lock(cache).get(&key) {
+    if let Some(found) = lock(cache).get(&(family, axis)) {
         return found.clone();
     }
-    let values = scan_axis_values(family, axis);
-    lock(cache).entry(key).or_insert(values).clone()
+    let values = scan_axis_values(family, axis).map(|values| {
+        let leaked: Vec<&'static str> = values.into_iter().map(|v| &*Box::leak(v.into_boxed_str())).collect();
+        &*Box::leak(leaked.into_boxed_slice())
+    });
+    lock(cache).entry((family, axis)).or_insert(values).clone()
 }
 
-fn scan_axis_values(family: &str, axis: &str) -> Result<Arc<[String]>> {
+fn scan_axis_values(family: &str, axis: &str) -> Result<Vec<String>> {
     let Some(arch) = built_archs().first().copied() else {
         return Err(Error::new(ErrorKind::UnsupportedGpu, "this build of aotriton carries no kernels"));
     };
@@ -137,7 +140,7 @@ fn scan_axis_values(family: &str, axis: &str) -> Result<Arc<[String]>> {
         .collect();
     values.sort_by_key(|v| (v.parse::<i64>().unwrap_or(i64::MAX), v.clone()));
     values.dedup();
-    Ok(values.into())
+    Ok(values)
 }
 
 #[cfg(test)]

@@ -24,8 +24,54 @@ mod error;
 pub mod flash;
 mod images;
 mod tensor;
+mod tma;
 
 pub use driver::Stream;
 pub use error::{Error, ErrorKind, Result};
 pub use images::built_archs;
 pub use tensor::{DType, TensorView};
+
+/// Counts heap allocations per thread in this crate's unit tests (the launch path's host side
+/// must allocate nothing after warm-up).
+#[cfg(test)]
+pub(crate) mod alloc_count {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    struct Counting;
+
+    fn bump() {
+        let _ = COUNT.try_with(|c| c.set(c.get() + 1));
+    }
+
+    // SAFETY: forwards to the system allocator unchanged.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            bump();
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            bump();
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            bump();
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    /// Allocations made by the calling thread so far.
+    pub fn allocations() -> u64 {
+        COUNT.with(|c| c.get())
+    }
+}

@@ -19,8 +19,19 @@
 // validations (dropout_p = 1, a missing seed, a bias that does not broadcast, dbias without
 // bias, int32 cu_seqlens given as fp32, max_seqlen below a sequence's length with host copies).
 //
+// `--backend auto|portable|gluon` (default auto) sets FwdParams::backend / BwdParams::backend of
+// every call. Each backward first asks attn_bwd_workspace_bytes() and, when that is > 0, is given
+// a workspace of that many bytes, poisoned with 0xFF. Under `gluon`, a case the Gluon dispatch
+// rule (flash.h) does not serve must be refused: attn_fwd / attn_bwd (and the workspace query)
+// return kUnsupportedByBackend with a message and write nothing ("refused by gluon (...)", a
+// PASS); a case whose forward Gluon serves but whose backward it does not (head dim > 128) checks
+// the backward's refusal, then runs the backward on kPortable. When the backward ran on the Gluon
+// kernels (forced, or auto with a workspace), whose dQ is summed with unordered reduce-adds, it is
+// rerun 3 times with `deterministic` set: the reruns must be bitwise identical, their dK/dV equal
+// to the first run's, and their dQ is checked against the reference like dQ ("dQ(det)").
+//
 // The CUDA driver is loaded with dlopen; no CUDA headers or toolkit are needed to build this.
-// Usage: aotriton_gpu_test_cpp [--log PATH] [--seed N] [--require-gpu]
+// Usage: aotriton_gpu_test_cpp [--log PATH] [--seed N] [--require-gpu] [--backend B]
 // Without a driver or a device it prints "skipped: no GPU" and exits 0 (2 with --require-gpu).
 #include <dlfcn.h>
 
@@ -34,6 +45,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -618,6 +631,113 @@ struct Outcome {
   std::string line;
 };
 
+// ---- backend (--backend auto|portable|gluon) ------------------------------------------------
+// Every FwdParams / BwdParams this test builds asks for g_backend. The Gluon backend's dispatch
+// rule (flash.h), restated so that a wrong refusal or a wrong acceptance fails a case: fp16 /
+// bf16, no dropout, bias or packed batch, head dim <= 256 (forward) / <= 128 (backward), every
+// tensor TMA-addressable (16-byte aligned base, last stride 1, other strides multiples of 16
+// bytes: the padded rows and the 2-byte shifted q here break that), and for the backward a
+// workspace of attn_bwd_workspace_bytes(). A forced Gluon that cannot serve a call must return
+// kUnsupportedByBackend with a message and launch nothing.
+using aotriton::v2::flash::Backend;
+
+Backend g_backend = Backend::kAuto;
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kPortable: return "portable";
+    case Backend::kGluon: return "gluon";
+  }
+  return "?";
+}
+
+bool parse_backend(const std::string& name, Backend& out) {
+  for (Backend b : {Backend::kAuto, Backend::kPortable, Backend::kGluon}) {
+    if (name == backend_name(b)) {
+      out = b;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool forced_gluon() { return g_backend == Backend::kGluon; }
+
+// The tag every case line carries.
+std::string backend_tag() { return std::string("  [") + backend_name(g_backend) + "]"; }
+
+// What the Gluon dispatch rule looks at.
+struct GluonTraits {
+  bool lowp;        // fp16 / bf16
+  size_t head_dim;
+  bool tma_layout;  // every tensor meets TMA's rules
+  bool features;    // dropout, bias or a packed batch
+  bool serves(bool backward) const { return lowp && !features && tma_layout && head_dim <= (backward ? 128u : 256u); }
+};
+
+// A call the forced Gluon backend must refuse: kUnsupportedByBackend with a message. True with
+// the note for the case line, or false with the problem.
+bool expect_refusal(const char* what, aotriton::Status st, std::string& note) {
+  const std::string message = aotriton::last_error_message();
+  if (st == aotriton::Status::kUnsupportedByBackend && !message.empty()) {
+    note = std::string(what) + " refused by gluon (" + message + ")";
+    return true;
+  }
+  if (st == aotriton::Status::kSuccess) {
+    note = std::string(what) + ": gluon accepted a call the dispatch rule says it cannot serve!";
+  } else {
+    note = std::string(what) + ": expected kUnsupportedByBackend, got " + aotriton::status_name(st) + ": " + message + "!";
+  }
+  return false;
+}
+
+// The refusal of a backward: attn_bwd_workspace_bytes and attn_bwd both return
+// kUnsupportedByBackend (the former with *bytes = 0). True with the note, or false with the
+// problem.
+bool expect_bwd_refusal(const aotriton::v2::flash::BwdParams& p, CUstream stream, std::string& note) {
+  uint64_t bytes = 1;
+  std::string ws_note;
+  const bool ws_refused =
+      expect_refusal("attn_bwd_workspace_bytes", aotriton::v2::flash::attn_bwd_workspace_bytes(p, aotriton::Stream{stream}, &bytes),
+                     ws_note);
+  const bool refused = expect_refusal("attn_bwd", aotriton::v2::flash::attn_bwd(p, aotriton::Stream{stream}), note);
+  if (!ws_refused) {
+    note += "; " + ws_note;
+  } else if (bytes != 0) {
+    note += "; attn_bwd_workspace_bytes refused but set *bytes = " + std::to_string(bytes) + "!";
+  }
+  return refused && ws_refused && bytes == 0;
+}
+
+// The backward's workspace: asks attn_bwd_workspace_bytes what `p` needs on `stream`; when more
+// than 0 bytes, allocates them, poisons them (0xFF bytes: NaN in every dtype, so a kernel that
+// reads what it did not write shows up) and attaches them to `p`. `buf` owns the allocation
+// (free it only after the backward has finished). Returns an empty string, or the problem.
+std::string attach_workspace(aotriton::v2::flash::BwdParams& p, CUstream stream, std::unique_ptr<DevBuf>& buf) {
+  p.workspace = nullptr;
+  p.workspace_bytes = 0;
+  uint64_t bytes = 0;
+  const aotriton::Status st = aotriton::v2::flash::attn_bwd_workspace_bytes(p, aotriton::Stream{stream}, &bytes);
+  if (st != aotriton::Status::kSuccess)
+    return std::string("attn_bwd_workspace_bytes returned ") + aotriton::status_name(st) + ": " + aotriton::last_error_message();
+  buf.reset();
+  if (bytes == 0) return "";
+  buf.reset(new DevBuf(static_cast<size_t>(bytes)));
+  buf->upload(std::vector<uint8_t>(static_cast<size_t>(bytes), 0xFF), stream);
+  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  p.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(buf->ptr));
+  p.workspace_bytes = bytes;
+  return "";
+}
+
+// Whether the backward `p` runs on the Gluon kernels: forced, or kAuto given a workspace (the
+// library asks for one only when it will run them). Their dQ is summed with reduce-adds in no
+// fixed order, so its bits may differ from run to run unless `deterministic` is set.
+bool gluon_backward(const aotriton::v2::flash::BwdParams& p) {
+  return p.backend == Backend::kGluon || (p.backend == Backend::kAuto && p.workspace != nullptr);
+}
+
 aotriton::DType api_dtype(Lowp t) { return t == Lowp::kF16 ? aotriton::DType::kFloat16 : aotriton::DType::kBFloat16; }
 
 std::string fmt(const char* f, double x) {
@@ -684,7 +804,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     for (size_t i = 0; i < x.size(); ++i) out[i] = to_bits(c.dtype, x[i]);
     return out;
   };
-  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + "  " + what + "  FAIL"}; };
+  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + backend_tag() + "  " + what + "  FAIL"}; };
   const std::vector<uint16_t> qb = enc(q), kb = enc(k), vb = enc(v), dob = enc(d_o);
 
   // Inputs inside NaN guards; outputs all NaN.
@@ -705,6 +825,68 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   fp.align = c.align;
   fp.window_left = c.window_left;
   fp.window_right = c.window_right;
+  fp.backend = g_backend;
+
+  // The backward's buffers and parameters (set up before the forward: a forced Gluon backend
+  // checks its refusals first).
+  std::optional<DevTensor<uint16_t, 4>> do_dev, dq_dev, dk_dev, dv_dev;
+  std::optional<DevTensor<uint32_t, 3>> delta_dev;
+  fl::BwdParams bp;
+  if (c.backward) {
+    do_dev.emplace(place4(c, hq, sq, true), &dob, kPoison16, stream);
+    delta_dev.emplace(place_rows(c), nullptr, kPoison32, stream);
+    dq_dev.emplace(place4(c, hq, sq, true), nullptr, kPoison16, stream);
+    dk_dev.emplace(place4(c, hk, sk, false), nullptr, kPoison16, stream);
+    dv_dev.emplace(place4(c, hk, sk, false), nullptr, kPoison16, stream);
+    bp.q = fp.q;
+    bp.k = fp.k;
+    bp.v = fp.v;
+    bp.o = fp.o;
+    bp.d_o = do_dev->view(dt);
+    bp.lse = fp.lse;
+    bp.delta = delta_dev->view(aotriton::DType::kFloat32);
+    bp.dq = dq_dev->view(dt);
+    bp.dk = dk_dev->view(dt);
+    bp.dv = dv_dev->view(dt);
+    bp.sm_scale = sm_scale;
+    bp.causal = c.causal;
+    bp.align = c.align;
+    bp.window_left = c.window_left;
+    bp.window_right = c.window_right;
+    bp.backend = g_backend;
+  }
+  auto bwd_untouched = [&] {
+    return !c.backward || (dq_dev->read(stream) == dq_dev->host && dk_dev->read(stream) == dk_dev->host &&
+                           dv_dev->read(stream) == dv_dev->host && delta_dev->read(stream) == delta_dev->host);
+  };
+
+  // Forced Gluon: a case outside its rule must be refused, nothing written; a backward it does
+  // not serve (head dim > 128) is checked for the refusal, then run on the portable backend so
+  // the Gluon forward is still checked in full.
+  std::string notes;
+  if (forced_gluon()) {
+    const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd, false};
+    if (!traits.serves(false)) {
+      std::string note;
+      bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
+      if (c.backward) {
+        std::string bwd_note;
+        refused &= expect_bwd_refusal(bp, stream, bwd_note);
+        note += "; " + bwd_note;
+      }
+      const bool untouched = o_dev.read(stream) == o_dev.host && lse_dev.read(stream) == lse_dev.host && bwd_untouched();
+      const bool ok = refused && untouched;
+      return {ok, c.describe() + backend_tag() + "  " + note + (untouched ? "" : " [outputs written]!") +
+                      (ok ? "  PASS" : "  FAIL")};
+    }
+    if (c.backward && !traits.serves(true)) {
+      std::string note;
+      if (!expect_bwd_refusal(bp, stream, note)) return fail(note);
+      if (!bwd_untouched()) return fail(note + " [outputs written]!");
+      notes += "  " + note + "; backward on portable";
+      bp.backend = Backend::kPortable;
+    }
+  }
 
   auto started = std::chrono::steady_clock::now();
   std::vector<uint16_t> o_first;
@@ -725,46 +907,62 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   const std::vector<uint16_t> o_bits = o_dev.read(stream);
   const std::vector<uint32_t> lse_bits = lse_dev.read(stream);
 
-  std::vector<uint16_t> dq_bits, dk_bits, dv_bits;
+  std::vector<uint16_t> dq_bits, dk_bits, dv_bits, dq_det_bits;
   std::vector<uint32_t> delta_bits;
   size_t stray = o_dev.stray(o_bits) + lse_dev.stray(lse_bits);
   bool inputs_changed = false;
+  bool ran_deterministic = false;
+  size_t nondeterministic = 0;
   if (c.backward) {
-    DevTensor<uint16_t, 4> do_dev(place4(c, hq, sq, true), &dob, kPoison16, stream);
-    DevTensor<uint32_t, 3> delta_dev(place_rows(c), nullptr, kPoison32, stream);
-    DevTensor<uint16_t, 4> dq_dev(place4(c, hq, sq, true), nullptr, kPoison16, stream);
-    DevTensor<uint16_t, 4> dk_dev(place4(c, hk, sk, false), nullptr, kPoison16, stream);
-    DevTensor<uint16_t, 4> dv_dev(place4(c, hk, sk, false), nullptr, kPoison16, stream);
-    fl::BwdParams bp;
-    bp.q = fp.q;
-    bp.k = fp.k;
-    bp.v = fp.v;
-    bp.o = fp.o;
-    bp.d_o = do_dev.view(dt);
-    bp.lse = fp.lse;
-    bp.delta = delta_dev.view(aotriton::DType::kFloat32);
-    bp.dq = dq_dev.view(dt);
-    bp.dk = dk_dev.view(dt);
-    bp.dv = dv_dev.view(dt);
-    bp.sm_scale = sm_scale;
-    bp.causal = c.causal;
-    bp.align = c.align;
-    bp.window_left = c.window_left;
-    bp.window_right = c.window_right;
+    std::unique_ptr<DevBuf> workspace;
+    std::string problem = attach_workspace(bp, stream, workspace);
+    if (!problem.empty()) return fail(problem);
     st = fl::attn_bwd(bp, aotriton::Stream{stream});
     if (st != Status::kSuccess)
       return fail(std::string("attn_bwd returned ") + aotriton::status_name(st) + ": " + aotriton::last_error_message());
-    dq_bits = dq_dev.read(stream);
-    dk_bits = dk_dev.read(stream);
-    dv_bits = dv_dev.read(stream);
-    delta_bits = delta_dev.read(stream);
-    stray += dq_dev.stray(dq_bits) + dk_dev.stray(dk_bits) + dv_dev.stray(dv_bits) + delta_dev.stray(delta_bits);
+    dq_bits = dq_dev->read(stream);
+    dk_bits = dk_dev->read(stream);
+    dv_bits = dv_dev->read(stream);
+    delta_bits = delta_dev->read(stream);
+    stray += dq_dev->stray(dq_bits) + dk_dev->stray(dk_bits) + dv_dev->stray(dv_bits) + delta_dev->stray(delta_bits);
+    // The Gluon backward's dQ is not bitwise reproducible (unordered fp32 reduce-adds): rerun it
+    // in deterministic mode (Gluon dK/dV + a deterministic dQ kernel), outputs re-poisoned each
+    // time; the reruns must agree bit for bit, their dK/dV must equal the first run's (they do
+    // not depend on the mode), and their dQ is checked against the reference below.
+    if (gluon_backward(bp)) {
+      ran_deterministic = true;
+      bp.deterministic = true;
+      problem = attach_workspace(bp, stream, workspace);
+      if (!problem.empty()) return fail(problem + " (deterministic)");
+      constexpr int kDeterministicRuns = 3;
+      std::vector<uint16_t> first_dq, first_dk, first_dv;
+      for (int run = 0; run < kDeterministicRuns; ++run) {
+        dq_dev->restore(stream);
+        dk_dev->restore(stream);
+        dv_dev->restore(stream);
+        st = fl::attn_bwd(bp, aotriton::Stream{stream});
+        if (st != Status::kSuccess)
+          return fail(std::string("attn_bwd (deterministic) returned ") + aotriton::status_name(st) + ": " +
+                      aotriton::last_error_message());
+        std::vector<uint16_t> rdq = dq_dev->read(stream), rdk = dk_dev->read(stream), rdv = dv_dev->read(stream);
+        if (run == 0) {
+          first_dq = std::move(rdq);
+          first_dk = std::move(rdk);
+          first_dv = std::move(rdv);
+        } else {
+          nondeterministic += rdq != first_dq || rdk != first_dk || rdv != first_dv;
+        }
+      }
+      nondeterministic += first_dk != dk_bits || first_dv != dv_bits;
+      stray += dq_dev->stray(first_dq);
+      dq_det_bits = dq_dev->logical(first_dq);
+    }
     if (o_dev.read(stream) != o_bits || lse_dev.read(stream) != lse_bits || q_dev.read(stream) != q_dev.host ||
-        k_dev.read(stream) != k_dev.host || v_dev.read(stream) != v_dev.host || do_dev.read(stream) != do_dev.host)
+        k_dev.read(stream) != k_dev.host || v_dev.read(stream) != v_dev.host || do_dev->read(stream) != do_dev->host)
       inputs_changed = true;
-    dq_bits = dq_dev.logical(dq_bits);
-    dk_bits = dk_dev.logical(dk_bits);
-    dv_bits = dv_dev.logical(dv_bits);
+    dq_bits = dq_dev->logical(dq_bits);
+    dk_bits = dk_dev->logical(dk_bits);
+    dv_bits = dv_dev->logical(dv_bits);
   }
   double gpu_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
 
@@ -778,15 +976,21 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   };
   std::vector<double> o = dec(o_dev.logical(o_bits)), lse;
   for (uint32_t x : lse_dev.logical(lse_bits)) lse.push_back(float_of(x));
-  std::string line = c.describe();
+  std::string line = c.describe() + backend_tag() + notes;
   bool pass = bounded("O", o, exact.o, naive.o, 3, false, line);
   pass &= lse_ok(lse, exact.lse, naive.lse, line);
-  std::vector<double> dq;
+  std::vector<double> dq, dq_det;
   if (c.backward) {
     dq = dec(dq_bits);
     pass &= bounded("dQ", dq, exact.dq, naive.dq, 5, true, line);
     pass &= bounded("dK", dec(dk_bits), exact.dk, naive.dk, 5, true, line);
     pass &= bounded("dV", dec(dv_bits), exact.dv, naive.dv, 5, true, line);
+  }
+  if (ran_deterministic) {
+    dq_det = dec(dq_det_bits);
+    pass &= bounded("dQ(det)", dq_det, exact.dq, naive.dq, 5, true, line);
+    if (nondeterministic) line += "  [deterministic reruns differ: " + std::to_string(nondeterministic) + "]!";
+    pass &= nondeterministic == 0;
   }
   if (c.fwd_without_lse) {
     pass &= bounded("O(no-lse)", dec(o_dev.logical(o_first)), exact.o, naive.o, 3, false, line);
@@ -798,7 +1002,9 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   for (size_t row = 0; row < exact.lse.size(); ++row) {
     if (!std::isinf(exact.lse[row])) continue;
     ++empty;
-    for (size_t t = 0; t < d; ++t) nonzero += o[row * d + t] != 0.0 || (c.backward && dq[row * d + t] != 0.0);
+    for (size_t t = 0; t < d; ++t)
+      nonzero += o[row * d + t] != 0.0 || (c.backward && dq[row * d + t] != 0.0) ||
+                 (ran_deterministic && dq_det[row * d + t] != 0.0);
   }
   if (empty) line += "  empty rows " + std::to_string(empty);
   if (nonzero) line += "[" + std::to_string(nonzero) + " nonzero O/dQ]!";
@@ -1112,7 +1318,7 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
   const T poison = static_cast<T>(~T(0));  // NaN in every dtype here
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   const size_t d = c.d, tq = c.tokens_q(), tk = c.tokens_k();
-  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + "  " + what + "  FAIL"}; };
+  auto fail = [&](const std::string& what) { return Outcome{false, c.describe() + backend_tag() + "  " + what + "  FAIL"}; };
   auto status_text = [](const char* call, Status st) {
     return std::string(call) + " returned " + aotriton::status_name(st) + ": " + aotriton::last_error_message();
   };
@@ -1236,20 +1442,7 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
       fp.cu_seqlens_k_host = cuk.data();
     }
   }
-  Status st = fl::attn_fwd(fp, aotriton::Stream{stream});
-  if (st != Status::kSuccess) return fail(status_text("attn_fwd", st));
-  const std::vector<T> o_bits = o_dev.read(stream);
-  const std::vector<uint32_t> lse_bits = lse_dev.read(stream);
-  if (c.dropout > 0) {
-    std::vector<uint64_t> got(2);
-    out_dev.download(got, stream);
-    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
-    if (got[0] != seed || got[1] != offset + base) {
-      pass = false;
-      notes += "  seed_out/offset_out wrong!";
-    }
-  }
-
+  fp.backend = g_backend;
   fl::BwdParams bp;
   bp.q = fp.q;
   bp.k = fp.k;
@@ -1278,6 +1471,55 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
   bp.max_seqlen_k = fp.max_seqlen_k;
   bp.cu_seqlens_q_host = fp.cu_seqlens_q_host;
   bp.cu_seqlens_k_host = fp.cu_seqlens_k_host;
+  bp.backend = g_backend;
+
+  // Forced Gluon: a case outside its rule must be refused, nothing written; a backward it does
+  // not serve is checked for the refusal, then run on the portable backend.
+  auto outputs_untouched = [&] {
+    return o_dev.read(stream) == o_dev.host && lse_dev.read(stream) == lse_dev.host && dq_dev.read(stream) == dq_dev.host &&
+           dk_dev.read(stream) == dk_dev.host && dv_dev.read(stream) == dv_dev.host &&
+           delta_dev.read(stream) == delta_dev.host && dbias_dev.read(stream) == dbias_dev.host;
+  };
+  if (forced_gluon()) {
+    const GluonTraits traits{e != Elt::kF32, d, true, c.dropout > 0 || c.bias || c.packed()};
+    if (!traits.serves(false)) {
+      std::string note, bwd_note;
+      bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
+      refused &= expect_bwd_refusal(bp, stream, bwd_note);
+      std::vector<uint64_t> reported(2);
+      out_dev.download(reported, stream);
+      check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+      const bool untouched = outputs_untouched() && reported == std::vector<uint64_t>{~0ull, ~0ull};
+      pass &= refused && untouched;
+      return {pass, c.describe() + backend_tag() + "  " + note + "; " + bwd_note + (untouched ? "" : " [outputs written]!") +
+                        notes + (pass ? "  PASS" : "  FAIL")};
+    }
+    if (!traits.serves(true)) {
+      std::string note;
+      if (!expect_bwd_refusal(bp, stream, note)) return fail(note);
+      if (!outputs_untouched()) return fail(note + " [outputs written]!");
+      notes += "  " + note + "; backward on portable";
+      bp.backend = Backend::kPortable;
+    }
+  }
+
+  Status st = fl::attn_fwd(fp, aotriton::Stream{stream});
+  if (st != Status::kSuccess) return fail(status_text("attn_fwd", st));
+  const std::vector<T> o_bits = o_dev.read(stream);
+  const std::vector<uint32_t> lse_bits = lse_dev.read(stream);
+  if (c.dropout > 0) {
+    std::vector<uint64_t> got(2);
+    out_dev.download(got, stream);
+    check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    if (got[0] != seed || got[1] != offset + base) {
+      pass = false;
+      notes += "  seed_out/offset_out wrong!";
+    }
+  }
+
+  std::unique_ptr<DevBuf> workspace;
+  const std::string problem = attach_workspace(bp, stream, workspace);
+  if (!problem.empty()) return fail(problem);
   st = fl::attn_bwd(bp, aotriton::Stream{stream});
   if (st != Status::kSuccess) return fail(status_text("attn_bwd", st));
   const std::vector<T> dq_bits = dq_dev.read(stream), dk_bits = dk_dev.read(stream), dv_bits = dv_dev.read(stream);
@@ -1302,7 +1544,7 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
   for (uint32_t x : delta_dev.logical(delta_bits)) delta.push_back(float_of(x));
   const bool fp32 = e == Elt::kF32;
   const double floor = fp32 ? 1e-5 : 1e-3;
-  std::string line = c.describe();
+  std::string line = c.describe() + backend_tag();
   std::vector<double> g, x, n;
   live3(o, ex.o, nv.o, g, x, n);
   pass &= bounded_floor("O", g, x, n, 3, floor, fp32, line);
@@ -1469,6 +1711,7 @@ Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
                                                aotriton::DType::kFloat32);
   };
   aotriton::Status st;
+  std::unique_ptr<DevBuf> workspace;
   if (spoil_fwd) {
     aotriton::v2::flash::FwdParams p;
     p.q = t4(dq, hq);
@@ -1477,6 +1720,7 @@ Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
     p.o = t4(dout, hq);
     p.lse = t3(dlse);
     p.sm_scale = 0.125f;
+    p.backend = g_backend;
     spoil_fwd(p);
     st = aotriton::v2::flash::attn_fwd(p, aotriton::Stream{stream});
   } else {
@@ -1492,7 +1736,19 @@ Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
     p.dk = t4(dgk, hk);
     p.dv = t4(dgv, hk);
     p.sm_scale = 0.125f;
+    p.backend = g_backend;
     spoil_bwd(p);
+    // The workspace the call asks for, if any (these calls are invalid: the query normally
+    // fails as the call does, and then none is given); the call's own result is what counts.
+    uint64_t bytes = 0;
+    if (aotriton::v2::flash::attn_bwd_workspace_bytes(p, aotriton::Stream{stream}, &bytes) == aotriton::Status::kSuccess &&
+        bytes > 0) {
+      workspace.reset(new DevBuf(static_cast<size_t>(bytes)));
+      workspace->upload(std::vector<uint8_t>(static_cast<size_t>(bytes), 0xFF), stream);
+      check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+      p.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(workspace->ptr));
+      p.workspace_bytes = bytes;
+    }
     st = aotriton::v2::flash::attn_bwd(p, aotriton::Stream{stream});
   }
   std::string message = aotriton::last_error_message();
@@ -1510,7 +1766,7 @@ Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
     untouched &= out == poison_k;
   }
   bool pass = st == want && untouched && !message.empty();
-  std::string line = std::string("invalid call (") + what + ") -> " + aotriton::status_name(st) + ": " + message;
+  std::string line = std::string("invalid call (") + what + ")" + backend_tag() + " -> " + aotriton::status_name(st) + ": " + message;
   if (st != want) line += std::string("  expected ") + aotriton::status_name(want);
   if (!untouched) line += "  but an output was written";
   if (message.empty()) line += "  but last_error_message() is empty";
@@ -1531,8 +1787,10 @@ int main(int argc, char** argv) {
       seed = std::strtoull(argv[++i], nullptr, 0);
     } else if (a == "--require-gpu") {
       require_gpu = true;
+    } else if (a == "--backend" && i + 1 < argc && parse_backend(argv[i + 1], g_backend)) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--log PATH] [--seed N] [--require-gpu]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--log PATH] [--seed N] [--require-gpu] [--backend auto|portable|gluon]\n", argv[0]);
       return 2;
     }
   }
@@ -1563,7 +1821,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   emit(std::string("aotriton C++ API GPU test: device 0 = ") + name + ", aotriton " + aotriton::version() +
-       ", seed " + std::to_string(seed));
+       ", seed " + std::to_string(seed) + ", backend " + backend_name(g_backend));
   emit("bounds: max|out-ref64| <= k*max|naive-ref64| + floor, k=3 (O) / 5 (dQ,dK,dV), floor 1e-3 (x max(1,max|ref|) "
        "for gradients); LSE per row; shown as err/bound, '!' marks a failed check");
 

@@ -317,6 +317,33 @@ struct Places {
     rows: Placement<3>,
 }
 
+/// Forced Gluon on a call outside its rule: both calls refused with `UnsupportedByBackend`, and
+/// `untouched` confirms nothing was written.
+fn gluon_refusal(
+    label: &str,
+    fp: &flash::FwdParams,
+    bp: &flash::BwdParams,
+    s: Stream,
+    untouched: impl Fn() -> Result<bool, String>,
+) -> Result<Outcome, String> {
+    let refused = backend::expect_refusal("attn_fwd", flash::attn_fwd(fp, s))
+        .and_then(|f| backend::expect_refusal("attn_bwd", flash::attn_bwd(bp, s)).map(|_| f));
+    let clean = untouched()?;
+    let pass = refused.is_ok() && clean;
+    let note = match refused {
+        Ok(note) => note,
+        Err(e) => e,
+    };
+    Ok(Outcome {
+        pass,
+        line: format!(
+            "{label}  {note}{}  {}",
+            if clean { "" } else { " [outputs written]!" },
+            if pass { "PASS" } else { "FAIL" }
+        ),
+    })
+}
+
 fn places(c: &Ext) -> Places {
     let (tq, tk) = c.tokens();
     let packed4 = |h: usize, t: usize| Placement::new([1, h, t, c.d], [t * h * c.d, c.d, h * c.d, 1], 0);
@@ -693,6 +720,19 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     bp.varlen = varlen;
     bp.allow_tf32 = fp.allow_tf32;
     bp.deterministic = c.deterministic;
+    fp.backend = backend::get();
+    bp.backend = backend::get();
+    let traits = backend::Traits {
+        dtype,
+        head_dim: d,
+        tma_layout: true,
+        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some(),
+    };
+    if backend::forced_gluon() && !traits.gluon_serves(true) {
+        let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
+        return gluon_refusal(&c.describe(), &fp, &bp, s, untouched);
+    }
+    let _workspace = backend::attach_workspace(&mut bp, stream)?;
 
     let started = Instant::now();
     let mut notes: Vec<String> = Vec::new();
@@ -1134,6 +1174,12 @@ fn reveal_typed<E: Elem>(case: RevealCase, rng: &mut SplitMix64, stream: sys::CU
         dv_dev.view(dtype),
     );
     bp.dropout = fp.dropout;
+    if backend::forced_gluon() {
+        fp.backend = backend::get();
+        bp.backend = backend::get();
+        let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
+        return gluon_refusal(&label, &fp, &bp, s, untouched);
+    }
     let fail = |what: String| {
         Ok(Outcome {
             pass: false,
@@ -1242,6 +1288,12 @@ pub(crate) fn graph_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<
     bp.bias = fp.bias;
     bp.dbias = Some(dbias_dev.view(dtype));
     bp.dropout = fp.dropout;
+    if backend::forced_gluon() {
+        fp.backend = backend::get();
+        bp.backend = backend::get();
+        let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
+        return gluon_refusal(&label, &fp, &bp, s, untouched);
+    }
     let fail = |what: String| {
         Ok(Outcome {
             pass: false,

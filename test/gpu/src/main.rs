@@ -34,13 +34,21 @@
 //! (IEEE) and TF32, the deterministic backward (10 runs + a second stream), CUDA-graph replay
 //! with a new dropout offset, and invalid calls for the new validations.
 //!
-//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list]
+//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend B]
+//! `--backend auto|portable|gluon` forces every call onto one backend (backend.rs: a case the
+//! Gluon backend does not serve must then be refused with `UnsupportedByBackend`).
 //! Without a driver or a device it prints `skipped: no GPU` and exits 0 (2 with --require-gpu).
 //! `--seed` changes the input values, not the case list.
+mod backend;
 mod ext;
 mod lowp;
 mod philox;
 mod reference;
+mod stability;
+
+/// Counts host allocations (stability.rs checks the launch path makes none after warm-up).
+#[global_allocator]
+static GLOBAL: stability::CountingAlloc = stability::CountingAlloc;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -141,6 +149,16 @@ impl Case {
         (0..sq)
             .filter(|&i| !(0..sk).any(|j| self.mask.visible(i, j, sq, sk)))
             .count()
+    }
+    /// What the Gluon backend's dispatch rule looks at: padded rows (D+1 elements) and a q
+    /// shifted by 2 bytes break TMA's 16-byte rules; the contiguous and B×S×H×D layouts keep them.
+    fn traits(&self) -> backend::Traits {
+        backend::Traits {
+            dtype: dtype_of(self.dtype),
+            head_dim: self.head_dim,
+            tma_layout: matches!(self.layout, Layout::Bhsd | Layout::Bshd),
+            features: false,
+        }
     }
     fn describe(&self) -> String {
         let gqa = if self.heads_k == 1 && self.heads_q > 1 {
@@ -710,6 +728,7 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         );
         p.sm_scale = sm_scale;
         p.mask = api_mask(&c.mask);
+        p.backend = backend::get();
         flash::attn_fwd(&p, s)
     };
     let mut bwd_params = flash::BwdParams::new(
@@ -726,6 +745,44 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     );
     bwd_params.sm_scale = sm_scale;
     bwd_params.mask = api_mask(&c.mask);
+    bwd_params.backend = backend::get();
+
+    // Forced Gluon: a case outside its rule must be refused (nothing written); a backward it
+    // does not serve (head dim > 128) is checked for the refusal, then run on the portable
+    // backend so the Gluon forward is still checked in full.
+    let mut notes = Vec::new();
+    if backend::forced_gluon() {
+        let traits = c.traits();
+        if !traits.gluon_serves(false) {
+            let refused = backend::expect_refusal("attn_fwd", fwd(Some(lse_dev.view(DType::F32))))
+                .and_then(|f| backend::expect_refusal("attn_bwd", flash::attn_bwd(&bwd_params, s)).map(|b| (f, b)));
+            let untouched = o_dev.read(stream)? == o_dev.host && lse_dev.read(stream)? == lse_dev.host
+                && dq_dev.read(stream)? == dq_dev.host;
+            return Ok(Outcome {
+                pass: refused.is_ok() && untouched,
+                line: format!(
+                    "{}  {}{}  {}",
+                    c.describe(),
+                    refused.as_ref().map_or_else(|e| e.clone(), |(f, _)| f.clone()),
+                    if untouched { "" } else { " [outputs written]!" },
+                    if refused.is_ok() && untouched { "PASS" } else { "FAIL" }
+                ),
+            });
+        }
+        if !traits.gluon_serves(true) {
+            match backend::expect_refusal("attn_bwd", flash::attn_bwd(&bwd_params, s)) {
+                Ok(note) => notes.push(format!("{note}; backward on portable")),
+                Err(e) => return fail(e),
+            }
+            bwd_params.backend = flash::Backend::Portable;
+        }
+    }
+    let _workspace = backend::attach_workspace(&mut bwd_params, stream)?;
+    // The Gluon backward adds dQ partials with TMA reduce-adds in no fixed order: its reruns
+    // are checked in deterministic mode (Gluon dK/dV + the portable dQ kernel), which must be
+    // bitwise reproducible and as accurate.
+    let gluon_bwd = bwd_params.backend == flash::Backend::Gluon
+        || (bwd_params.backend == flash::Backend::Auto && bwd_params.workspace.is_some());
 
     let started = Instant::now();
     // 1. Forward without LSE: O is checked below, the LSE buffer must stay all poison.
@@ -771,7 +828,29 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     }
     // 4. Determinism: the same bits on every rerun (outputs re-poisoned before each).
     let mut nondeterministic = 0;
-    if c.repeat_bwd {
+    let mut deterministic_dq = None;
+    if c.repeat_bwd && gluon_bwd {
+        bwd_params.deterministic = true;
+        let _workspace = backend::attach_workspace(&mut bwd_params, stream)?;
+        let mut first: Option<(Vec<u16>, Vec<u16>, Vec<u16>)> = None;
+        for _ in 0..REPEATS {
+            for t in [&dq_dev, &dk_dev, &dv_dev] {
+                t.restore(stream)?;
+            }
+            if let Err(e) = flash::attn_bwd(&bwd_params, s) {
+                return fail(format!("attn_bwd (deterministic) returned {e}"));
+            }
+            let run = (dq_dev.read(stream)?, dk_dev.read(stream)?, dv_dev.read(stream)?);
+            match &first {
+                None => first = Some(run),
+                Some(f) => nondeterministic += (*f != run) as usize,
+            }
+        }
+        let (dq_det, dk_det, dv_det) = first.expect("REPEATS > 0");
+        // Gluon dK/dV do not depend on the mode; the deterministic dQ is checked below.
+        nondeterministic += (dk_det != dk_bits || dv_det != dv_bits) as usize;
+        deterministic_dq = Some(dq_dev.logical(&dq_det));
+    } else if c.repeat_bwd {
         for _ in 1..REPEATS {
             for t in [&dq_dev, &dk_dev, &dv_dev] {
                 t.restore(stream)?;
@@ -825,12 +904,16 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         .into_iter()
         .map(|x| f32::from_bits(x) as f64)
         .collect();
-    let checks = [
+    let dq_det = deterministic_dq.map(dec);
+    let mut checks = vec![
         Bounded::new("O", &o, &exact.o, &naive.o, 3.0, false),
         Bounded::new("dQ", &dq, &exact.dq, &naive.dq, 5.0, true),
         Bounded::new("dK", &dk, &exact.dk, &naive.dk, 5.0, true),
         Bounded::new("dV", &dv, &exact.dv, &naive.dv, 5.0, true),
     ];
+    if let Some(dq_det) = &dq_det {
+        checks.push(Bounded::new("dQ(det)", dq_det, &exact.dq, &naive.dq, 5.0, true));
+    }
     let (lse_ok, lse_text) = check_lse(&lse, &exact.lse, &naive.lse);
     // Rows without keys: O and dQ exactly 0.
     let mut empty_not_zero = 0;
@@ -866,6 +949,10 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         && inputs_changed.is_empty()
         && nondeterministic == 0;
     let mut line = c.describe();
+    let _ = write!(line, "  [{}]", backend::name(backend::get()));
+    for note in &notes {
+        let _ = write!(line, "  {note}");
+    }
     for ch in &checks[..1] {
         let _ = write!(line, "  {}", ch.show());
     }
@@ -1188,6 +1275,7 @@ fn parse_args() -> Args {
             "--seed" => args.seed = it.next().and_then(|s| parse_u64(&s)).unwrap_or_else(|| usage()),
             "--require-gpu" => args.require_gpu = true,
             "--list" => args.list = true,
+            "--backend" => backend::set(it.next().as_deref().and_then(backend::parse).unwrap_or_else(|| usage())),
             _ => usage(),
         }
     }
@@ -1202,7 +1290,7 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list]");
+    eprintln!("usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend auto|portable|gluon]");
     std::process::exit(2)
 }
 
@@ -1287,8 +1375,9 @@ fn main() {
     };
     emit(
         format!(
-            "aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, built archs {:?}",
+            "aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, backend {}, built archs {:?}",
             args.seed,
+            backend::name(backend::get()),
             aotriton::built_archs()
         ),
         &mut log,
@@ -1316,14 +1405,18 @@ fn main() {
         });
         record(outcome, &mut log);
     }
-    // The third milestone: debug mask vs host Philox, keep rates, mask reveal, feature cases,
-    // CUDA graph replay.
     let guarded = |what: String, r: Result<Outcome, String>| {
         r.unwrap_or_else(|e| Outcome {
             pass: false,
             line: format!("{what}  driver error: {e}  FAIL"),
         })
     };
+    record(
+        guarded("stability".into(), stability::stability_case(&mut rng, stream)),
+        &mut log,
+    );
+    // The third milestone: debug mask vs host Philox, keep rates, mask reveal, feature cases,
+    // CUDA graph replay.
     for case in ext::debug_mask_cases() {
         record(
             guarded(format!("debug mask {:?}", case.0), ext::debug_mask_case(case, stream)),

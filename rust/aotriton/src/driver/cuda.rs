@@ -226,3 +226,115 @@ pub(crate) fn launch(
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// A `CUtensorMap` (128 bytes, 64-byte aligned), passed to kernels by value.
+pub(crate) type TensorMap = sys::CUtensorMap;
+
+/// An all-zero map, to fill fixed-size storage before encoding.
+pub(crate) const EMPTY_TENSOR_MAP: TensorMap = sys::CUtensorMap { opaque: [0; 16] };
+
+fn tensor_map_data_type(raw: u32) -> Option<sys::CUtensorMapDataType> {
+    use sys::CUtensorMapDataType as T;
+    Some(match raw {
+        0 => T::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        1 => T::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        2 => T::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        3 => T::CU_TENSOR_MAP_DATA_TYPE_INT32,
+        4 => T::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+        5 => T::CU_TENSOR_MAP_DATA_TYPE_INT64,
+        6 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        7 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        8 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
+        9 => T::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        10 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ,
+        11 => T::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32,
+        12 => T::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ,
+        _ => return None,
+    })
+}
+
+fn tensor_map_swizzle(raw: u32) -> Option<sys::CUtensorMapSwizzle> {
+    use sys::CUtensorMapSwizzle as S;
+    Some(match raw {
+        0 => S::CU_TENSOR_MAP_SWIZZLE_NONE,
+        1 => S::CU_TENSOR_MAP_SWIZZLE_32B,
+        2 => S::CU_TENSOR_MAP_SWIZZLE_64B,
+        3 => S::CU_TENSOR_MAP_SWIZZLE_128B,
+        _ => return None,
+    })
+}
+
+/// Encodes a tiled TMA descriptor into `map` with `cuTensorMapEncodeTiled` (a host-only call:
+/// no device work, no allocation, no sync). Interleave none, L2 promotion 128 B, out-of-bounds
+/// elements read as zeros. `label` names the kernel and argument in errors.
+pub(crate) fn encode_tensor_map(map: &mut TensorMap, e: &crate::tma::TmaEncode, label: impl FnOnce() -> String) -> Result<()> {
+    let (Some(data_type), Some(swizzle)) = (tensor_map_data_type(e.data_type), tensor_map_swizzle(e.swizzle)) else {
+        return Err(Error::new(
+            ErrorKind::BadArchive,
+            format!("{}: TMA data type {} / swizzle {} unknown to this runtime", label(), e.data_type, e.swizzle),
+        ));
+    };
+    // SAFETY: every array holds at least `rank` entries (rank ≤ 5, checked by the archive
+    // reader), `map` is a 64-byte aligned 128-byte CUtensorMap, and the driver only writes it.
+    let rc = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map,
+            data_type,
+            e.rank,
+            e.address as *mut c_void,
+            e.global_dim.as_ptr(),
+            e.global_strides.as_ptr(),
+            e.box_dim.as_ptr(),
+            e.element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    check(rc, || {
+        format!(
+            "cuTensorMapEncodeTiled({}: rank {}, dims {:?}, byte strides {:?}, box {:?}, swizzle {})",
+            label(),
+            e.rank,
+            &e.global_dim[..e.rank as usize],
+            &e.global_strides[..(e.rank as usize).saturating_sub(1)],
+            &e.box_dim[..e.rank as usize],
+            e.swizzle
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{DType, TensorView};
+    use crate::tma::{TensorArg, encode_params};
+
+    /// The cost of one descriptor encode (a Gluon forward encodes 4 per call, the backward 9).
+    /// Needs a driver and a GPU:
+    /// `cargo test -p aotriton --release -- --ignored tensor_map_encode_cost --nocapture`.
+    #[test]
+    #[ignore = "needs the CUDA driver and a GPU"]
+    fn tensor_map_encode_cost() {
+        if let Err(e) = init() {
+            eprintln!("skipped: {e}");
+            return;
+        }
+        let mut context: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; device 0.
+        unsafe { check(sys::cuDevicePrimaryCtxRetain(&mut context, 0), || "cuDevicePrimaryCtxRetain".into()).unwrap() };
+        let _pushed = PushedContext::push(context).unwrap();
+        let meta = crate::archive::TensorDescMeta { block_size: vec![1, 1, 128, 64], swizzle: 3, elem_type: 10, elem_size: 2, fp4_padded: false };
+        let t = TensorArg::from_view(&TensorView::contiguous(0x7f00_0000_0000, [4, 16, 4096, 128], DType::BF16));
+        let mut map = EMPTY_TENSOR_MAP;
+        let n = 100_000;
+        let start = std::time::Instant::now();
+        for _ in 0..n {
+            let e = encode_params(std::hint::black_box(&t), &meta).unwrap();
+            encode_tensor_map(&mut map, &e, || "bench".into()).unwrap();
+        }
+        let per = start.elapsed().as_nanos() as f64 / n as f64;
+        eprintln!("cuTensorMapEncodeTiled + parameter computation: {per:.0} ns per descriptor");
+    }
+}

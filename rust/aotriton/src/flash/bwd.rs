@@ -7,12 +7,19 @@
 //! sums dS over the bias's broadcast dimensions inside each program. No atomics anywhere: every
 //! result is bitwise reproducible run to run and stream to stream, in both modes of
 //! [`BwdParams::deterministic`].
+//!
+//! The Gluon backend (sm_90, see the `flash` module docs for when it is used) launches
+//! `attn_bwd_gluon_preprocess` (delta into the caller's `delta`, plus its own row statistics in
+//! the workspace), `attn_bwd_gluon` (dK, dV, and dQ partials reduce-added into the workspace),
+//! then `attn_bwd_gluon_dq_convert`; with `deterministic`, dQ comes from the portable
+//! `attn_bwd_dq` kernel instead of the reduce-adds.
+use super::gluon;
 use super::{
-    AttnShape, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, broadcast_strides, check_broadcastable,
-    check_qkv, check_rows, check_tensor, common_args, dropout_args, mask_args, strides3, strides4,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, Workspace, axes, bias_args, blocks, broadcast_strides,
+    check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, mask_args, strides3, strides4,
 };
 use crate::archive::Functional;
-use crate::dispatch::{ArgValue, Launcher, Request, preferred_variant};
+use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Request, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::cuda::DeviceInfo;
 use crate::error::{Result, bail};
@@ -49,10 +56,18 @@ pub struct BwdParams<'a> {
     pub dropout: Option<Dropout>,
     pub varlen: Option<Varlen<'a>>,
     pub allow_tf32: bool,
-    /// Require bitwise-reproducible gradients. Every backward path is deterministic today (no
-    /// atomics), so both settings run the same kernels; a faster non-deterministic path, if one
-    /// is added, will only be taken when this is false.
+    /// Require bitwise-reproducible gradients. The portable kernels are deterministic in both
+    /// settings (no atomics); the Gluon backend accumulates dQ with reduce-adds (summation
+    /// order varies) unless this is set, in which case it computes dQ with the portable
+    /// `attn_bwd_dq` kernel.
     pub deterministic: bool,
+    /// Which kernel family serves the call; `new` sets [`Backend::Auto`] (see the module docs
+    /// of `flash`).
+    pub backend: Backend,
+    /// Scratch device memory for the Gluon backend (16-byte aligned), at least
+    /// [`attn_bwd_workspace_bytes`] bytes; `None` (the default) keeps `Auto` on the portable
+    /// kernels, which need none.
+    pub workspace: Option<Workspace>,
 }
 
 impl<'a> BwdParams<'a> {
@@ -89,12 +104,15 @@ impl<'a> BwdParams<'a> {
             varlen: None,
             allow_tf32: false,
             deterministic: false,
+            backend: Backend::Auto,
+            workspace: None,
         }
     }
 }
 
 /// Enqueues the backward pass on `stream`. All kernels are chosen and loaded before the first
-/// is enqueued, so an error leaves nothing half-done.
+/// is enqueued, so an error leaves nothing half-done. After the first call with a given
+/// configuration, a call allocates no host memory and never waits on the device.
 pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
     let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
@@ -104,39 +122,88 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
     let preprocess_args = preprocess_args(params, &shape);
     let args = kernel_args(params, &shape, &mask)?;
-    let preprocess = Request { family: "attn_bwd_preprocess", axes: &preprocess_axes, args: &preprocess_args };
-    let dkdv = Request { family: "attn_bwd_dkdv", axes: &main_axes, args: &args };
-    let dq = Request { family: "attn_bwd_dq", axes: &main_axes, args: &args };
-    let dbias = Request { family: "attn_bwd_dbias", axes: &dbias_axes, args: &args };
+    let args = args.args()?;
+    let main_axes = main_axes.as_slice()?;
+    let preprocess = Request { family: "attn_bwd_preprocess", axes: preprocess_axes.as_slice()?, args: preprocess_args.args()? };
+    let dkdv = Request { family: "attn_bwd_dkdv", axes: main_axes, args };
+    let dq = Request { family: "attn_bwd_dq", axes: main_axes, args };
+    let dbias = Request { family: "attn_bwd_dbias", axes: dbias_axes.as_slice()?, args };
+    let gluon_inputs = gluon::select_by_inputs(params.backend, || {
+        gluon::bwd_inputs(params, &shape).and_then(|g| gluon::check_workspace(params.workspace, &g).map(|()| g))
+    })
+    .map_err(|why| why.error("attn_bwd", None))?;
 
     let launcher = Launcher::new(stream)?;
+    if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
+        let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace);
+        let [pre, main, convert] = call.requests()?;
+        let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
+        let ready = gluon::device_ready(&launcher, &gluon_kernels);
+        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
+            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic);
+        }
+    }
     let (b, hq, hk) = (shape.batch as u32, shape.heads_q as u32, shape.heads_k as u32);
-    let mut kernels = vec![
+    let kernels = [
         launcher.prepare(&preprocess, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
         launcher.prepare(&dkdv, choose_kernel, |m| [blocks(shape.seqlen_k, m, "BLOCK_N"), hk, b])?,
         launcher.prepare(&dq, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
     ];
-    if let Some(db) = &params.dbias {
-        let rows = if db.sizes[2] == 1 { 1 } else { shape.seqlen_q };
-        let programs = (db.sizes[0] * db.sizes[1]) as u32;
-        kernels.push(launcher.prepare(&dbias, choose_kernel, |m| {
-            [blocks(rows, m, "BLOCK_M"), blocks(shape.seqlen_k, m, "BLOCK_N"), programs]
-        })?);
-    }
-    for kernel in &kernels {
+    let dbias_kernel = match &params.dbias {
+        Some(db) => {
+            let rows = if db.sizes[2] == 1 { 1 } else { shape.seqlen_q };
+            let programs = (db.sizes[0] * db.sizes[1]) as u32;
+            Some(launcher.prepare(&dbias, choose_kernel, |m| {
+                [blocks(rows, m, "BLOCK_M"), blocks(shape.seqlen_k, m, "BLOCK_N"), programs]
+            })?)
+        }
+        None => None,
+    };
+    for kernel in kernels.iter().chain(&dbias_kernel) {
         launcher.launch(kernel)?;
     }
     Ok(())
 }
 
-/// The backward families compile one config per variant: the aligned one when its hints fit.
-fn choose_kernel(functional: &Functional, fitting: &[usize], _device: &DeviceInfo) -> usize {
-    preferred_variant(functional, fitting)[0]
+/// The workspace bytes [`attn_bwd`] needs for `params` on `stream`'s device: 0 when the call
+/// would run the portable kernels (`Backend::Portable`, or `Auto` on inputs or a device the
+/// Gluon backend does not serve), else `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` with `SQ_PAD` = Sq
+/// rounded up to 128 and `HEAD_DIM` = the head dim rounded up to 64 or 128. The workspace
+/// itself is ignored. Errors: those `attn_bwd` reports before launching (validation, a forced
+/// backend that cannot serve the call, no driver, an invalid stream).
+pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u64> {
+    let (shape, mask) = validate(params)?;
+    kernel_args(params, &shape, &mask)?;
+    let Some(g) = gluon::select_by_inputs(params.backend, || gluon::bwd_inputs(params, &shape))
+        .map_err(|why| why.error("attn_bwd", None))?
+    else {
+        return Ok(0);
+    };
+    let launcher = Launcher::new(stream)?;
+    // Whether the kernels would serve the call depends on the workspace only through its
+    // alignment: any 16-byte aligned stand-in answers it.
+    let stand_in = Workspace { ptr: 1 << 20, bytes: g.workspace_bytes };
+    let call = gluon::BwdCall::new(params, &shape, &mask, &g, &stand_in);
+    let [pre, main, convert] = call.requests()?;
+    let portable_args = kernel_args(params, &shape, &mask)?;
+    let features = [("dropout", false), ("bias", false)];
+    let portable_axes = axes(params.q.dtype, params.allow_tf32, &shape, &features);
+    let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
+    let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }]);
+    let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
+    Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 
-fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Vec<(&'static str, ArgValue)> {
+/// The portable backward families compile one config per variant: the aligned one when its
+/// hints fit.
+pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, _device: &DeviceInfo) -> usize {
+    preferred_variant(functional, fitting).first().unwrap_or(0)
+}
+
+pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> ArgList {
     use ArgValue::{I32, Ptr};
-    let mut args = vec![("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr)), ("DELTA", Ptr(p.delta.ptr))];
+    let mut args = ArgList::new();
+    args.extend([("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr)), ("DELTA", Ptr(p.delta.ptr))]);
     args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
     args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
     args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
@@ -152,9 +219,10 @@ fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Vec<(&'static str, ArgVa
 
 /// Arguments of `attn_bwd_dkdv`, `attn_bwd_dq` and `attn_bwd_dbias` by name (each takes the ones
 /// it declares).
-fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<(&'static str, ArgValue)>> {
+pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
     use ArgValue::{F32, I32, I64, Ptr};
-    let mut args = vec![
+    let mut args = ArgList::new();
+    args.extend([
         ("Q", Ptr(p.q.ptr)),
         ("K", Ptr(p.k.ptr)),
         ("V", Ptr(p.v.ptr)),
@@ -165,7 +233,7 @@ fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<
         ("DK", Ptr(p.dk.ptr)),
         ("DV", Ptr(p.dv.ptr)),
         ("sm_scale", F32(p.sm_scale)),
-    ];
+    ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
@@ -175,7 +243,7 @@ fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<
     args.extend(strides4(["stride_dvz", "stride_dvh", "stride_dvn"], &p.dv, shape));
     args.extend(strides3(["stride_lz", "stride_lh"], &p.lse, shape));
     args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
-    args.extend(bias_args(p.bias.as_ref(), shape, p.q.dtype)?);
+    bias_args(&mut args, p.bias.as_ref(), shape, p.q.dtype)?;
     let (dbias, [dbz, dbh, dbm], sizes) = match &p.dbias {
         Some(db) => (db.ptr, broadcast_strides(db), db.sizes),
         None => (0, [0; 3], [1; 4]),
@@ -192,7 +260,7 @@ fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<
         ("N_HEADS_Q", I32(shape.heads_q as i32)),
     ]);
     args.extend(common_args(shape, mask));
-    args.extend(dropout_args(p.dropout.as_ref(), false)?);
+    dropout_args(&mut args, p.dropout.as_ref(), false)?;
     Ok(args)
 }
 
@@ -220,6 +288,14 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     check_tensor("delta", &p.delta, rows, DType::F32)?;
     if !p.sm_scale.is_finite() {
         bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
+    }
+    if let Some(ws) = &p.workspace {
+        if ws.ptr == 0 {
+            bail!(NullPointer, "workspace: pointer is null (pass no workspace instead)");
+        }
+        if !ws.ptr.is_multiple_of(16) {
+            bail!(MisalignedPointer, "workspace: address {:#x} is not 16-byte aligned", ws.ptr);
+        }
     }
     if let Some(db) = &p.dbias {
         let Some(bias) = &p.bias else {

@@ -3,7 +3,7 @@
 //! `debug_simulate_encoded_softmax`). The kernel shares its Philox helper with the attention
 //! kernels, so the two cannot drift apart.
 use super::{Dropout, dropout_args};
-use crate::dispatch::{ArgValue, Launcher, Request, preferred_variant};
+use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, first_preferred};
 use crate::driver::Stream;
 use crate::error::{Result, bail};
 use crate::tensor::{DType, TensorView};
@@ -23,7 +23,8 @@ pub fn debug_dropout_mask(out: &TensorView<4>, dropout: &Dropout, stream: Stream
         bail!(TooLarge, "out.sizes {:?} exceeds the launch grid", out.sizes);
     }
     super::check_rows("out", out, seqlen_q, seqlen_k)?;
-    let mut args = vec![
+    let mut args = ArgList::new();
+    args.extend([
         ("OUT", ArgValue::Ptr(out.ptr)),
         ("stride_oz", ArgValue::I64(out.strides[0])),
         ("stride_oh", ArgValue::I64(out.strides[1])),
@@ -31,14 +32,14 @@ pub fn debug_dropout_mask(out: &TensorView<4>, dropout: &Dropout, stream: Stream
         ("N_CTX_Q", ArgValue::I32(seqlen_q as i32)),
         ("N_CTX_K", ArgValue::I32(seqlen_k as i32)),
         ("N_HEADS", ArgValue::I32(heads as i32)),
-    ];
-    args.extend(dropout_args(Some(dropout), false)?);
-    let axes = [("dtype", "fp32".to_string())];
-    let request = Request { family: "debug_dropout_mask", axes: &axes, args: &args };
+    ]);
+    dropout_args(&mut args, Some(dropout), false)?;
+    let axes = Axes::of(&[("dtype", "fp32")]);
+    let request = Request { family: "debug_dropout_mask", axes: axes.as_slice()?, args: args.args()? };
     let launcher = Launcher::new(stream)?;
     let kernel = launcher.prepare(
         &request,
-        |functional, fitting, _| preferred_variant(functional, fitting)[0],
+        first_preferred,
         |meta| [super::blocks(seqlen_q, meta, "BLOCK_M"), heads as u32, batch as u32],
     )?;
     launcher.launch(&kernel)

@@ -1,10 +1,11 @@
 //! `attn_fwd`: O = dropout(softmax(sm_scale · Q·Kᵀ + bias + mask)) · V, and optionally the LSE.
+use super::gluon;
 use super::{
-    AttnShape, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_tensor,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_tensor,
     common_args, dropout_args, mask_args, strides3, strides4,
 };
 use crate::archive::Functional;
-use crate::dispatch::{ArgValue, Launcher, Request, config, preferred_variant};
+use crate::dispatch::{ArgList, ArgValue, Axes, KernelSet, Launcher, Request, config, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::cuda::DeviceInfo;
 use crate::error::{Result, bail};
@@ -39,6 +40,8 @@ pub struct FwdParams<'a> {
     /// fp32 inputs only: let the matrix products use TF32 (faster, ~10-bit mantissa). Off by
     /// default: fp32 is computed in IEEE fp32.
     pub allow_tf32: bool,
+    /// Which kernel family serves the call; `new` sets [`Backend::Auto`] (see the module docs).
+    pub backend: Backend,
 }
 
 impl<'a> FwdParams<'a> {
@@ -56,18 +59,31 @@ impl<'a> FwdParams<'a> {
             dropout: None,
             varlen: None,
             allow_tf32: false,
+            backend: Backend::Auto,
         }
     }
 }
 
 /// Enqueues the forward attention on `stream` (the device is the stream's). Returns once the
-/// kernel is launched; nothing is launched when an argument is invalid.
+/// kernel is launched; nothing is launched when an argument is invalid, or when the forced
+/// backend cannot serve the call (`UnsupportedByBackend`). After the first call with a given
+/// configuration, a call allocates no host memory and never waits on the device.
 pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
     let axes = functional_axes(params, &shape);
     let args = kernel_args(params, &shape, &mask)?;
-    let request = Request { family: "attn_fwd", axes: &axes, args: &args };
+    let request = Request { family: "attn_fwd", axes: axes.as_slice()?, args: args.args()? };
+    let gluon_inputs = gluon::select_by_inputs(params.backend, || gluon::fwd_inputs(params, &shape))
+        .map_err(|why| why.error("attn_fwd", None))?;
     let launcher = Launcher::new(stream)?;
+    if let Some(g) = gluon_inputs {
+        let call = gluon::FwdCall::new(params, &shape, &mask, &g);
+        let gluon_request = call.request()?;
+        let ready = gluon::device_ready(&launcher, &[&gluon_request]);
+        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {
+            return gluon::launch_fwd(&launcher, &gluon_request, &shape);
+        }
+    }
     let kernel = launcher.prepare(
         &request,
         |functional, fitting, device| choose_kernel(functional, fitting, &shape, device),
@@ -76,17 +92,18 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     launcher.launch(&kernel)
 }
 
-pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Vec<(&'static str, String)> {
+pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Axes {
     axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())])
 }
 
 /// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
 /// come from each kernel's metadata, not from this list.
-pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<Vec<(&'static str, ArgValue)>> {
+pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
     use ArgValue::{F32, I32, Ptr};
     // An absent LSE is a null pointer the kernel never writes through (STORE_LSE = 0).
     let lse = p.lse.unwrap_or(TensorView::new(0, [0; 3], [0; 3], DType::F32));
-    let mut args = vec![
+    let mut args = ArgList::new();
+    args.extend([
         ("Q", Ptr(p.q.ptr)),
         ("K", Ptr(p.k.ptr)),
         ("V", Ptr(p.v.ptr)),
@@ -94,15 +111,15 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("LSE", Ptr(lse.ptr)),
         ("sm_scale", F32(p.sm_scale)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
-    ];
+    ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
     args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
     args.extend(strides3(["stride_lz", "stride_lh"], &lse, shape));
-    args.extend(bias_args(p.bias.as_ref(), shape, p.q.dtype)?);
+    bias_args(&mut args, p.bias.as_ref(), shape, p.q.dtype)?;
     args.extend(common_args(shape, mask));
-    args.extend(dropout_args(p.dropout.as_ref(), true)?);
+    dropout_args(&mut args, p.dropout.as_ref(), true)?;
     Ok(args)
 }
 
@@ -110,15 +127,15 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
 /// fit, prefer the `aligned` variant; then take the largest BLOCK_M whose grid
 /// cdiv(Sq, BLOCK_M)·Hq·B gives every multiprocessor at least one program, or else the smallest
 /// BLOCK_M (more, smaller programs for small problems).
-pub(crate) fn choose_kernel(functional: &Functional, fitting: &[usize], shape: &AttnShape, device: &DeviceInfo) -> usize {
+pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, shape: &AttnShape, device: &DeviceInfo) -> usize {
     let block_m = |i: usize| config(&functional.kernels[i], "BLOCK_M", 1).max(1) as u64;
     let pool = preferred_variant(functional, fitting);
     let programs = |i: usize| shape.seqlen_q.div_ceil(block_m(i)) * shape.heads_q * shape.batch;
-    let filling = pool.iter().copied().filter(|&i| programs(i) >= device.multiprocessors as u64);
+    let filling = pool.iter().filter(|&i| programs(i) >= device.multiprocessors as u64);
     filling
         .max_by_key(|&i| (block_m(i), std::cmp::Reverse(i)))
-        .or_else(|| pool.iter().copied().min_by_key(|&i| (block_m(i), i)))
-        .expect("dispatch passes at least one fitting kernel")
+        .or_else(|| pool.iter().min_by_key(|&i| (block_m(i), i)))
+        .unwrap_or(0)
 }
 
 /// Checks every argument before anything touches the GPU. Each problem has its own error kind.
@@ -421,12 +438,12 @@ pub(crate) mod tests {
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
         let axes = functional_axes(p, &shape);
         let args = kernel_args(p, &shape, &mask).unwrap();
-        let request = Request { family: "attn_fwd", axes: &axes, args: &args };
+        let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
         let index = dispatch::find_functional(&loaded, &request).unwrap();
         let functional = &loaded.archive.functionals()[index];
-        let fitting = fitting_kernels(functional, &args).unwrap();
+        let fitting = fitting_kernels(functional, args.args().unwrap()).unwrap();
         assert!(!fitting.is_empty());
-        functional.kernels[choose_kernel(functional, &fitting, &shape, &h100_like())].clone()
+        functional.kernels[choose_kernel(functional, fitting, &shape, &h100_like())].clone()
     }
 
     fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams<'static> {
@@ -450,7 +467,7 @@ pub(crate) mod tests {
                     p.bias = with_bias.then(|| TensorView::contiguous(0x700000, [1, 1, 16, 16], dtype));
                     let (shape, _) = validate(&p).unwrap();
                     let axes = functional_axes(&p, &shape);
-                    let request = Request { family: "attn_fwd", axes: &axes, args: &[] };
+                    let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: &[] };
                     dispatch::find_functional(&loaded, &request).unwrap_or_else(|e| panic!("{e}"));
                 }
             }

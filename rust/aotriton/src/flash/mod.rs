@@ -27,18 +27,86 @@
 //! [`dropout_offsets_consumed`] counters (Sq, Sk the max lengths for packed batches): advance
 //! the generator's offset by that much between calls. Seed and offset are read from device
 //! memory, so a captured CUDA graph can be replayed with a new offset.
+//!
+//! # Backends
+//!
+//! Each operator has two kernel families ([`Backend`]): the portable `triton.language` family,
+//! which serves every arch and every feature above, and the Gluon family for sm_90 (TMA,
+//! wgmma, warp specialization; contract: `python/kernels/flash_gluon/ABI.md`). The caller sets
+//! `FwdParams::backend` / `BwdParams::backend`; the default [`Backend::Auto`] picks Gluon when
+//! **all** of these hold, and Portable otherwise:
+//!
+//! - the stream's device is sm_90 and its archive holds the Gluon functionals of the call
+//!   (families `attn_fwd_gluon`; `attn_bwd_gluon_preprocess`, `attn_bwd_gluon`,
+//!   `attn_bwd_gluon_dq_convert` for the dtype and head-dim bucket);
+//! - the dtype is fp16 or bf16;
+//! - the head dim is at most 256 (forward) or 128 (backward); it is served by the bucket
+//!   64, 128 or 256 at or above it;
+//! - no dropout, no bias (nor dbias), not a packed (varlen) batch;
+//! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
+//!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are
+//!   positive multiples of 16 bytes below 2^40 (dimensions of size 1 excepted), sizes < 2^32;
+//!   the `lse` (and `delta`) pointers are 16-byte aligned, and a compiled Gluon kernel accepts
+//!   the arguments (its alignment hints hold);
+//! - backward only: a [`Workspace`] of at least [`attn_bwd_workspace_bytes`] bytes is given.
+//!
+//! A forced backend that cannot serve the call fails with
+//! [`ErrorKind::UnsupportedByBackend`](crate::ErrorKind::UnsupportedByBackend) and a message
+//! naming the reason; nothing is launched. The input conditions are checked before the driver
+//! is touched; the device conditions after the stream's device is known.
+//!
+//! The Gluon backward accumulates dQ with TMA reduce-adds in the workspace (the order of the
+//! adds varies from run to run); with `deterministic` set it skips that and computes dQ with
+//! the portable `attn_bwd_dq` kernel instead, so every result stays bitwise reproducible.
 mod bwd;
 mod debug;
 mod fwd;
+mod gluon;
 
-pub use bwd::{BwdParams, attn_bwd};
+pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 
-use crate::dispatch::{self, ArgValue};
+use crate::dispatch::{self, ArgList, ArgValue, Axes, bool_axis};
 use crate::error::{Result, bail};
 use crate::images;
 use crate::tensor::{DType, TensorView};
+
+/// Which kernel family serves a call (see the module docs for the rule `Auto` follows).
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Gluon where it can serve the call, else Portable.
+    #[default]
+    Auto = 0,
+    /// The portable `triton.language` kernels (every arch, every feature).
+    Portable = 1,
+    /// The sm_90 Gluon kernels; a call they cannot serve is an `UnsupportedByBackend` error.
+    Gluon = 2,
+}
+
+impl Backend {
+    pub fn from_raw(raw: i32) -> Option<Backend> {
+        match raw {
+            0 => Some(Backend::Auto),
+            1 => Some(Backend::Portable),
+            2 => Some(Backend::Gluon),
+            _ => None,
+        }
+    }
+}
+
+/// Caller-owned device scratch memory for the backward (the Gluon backend's dQ accumulator and
+/// row statistics). Size it with [`attn_bwd_workspace_bytes`]; 16-byte aligned; its contents
+/// on entry do not matter, and it must not alias any tensor of the call or be used by another
+/// call running concurrently on another stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Workspace {
+    /// Device address.
+    pub ptr: u64,
+    pub bytes: u64,
+}
 
 /// Where the mask's diagonal sits when Sq ≠ Sk.
 #[repr(i32)]
@@ -141,8 +209,10 @@ pub(crate) struct AttnShape {
     pub seqlen_q: u64,
     pub seqlen_k: u64,
     pub head_dim: u64,
-    /// The compiled head-dim bucket serving `head_dim` (the smallest ≥ it).
+    /// The compiled head-dim bucket serving `head_dim` (the smallest ≥ it) in the portable
+    /// family, and its axis value.
     pub head_dim_bucket: u64,
+    pub head_dim_axis: &'static str,
     /// Packed batch: cu_seqlens device addresses.
     pub varlen: Option<(u64, u64)>,
 }
@@ -160,7 +230,7 @@ pub(crate) fn check_qkv(
     k: &TensorView<4>,
     v: &TensorView<4>,
     varlen: Option<&Varlen>,
-    family: &str,
+    family: &'static str,
 ) -> Result<AttnShape> {
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         t.check_layout(name)?;
@@ -187,7 +257,7 @@ pub(crate) fn check_qkv(
     if heads_q % heads_k != 0 {
         bail!(ShapeMismatch, "q has {heads_q} heads, not a multiple of k's {heads_k} (GQA needs Hq = G·Hk)");
     }
-    let head_dim_bucket = head_dim_bucket(family, head_dim)?;
+    let (head_dim_bucket, head_dim_axis) = head_dim_bucket(family, head_dim)?;
     // Grid: (blocks, heads, batch); the y and z extents are limited to 65535.
     if heads_q > 65535 || batch > 65535 {
         bail!(TooLarge, "heads ({heads_q}) and batch ({batch}) must each be at most 65535");
@@ -196,7 +266,8 @@ pub(crate) fn check_qkv(
     if seqlen_q > 1 << 30 || seqlen_k > 1 << 30 {
         bail!(TooLarge, "sequence lengths must be at most 2^30 (Sq {seqlen_q}, Sk {seqlen_k})");
     }
-    let shape = AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket, varlen: packed };
+    let shape =
+        AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket, head_dim_axis, varlen: packed };
     check_rows("q", q, tokens_q, head_dim)?;
     check_rows("k", k, tokens_k, head_dim)?;
     check_rows("v", v, tokens_k, head_dim)?;
@@ -275,17 +346,16 @@ pub(crate) fn check_rows(name: &str, t: &TensorView<4>, rows: u64, head_dim: u64
     Ok(())
 }
 
-/// The smallest compiled head-dim bucket of `family` that holds `head_dim` (a multiple of 8).
-pub(crate) fn head_dim_bucket(family: &str, head_dim: u64) -> Result<u64> {
-    let mut buckets: Vec<u64> =
-        images::compiled_axis_values(family, "head_dim")?.iter().filter_map(|v| v.parse().ok()).collect();
-    buckets.sort_unstable();
-    let largest = buckets.last().copied().unwrap_or(0);
+/// The smallest compiled head-dim bucket of `family` that holds `head_dim` (a multiple of 8),
+/// with its axis value. Allocates nothing after the first call per family.
+pub(crate) fn head_dim_bucket(family: &'static str, head_dim: u64) -> Result<(u64, &'static str)> {
+    let buckets = || images::compiled_axis_values(family, "head_dim").map(|values| values.iter().filter_map(|v| Some((v.parse::<u64>().ok()?, *v))));
+    let largest = buckets()?.map(|(b, _)| b).max().unwrap_or(0);
     if head_dim == 0 || !head_dim.is_multiple_of(8) {
         bail!(UnsupportedHeadDim, "head dim {head_dim} is not a multiple of 8 (supported: multiples of 8 up to {largest})");
     }
-    match buckets.iter().find(|&&b| b >= head_dim) {
-        Some(&bucket) => Ok(bucket),
+    match buckets()?.filter(|&(b, _)| b >= head_dim).min_by_key(|&(b, _)| b) {
+        Some(bucket) => Ok(bucket),
         None => bail!(UnsupportedHeadDim, "head dim {head_dim} is above the largest compiled one ({largest})"),
     }
 }
@@ -312,9 +382,9 @@ pub(crate) fn mask_args(mask: &Mask, shape: &AttnShape) -> Result<MaskArgs> {
     Ok(MaskArgs { left: side(mask.window_left), right: side(mask.window_right), bottom_right: mask.align == MaskAlign::BottomRight })
 }
 
-/// The dropout arguments of the kernels, checked. `None` gives the neutral values (the kernels
-/// compiled without dropout never read them).
-pub(crate) fn dropout_args(dropout: Option<&Dropout>, forward: bool) -> Result<Vec<(&'static str, ArgValue)>> {
+/// The dropout arguments of the kernels, checked, appended to `args`. `None` gives the neutral
+/// values (the kernels compiled without dropout never read them).
+pub(crate) fn dropout_args(args: &mut ArgList, dropout: Option<&Dropout>, forward: bool) -> Result<()> {
     use ArgValue::{F32, I32, I64, Ptr, U32};
     let d = match dropout {
         None => Dropout::new(0.0, 0, 0),
@@ -340,13 +410,13 @@ pub(crate) fn dropout_args(dropout: Option<&Dropout>, forward: bool) -> Result<V
     };
     // Kept iff the Philox word ≥ ⌊p·2³²⌋ (p < 1, so it fits a u32).
     let threshold = (d.p as f64 * 4_294_967_296.0).floor() as u32;
-    let mut args = vec![
+    args.extend([
         ("DROPOUT_THRESHOLD", U32(threshold)),
         ("dropout_scale", F32((1.0 / (1.0 - d.p as f64)) as f32)),
         ("PHILOX_SEED", Ptr(d.seed)),
         ("PHILOX_OFFSET", Ptr(d.offset)),
         ("philox_offset_base", I64(d.offset_base as i64)),
-    ];
+    ]);
     if forward {
         args.extend([
             ("PHILOX_SEED_OUT", Ptr(d.seed_out)),
@@ -354,19 +424,22 @@ pub(crate) fn dropout_args(dropout: Option<&Dropout>, forward: bool) -> Result<V
             ("STORE_PHILOX", I32((d.seed_out != 0) as i32)),
         ]);
     }
-    Ok(args)
+    Ok(())
 }
 
 /// Checks an additive bias: the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk] (max lengths
 /// for packed batches), unit last stride. Returns its kernel arguments (stride 0 where a size
-/// is 1, i.e. broadcast).
-pub(crate) fn bias_args(bias: Option<&TensorView<4>>, shape: &AttnShape, dtype: DType) -> Result<Vec<(&'static str, ArgValue)>> {
-    let Some(b) = bias else {
-        return Ok(vec![("BIAS", ArgValue::Ptr(0)), ("stride_bz", ArgValue::I64(0)), ("stride_bh", ArgValue::I64(0)), ("stride_bm", ArgValue::I64(0))]);
+/// is 1, i.e. broadcast), appended to `args`.
+pub(crate) fn bias_args(args: &mut ArgList, bias: Option<&TensorView<4>>, shape: &AttnShape, dtype: DType) -> Result<()> {
+    let (ptr, [z, h, m]) = match bias {
+        None => (0, [0; 3]),
+        Some(b) => {
+            check_broadcastable("bias", b, shape, dtype)?;
+            (b.ptr, broadcast_strides(b))
+        }
     };
-    check_broadcastable("bias", b, shape, dtype)?;
-    let [z, h, m] = broadcast_strides(b);
-    Ok(vec![("BIAS", ArgValue::Ptr(b.ptr)), ("stride_bz", ArgValue::I64(z)), ("stride_bh", ArgValue::I64(h)), ("stride_bm", ArgValue::I64(m))])
+    args.extend([("BIAS", ArgValue::Ptr(ptr)), ("stride_bz", ArgValue::I64(z)), ("stride_bh", ArgValue::I64(h)), ("stride_bm", ArgValue::I64(m))]);
+    Ok(())
 }
 
 /// Bias-like tensors: sizes [B or 1, Hq or 1, Sq or 1, Sk].
@@ -395,13 +468,16 @@ pub(crate) fn broadcast_strides(t: &TensorView<4>) -> [i64; 3] {
 
 /// The functional axes of the attention families: dtype, TF32, head-dim bucket and the
 /// constexpr features (`dropout`, `bias`), as the family declares them.
-pub(crate) fn axes(dtype: DType, tf32: bool, shape: &AttnShape, features: &[(&'static str, bool)]) -> Vec<(&'static str, String)> {
-    let mut axes = vec![("dtype", dtype.triton_name().to_string())];
+pub(crate) fn axes(dtype: DType, tf32: bool, shape: &AttnShape, features: &[(&'static str, bool)]) -> Axes {
+    let mut axes = Axes::new();
+    axes.push("dtype", dtype.triton_name());
     if !features.is_empty() || tf32 {
-        axes.push(("tf32", (tf32 && dtype == DType::F32).to_string()));
+        axes.push("tf32", bool_axis(tf32 && dtype == DType::F32));
     }
-    axes.push(("head_dim", shape.head_dim_bucket.to_string()));
-    axes.extend(features.iter().map(|&(name, on)| (name, on.to_string())));
+    axes.push("head_dim", shape.head_dim_axis);
+    for &(name, on) in features {
+        axes.push(name, bool_axis(on));
+    }
     axes
 }
 

@@ -1,0 +1,501 @@
+"""FlashAttention backward for Hopper (sm_90) in Gluon: ``attn_bwd_gluon``, step 2 of 3 (``ABI.md``).
+
+One CTA per (block of ``BLOCK_N`` = 128 keys, K/V head ``hk``, batch ``b``); grid
+``(cdiv(Sk, 128), Hk, B)``.  Per CTA, dK and dV of its 128 keys accumulate in registers over
+every query head of the GQA group and every query block the window lets the key block see,
+then are written once (TMA, clipped to ``Sk`` and to the real head dim): no atomics, bitwise
+reproducible.  dQ partials ``dS K`` go to the fp32 workspace ``dq_acc`` by TMA reduce-add when
+``COMPUTE_DQ`` (the order of the adds varies run to run); ``bwd_dq_convert.py`` scales and
+casts them.  ``bwd_preprocess.py`` has already written ``lse2 = LSE * log2(e)`` and
+``delta2 = rowsum(dO * O)`` (per padded row) and zeroed ``dq_acc``.
+
+Warp specialization (FA3 style; 4 partitions, 10 warps padded to 12 = 384 threads):
+
+* compute warpgroup 0 (the default partition) and compute warpgroup 1 (a worker): each owns 64
+  of the 128 keys and keeps their dK, dV in registers.  Per step of ``BLOCK_M`` = 64 queries,
+  in the transposed orientation (keys x queries, so P^T and dS^T are register A operands):
+
+      S^T = K Q^T, dP^T = V dO^T                 (SS wgmma, async)
+      P^T = exp2(S^T * sm_scale * log2e - lse2)   (masked only on boundary blocks)
+      dV += P^T dO                                (RS)
+      dS^T = P^T (dP^T - delta)
+      dK += dS^T Q                                (RS)
+      dQ[:, half d] = dS K[:, half d]             (COMPUTE_DQ: A = the shared dS^T of BOTH
+                                                   warpgroups, transposed; each warpgroup
+                                                   computes one half of the head dim)
+
+* loader (1 warp): TMA of Q, dO (rank-4 ``[1, 1, 64, HEAD_DIM]`` boxes) and the 64-element
+  lse2 and delta2 rows into a ``STAGES``-deep ring;
+* dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``.
+
+Every hand-off between partitions is an mbarrier (no CTA-wide ``bar.sync`` in the loop):
+``q_ready``/``q_empty`` (ring), ``ds_full``/``ds_empty`` (double-buffered dS^T tile),
+``dq_full``/``dq_empty`` (the fp32 dQ tile), ``kv_bar`` (K, V landed), ``done_bar`` (both
+warpgroups' dQ wgmmas, which read all of K, are finished before K is overwritten by dK).  A Gluon
+``mbarrier.arrive`` is one arrive by thread 0 of the partition, so an arrive that publishes
+shared-memory stores (or the end of wgmmas) follows ``fence_async_shared()`` (stores only) and
+``gl.thread_barrier()`` (a named barrier of the partition's own warps).
+
+Every partition walks the same sequence of (query head, query block) steps, ``_step_coords``:
+step ``j`` of ``GQA_GROUP * n_blocks`` is head ``hk * GQA_GROUP + j // n_blocks``, query block
+``start + (j % n_blocks) * 64``, with ``[start, end)`` from ``kernels/flash/mask.py``'s
+``query_block_bounds`` (the same bounds and window semantics as the portable backward).
+
+Tails and padding cost no code: TMA zero-fills Q/dO rows past ``Sq`` (and their lse2 = +inf, so
+P = 0, and delta2 = 0) and K/V rows past ``Sk`` and the head-dim columns past ``D``; the dK/dV
+stores clip them.  Masking: a step is *masked* when its query block straddles an edge of the
+window (``[start, full_lo)``, ``[full_hi, end)`` of ``query_block_bounds``) or the key block holds
+the key tail (zero K rows give P = exp2(-lse2), finite but not 0: masked so that no inf/NaN can
+reach dQ).  The mask is solved per key row before the loop (``key_lo``/``key_hi``: the query range a
+key sees) and costs two compares and a select per element where applied.
+
+Performance options (constexprs after ``COMPUTE_DQ``, all with defaults; every value is fully general,
+the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` times them):
+
+* ``MASK_MODE`` (default 0): where the mask is applied.  0: one uniform branch per step (masked
+  steps as above); 1: on every step (no branch; a no-op on interior steps; the simplest register
+  allocation); 2: the walk is split, every partition first walks the boundary steps of all heads
+  (masked, ``_masked_coords``) then the interior steps (no mask code, ``_full_coords``).
+* ``CONS_REGS`` (default 240): ``setmaxnreg`` of the compute worker warpgroup (multiple of 8).
+* ``DK_SS`` (default 0): dK += dS^T Q reads dS^T from the shared tile (SS wgmma) instead of
+  registers; only with ``COMPUTE_DQ`` (ignored otherwise).
+
+An AOT signature that omits them (passes None) gets the defaults.
+
+Shared memory (bytes): K, V ``2 * 128 * HEAD_DIM * 2``; ring ``STAGES * (2 * 64 * HEAD_DIM * 2 +
+512)``; with ``COMPUTE_DQ`` a double-buffered dS^T tile ``2 * 128 * 64 * 2`` and the fp32 dQ tile
+``64 * HEAD_DIM * 4``.  hd128: 231488 B (STAGES 3) / 198176 B (STAGES 2), under sm_90's 232448.
+
+Registers: ``maxnreg`` 168 (65536 / 384); the compute worker gets ``CONS_REGS`` (240), the
+loader/reducer warpgroup ``LOAD_REGS`` (24), the default partition the rest.  At hd128 the compute
+partitions sit at the limit and ptxas's choices vary by option (bf16, COMPUTE_DQ, STAGES 2, per
+step of the compute loops, default / worker partition): MASK_MODE 0 with CONS_REGS 240 stores 11 /
+17 and reloads 17 / 27 registers; MASK_MODE 1: no stores, 4 / 8 reloads of loop invariants;
+MASK_MODE 0 with CONS_REGS 232: no stores, 6 / 0 reloads; MASK_MODE 2 saves/restores ~24
+registers per interior step in the worker.  hd64 does not spill.  hd256 does not fit:
+dK + dV of 64 keys x 256 would take 256 accumulator registers per thread.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..flash import mask
+from .private_api import tma_reduce_add
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+#: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
+#: constexpr ``CONS_REGS`` (default 240), the default partition (compute warpgroup 0) what remains.
+LOAD_REGS: gl.constexpr = gl.constexpr(24)
+
+
+@gluon.jit
+def _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M: gl.constexpr):
+    """Step ``j`` of the masked walk (``MASK_MODE`` 2): ``(h_off, start_m)``.
+
+    Per head ``n_mblk`` boundary blocks: the ``n_lead`` leading ones from ``start``, then the
+    trailing ones from ``full_hi`` (``f_gap = full_hi - full_lo`` skips the interior).
+    """
+    h_off = j // n_mblk
+    r = j - h_off * n_mblk
+    start_m = start + r * BLOCK_M + (r >= n_lead).to(gl.int32) * f_gap
+    return h_off, start_m
+
+
+@gluon.jit
+def _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M: gl.constexpr):
+    """Step ``j`` (``>= n_mask_steps``) of the contiguous walk: ``(h_off, start_m)``, ``n_fblk`` blocks from ``f_lo``."""
+    jj = j - n_mask_steps
+    h_off = jj // n_fblk
+    return h_off, f_lo + (jj - h_off * n_fblk) * BLOCK_M
+
+
+@gluon.jit
+def _row_vector(bufs, idx, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """The 64 fp32 values of ring slot ``idx`` of an lse2/delta2 ring (``[STAGES, 1, 64]``) in ``layout``."""
+    return bufs.index(idx).reshape([BLOCK_M]).load(layout)
+
+
+@gluon.jit
+def _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M: gl.constexpr, col_layout: gl.constexpr):
+    """Zero P^T ``[keys, queries]`` outside ``mask.score_mask`` (window, both sequence tails).
+
+    The same predicate, solved per key row: key ``j`` is seen by the queries
+    ``i`` in ``[key_lo, key_hi] = [j - diag - right, min(j - diag + left, Sq - 1)]`` (``key_hi = -1``
+    if ``j >= Sk``; see ``_key_bounds``): two compares per element against the block-local query index.
+    """
+    lo = key_lo - start_m
+    hi = key_hi - start_m
+    cols = gl.expand_dims(gl.arange(0, BLOCK_M, layout=col_layout), 0)
+    visible = (cols >= gl.expand_dims(lo, 1)) & (cols <= gl.expand_dims(hi, 1))
+    return gl.where(visible, pt, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# partitions
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+               q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    nbytes: gl.constexpr = 2 * desc_q.block_type.nbytes + 2 * desc_lse2.block_type.nbytes
+    h = h_first + h_off
+    row = (b_row + h) * SQ_PAD + start_m  # workspace row of (b, h, start_m)
+    idx = j % STAGES
+    mbarrier.wait(q_empty.index(idx), ((j // STAGES) & 1) ^ 1)  # slot released by both warpgroups
+    bar = q_ready.index(idx)
+    mbarrier.expect(bar, nbytes)
+    tma.async_copy_global_to_shared(desc_q, [b, h, start_m, 0], bar, q_bufs.index(idx))
+    tma.async_copy_global_to_shared(desc_do, [b, h, start_m, 0], bar, do_bufs.index(idx))
+    tma.async_copy_global_to_shared(desc_lse2, [row // BLOCK_M, 0], bar, lse_bufs.index(idx))
+    tma.async_copy_global_to_shared(desc_delta2, [row // BLOCK_M, 0], bar, dlt_bufs.index(idx))
+
+
+@gluon.jit
+def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    for j in range(n_mask_steps):
+        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                   q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+    for j in range(n_mask_steps, n_steps):
+        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                   q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+
+
+@gluon.jit
+def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD):
+    row = (b_row + h_first + h_off) * SQ_PAD + start_m
+    mbarrier.wait(dq_full, j & 1)  # both warpgroups' halves of the tile are in shared memory
+    tma_reduce_add(desc_dq_acc, [row, 0], dq_smem)
+    tma.store_wait(0)  # the reduce has read dq_smem: the warpgroups may overwrite it
+    mbarrier.arrive(dq_empty, count=1)
+
+
+@gluon.jit
+def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap,
+                f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr):
+    for j in range(n_mask_steps):
+        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+    for j in range(n_mask_steps, n_steps):
+        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+
+
+@gluon.jit
+def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                  ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key_lo, key_hi,
+                  qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr):
+    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true."""
+    KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
+    dtype: gl.constexpr = k_wg.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DH, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # per query (columns of S^T)
+
+    idx = j % STAGES
+    mbarrier.wait(q_ready.index(idx), (j // STAGES) & 1)
+    q = q_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
+    do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
+    s0 = gl.zeros([KB, BLOCK_M], gl.float32, st_layout)
+    st = warpgroup_mma(k_wg, q.permute((1, 0)), s0, use_acc=False, is_async=True)
+    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0, use_acc=False, is_async=True)
+    lse2 = _row_vector(lse_bufs, idx, BLOCK_M, col_layout)
+    st = warpgroup_mma_wait(1, deps=(st, ))
+    # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
+    pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
+    if MASK == 1:
+        pt = _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
+    elif MASK == 2:
+        if masked:
+            pt = _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
+    pt_a = gl.convert_layout(pt.to(dtype), a_layout)
+    dv = warpgroup_mma(pt_a, do, dv, is_async=True)
+    delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
+    dpt = warpgroup_mma_wait(1, deps=(dpt, ))
+    dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+    if COMPUTE_DQ:
+        # Publish this warpgroup's 64 rows of dS^T for both warpgroups' dQ wgmmas.
+        dsb = j % 2
+        dph = (j // 2) & 1
+        ds_buf = ds_bufs.index(dsb)
+        ds_wg = ds_buf.slice(cid * KB, KB, dim=0)
+        mbarrier.wait(ds_empty.index(dsb), dph ^ 1)
+        ds_wg.store(dst)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_full.index(dsb), count=1)
+        if DK_SS:  # dK += dS^T Q from shared memory (SS): dS^T needs no A-operand registers
+            dk = warpgroup_mma(ds_wg, q, dk, is_async=True)
+            mbarrier.wait(ds_full.index(dsb), dph)
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_dh, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+            dv, dk, dq, pt_a = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_a))
+        else:
+            dst_a = gl.convert_layout(dst, a_layout)
+            dk = warpgroup_mma(dst_a, q, dk, is_async=True)
+            mbarrier.wait(ds_full.index(dsb), dph)
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_dh, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+            dv, dk, dq, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_a, dst_a))
+        gl.thread_barrier()  # every warp's wgmmas on slot idx and ds_buf are complete
+        mbarrier.arrive(q_empty.index(idx), count=1)
+        mbarrier.arrive(ds_empty.index(dsb), count=1)
+        mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
+        dq_smem.slice(cid * DH, DH, dim=1).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
+    else:
+        dst_a = gl.convert_layout(dst, a_layout)
+        dk = warpgroup_mma(dst_a, q, dk, is_async=True)
+        dv, dk, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, pt_a, dst_a))
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(idx), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs,
+             dq_smem, kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
+             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+             b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
+    """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``."""
+    KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
+    dtype: gl.constexpr = k_smem.dtype
+    # wgmma accumulator layouts of one warpgroup: S^T/dP^T [64 keys, 64 queries], dK/dV [64, HEAD_DIM],
+    # dQ [64 queries, HEAD_DIM / 2]; P^T and dS^T enter dV/dK as register A operands.
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # per key (rows of S^T)
+
+    k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_all = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    k_wg = k_all.slice(cid * KB, KB, dim=0)
+    v_wg = v_all.slice(cid * KB, KB, dim=0)
+    k_dh = k_all.slice(cid * DH, DH, dim=1)  # B operand of dQ = dS K for this warpgroup's columns
+    start_n_wg = start_n + cid * KB
+    qk_scale = sm_scale * LOG2E
+    # The mask solved per key row j (mask.score_mask): visible to queries [key_lo, key_hi] (none past Sk).
+    offs_k = start_n_wg + gl.arange(0, KB, layout=row_layout)
+    key_lo = offs_k - diag - WINDOW_RIGHT
+    key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+    # MASK_MODE 0: a step needs the mask when its query block straddles an edge of the window or the
+    # key block holds the key tail (see the module docstring).
+    key_tail = start_n + BLOCK_N > N_CTX_K
+
+    dk = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
+    dv = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    # MASK_MODE 2: the boundary steps first, masked; n_mask_steps = 0 otherwise.
+    for j in range(n_mask_steps):
+        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        dk, dv = _compute_step(j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                               ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
+                               key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
+    # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
+    STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
+    for j in range(n_mask_steps, n_steps):
+        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
+        dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                               ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
+                               key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
+                               DK_SS)
+
+    # Epilogue: this warpgroup's K and V rows are dead once both warpgroups' dQ wgmmas (which read
+    # every K row) are done: dK and dV go out through them.
+    if COMPUTE_DQ:
+        mbarrier.arrive(done_bar, count=1)
+        mbarrier.wait(done_bar, 0)
+    v_out = v_smem.slice(cid * KB, KB, dim=2)
+    k_out = k_smem.slice(cid * KB, KB, dim=2)
+    v_wg.store(dv.to(dtype))
+    k_wg.store((dk * sm_scale).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    tma.async_copy_shared_to_global(desc_dv, [b, hk, start_n_wg, 0], v_out)
+    tma.async_copy_shared_to_global(desc_dk, [b, hk, start_n_wg, 0], k_out)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _compute0(desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
+              done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
+              WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
+              f_gap, f_lo, n_fblk, n_steps, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
+    _compute(0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
+             done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
+             WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
+             f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS)
+
+
+@gluon.jit
+def _compute1(desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
+              done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
+              WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
+              f_gap, f_lo, n_fblk, n_steps, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
+    _compute(1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
+             done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
+             WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
+             f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS)
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel
+# ---------------------------------------------------------------------------------------------
+# The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
+# runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
+@gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
+                              "ALIGN_BOTTOM_RIGHT"])
+def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
+                   sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                   ALIGN_BOTTOM_RIGHT,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
+                   DK_SS: gl.constexpr = 0):
+    gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
+    gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
+    gl.static_assert(BLOCK_N == 128, "two compute warpgroups of 64 keys")
+    gl.static_assert((HEAD_DIM == 64) or (HEAD_DIM == 128), "head-dim buckets 64 and 128")
+    gl.static_assert(desc_q.block_type.shape[2] == BLOCK_M, "Q block [1, 1, BLOCK_M, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K block [1, 1, BLOCK_N, HEAD_DIM]")
+    gl.static_assert(desc_dk.block_type.shape[2] == BLOCK_N // 2, "dK block [1, 1, BLOCK_N / 2, HEAD_DIM]")
+    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
+    gl.static_assert(desc_lse2.block_type.shape[1] == BLOCK_M, "lse2/delta2 block [1, BLOCK_M]")
+    pid_n = gl.program_id(0)
+    hk = gl.program_id(1)
+    b = gl.program_id(2)
+    start_n = pid_n * BLOCK_N
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    # Query blocks that may see this key block (the same for every head of the group):
+    # [start, full_lo) and [full_hi, end) straddle the window's edges, [full_lo, full_hi) is interior.
+    start, full_lo, full_hi, end = mask.query_block_bounds(pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                           BLOCK_M, BLOCK_N)
+    # An AOT signature that predates the performance constexprs passes them as None: the defaults.
+    MMODE: gl.constexpr = 0 if MASK_MODE is None else MASK_MODE
+    CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
+    DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
+    gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
+    gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
+    n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
+    n_steps = GQA_GROUP * n_blocks
+    h_first = hk * GQA_GROUP
+    b_row = b * N_HEADS_Q
+    # The walk: n_mask_steps boundary steps (MASK_MODE 2 only: n_mblk blocks per head, the n_lead leading
+    # ones then the trailing ones), then the contiguous walk of n_fblk blocks per head from f_lo.
+    if MMODE == 2:
+        # A key block holding the key tail is masked on every step: no interior blocks.
+        key_tail = start_n + BLOCK_N > N_CTX_K
+        f_lo = gl.where(key_tail, start, full_lo)
+        f_gap = gl.where(key_tail, 0, full_hi - full_lo)
+        n_lead = (f_lo - start) // BLOCK_M
+        n_fblk = f_gap // BLOCK_M
+        n_mblk = n_blocks - n_fblk
+        n_mask_steps = GQA_GROUP * n_mblk
+    else:
+        f_lo = start
+        f_gap = 0
+        n_lead = 0
+        n_fblk = n_blocks
+        n_mblk = 0
+        n_mask_steps = 0
+
+    dtype: gl.constexpr = desc_q.dtype
+    k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_lse2.block_type.shape, desc_lse2.layout)
+    dlt_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta2.block_type.shape, desc_delta2.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a slot
+    if COMPUTE_DQ:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, desc_dq_acc.block_type.shape, desc_dq_acc.layout)
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(done_bar, count=2)
+        mbarrier.init(dq_full, count=2)
+        mbarrier.init(dq_empty, count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(ds_full.index(i), count=2)
+            mbarrier.init(ds_empty.index(i), count=2)
+    else:  # no dS^T tile, no dQ tile: placeholders the compute partitions never touch
+        ds_bufs = kv_bar
+        dq_smem = kv_bar
+        done_bar = kv_bar
+        dq_full = kv_bar
+        dq_empty = kv_bar
+        ds_full = q_ready
+        ds_empty = q_ready
+
+    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+
+    # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6).
+    if COMPUTE_DQ:
+        gl.warp_specialize([
+            (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
+            (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
+            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                       SQ_PAD, BLOCK_M, STAGES)),
+            (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
+                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
+        ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
+            (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
+            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                       SQ_PAD, BLOCK_M, STAGES)),
+        ], [4, 1], [CREGS, LOAD_REGS])

@@ -1,0 +1,779 @@
+"""FlashAttention forward for Hopper (sm_90) in Gluon: ``attn_fwd_gluon``.
+
+Computes ``O = softmax(sm_scale * Q K^T + mask) V`` and the natural-log LSE per
+(batch, query head, ``BLOCK_M``-row query block).  The contract (argument order and types,
+descriptor blocks, grid, semantics) is ``ABI.md``; the mask and its loop bounds are the
+portable family's (``kernels/flash/mask.py``), called directly.
+
+Structure (FlashAttention-3's forward, warp-specialized with ``gl.warp_specialize``):
+
+* the **loader** (one warp, ``LOADER_REGS`` registers) issues every TMA load of the CTA:
+  the ``NUM_CONSUMERS`` 64-row Q tiles once, then K and V block by block into a
+  ``STAGES``-deep ring.  Each ring slot has a ``ready`` barrier (TMA transaction count)
+  and an ``empty`` barrier (count ``NUM_CONSUMERS``: one arrive per consumer once its
+  wgmma has read the slot);
+* ``NUM_CONSUMERS`` (2 or 3) **consumers** (one warpgroup each, ``CONSUMER_REGS``
+  registers): consumer 0 is the default partition, the others workers.  Each owns 64 of
+  the CTA's ``BLOCK_M = 64 * NUM_CONSUMERS`` query rows and walks *every* key block the
+  loader loads, so the K/V traffic is shared by all the CTA's rows.  In the
+  loop a consumer issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as async wgmmas
+  and runs softmax ``j`` while the PV product is still on the tensor cores
+  (FA3's intra-warpgroup overlap: +10-18 % over the serial order on H200);
+* the **epilogue** normalises O, writes it through the (now idle) Q tile with a TMA
+  store (rows past ``N_CTX_Q`` are clipped by TMA) and stores the LSE.
+
+Key blocks (per CTA, from ``mask.key_block_bounds`` for the CTA's ``BLOCK_M`` rows): the blocks
+visible in full to every row come first and carry no mask code; the leading and trailing
+boundary blocks (window edges, the key tail ``>= N_CTX_K``) follow in one masked loop.
+Loader and consumers map the walk index to a key column with the same helper
+(``_key_block_col``), so both sides agree on the order by construction.  The first block
+of the walk is peeled (it has no PV partner); it is masked unless ``PEEL_FULL`` is set and
+the CTA has a full block (then step 0 is that full block and needs no mask).  The mask is
+the identity on a full block, so correctness never depends on which kind step 0 is.
+
+Tails and head-dim padding cost no code: TMA zero-fills Q/K/V rows past the sequence and
+columns past the real head dim, and clips the O store.  Zero-filled keys are excluded by
+the masked loop's key-tail mask (``full_hi <= N_CTX_K``), zero-filled V rows meet P = 0.
+A CTA whose rows see no key at all walks zero blocks and writes O = 0, LSE = +inf.
+
+Performance options (constexprs after ``STAGES``, defaults = the original kernel):
+
+* ``NUM_CONSUMERS`` 2 (default) or 3 consumer warpgroups, ``BLOCK_M = 64 * NUM_CONSUMERS``;
+* ``CONSUMER_REGS`` / ``LOADER_REGS`` (default 240 / 24): the ``setmaxnreg`` split; the
+  compile option ``maxnreg`` must satisfy ``(4 * NUM_CONSUMERS + 4) * 32 * maxnreg <= 65536 /
+  CTAs per SM`` (168 for 2 consumers, 128 for 3, 80 for two 2-consumer CTAs per SM);
+* ``PEEL_FULL`` 0 (default) / 1: the peeled walk step 0 runs unmasked when it is a full block;
+* ``OVERLAP`` 1 (default) / 0: FA3's intra-warpgroup overlap, or the serial order
+  ``S_j``, softmax ``j``, ``PV_j`` (fewer live registers: for 3 consumers at hd128);
+* ``SCHED`` 0 (default) / 1: the program-to-tile map.  0: ``start_m`` reversed along grid x
+  (heaviest query block first within each head).  1: the same grid linearised with the
+  query block slowest, so *all* heads' heaviest (causal) blocks run first (LPT order).
+
+Scores use only the key-tail and window parts of the mask: rows past ``N_CTX_Q`` are
+never stored (TMA clips O, the LSE store is masked), so they need no mask.
+
+Numerics: fp32 scores and accumulator, exp2 online softmax (``softmax.py``, scale folded
+into the exponent's FMA; requires ``sm_scale > 0``), P cast to the input dtype for PV.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..flash import mask
+from .softmax import online_softmax_step, softmax_epilogue
+
+LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+
+
+@gluon.constexpr_function
+def _opt(value, default):
+    """An option constexpr's value: an AOT compile (``GluonASTSource``) that does not name an
+    option passes ``None``, not the signature's default; map that to the default."""
+    return default if value is None else value
+
+
+# ----------------------------------------------------------------------------
+# The program-to-tile map and the key-block schedule shared by loader and consumers
+# ----------------------------------------------------------------------------
+@gluon.jit
+def _tile_coords(SCHED: gl.constexpr):
+    """``(start_m, off_h, off_z)`` of this program; the grid is ``(cdiv(Sq, BLOCK_M), Hq, B)``."""
+    if SCHED == 0:
+        start_m = gl.num_programs(0) - 1 - gl.program_id(0)  # heaviest query blocks first (causal)
+        off_h = gl.program_id(1)
+        off_z = gl.program_id(2)
+    else:
+        # Programs launch in linear order (x fastest): re-map so the query block is the
+        # slowest index, heaviest first, over all heads and batches.
+        n_m = gl.num_programs(0)
+        n_h = gl.num_programs(1)
+        n_hz = n_h.to(gl.int64) * gl.num_programs(2)
+        pid = gl.program_id(0) + n_m.to(gl.int64) * (gl.program_id(1) + n_h.to(gl.int64) * gl.program_id(2))
+        start_m = (n_m - 1 - pid // n_hz).to(gl.int32)
+        rest = pid % n_hz
+        off_h = (rest % n_h).to(gl.int32)
+        off_z = (rest // n_h).to(gl.int32)
+    return start_m, off_h, off_z
+
+
+@gluon.jit
+def _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N: gl.constexpr):
+    """First key column of walk step ``it``: the full blocks ``[full_lo, full_hi)`` first,
+    then the boundary blocks ``[start, full_lo)`` and ``[full_hi, end)`` (``mask.block_walk``)."""
+    boundary_col = mask.block_walk_start(it - n_full, start, n_lead, full_hi, BLOCK_N)
+    return gl.where(it < n_full, full_lo + it * BLOCK_N, boundary_col)
+
+
+# ----------------------------------------------------------------------------
+# Loader partition (1 warp)
+# ----------------------------------------------------------------------------
+@gluon.jit
+def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+            off_z, off_h, off_hk, q_row0, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    q_rows: gl.constexpr = desc_q.block_type.shape[2]
+    # One barrier per Q tile, so each consumer starts as soon as its own rows have landed.
+    for c in gl.static_range(NUM_CONSUMERS):
+        mbarrier.expect(q_bars.index(c), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [off_z, off_h, q_row0 + c * q_rows, 0], q_bars.index(c),
+                                        q_bufs.index(c))
+    for it in range(n_blocks):
+        col = _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+        slot = it % STAGES
+        phase = (it // STAGES) & 1
+        # A fresh barrier is in phase 0, so waiting for phase 1 passes: the first round
+        # of the ring needs no release.
+        mbarrier.wait(k_empty.index(slot), phase ^ 1)
+        mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [off_z, off_hk, col, 0], k_ready.index(slot), k_bufs.index(slot))
+        # V is released later than K (after the PV product): wait for it separately so
+        # K_{j+1} can land while PV_j is still reading its V slot.
+        mbarrier.wait(v_empty.index(slot), phase ^ 1)
+        mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], v_ready.index(slot), v_bufs.index(slot))
+
+
+# ----------------------------------------------------------------------------
+# Consumer pieces (one warpgroup, 64 query rows)
+# ----------------------------------------------------------------------------
+@gluon.jit
+def _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N: gl.constexpr):
+    """Set the scores of invisible (query, key) pairs to -inf: the key tail and the window.
+
+    No query-tail term: rows past ``N_CTX_Q`` are never stored."""
+    cols = col + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s.type.layout))
+    cols2 = gl.expand_dims(cols, 0)
+    visible = mask.key_tail_mask(cols2, N_CTX_K) & mask.window_mask(gl.expand_dims(rows, 1), cols2, WINDOW_LEFT,
+                                                                     WINDOW_RIGHT, diag)
+    return gl.where(visible, s, float("-inf"))
+
+
+@gluon.jit
+def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
+    """Start ``S = Q K^T`` on the tensor cores (async); the caller waits for it."""
+    rows: gl.constexpr = q_smem.shape[0]
+    block_n: gl.constexpr = k_bufs.shape[3]
+    head_dim: gl.constexpr = k_bufs.shape[4]
+    k_t = k_bufs.index(slot).reshape([block_n, head_dim]).permute((1, 0))
+    s0 = gl.zeros([rows, block_n], gl.float32, s_layout)
+    return warpgroup_mma(q_smem, k_t, s0, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
+                p_layout: gl.constexpr):
+    """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``."""
+    mbarrier.wait(k_ready.index(0), 0)
+    s = _issue_qk(q_smem, k_bufs, 0, s_layout)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    if MASKED:
+        s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    return p_next, m_i, l_i
+
+
+@gluon.jit
+def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev,
+                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
+    softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending."""
+    slot = j % STAGES
+    phase = (j // STAGES) & 1
+    prev_slot = (j - 1) % STAGES
+    prev_phase = ((j - 1) // STAGES) & 1
+    head_dim: gl.constexpr = v_bufs.shape[4]
+
+    mbarrier.wait(k_ready.index(slot), phase)
+    s = _issue_qk(q_smem, k_bufs, slot, s_layout)
+    mbarrier.wait(v_ready.index(prev_slot), prev_phase)
+    acc = warpgroup_mma(p_prev, v_bufs.index(prev_slot).reshape([BLOCK_N, head_dim]), acc, is_async=True)
+    # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    if MASKED:
+        s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)  # register-only shuffle for this layout pair
+    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    mbarrier.arrive(v_empty.index(prev_slot), count=1)
+    # acc now holds sum over blocks < j at the running max m_{j-1}: rescale to m_j.
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    return acc, m_i, l_i, p_next
+
+
+@gluon.jit
+def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i,
+                 qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                 MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                 s_layout: gl.constexpr, p_layout: gl.constexpr):
+    """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``."""
+    slot = j % STAGES
+    phase = (j // STAGES) & 1
+    head_dim: gl.constexpr = v_bufs.shape[4]
+
+    mbarrier.wait(k_ready.index(slot), phase)
+    s = _issue_qk(q_smem, k_bufs, slot, s_layout)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    if MASKED:
+        s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    mbarrier.wait(v_ready.index(slot), phase)
+    acc = warpgroup_mma(p16, v_bufs.index(slot).reshape([BLOCK_N, head_dim]), acc, is_async=True)
+    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+    mbarrier.arrive(v_empty.index(slot), count=1)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _store_outputs(o, lse, q_tile, q_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
+                   N_CTX_Q):
+    """O through the Q tile (its last reader, S = Q K^T, has retired) and a TMA store; LSE by plain stores."""
+    q_smem.store(o.to(desc_o.dtype))
+    fence_async_shared()  # order the generic-proxy smem writes before the async-proxy (TMA) read
+    tma.async_copy_shared_to_global(desc_o, [off_z, off_h, row0, 0], q_tile)
+    if STORE_LSE != 0:
+        lse_ptrs = LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh + rows
+        gl.store(lse_ptrs, lse, mask=rows < N_CTX_Q)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
+              q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+              off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+              qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+    QB: gl.constexpr = q_bufs.shape[3]
+    # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    q_tile = q_bufs.index(cid)  # [1, 1, QB, HEAD_DIM]: the TMA view
+    q_smem = q_tile.reshape([QB, HEAD_DIM])  # the same bytes as the wgmma operand
+    row0 = start_m * BLOCK_M + cid * QB
+    rows = row0 + gl.arange(0, QB, layout=gl.SliceLayout(1, s_layout))
+
+    m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
+    # Wait for Q even when there is no key block: the O store below reuses its buffer.
+    mbarrier.wait(q_bars.index(cid), 0)
+
+    if n_blocks > 0:
+        if OVERLAP:
+            # Walk step 0, peeled: S_0 and softmax_0 only (its PV goes out with S_1).
+            if PEEL_FULL:
+                if n_full > 0:  # step 0 is the first full block: no mask
+                    p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
+                                                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
+                                                   BLOCK_N, s_layout, p_layout)
+                else:  # step 0 is the first boundary block
+                    col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
+                    p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
+                                                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
+                                                   BLOCK_N, s_layout, p_layout)
+            else:
+                # Always masked: it may be a boundary block, and the mask is exact on a full one.
+                col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+                p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
+                                               rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
+                                               s_layout, p_layout)
+
+            # Key blocks visible in full to all the CTA's rows: no mask code.
+            for j in range(1, n_full):
+                acc, m_i, l_i, p_prev = _overlap_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                      v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
+                                                      WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES,
+                                                      s_layout, p_layout)
+            # Boundary blocks (leading, then trailing), masked.
+            for j in range(gl.maximum(n_full, 1), n_blocks):
+                col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+                acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                      v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
+                                                      WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
+                                                      s_layout, p_layout)
+
+            # The last PV product has no S partner.
+            last = n_blocks - 1
+            last_slot = last % STAGES
+            mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
+            acc = warpgroup_mma(p_prev, v_bufs.index(last_slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+            mbarrier.arrive(v_empty.index(last_slot), count=1)
+        else:
+            for j in range(0, n_full):
+                acc, m_i, l_i = _serial_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                             m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                             False, BLOCK_N, STAGES, s_layout, p_layout)
+            for j in range(n_full, n_blocks):
+                col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+                acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                             m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                             True, BLOCK_N, STAGES, s_layout, p_layout)
+
+    o, lse = softmax_epilogue(acc, m_i, l_i)
+    _store_outputs(o, lse, q_tile, q_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
+                   N_CTX_Q)
+
+
+# The consumer id must be a constexpr (it selects the Q buffer and barrier statically), and
+# warp_specialize takes functions, so each warpgroup gets a thin entry point.
+@gluon.jit
+def _consumer0(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer(0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
+              OVERLAP)
+
+
+@gluon.jit
+def _consumer1(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer(1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
+              OVERLAP)
+
+
+@gluon.jit
+def _consumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+    _consumer(2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
+              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
+              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
+              OVERLAP)
+
+
+# ----------------------------------------------------------------------------
+# Persistent variant (PERSISTENT=1): grid (min(#tiles, #SMs * CTAs/SM), 1, 1), each CTA walks
+# the work units u = pid, pid + G, ... (G = num_programs(0)).
+# ----------------------------------------------------------------------------
+@gluon.jit
+def _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M: gl.constexpr):
+    """``(n_m, pair, n_per, n_units)`` of the persistent walk.
+
+    A work unit is one query block, or -- when exactly one edge of the window cuts the key range
+    (causal in either alignment: the cost of a query block is linear in its index) -- the *pair*
+    of query blocks ``(n_m - 1 - p, p)`` of one head, whose costs add up to the same total for
+    every ``p``: the static round-robin over units is then balanced.  Units are head-major (the
+    CTAs that run at the same time share the K/V of a few heads in L2)."""
+    n_m = gl.cdiv(N_CTX_Q, BLOCK_M)
+    left_cuts = (N_CTX_Q - 1 + diag - WINDOW_LEFT) > 0  # the last row does not see key 0
+    right_cuts = (diag + WINDOW_RIGHT) < (N_CTX_K - 1)  # the first row does not see the last key
+    pair = (left_cuts != right_cuts).to(gl.int32)
+    n_per = n_m - pair * (n_m // 2)  # query blocks (or pairs) per head
+    n_units = n_per * n_hz
+    return n_m, pair, n_per, n_units
+
+
+@gluon.jit
+def _pers_unit(u, n_m, pair, n_per, n_heads):
+    """``(m0, p, n_sub, off_h, off_z)`` of work unit ``u``: its query blocks are ``m0`` (the
+    heavier) then, when ``n_sub == 2``, ``p``."""
+    hz = u // n_per
+    p = u - hz * n_per
+    m0 = n_m - 1 - p
+    n_sub = 1 + pair * (p != m0).to(gl.int32)
+    off_h = hz % n_heads
+    off_z = hz // n_heads
+    return m0, p, n_sub, off_h, off_z
+
+
+@gluon.jit
+def _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr):
+    """The key-block walk of query block ``start_m`` (as the non-persistent kernel computes it)."""
+    start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                         BLOCK_M, BLOCK_N)
+    n_full = (full_hi - full_lo) // BLOCK_N
+    n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
+    return n_full, full_lo, start, n_lead, full_hi, n_full + n_boundary
+
+
+@gluon.jit
+def _loader_pers(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                 n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
+                 Q_BUFS: gl.constexpr):
+    """The loader of the persistent kernel: per tile the Q tiles into Q buffer set ``i % Q_BUFS``
+    (once the consumers have released it: its previous O store has drained), then the tile's K/V
+    blocks into the ring, whose step counter ``kv0 + it`` runs on across tiles."""
+    q_rows: gl.constexpr = desc_q.block_type.shape[2]
+    n_m, pair, n_per, n_units = _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
+    kv0 = 0
+    i = 0
+    for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+        m0, p, n_sub, off_h, off_z = _pers_unit(u, n_m, pair, n_per, n_heads)
+        off_hk = off_h // GQA_GROUP
+        for s in range(n_sub):
+            start_m = m0 + s * (p - m0)
+            n_full, full_lo, start, n_lead, full_hi, n_blocks = _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT,
+                                                                           WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N)
+            qb = (i % Q_BUFS) * NUM_CONSUMERS
+            q_phase = ((i // Q_BUFS) & 1) ^ 1  # the first use of a buffer set needs no release
+            for c in gl.static_range(NUM_CONSUMERS):
+                mbarrier.wait(q_empty.index(qb + c), q_phase)
+                mbarrier.expect(q_ready.index(qb + c), desc_q.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_q, [off_z, off_h, start_m * BLOCK_M + c * q_rows, 0],
+                                                q_ready.index(qb + c), q_bufs.index(qb + c))
+            for it in range(n_blocks):
+                col = _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+                g = kv0 + it
+                slot = g % STAGES
+                phase = (g // STAGES) & 1
+                mbarrier.wait(k_empty.index(slot), phase ^ 1)
+                mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_k, [off_z, off_hk, col, 0], k_ready.index(slot),
+                                                k_bufs.index(slot))
+                mbarrier.wait(v_empty.index(slot), phase ^ 1)
+                mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
+                tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], v_ready.index(slot),
+                                                v_bufs.index(slot))
+            kv0 += n_blocks
+            i += 1
+
+
+@gluon.jit
+def _release_q(bar):
+    """Hand a Q buffer back to the loader once this warpgroup's O store from it has read shared
+    memory (``store_wait`` of the issuing thread, then a partition barrier: the arrive is thread 0's)."""
+    tma.store_wait(0)
+    gl.thread_barrier()
+    mbarrier.arrive(bar, count=1)
+
+
+@gluon.jit
+def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                   WINDOW_RIGHT, diag, release, rel_bar, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, RELEASE: gl.constexpr):
+    """``_first_step`` at ring step ``g``; while ``S_0`` is on the tensor cores, the previous
+    tile's Q buffer is released (``_release_q``) when ``RELEASE`` and ``release``."""
+    slot = g % STAGES
+    mbarrier.wait(k_ready.index(slot), (g // STAGES) & 1)
+    s = _issue_qk(q_smem, k_bufs, slot, s_layout)
+    if RELEASE:
+        if release:
+            _release_q(rel_bar)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(slot), count=1)
+    if MASKED:
+        s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    return p_next, m_i, l_i
+
+
+@gluon.jit
+def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
+                   q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
+                   n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr,
+                   Q_BUFS: gl.constexpr):
+    """The persistent consumer: ``_consumer``'s tile body in a loop over the CTA's tiles.  Its O
+    store of tile ``i`` drains while tile ``i + 1`` runs (with two Q buffer sets the buffer is
+    released during tile ``i + 1``'s first QK product, with one right after the store)."""
+    QB: gl.constexpr = q_bufs.shape[3]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    n_m, pair, n_per, n_units = _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
+    kv0 = 0
+    i = 0
+    for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+        m0, p, n_sub, off_h, off_z = _pers_unit(u, n_m, pair, n_per, n_heads)
+        for s in range(n_sub):
+            start_m = m0 + s * (p - m0)
+            n_full, full_lo, start, n_lead, full_hi, n_blocks = _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT,
+                                                                           WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N)
+            qi = (i % Q_BUFS) * NUM_CONSUMERS + cid
+            q_tile = q_bufs.index(qi)
+            q_smem = q_tile.reshape([QB, HEAD_DIM])
+            # Two buffer sets: release the previous tile's (its O store was issued last iteration).
+            release = i > 0
+            rel_bar = q_empty.index(((i + 1) % Q_BUFS) * NUM_CONSUMERS + cid)
+            row0 = start_m * BLOCK_M + cid * QB
+            rows = row0 + gl.arange(0, QB, layout=gl.SliceLayout(1, s_layout))
+
+            m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+            l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
+            mbarrier.wait(q_ready.index(qi), (i // Q_BUFS) & 1)
+
+            if n_blocks > 0:
+                if OVERLAP:
+                    if PEEL_FULL:
+                        if n_full > 0:
+                            p_prev, m_i, l_i = _first_step_at(kv0, full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                              WINDOW_RIGHT, diag, release, rel_bar, False, BLOCK_N,
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
+                        else:
+                            col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
+                            p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty,
+                                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                              WINDOW_RIGHT, diag, release, rel_bar, True, BLOCK_N,
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
+                    else:
+                        col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+                        p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i,
+                                                          l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                                                          diag, release, rel_bar, True, BLOCK_N, STAGES, s_layout,
+                                                          p_layout, Q_BUFS == 2)
+                    for j in range(1, n_full):
+                        acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                                              k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
+                                                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
+                                                              BLOCK_N, STAGES, s_layout, p_layout)
+                    for j in range(gl.maximum(n_full, 1), n_blocks):
+                        col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+                        acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                                              k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
+                                                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
+                                                              BLOCK_N, STAGES, s_layout, p_layout)
+                    last = kv0 + n_blocks - 1
+                    last_slot = last % STAGES
+                    mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
+                    acc = warpgroup_mma(p_prev, v_bufs.index(last_slot).reshape([BLOCK_N, HEAD_DIM]), acc,
+                                        is_async=True)
+                    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+                    mbarrier.arrive(v_empty.index(last_slot), count=1)
+                else:
+                    if Q_BUFS == 2:
+                        if release:
+                            _release_q(rel_bar)
+                    for j in range(0, n_full):
+                        acc, m_i, l_i = _serial_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                     v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                     WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout)
+                    for j in range(n_full, n_blocks):
+                        col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+                        acc, m_i, l_i = _serial_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                     v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                     WINDOW_RIGHT, diag, True, BLOCK_N, STAGES, s_layout, p_layout)
+            else:
+                if Q_BUFS == 2:
+                    if release:
+                        _release_q(rel_bar)
+
+            o, lse = softmax_epilogue(acc, m_i, l_i)
+            q_smem.store(o.to(desc_o.dtype))
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's O rows are in shared memory before the TMA store
+            tma.async_copy_shared_to_global(desc_o, [off_z, off_h, row0, 0], q_tile)
+            if STORE_LSE != 0:
+                lse_ptrs = LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh + rows
+                gl.store(lse_ptrs, lse, mask=rows < N_CTX_Q)
+            # One buffer set: release it right away (the loader waits for it before the next Q).
+            if Q_BUFS == 1:
+                _release_q(q_empty.index(qi))
+            kv0 += n_blocks
+            i += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _pconsumer0(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
+    _consumer_pers(0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+
+
+@gluon.jit
+def _pconsumer1(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
+    _consumer_pers(1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+
+
+@gluon.jit
+def _pconsumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
+    _consumer_pers(2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
+                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+
+
+# ----------------------------------------------------------------------------
+# The kernel
+# ----------------------------------------------------------------------------
+@gluon.jit
+def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE,
+                   N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
+                   LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
+                   SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2):
+    # Options left out of an AOT compile arrive as None: the defaults above (= the original kernel).
+    N_CONS: gl.constexpr = _opt(NUM_CONSUMERS, 2)
+    C_REGS: gl.constexpr = _opt(CONSUMER_REGS, 240)
+    L_REGS: gl.constexpr = _opt(LOADER_REGS, 24)
+    PEEL: gl.constexpr = _opt(PEEL_FULL, 0)
+    OVL: gl.constexpr = _opt(OVERLAP, 1)
+    SCHEDULE: gl.constexpr = _opt(SCHED, 0)
+    PERS: gl.constexpr = _opt(PERSISTENT, 0)
+    QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
+    gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
+    gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
+    gl.static_assert(desc_q.block_type.shape[2] == 64, "Q/O descriptor block: [1, 1, 64, HEAD_DIM]")
+    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "Q/O descriptor block: [1, 1, 64, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K/V descriptor block: [1, 1, BLOCK_N, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[3] == HEAD_DIM, "K/V descriptor block: [1, 1, BLOCK_N, HEAD_DIM]")
+
+    if PERS:
+        gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
+        # -- persistent: grid (G, 1, 1), G = num_programs(0) <= #tiles; B and Hq from Q's descriptor
+        n_heads = desc_q.shape[1]
+        n_hz = desc_q.shape[0] * n_heads
+        diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+        qk_scale = sm_scale * LOG2E
+        q_bufs = gl.allocate_shared_memory(desc_q.dtype, [QBUFS * N_CONS] + desc_q.block_type.shape, desc_q.layout)
+        k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [QBUFS * N_CONS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [QBUFS * N_CONS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(QBUFS * N_CONS):
+            mbarrier.init(q_ready.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)  # one consumer per Q tile
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=N_CONS)
+            mbarrier.init(v_empty.index(i), count=N_CONS)
+        if N_CONS == 2:
+            gl.warp_specialize([
+                (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_loader_pers, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                                k_empty, v_empty, n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
+                                WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
+            ], [4, 1], [C_REGS, L_REGS])
+        else:
+            gl.warp_specialize([
+                (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_pconsumer2, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_loader_pers, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                                k_empty, v_empty, n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
+                                WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
+            ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
+    else:
+        # -- program scheduling --------------------------------------------------------
+        start_m, off_h, off_z = _tile_coords(SCHEDULE)
+        off_hk = off_h // GQA_GROUP
+
+        # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
+        diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+        start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                             BLOCK_M, BLOCK_N)
+        n_full = (full_hi - full_lo) // BLOCK_N
+        n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
+        n_blocks = n_full + n_boundary
+        qk_scale = sm_scale * LOG2E
+
+        # -- shared memory: Q (later O) per consumer, the K/V ring, barriers ----------
+        q_bufs = gl.allocate_shared_memory(desc_q.dtype, [N_CONS] + desc_q.block_type.shape, desc_q.layout)
+        k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+        v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+        q_bars = gl.allocate_shared_memory(gl.int64, [N_CONS, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(N_CONS):
+            mbarrier.init(q_bars.index(c), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=N_CONS)  # released by every consumer
+            mbarrier.init(v_empty.index(i), count=N_CONS)
+
+        # The argument tuples are written inline: in 3.6.0 a tuple bound to a name first turns
+        # its constexpr members into tensors.
+        if N_CONS == 2:
+            gl.warp_specialize([
+                (_consumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, STAGES, PEEL, OVL)),
+                (_consumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, STAGES, PEEL, OVL)),
+                (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+                           off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+                           BLOCK_N, STAGES, N_CONS)),
+            ], [4, 1], [C_REGS, L_REGS])
+        else:
+            gl.warp_specialize([
+                (_consumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, STAGES, PEEL, OVL)),
+                (_consumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, STAGES, PEEL, OVL)),
+                (_consumer2, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                              BLOCK_N, STAGES, PEEL, OVL)),
+                (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+                           off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+                           BLOCK_N, STAGES, N_CONS)),
+            ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])

@@ -1,0 +1,819 @@
+//! The Gluon (sm_90) backend of `attn_fwd` and `attn_bwd`: which calls it can serve (pure
+//! checks, unit-tested without a GPU), the backward's workspace, and its launches. The kernel
+//! contract is `python/kernels/flash_gluon/ABI.md`; the rule `Backend::Auto` follows is in the
+//! module docs of `flash`.
+use std::fmt;
+
+use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, strides3, strides4};
+use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
+use crate::driver::cuda::DeviceInfo;
+use crate::error::{Error, ErrorKind, Result};
+use crate::tensor::DType;
+use crate::tma::{self, TensorArg, TmaProblem};
+
+pub(crate) const FWD_FAMILY: &str = "attn_fwd_gluon";
+pub(crate) const BWD_PREPROCESS_FAMILY: &str = "attn_bwd_gluon_preprocess";
+pub(crate) const BWD_FAMILY: &str = "attn_bwd_gluon";
+pub(crate) const BWD_DQ_CONVERT_FAMILY: &str = "attn_bwd_gluon_dq_convert";
+/// The only arch the Gluon kernels are built for.
+pub(crate) const ARCH: &str = "sm_90";
+
+/// Head-dim buckets of the Gluon families (the `head_dim` axis), smallest first.
+const FWD_BUCKETS: [(u64, &str); 3] = [(64, "64"), (128, "128"), (256, "256")];
+const BWD_BUCKETS: [(u64, &str); 2] = [(64, "64"), (128, "128")];
+/// Query rows of the backward workspace are padded to a multiple of this (`SQ_PAD`).
+const SQ_PAD_MULTIPLE: u64 = 128;
+/// `lse2` and `delta2` are viewed as rows of this many fp32 values.
+const STAT_ROW: u64 = 64;
+
+/// Why the Gluon backend cannot serve a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unsupported {
+    DType(DType),
+    HeadDim { head_dim: u64, max: u64 },
+    Dropout,
+    Bias,
+    Varlen,
+    /// A tensor TMA cannot address (`"workspace"`: the workspace views would be too large).
+    Tma { tensor: &'static str, problem: TmaProblem },
+    /// A plain pointer the kernels assume 16-byte aligned (lse, delta) is not.
+    Misaligned { tensor: &'static str, ptr: u64 },
+    NoWorkspace { needed: u64 },
+    WorkspaceTooSmall { needed: u64, given: u64 },
+    /// The device is not sm_90 (the error message names the device).
+    Arch,
+    /// The device's archive lacks a functional the call needs.
+    NotCompiled { family: &'static str },
+    /// No compiled kernel of the functional accepts these arguments (its alignment hints).
+    NoKernelFits { family: &'static str },
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Unsupported::DType(dtype) => write!(f, "it takes fp16 or bf16 inputs, not {}", dtype.triton_name()),
+            Unsupported::HeadDim { head_dim, max } => write!(f, "head dim {head_dim} is above its largest ({max})"),
+            Unsupported::Dropout => write!(f, "it has no dropout (use the portable backend)"),
+            Unsupported::Bias => write!(f, "it has no attention bias (use the portable backend)"),
+            Unsupported::Varlen => write!(f, "it does not take packed (varlen) batches (use the portable backend)"),
+            Unsupported::Tma { tensor, problem } => write!(f, "{tensor}: {problem}"),
+            Unsupported::Misaligned { tensor, ptr } => {
+                write!(f, "{tensor}: address {ptr:#x} is not 16-byte aligned (its kernels assume it)")
+            }
+            Unsupported::NoWorkspace { needed } => {
+                write!(f, "the backward needs a workspace of {needed} bytes (attn_bwd_workspace_bytes); none was given")
+            }
+            Unsupported::WorkspaceTooSmall { needed, given } => {
+                write!(f, "the backward needs a workspace of {needed} bytes (attn_bwd_workspace_bytes); {given} were given")
+            }
+            Unsupported::Arch => write!(f, "its kernels run on {ARCH} only"),
+            Unsupported::NotCompiled { family } => {
+                write!(f, "this build's archive has no {family} kernels for this dtype and head dim")
+            }
+            Unsupported::NoKernelFits { family } => {
+                write!(f, "no compiled {family} kernel accepts these pointer alignments and strides")
+            }
+        }
+    }
+}
+
+impl Unsupported {
+    /// The error a forced Gluon call reports. `device` names the device for `Arch`.
+    pub fn error(self, op: &str, device: Option<&DeviceInfo>) -> Error {
+        let on = match (self, device) {
+            (Unsupported::Arch, Some(d)) => format!(" (device {} is {})", d.ordinal, d.arch),
+            _ => String::new(),
+        };
+        Error::new(ErrorKind::UnsupportedByBackend, format!("{op}: the Gluon backend cannot serve this call: {self}{on}"))
+    }
+}
+
+/// What the Gluon kernels of one call are compiled for, from the inputs alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GluonShape {
+    pub dtype: DType,
+    /// The `head_dim` bucket (`HEAD_DIM` of the kernels) and its axis value.
+    pub bucket: u64,
+    pub bucket_axis: &'static str,
+    /// Backward: `SQ_PAD` = Sq rounded up to 128, and the workspace it needs.
+    pub sq_pad: u64,
+    pub workspace_bytes: u64,
+}
+
+impl GluonShape {
+    fn axes(&self) -> Axes {
+        Axes::of(&[("dtype", self.dtype.triton_name()), ("head_dim", self.bucket_axis)])
+    }
+    /// `B·Hq·SQ_PAD`: rows of the workspace's dQ accumulator.
+    fn workspace_rows(&self, shape: &AttnShape) -> u64 {
+        shape.batch * shape.heads_q * self.sq_pad
+    }
+}
+
+/// The input conditions shared by both passes: dtype, head dim, features, TMA-addressable
+/// tensors.
+fn common_inputs(
+    dtype: DType,
+    shape: &AttnShape,
+    buckets: &[(u64, &'static str)],
+    features: [(bool, Unsupported); 3],
+    tensors: &[(&'static str, TensorArg)],
+) -> Result<GluonShape, Unsupported> {
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        return Err(Unsupported::DType(dtype));
+    }
+    let max = buckets.last().map_or(0, |b| b.0);
+    let Some(&(bucket, bucket_axis)) = buckets.iter().find(|b| b.0 >= shape.head_dim) else {
+        return Err(Unsupported::HeadDim { head_dim: shape.head_dim, max });
+    };
+    if let Some((_, why)) = features.iter().find(|(on, _)| *on) {
+        return Err(*why);
+    }
+    for &(tensor, t) in tensors {
+        tma::check(&t).map_err(|problem| Unsupported::Tma { tensor, problem })?;
+    }
+    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_bytes: 0 })
+}
+
+/// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
+/// [`device_ready`]).
+pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
+    let features = [
+        (p.dropout.is_some(), Unsupported::Dropout),
+        (p.bias.is_some(), Unsupported::Bias),
+        (p.varlen.is_some(), Unsupported::Varlen),
+    ];
+    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
+    let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
+    aligned16(&[("lse", p.lse.map_or(0, |l| l.ptr))])?;
+    Ok(g)
+}
+
+/// The plain pointers the Gluon kernels' `aligned` variant assumes 16-byte aligned.
+fn aligned16(pointers: &[(&'static str, u64)]) -> Result<(), Unsupported> {
+    match pointers.iter().find(|(_, ptr)| !ptr.is_multiple_of(16)) {
+        Some(&(tensor, ptr)) => Err(Unsupported::Misaligned { tensor, ptr }),
+        None => Ok(()),
+    }
+}
+
+/// Whether the Gluon backward can serve `p` (inputs only, the workspace aside: see
+/// [`check_workspace`]). The result carries the workspace size.
+pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
+    let features = [
+        (p.dropout.is_some(), Unsupported::Dropout),
+        (p.bias.is_some() || p.dbias.is_some(), Unsupported::Bias),
+        (p.varlen.is_some(), Unsupported::Varlen),
+    ];
+    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o), ("d_o", &p.d_o), ("dq", &p.dq), ("dk", &p.dk), ("dv", &p.dv)]
+        .map(|(n, t)| (n, TensorArg::from_view(t)));
+    let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, features, &tensors)?;
+    aligned16(&[("lse", p.lse.ptr), ("delta", p.delta.ptr)])?;
+    g.sq_pad = shape.seqlen_q.div_ceil(SQ_PAD_MULTIPLE) * SQ_PAD_MULTIPLE;
+    g.workspace_bytes = workspace_bytes(shape, g.bucket);
+    // The workspace views must be addressable by TMA too (their rows below 2^32).
+    let rows = g.workspace_rows(shape);
+    for t in [TensorArg::matrix(0, rows, g.bucket, DType::F32), TensorArg::matrix(0, rows / STAT_ROW, STAT_ROW, DType::F32)] {
+        tma::check(&t).map_err(|problem| Unsupported::Tma { tensor: "workspace", problem })?;
+    }
+    Ok(g)
+}
+
+/// The backward's workspace: `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
+/// `SQ_PAD` = Sq rounded up to 128, `HEAD_DIM` the Gluon bucket.
+pub(crate) fn workspace_bytes(shape: &AttnShape, bucket: u64) -> u64 {
+    let sq_pad = shape.seqlen_q.div_ceil(SQ_PAD_MULTIPLE) * SQ_PAD_MULTIPLE;
+    shape.batch * shape.heads_q * sq_pad * (bucket + 2) * 4
+}
+
+/// Whether the caller's workspace is large enough for `g`.
+pub(crate) fn check_workspace(workspace: Option<Workspace>, g: &GluonShape) -> Result<(), Unsupported> {
+    match workspace {
+        None => Err(Unsupported::NoWorkspace { needed: g.workspace_bytes }),
+        Some(ws) if ws.bytes < g.workspace_bytes => Err(Unsupported::WorkspaceTooSmall { needed: g.workspace_bytes, given: ws.bytes }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Whether the device can run Gluon kernels at all.
+pub(crate) fn device_supported(arch: &str) -> Result<(), Unsupported> {
+    if arch == ARCH { Ok(()) } else { Err(Unsupported::Arch) }
+}
+
+/// The backend rule, before the driver is touched: `Portable` → no Gluon; `Auto` → Gluon if the
+/// inputs allow it; `Gluon` → the inputs must allow it, else the error.
+pub(crate) fn select_by_inputs(backend: Backend, inputs: impl FnOnce() -> Result<GluonShape, Unsupported>) -> Result<Option<GluonShape>, Unsupported> {
+    match backend {
+        Backend::Portable => Ok(None),
+        Backend::Auto => Ok(inputs().ok()),
+        Backend::Gluon => inputs().map(Some),
+    }
+}
+
+/// The backend rule, once the device is known: whether to launch Gluon (`device` is the
+/// result of [`device_ready`]). A forced Gluon call gets the device's reason as its error.
+pub(crate) fn select_by_device(backend: Backend, device: Result<(), Unsupported>) -> Result<bool, Unsupported> {
+    match (backend, device) {
+        (_, Ok(())) => Ok(true),
+        (Backend::Gluon, Err(why)) => Err(why),
+        (_, Err(_)) => Ok(false),
+    }
+}
+
+/// The device conditions: sm_90, and for every request of the call its functional is in the
+/// device's archive and one of its kernels fits the arguments.
+pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request]) -> Result<(), Unsupported> {
+    device_supported(&launcher.device().arch)?;
+    for request in requests {
+        match launcher.serves(request) {
+            Serves::Yes => {}
+            Serves::NotCompiled => return Err(Unsupported::NotCompiled { family: request.family }),
+            Serves::NoKernelFits => return Err(Unsupported::NoKernelFits { family: request.family }),
+        }
+    }
+    Ok(())
+}
+
+/// `cdiv(len, config[key])`, with the contract's block size when the config does not say.
+fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str, default: i64) -> u32 {
+    len.div_ceil(config(meta, key, default).max(1) as u64) as u32
+}
+
+fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
+    ArgValue::Tensor(TensorArg::from_view(t))
+}
+
+/// The forward's functional key.
+pub(crate) fn fwd_axes(g: &GluonShape) -> Axes {
+    g.axes()
+}
+
+/// The Gluon forward's functional key and arguments, built before the backend is decided.
+pub(crate) struct FwdCall {
+    axes: Axes,
+    args: ArgList,
+}
+
+impl FwdCall {
+    pub fn new(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape) -> FwdCall {
+        FwdCall { axes: fwd_axes(g), args: fwd_args(p, shape, mask) }
+    }
+    pub fn request(&self) -> Result<Request<'_>> {
+        Ok(Request { family: FWD_FAMILY, axes: self.axes.as_slice()?, args: self.args.args()? })
+    }
+}
+
+/// Arguments of `attn_fwd_gluon` by name (ABI.md).
+fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
+    use ArgValue::{F32, I32, I64, Ptr};
+    let (lse_ptr, lse_strides) = p.lse.map_or((0, [0, 0]), |l| (l.ptr, [l.strides[0], l.strides[1]]));
+    let mut args = ArgList::new();
+    args.extend([
+        ("desc_q", desc(&p.q)),
+        ("desc_k", desc(&p.k)),
+        ("desc_v", desc(&p.v)),
+        ("desc_o", desc(&p.o)),
+        ("LSE", Ptr(lse_ptr)),
+        ("stride_lz", I64(lse_strides[0])),
+        ("stride_lh", I64(lse_strides[1])),
+        ("sm_scale", F32(p.sm_scale)),
+        ("STORE_LSE", I32(p.lse.is_some() as i32)),
+        ("N_CTX_Q", I32(shape.seqlen_q as i32)),
+        ("N_CTX_K", I32(shape.seqlen_k as i32)),
+        ("GQA_GROUP", I32(shape.gqa_group() as i32)),
+        ("WINDOW_LEFT", I32(mask.left)),
+        ("WINDOW_RIGHT", I32(mask.right)),
+        ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
+    ]);
+    args
+}
+
+/// Enqueues the Gluon forward: grid `(cdiv(Sq, BLOCK_M), Hq, B)`.
+pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape) -> Result<()> {
+    let kernel = launcher.prepare(
+        request,
+        |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, device),
+        |meta| [blocks(shape.seqlen_q, meta, "BLOCK_M", 128), shape.heads_q as u32, shape.batch as u32],
+    )?;
+    launcher.launch(&kernel)
+}
+
+/// The backward's functional keys: (preprocess and dq_convert, main kernel).
+pub(crate) fn bwd_axes(g: &GluonShape, deterministic: bool) -> (Axes, Axes) {
+    let common = g.axes();
+    let mut main = common;
+    main.push("dq", bool_axis(!deterministic));
+    (common, main)
+}
+
+/// Device addresses of the workspace's three arrays (ABI.md): dq_acc, lse2, delta2.
+fn workspace_views(ws: &Workspace, shape: &AttnShape, g: &GluonShape) -> (u64, u64, u64) {
+    let rows = g.workspace_rows(shape);
+    let dq_acc = ws.ptr;
+    let lse2 = dq_acc + rows * g.bucket * 4;
+    (dq_acc, lse2, lse2 + rows * 4)
+}
+
+/// Arguments of the three Gluon backward kernels (each takes the ones it declares).
+fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, ws: &Workspace) -> (ArgList, ArgList, ArgList) {
+    use ArgValue::{F32, I32, Ptr, Tensor};
+    let (dq_acc, lse2, delta2) = workspace_views(ws, shape, g);
+    let rows = g.workspace_rows(shape);
+    let (seqlen_q, sq_pad, head_dim) = (I32(shape.seqlen_q as i32), I32(g.sq_pad as i32), I32(shape.head_dim as i32));
+
+    let mut pre = ArgList::new();
+    pre.extend([("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr))]);
+    pre.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
+    pre.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
+    pre.push("LSE", Ptr(p.lse.ptr));
+    pre.extend(strides3(["stride_lz", "stride_lh"], &p.lse, shape));
+    pre.push("DELTA", Ptr(p.delta.ptr));
+    pre.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
+    pre.extend([
+        ("LSE2", Ptr(lse2)),
+        ("DELTA2", Ptr(delta2)),
+        ("DQ_ACC", Ptr(dq_acc)),
+        ("N_CTX_Q", seqlen_q),
+        ("SQ_PAD", sq_pad),
+        ("D_HEAD", head_dim),
+        ("ZERO_DQ_ACC", I32(!p.deterministic as i32)),
+    ]);
+
+    let mut main = ArgList::new();
+    main.extend([
+        ("desc_q", desc(&p.q)),
+        ("desc_k", desc(&p.k)),
+        ("desc_v", desc(&p.v)),
+        ("desc_do", desc(&p.d_o)),
+        ("desc_dk", desc(&p.dk)),
+        ("desc_dv", desc(&p.dv)),
+        ("desc_dq_acc", Tensor(TensorArg::matrix(dq_acc, rows, g.bucket, DType::F32))),
+        ("desc_lse2", Tensor(TensorArg::matrix(lse2, rows / STAT_ROW, STAT_ROW, DType::F32))),
+        ("desc_delta2", Tensor(TensorArg::matrix(delta2, rows / STAT_ROW, STAT_ROW, DType::F32))),
+        ("sm_scale", F32(p.sm_scale)),
+        ("N_CTX_Q", seqlen_q),
+        ("N_CTX_K", I32(shape.seqlen_k as i32)),
+        ("SQ_PAD", sq_pad),
+        ("N_HEADS_Q", I32(shape.heads_q as i32)),
+        ("GQA_GROUP", I32(shape.gqa_group() as i32)),
+        ("WINDOW_LEFT", I32(mask.left)),
+        ("WINDOW_RIGHT", I32(mask.right)),
+        ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
+    ]);
+
+    let mut convert = ArgList::new();
+    convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);
+    convert.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq, shape));
+    convert.extend([
+        ("sm_scale", F32(p.sm_scale)),
+        ("N_CTX_Q", seqlen_q),
+        ("SQ_PAD", sq_pad),
+        ("D_HEAD", head_dim),
+        ("N_HEADS_Q", I32(shape.heads_q as i32)),
+    ]);
+    (pre, main, convert)
+}
+
+/// The Gluon backward's functional keys and arguments, built before the backend is decided.
+pub(crate) struct BwdCall {
+    common: Axes,
+    main_axes: Axes,
+    pre: ArgList,
+    main: ArgList,
+    convert: ArgList,
+}
+
+impl BwdCall {
+    /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
+    /// kernels would serve the call.
+    pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> BwdCall {
+        let (common, main_axes) = bwd_axes(g, p.deterministic);
+        let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace);
+        BwdCall { common, main_axes, pre, main, convert }
+    }
+
+    /// The requests of the preprocess, the main kernel and the dQ conversion.
+    pub fn requests(&self) -> Result<[Request<'_>; 3]> {
+        let common = self.common.as_slice()?;
+        Ok([
+            Request { family: BWD_PREPROCESS_FAMILY, axes: common, args: self.pre.args()? },
+            Request { family: BWD_FAMILY, axes: self.main_axes.as_slice()?, args: self.main.args()? },
+            Request { family: BWD_DQ_CONVERT_FAMILY, axes: common, args: self.convert.args()? },
+        ])
+    }
+}
+
+/// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
+/// `(cdiv(Sk, BLOCK_N), Hk, B)`), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
+/// B)`), or when deterministic the portable `attn_bwd_dq` request. All kernels are chosen,
+/// loaded and their descriptors encoded before the first launch.
+pub(crate) fn launch_bwd(
+    launcher: &Launcher,
+    [pre, main, dq]: [&Request; 3],
+    shape: &AttnShape,
+    g: &GluonShape,
+    deterministic: bool,
+) -> Result<()> {
+    let (b, hq, hk) = (shape.batch as u32, shape.heads_q as u32, shape.heads_k as u32);
+    let kernels = [
+        launcher.prepare(pre, first_preferred, |m| [blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b])?,
+        launcher.prepare(main, first_preferred, |m| [blocks(shape.seqlen_k, m, "BLOCK_N", 128), hk, b])?,
+        if deterministic {
+            launcher.prepare(dq, super::bwd::choose_kernel, |m| [super::blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?
+        } else {
+            launcher.prepare(dq, first_preferred, |m| [blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b])?
+        },
+    ];
+    for kernel in &kernels {
+        launcher.launch(kernel)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash::{Dropout, Mask, MaskAlign, Varlen};
+    use crate::tensor::TensorView;
+
+    const B: u64 = 2;
+    const HQ: u64 = 8;
+    const HK: u64 = 2;
+    const SQ: u64 = 300;
+    const SK: u64 = 500;
+
+    fn fwd(d: u64, dtype: DType) -> FwdParams<'static> {
+        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, d], dtype);
+        let lse = TensorView::contiguous(0x500000, [B, HQ, SQ], DType::F32);
+        FwdParams::new(t(0x100000, HQ, SQ), t(0x200000, HK, SK), t(0x300000, HK, SK), t(0x400000, HQ, SQ), Some(lse))
+    }
+
+    fn bwd(d: u64, dtype: DType) -> BwdParams<'static> {
+        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, d], dtype);
+        let rows = |ptr| TensorView::contiguous(ptr, [B, HQ, SQ], DType::F32);
+        BwdParams::new(
+            t(0x100000, HQ, SQ),
+            t(0x200000, HK, SK),
+            t(0x300000, HK, SK),
+            t(0x400000, HQ, SQ),
+            t(0x500000, HQ, SQ),
+            rows(0x600000),
+            rows(0x700000),
+            t(0x800000, HQ, SQ),
+            t(0x900000, HK, SK),
+            t(0xa00000, HK, SK),
+        )
+    }
+
+    fn fwd_check(p: &FwdParams) -> Result<GluonShape, Unsupported> {
+        let (shape, _) = super::super::fwd::validate(p).unwrap();
+        fwd_inputs(p, &shape)
+    }
+
+    fn bwd_check(p: &BwdParams) -> Result<GluonShape, Unsupported> {
+        let (shape, _) = super::super::bwd::validate(p).unwrap();
+        bwd_inputs(p, &shape).and_then(|g| check_workspace(p.workspace, &g).map(|()| g))
+    }
+
+    #[test]
+    fn forward_inputs_the_rule_accepts() {
+        for (d, bucket) in [(8, 64), (40, 64), (64, 64), (72, 128), (128, 128), (136, 256), (256, 256)] {
+            for dtype in [DType::F16, DType::BF16] {
+                let g = fwd_check(&fwd(d, dtype)).unwrap_or_else(|e| panic!("d {d}: {e}"));
+                assert_eq!((g.bucket, g.bucket_axis.to_string()), (bucket, bucket.to_string()));
+                assert_eq!(g.dtype, dtype);
+            }
+        }
+        // Masks, GQA and a B×S×H×D layout are all served.
+        let mut p = fwd(128, DType::BF16);
+        p.mask = Mask::causal(MaskAlign::BottomRight);
+        p.lse = None;
+        let bshd = |ptr, h: u64, s: u64| {
+            TensorView::new(ptr, [B, h, s, 128], [(s * h * 128) as i64, 128, (h * 128) as i64, 1], DType::BF16)
+        };
+        p.q = bshd(0x100000, HQ, SQ);
+        p.k = bshd(0x200000, HK, SK);
+        assert!(fwd_check(&p).is_ok());
+    }
+
+    #[test]
+    fn forward_inputs_the_rule_refuses() {
+        let reason = |f: &dyn Fn(&mut FwdParams)| {
+            let mut p = fwd(128, DType::BF16);
+            f(&mut p);
+            fwd_check(&p).unwrap_err()
+        };
+        assert_eq!(fwd_check(&fwd(64, DType::F32)), Err(Unsupported::DType(DType::F32)));
+        assert_eq!(reason(&|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000))), Unsupported::Dropout);
+        assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
+        assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: 0x500004 });
+        assert_eq!(
+            reason(&|p| p.q.ptr += 8),
+            Unsupported::Tma { tensor: "q", problem: TmaProblem::BaseMisaligned { ptr: 0x100008 } }
+        );
+        // A head dim of 40 with rows 40 elements apart (80 bytes) is fine; a row stride of 44
+        // elements (88 bytes) is not.
+        let mut p = fwd(40, DType::F16);
+        p.v = TensorView::new(0x300000, [B, HK, SK, 40], [(HK * SK * 44) as i64, (SK * 44) as i64, 44, 1], DType::F16);
+        assert_eq!(
+            fwd_check(&p),
+            Err(Unsupported::Tma { tensor: "v", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 88 } })
+        );
+    }
+
+    #[test]
+    fn packed_batches_are_portable_only() {
+        let t = |ptr, h| TensorView::new(ptr, [1, h, 17, 64], [0, 64, (h * 64) as i64, 1], DType::F16);
+        let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
+        let mut p = FwdParams::new(t(0x10000, HQ), t(0x20000, HK), t(0x30000, HK), t(0x40000, HQ), None);
+        p.varlen = Some(Varlen { cu_seqlens_q: cu(0x60000), cu_seqlens_k: cu(0x61000), max_seqlen_q: 12, max_seqlen_k: 9, host_cu_seqlens: None });
+        assert_eq!(fwd_check(&p), Err(Unsupported::Varlen));
+    }
+
+    #[test]
+    fn backward_inputs_and_workspace() {
+        let mut p = bwd(128, DType::BF16);
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        // SQ_PAD = 384; B·Hq·SQ_PAD·(128 + 2)·4.
+        assert_eq!(g.sq_pad, 384);
+        assert_eq!(g.workspace_bytes, B * HQ * 384 * 130 * 4);
+        assert_eq!(workspace_bytes(&shape, 64), B * HQ * 384 * 66 * 4);
+        assert_eq!(bwd_check(&p), Err(Unsupported::NoWorkspace { needed: g.workspace_bytes }));
+        p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes - 1 });
+        assert_eq!(bwd_check(&p), Err(Unsupported::WorkspaceTooSmall { needed: g.workspace_bytes, given: g.workspace_bytes - 1 }));
+        p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+        assert_eq!(bwd_check(&p), Ok(g));
+        // The workspace layout: dq_acc, then lse2, then delta2.
+        let ws = p.workspace.unwrap();
+        let rows = B * HQ * 384;
+        assert_eq!(workspace_views(&ws, &shape, &g), (ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4));
+        // Head dims above 128 are forward-only.
+        let mut p = bwd(256, DType::BF16);
+        p.workspace = Some(ws);
+        assert_eq!(bwd_check(&p), Err(Unsupported::HeadDim { head_dim: 256, max: 128 }));
+        let mut p = bwd(128, DType::BF16);
+        p.dk.strides[2] = 136;
+        p.dk.strides[1] = 136 * SK as i64;
+        p.dk.strides[0] = 136 * SK as i64 * HK as i64;
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        assert!(bwd_inputs(&p, &shape).is_ok(), "a padded row stride of 272 bytes is fine");
+        p.dk.strides[2] = 132;
+        p.dk.strides[1] = 132 * SK as i64;
+        p.dk.strides[0] = 132 * SK as i64 * HK as i64;
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        assert!(matches!(bwd_inputs(&p, &shape), Err(Unsupported::Tma { tensor: "dk", .. })));
+        let mut p = bwd(64, DType::F16);
+        p.delta.ptr += 4;
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Misaligned { tensor: "delta", ptr: 0x700004 }));
+        let mut p = bwd(64, DType::F16);
+        p.dropout = Some(Dropout::new(0.2, 0x1000, 0x2000));
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Dropout));
+    }
+
+    #[test]
+    fn the_auto_rule_and_forced_backends() {
+        let good = || fwd_check(&fwd(128, DType::BF16));
+        let bad = || fwd_check(&fwd(128, DType::F32));
+        assert_eq!(select_by_inputs(Backend::Portable, good), Ok(None));
+        assert!(select_by_inputs(Backend::Auto, good).unwrap().is_some());
+        assert_eq!(select_by_inputs(Backend::Auto, bad), Ok(None));
+        assert!(select_by_inputs(Backend::Gluon, good).unwrap().is_some());
+        assert_eq!(select_by_inputs(Backend::Gluon, bad), Err(Unsupported::DType(DType::F32)));
+        // The device: sm_90 with the functionals, else Portable (Auto) or an error (forced).
+        assert_eq!(device_supported("sm_90"), Ok(()));
+        assert_eq!(device_supported("sm_80"), Err(Unsupported::Arch));
+        assert_eq!(device_supported("gfx942"), Err(Unsupported::Arch));
+        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90")), Ok(true));
+        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_80")), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_80")), Err(Unsupported::Arch));
+        let missing = Err(Unsupported::NotCompiled { family: FWD_FAMILY });
+        assert_eq!(select_by_device(Backend::Auto, missing), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, missing), missing.map(|()| false));
+    }
+
+    #[test]
+    fn forced_errors_name_the_reason() {
+        let device = DeviceInfo { ordinal: 1, arch: "sm_80".into(), multiprocessors: 108, max_shared_optin: 166_912 };
+        let err = Unsupported::Arch.error("attn_fwd", Some(&device));
+        assert_eq!(err.kind(), ErrorKind::UnsupportedByBackend);
+        assert!(err.message().contains("sm_90") && err.message().contains("device 1 is sm_80"), "{err}");
+        let err = Unsupported::WorkspaceTooSmall { needed: 100, given: 50 }.error("attn_bwd", None);
+        assert!(err.message().contains("100 bytes") && err.message().contains("50 were given"), "{err}");
+        let err = Unsupported::Tma { tensor: "k", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 72 } }.error("attn_fwd", None);
+        assert!(err.message().starts_with("attn_fwd: the Gluon backend cannot serve this call: k: strides[2] is 72 bytes"), "{err}");
+        for why in [Unsupported::Dropout, Unsupported::Bias, Unsupported::Varlen, Unsupported::HeadDim { head_dim: 256, max: 128 }] {
+            assert!(!why.to_string().is_empty());
+        }
+    }
+
+    fn no_driver() -> bool {
+        // SAFETY: only probes whether the driver library can be opened.
+        !unsafe { cudarc::driver::sys::is_culib_present() }
+    }
+
+    #[test]
+    fn forced_backends_fail_before_the_driver() {
+        use crate::driver::Stream;
+        use crate::flash::{attn_bwd, attn_bwd_workspace_bytes, attn_fwd};
+        let kind = |r: Result<()>| r.unwrap_err().kind();
+        let mut p = fwd(64, DType::F32);
+        p.backend = Backend::Gluon;
+        let err = attn_fwd(&p, Stream::null()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnsupportedByBackend);
+        assert!(err.message().contains("fp16 or bf16") && err.message().contains("fp32"), "{err}");
+        let mut p = fwd(64, DType::F16);
+        p.backend = Backend::Gluon;
+        p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+        assert_eq!(kind(attn_fwd(&p, Stream::null())), ErrorKind::UnsupportedByBackend);
+        // Validation still comes first.
+        p.q.ptr = 0;
+        assert_eq!(kind(attn_fwd(&p, Stream::null())), ErrorKind::NullPointer);
+
+        let mut g = bwd(64, DType::BF16);
+        g.backend = Backend::Gluon;
+        let err = attn_bwd(&g, Stream::null()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnsupportedByBackend);
+        assert!(err.message().contains("workspace"), "{err}");
+        g.workspace = Some(Workspace { ptr: 0x10000000, bytes: 100 });
+        assert!(attn_bwd(&g, Stream::null()).unwrap_err().message().contains("100 were given"));
+        g.workspace = Some(Workspace { ptr: 0, bytes: 1 << 30 });
+        assert_eq!(kind(attn_bwd(&g, Stream::null())), ErrorKind::NullPointer);
+        g.workspace = Some(Workspace { ptr: 0x10000008, bytes: 1 << 30 });
+        assert_eq!(kind(attn_bwd(&g, Stream::null())), ErrorKind::MisalignedPointer);
+        let mut g = bwd(128, DType::F32);
+        g.backend = Backend::Gluon;
+        assert_eq!(attn_bwd_workspace_bytes(&g, Stream::null()).unwrap_err().kind(), ErrorKind::UnsupportedByBackend);
+        // Calls that need no device answer without one.
+        g.backend = Backend::Portable;
+        assert_eq!(attn_bwd_workspace_bytes(&g, Stream::null()), Ok(0));
+        g.backend = Backend::Auto;
+        assert_eq!(attn_bwd_workspace_bytes(&g, Stream::null()), Ok(0), "fp32 is portable-only");
+        if no_driver() {
+            let g = bwd(64, DType::BF16);
+            assert_eq!(attn_bwd_workspace_bytes(&g, Stream::null()).unwrap_err().kind(), ErrorKind::NoDriver);
+            let mut p = fwd(64, DType::F16);
+            p.backend = Backend::Gluon;
+            assert_eq!(kind(attn_fwd(&p, Stream::null())), ErrorKind::NoDriver, "eligible inputs reach the driver");
+        }
+    }
+
+    #[test]
+    fn axes_match_the_rules() {
+        let g = fwd_check(&fwd(96, DType::BF16)).unwrap();
+        assert_eq!(fwd_axes(&g).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
+        let (common, main) = bwd_axes(&g, true);
+        assert_eq!(common.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
+        assert_eq!(main.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128"), ("dq", "false")]);
+        assert_eq!(bwd_axes(&g, false).1.as_slice().unwrap()[2], ("dq", "true"));
+    }
+
+    #[test]
+    fn argument_lists_follow_the_abi() {
+        let mut p = bwd(64, DType::F16);
+        let (shape, mask) = super::super::bwd::validate(&p).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        let names = |l: &ArgList| l.args().unwrap().iter().map(|(n, _)| *n).collect::<Vec<_>>();
+        assert_eq!(names(&main)[..9], ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2"]);
+        let value = |l: &ArgList, n: &str| l.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        let rows = B * HQ * 384;
+        let ArgValue::Tensor(acc) = value(&main, "desc_dq_acc") else { panic!() };
+        assert_eq!((acc.rank, acc.sizes(), acc.dtype), (2, &[rows, 64][..], DType::F32));
+        let ArgValue::Tensor(lse2) = value(&main, "desc_lse2") else { panic!() };
+        assert_eq!((lse2.ptr, lse2.sizes()), (0x10000000 + rows * 64 * 4, &[rows / 64, 64][..]));
+        assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(1));
+        assert_eq!(value(&pre, "SQ_PAD"), ArgValue::I32(384));
+        assert_eq!(value(&convert, "DQ"), ArgValue::Ptr(p.dq.ptr));
+        p.deterministic = true;
+        let (pre, ..) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(0));
+        let f = fwd(128, DType::BF16);
+        let (shape, mask) = super::super::fwd::validate(&f).unwrap();
+        let args = fwd_args(&f, &shape, &mask);
+        assert_eq!(names(&args)[..4], ["desc_q", "desc_k", "desc_v", "desc_o"]);
+        assert_eq!(value(&args, "GQA_GROUP"), ArgValue::I32(4));
+    }
+
+    /// The host side of the launch path of both operators and both backends, up to the driver:
+    /// validation, functional keys, argument lists, the archive lookup, the kernel choice.
+    fn host_side(arch: &str) {
+        use crate::dispatch::{find_functional, fitting_kernels};
+        let loaded = crate::images::archive_for(arch).unwrap();
+        let mut p = fwd(128, DType::BF16);
+        p.mask = Mask::causal(MaskAlign::TopLeft);
+        let (shape, mask) = super::super::fwd::validate(&p).unwrap();
+        let axes = super::super::fwd::functional_axes(&p, &shape);
+        let args = super::super::fwd::kernel_args(&p, &shape, &mask).unwrap();
+        let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
+        let functional = &loaded.archive.functionals()[find_functional(&loaded, &request).unwrap()];
+        let fitting = fitting_kernels(functional, request.args).unwrap();
+        let device = DeviceInfo { ordinal: 0, arch: String::new(), multiprocessors: 132, max_shared_optin: 232_448 };
+        super::super::fwd::choose_kernel(functional, fitting, &shape, &device);
+        let g = select_by_inputs(Backend::Auto, || fwd_inputs(&p, &shape)).unwrap().unwrap();
+        fwd_args(&p, &shape, &mask).args().unwrap();
+        fwd_axes(&g).as_slice().unwrap();
+        let _ = loaded.archive.find(FWD_FAMILY, fwd_axes(&g).as_slice().unwrap());
+
+        let mut p = bwd(64, DType::F16);
+        p.workspace = Some(Workspace { ptr: 0x10000000, bytes: 1 << 30 });
+        let (shape, mask) = super::super::bwd::validate(&p).unwrap();
+        super::super::bwd::preprocess_args(&p, &shape).args().unwrap();
+        let args = super::super::bwd::kernel_args(&p, &shape, &mask).unwrap();
+        let features = [("dropout", false), ("bias", false)];
+        let axes = crate::flash::axes(p.q.dtype, false, &shape, &features);
+        let request = Request { family: "attn_bwd_dkdv", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
+        let functional = &loaded.archive.functionals()[find_functional(&loaded, &request).unwrap()];
+        super::super::bwd::choose_kernel(functional, fitting_kernels(functional, request.args).unwrap(), &device);
+        let g = bwd_inputs(&p, &shape).unwrap();
+        check_workspace(p.workspace, &g).unwrap();
+        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        for list in [&pre, &main, &convert] {
+            list.args().unwrap();
+        }
+        let (common, main) = bwd_axes(&g, false);
+        common.as_slice().unwrap();
+        main.as_slice().unwrap();
+    }
+
+    #[test]
+    fn the_host_side_of_a_launch_allocates_nothing_after_warm_up() {
+        let Some(arch) = crate::images::built_archs().first().copied() else {
+            eprintln!("skipped: this build carries no kernels (AOTRITON_TARGET_ARCH=none)");
+            return;
+        };
+        host_side(arch);
+        let before = crate::alloc_count::allocations();
+        for _ in 0..100 {
+            host_side(arch);
+        }
+        assert_eq!(crate::alloc_count::allocations() - before, 0, "heap allocations on the launch path");
+        let counted = Vec::<u8>::with_capacity(8);
+        assert!(crate::alloc_count::allocations() > before, "the counter counts");
+        drop(counted);
+    }
+
+    /// Builds every Gluon functional's argument list the way `attn_fwd`/`attn_bwd` do and checks
+    /// it against the compiled kernels' metadata (names, types, descriptor ranks and element
+    /// sizes, the TMA encode parameters): the ABI contract, checked without a GPU.
+    #[test]
+    fn compiled_gluon_kernels_take_the_runtime_arguments() {
+        use crate::dispatch::{fitting_kernels, plan_slots};
+        let Some(arch) = crate::images::built_archs().into_iter().find(|a| *a == ARCH) else {
+            eprintln!("skipped: this build carries no {ARCH} kernels");
+            return;
+        };
+        let loaded = crate::images::archive_for(arch).unwrap();
+        let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY];
+        let functionals: Vec<_> = loaded.archive.functionals().iter().filter(|f| families.contains(&f.family.as_str())).collect();
+        if functionals.is_empty() {
+            eprintln!("skipped: the {arch} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
+            return;
+        }
+        for f in functionals {
+            let dtype = match f.axes["dtype"].as_str() {
+                "fp16" => DType::F16,
+                "bf16" => DType::BF16,
+                other => panic!("{}: dtype {other}", f.display_name()),
+            };
+            let d: u64 = f.axes["head_dim"].parse().unwrap();
+            let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
+            let mut fp = fwd(d, dtype);
+            fp.mask = Mask::causal(MaskAlign::BottomRight);
+            let mut bp = bwd(d.min(128), dtype);
+            bp.deterministic = deterministic;
+            let list = if f.family == FWD_FAMILY {
+                let (shape, mask) = super::super::fwd::validate(&fp).unwrap();
+                let g = fwd_inputs(&fp, &shape).unwrap();
+                assert_eq!(g.bucket_axis, f.axes["head_dim"]);
+                fwd_args(&fp, &shape, &mask)
+            } else {
+                let (shape, mask) = super::super::bwd::validate(&bp).unwrap();
+                let g = bwd_inputs(&bp, &shape).unwrap();
+                assert_eq!(g.bucket_axis, f.axes["head_dim"]);
+                bp.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+                let (pre, main, convert) = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap());
+                match f.family.as_str() {
+                    BWD_PREPROCESS_FAMILY => pre,
+                    BWD_FAMILY => main,
+                    _ => convert,
+                }
+            };
+            let args = list.args().unwrap();
+            let fitting = fitting_kernels(f, args).unwrap_or_else(|e| panic!("{}: {e}", f.display_name()));
+            assert!(!fitting.is_empty(), "{}: no kernel fits aligned inputs", f.display_name());
+            for kernel in &f.kernels {
+                plan_slots(kernel, args).unwrap_or_else(|e| panic!("{}: {e}", f.display_name()));
+                for a in &kernel.args {
+                    if let Some(meta) = &a.tensordesc {
+                        let (_, ArgValue::Tensor(t)) = args.iter().find(|(n, _)| *n == a.name).unwrap() else { unreachable!() };
+                        tma::encode_params(t, meta).unwrap_or_else(|e| panic!("{} {}: {e}", kernel.id, a.name));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,459 @@
+"""GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
+
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--only SUBSTRING] [--variant NAME]
+
+Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
+launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
+host rank-4 TMA descriptors on the 4-D tensors (``TensorDescriptor.from_tensor``, the real head
+dim, the bucket as the box) and rank-2 descriptors on views of one fp32 workspace
+(``dq_acc | lse2 | delta2``).
+
+Correctness: LSE from a float64 reference forward (cast to fp32, +inf on rows that see no key)
+and O from that reference; dQ, dK, dV against float64 autograd of the same masked attention.
+Bound per tensor: ``max|out - ref64| <= 3 * max|naive - ref64| + 1e-3`` where ``naive`` is the
+same math in the input dtype (torch autograd on fp16/bf16 tensors).  Outputs, DELTA and the whole
+workspace are poisoned with NaN first (the preprocess must zero ``dq_acc``).  COMPUTE_DQ=0 is
+checked on dK/dV only (dQ then comes from the portable kernel).  Then a stability check:
+100 launches of one case give bitwise identical dK/dV and dQ within 1e-6 (relative to max|dQ|).
+
+``--consan``: a few shapes per head dim again under Gluon's concurrency sanitizer
+(``triton.knobs.compilation.instrumentation_mode = "consan"``, global scratch through
+``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
+``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
+included) vs torch SDPA's cuDNN backward.
+``--variant NAME``: the correctness list (and the stability check, and ``--bench``) on one entry of
+``VARIANTS`` (performance constexprs of ``attn_bwd_gluon``); cases of a head dim the variant does not
+serve are skipped.  A case that sets ``stages`` keeps it (the variant's other options apply).
+"""
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
+from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
+from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
+
+BLOCK_M, BLOCK_N = 64, 128  # main kernel: queries per step, keys per CTA
+MAXNREG = 168  # 65536 / 384 threads
+#: Recommended ring depth per head-dim bucket (shared memory: hd128 STAGES 3 = 231488 B).
+STAGES = {64: 3, 128: 2}
+#: Performance variants of attn_bwd_gluon (the constexprs after COMPUTE_DQ, see bwd.py):
+#: name -> (head dims it applies to, STAGES, MASK_MODE, CONS_REGS, DK_SS).  "default" = the kernel's
+#: defaults with the recommended STAGES above.  All are fully general (same inputs, same results up to
+#: fp32 summation order); ``--variant NAME`` runs the whole correctness list on one.
+def _variant(st, mm, regs=240, ss=0, hds=(64, 128)):
+    return (hds, st, mm, regs, ss)
+
+
+VARIANTS = {"default": _variant(None, 0)}
+for _st in (2, 3):
+    for _mm in (0, 1, 2):
+        for _regs in (240, 232):
+            VARIANTS[f"s{_st}_m{_mm}_r{_regs}"] = _variant(_st, _mm, _regs)
+    VARIANTS[f"s{_st}_m1_r240_ss"] = _variant(_st, 1, 240, 1)
+    VARIANTS[f"s{_st}_m0_r232_ss"] = _variant(_st, 0, 232, 1)
+for _mm in (0, 1, 2):
+    VARIANTS[f"s4_m{_mm}_r240"] = _variant(4, _mm, 240, 0, hds=(64, ))  # hd128: over the shared-memory limit
+
+
+def variant_kwargs(name, hd):
+    """(stages or None, extra constexprs) of variant ``name`` at head-dim bucket ``hd``; None if it does not apply."""
+    hds, st, mm, regs, ss = VARIANTS[name]
+    if hd not in hds:
+        return None
+    return st, {"MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss}
+
+
+UNBOUNDED = 1 << 30
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
+
+
+def bucket(d):
+    return 64 if d <= 64 else 128
+
+
+def window_args(mask, sq, sk):
+    """(WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT) of ``kernels/flash/mask.py`` for a mask name."""
+    if mask == "none":
+        return sq + sk, sq + sk, 0
+    if mask == "causal_tl":
+        return UNBOUNDED, 0, 0
+    if mask == "causal_br":
+        return UNBOUNDED, 0, 1
+    kind, left, right, align = mask.split("_")  # "win_L_R_tl|br"
+    return int(left), int(right), int(align == "br")
+
+
+def visible_mask(sq, sk, wl, wr, abr, device):
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    d = i + ((sk - sq) if abr else 0)
+    return (j >= d - wl) & (j <= d + wr)
+
+
+# --------------------------------------------------------------------------------------------
+# references
+# --------------------------------------------------------------------------------------------
+def attention(q, k, v, vis, sm_scale, group):
+    """Masked attention in the tensors' dtype; rows with no visible key give O = 0 (no NaN)."""
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+    s = s.masked_fill(~vis, float("-inf"))
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    p = e / torch.where(l > 0, l, torch.ones_like(l))
+    o = torch.matmul(p.to(v.dtype), v)
+    lse = torch.where(l > 0, m + torch.log(torch.where(l > 0, l, torch.ones_like(l))),
+                      torch.full_like(l, float("inf")))
+    return o, lse.squeeze(-1)
+
+
+def reference(q, k, v, do, vis, sm_scale, group, dtype64=torch.float64):
+    qs, ks, vs = (t.detach().to(dtype64).requires_grad_() for t in (q, k, v))
+    o, lse = attention(qs, ks, vs, vis, sm_scale, group)
+    dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do.to(dtype64))
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# the three launches
+# --------------------------------------------------------------------------------------------
+def nvmma(block, dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[dtype])
+
+
+def desc4(t, rows, hd):
+    block = [1, 1, rows, hd]
+    return TensorDescriptor.from_tensor(t, block, nvmma(block, t.dtype))
+
+
+class GluonBwd:
+    """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
+
+    def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default"):
+        B, hq, sq, d = q.shape
+        hk, sk = k.shape[1], k.shape[2]
+        self.hd = hd = bucket(d)
+        self.aux_m = 4096 // hd  # preprocess / convert rows per program (divides 128; spill-free)
+        vk = variant_kwargs(variant, hd)
+        assert vk is not None, f"variant {variant} does not apply to head-dim bucket {hd}"
+        self.variant, self.opts = variant, dict(vk[1])
+        if not compute_dq:
+            self.opts["DK_SS"] = 0  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
+        self.stages = stages or vk[0] or STAGES[hd]
+        self.compute_dq = compute_dq
+        self.shape = (B, hq, hk, sq, sk, d)
+        self.sq_pad = sq_pad = triton.cdiv(sq, 128) * 128
+        rows = B * hq * sq_pad
+        self.ws = torch.empty(rows * (hd + 2), device=q.device, dtype=torch.float32)
+        self.dq_acc = self.ws[:rows * hd].view(rows, hd)
+        self.lse2 = self.ws[rows * hd:rows * (hd + 1)]
+        self.delta2 = self.ws[rows * (hd + 1):]
+        self.delta = torch.empty((B, hq, sq), device=q.device, dtype=torch.float32)
+        self.dq, self.dk, self.dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.q, self.k, self.v, self.o, self.do, self.lse = q, k, v, o, do, lse
+        self.sm_scale, self.window = sm_scale, (wl, wr, abr)
+        vec = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        self.descs = (
+            desc4(q, BLOCK_M, hd), desc4(k, BLOCK_N, hd), desc4(v, BLOCK_N, hd), desc4(do, BLOCK_M, hd),
+            desc4(self.dk, BLOCK_N // 2, hd), desc4(self.dv, BLOCK_N // 2, hd),
+            TensorDescriptor.from_tensor(self.dq_acc, [BLOCK_M, hd], nvmma([BLOCK_M, hd], torch.float32)),
+            TensorDescriptor.from_tensor(self.lse2.view(rows // 64, 64), [1, 64], vec),
+            TensorDescriptor.from_tensor(self.delta2.view(rows // 64, 64), [1, 64], vec),
+        )
+
+    def poison(self):
+        for t in (self.ws, self.delta, self.dq, self.dk, self.dv):
+            t.fill_(float("nan"))
+
+    def preprocess(self):
+        B, hq, hk, sq, sk, d = self.shape
+        o, do, lse, delta = self.o, self.do, self.lse, self.delta
+        attn_bwd_gluon_preprocess[(self.sq_pad // self.aux_m, hq, B)](
+            o, do, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            lse, lse.stride(0), lse.stride(1), delta, delta.stride(0), delta.stride(1),
+            self.lse2, self.delta2, self.dq_acc, sq, self.sq_pad, d, self.compute_dq,
+            HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=4)
+
+    def main(self):
+        B, hq, hk, sq, sk, d = self.shape
+        wl, wr, abr = self.window
+        attn_bwd_gluon[(triton.cdiv(sk, BLOCK_N), hk, B)](
+            *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr,
+            HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
+            **self.opts, num_warps=4, maxnreg=MAXNREG)
+
+    def convert(self):
+        B, hq, hk, sq, sk, d = self.shape
+        if self.compute_dq:
+            dq = self.dq
+            attn_bwd_gluon_dq_convert[(triton.cdiv(sq, self.aux_m), hq, B)](
+                self.dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), self.sm_scale, sq, self.sq_pad, d, hq,
+                HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=4)
+
+    def run_aux(self):
+        """The preprocess and convert launches alone (their share of the backward's time)."""
+        self.preprocess()
+        self.convert()
+
+    def run(self):
+        self.preprocess()
+        self.main()
+        self.convert()
+        return self.dq, self.dk, self.dv
+
+
+# --------------------------------------------------------------------------------------------
+# cases
+# --------------------------------------------------------------------------------------------
+def make_problem(dtype, B, hq, hk, sq, sk, d, mask, layout="bhsd", seed=0):
+    torch.manual_seed(seed)
+    dt = TORCH_DTYPES[dtype]
+
+    def rnd(h, s):
+        if layout == "bshd":  # a non-contiguous [B, H, S, D] view of a [B, S, H, D] tensor
+            return torch.randn((B, s, h, d), device="cuda", dtype=dt).transpose(1, 2)
+        return torch.randn((B, h, s, d), device="cuda", dtype=dt)
+
+    q, k, v, do = rnd(hq, sq), rnd(hk, sk), rnd(hk, sk), rnd(hq, sq)
+    wl, wr, abr = window_args(mask, sq, sk)
+    vis = visible_mask(sq, sk, wl, wr, abr, "cuda")
+    sm_scale = 1.0 / math.sqrt(d)
+    group = hq // hk
+    o64, lse64, dq64, dk64, dv64 = reference(q, k, v, do, vis, sm_scale, group)
+    _, _, dqn, dkn, dvn = reference(q, k, v, do, vis, sm_scale, group, dtype64=dt)  # naive, input dtype
+    if layout == "bshd":
+        o = torch.empty((B, sq, hq, d), device="cuda", dtype=dt).transpose(1, 2)
+        o.copy_(o64)
+    else:
+        o = o64.to(dt).contiguous()
+    lse = lse64.float().contiguous()
+    return dict(q=q, k=k, v=v, o=o, do=do, lse=lse, sm_scale=sm_scale, window=(wl, wr, abr),
+                ref=(dq64, dk64, dv64), naive=(dqn, dkn, dvn))
+
+
+def cases(quick=False):
+    out = []
+    add = lambda *a, **kw: out.append((a, kw))  # noqa: E731
+    # (dtype, B, Hq, Hk, Sq, Sk, D, mask)
+    for dt in ("fp16", "bf16"):
+        for d in (64, 128):
+            add(dt, 2, 2, 2, 128, 128, d, "none")
+            add(dt, 1, 4, 1, 1000, 1000, d, "causal_tl")             # MQA
+            add(dt, 1, 4, 2, 129, 1000, d, "causal_br")              # GQA 2, Sq < Sk
+            add(dt, 2, 4, 1, 1000, 129, d, "causal_br")              # MQA, Sq > Sk: rows with no key
+            add(dt, 1, 2, 2, 2048, 2048, d, "none")
+            add(dt, 1, 8, 2, 127, 17, d, "win_16_0_tl")              # GQA 4
+            add(dt, 1, 2, 2, 1000, 2048, d, "win_64_32_br")
+            add(dt, 1, 2, 2, 1, 1, d, "none")
+            add(dt, 1, 2, 1, 17, 1000, d, "win_0_0_tl")
+            add(dt, 1, 2, 2, 1000, 1000, d, "causal_tl", layout="bshd")
+            add(dt, 1, 4, 1, 1000, 17, d, "win_64_32_tl", compute_dq=0)
+            add(dt, 1, 2, 2, 1000, 1000, d, "causal_tl", compute_dq=0)
+            add(dt, 1, 2, 2, 129, 127, d, "none", stages=5 - STAGES[d])  # the other ring depth
+        for d in (40, 72, 96):  # padded head dims: the descriptors cover the real D
+            add(dt, 1, 2, 2, 128, 129, d, "none")
+            add(dt, 1, 4, 1, 1000, 1000, d, "causal_br")
+            add(dt, 1, 4, 2, 129, 17, d, "win_16_0_br")
+            add(dt, 1, 2, 2, 17, 1000, d, "win_64_32_tl", layout="bshd")
+            add(dt, 1, 2, 2, 2048, 1000, d, "win_0_0_br")
+            add(dt, 1, 2, 2, 1000, 127, d, "causal_br", compute_dq=0)
+    if quick:
+        out = out[::4]
+    return out
+
+
+def case_name(a, kw):
+    dt, B, hq, hk, sq, sk, d, mask = a
+    extra = "".join(f" {k}={v}" for k, v in kw.items())
+    return f"{dt} B{B} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d} {mask}{extra}"
+
+
+def max_err(x, ref):
+    return float((x.double() - ref).abs().nan_to_num(float("inf")).max()) if x.numel() else 0.0
+
+
+def check_case(a, kw, variant="default", problem=None):
+    dt, B, hq, hk, sq, sk, d, mask = a
+    layout = kw.get("layout", "bhsd")
+    p = problem or make_problem(dt, B, hq, hk, sq, sk, d, mask, layout)
+    bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"],
+                   stages=kw.get("stages"), compute_dq=kw.get("compute_dq", 1), variant=variant)
+    bwd.poison()
+    outs = bwd.run()
+    torch.cuda.synchronize()
+    names = ("dq", "dk", "dv") if bwd.compute_dq else ("dk", "dv")
+    ok, parts = True, []
+    for n, x, r, nv in zip(("dq", "dk", "dv"), outs, p["ref"], p["naive"]):
+        if n not in names:
+            continue
+        err, bound = max_err(x, r), 3 * max_err(nv, r) + 1e-3
+        good = err <= bound  # NaN / inf -> err = inf -> fails
+        ok &= good
+        parts.append(f"{n} {err:.2e}/{bound:.2e}{'' if good else ' FAIL'}")
+    # the caller's DELTA (read by the portable dQ kernel in deterministic mode)
+    delta_ref = (p["do"].double() * p["o"].double()).sum(-1)
+    derr = max_err(bwd.delta, delta_ref)
+    dgood = derr <= 1e-3 * max(1.0, float(delta_ref.abs().max()))
+    ok &= dgood
+    parts.append(f"delta {derr:.1e}{'' if dgood else ' FAIL'}")
+    return ok, "  ".join(parts)
+
+
+def stability(n=100, variant="default"):
+    a = ("bf16", 1, 4, 1, 1000, 1000, 128, "causal_tl")
+    if variant_kwargs(variant, bucket(a[6])) is None:
+        a = a[:6] + (64, ) + a[7:]
+    p = make_problem(*a)
+    bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant)
+    dq0, dk0, dv0 = (t.clone() for t in bwd.run())
+    scale = float(dq0.float().abs().max())
+    worst, same = 0.0, True
+    for _ in range(n):
+        bwd.poison()
+        dq, dk, dv = bwd.run()
+        same &= bool(torch.equal(dk, dk0) and torch.equal(dv, dv0))
+        worst = max(worst, float((dq.float() - dq0.float()).abs().nan_to_num(float("inf")).max()) / scale)
+    ok = same and worst <= 1e-6
+    print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}): dK/dV bitwise "
+          f"{'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e}", flush=True)
+    return ok
+
+
+# --------------------------------------------------------------------------------------------
+# consan
+# --------------------------------------------------------------------------------------------
+CONSAN_CASES = [(a, {}) for d in (64, 128) for a in (
+    ("bf16", 1, 2, 2, 256, 256, d, "none"),
+    ("bf16", 1, 2, 2, 300, 300, d, "causal_tl"),
+    ("fp16", 1, 4, 1, 129, 200, d, "win_64_32_br"),
+    ("bf16", 1, 8, 2, 77, 333, d, "causal_br"),
+)] + [(("bf16", 1, 2, 2, 200, 200, 128, "none"), {"compute_dq": 0})]
+
+
+def consan_child(idx):
+    triton.knobs.compilation.instrumentation_mode = "consan"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    a, kw = CONSAN_CASES[idx]
+    ok, msg = check_case(a, kw)
+    print(f"consan-child {'PASS' if ok else 'FAIL'}: {msg}", flush=True)
+    return 0 if ok else 3
+
+
+def consan():
+    flagged = 0
+    for i, (a, kw) in enumerate(CONSAN_CASES):
+        t0 = time.time()
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--consan-child", str(i)],
+                           capture_output=True, text=True, timeout=600)
+        text = (r.stdout + r.stderr).strip()
+        clean = r.returncode == 0
+        flagged += not clean
+        tail = " | ".join(text.splitlines()[-6:])[:1200]
+        print(f"{'CLEAN  ' if clean else 'FLAGGED'} consan {case_name(a, kw)} ({time.time() - t0:.0f}s): {tail}",
+              flush=True)
+    print(f"consan: {len(CONSAN_CASES) - flagged} clean, {flagged} flagged or failed")
+    return flagged == 0
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------------
+def bench(variant="default"):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+    print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
+          "preprocess + convert")
+    for d in (64, 128):
+        h = 2048 // d
+        for s in (1024, 2048, 4096, 8192, 16384):
+            b = 16384 // s
+            for causal in (False, True):
+                torch.manual_seed(0)
+                q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                fw = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=d**-0.5)
+                o, lse = fw[0].contiguous(), fw[1][..., :s].contiguous().float()
+                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+                wl, wr, abr = window_args("causal_tl" if causal else "none", s, s)
+                if variant_kwargs(variant, d) is None:
+                    continue
+                bwd = GluonBwd(q, k, v, o, do, lse, d**-0.5, wl, wr, abr, variant=variant)
+                t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
+                qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+
+                def cudnn():
+                    qq.grad = kk.grad = vv.grad = None
+                    oo.backward(do, retain_graph=True)
+
+                t_cudnn = do_bench(cudnn, warmup=25, rep=100, return_mode="median")
+                ours, ref = flops / t_ours * 1e-9, flops / t_cudnn * 1e-9
+                print(f"hd{d} S{s:5d} B{b:2d} H{h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
+                      f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts})", flush=True)
+                del bwd, qq, kk, vv, oo
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="every 4th case")
+    ap.add_argument("--only", default=None, help="cases whose name contains this")
+    ap.add_argument("--consan", action="store_true")
+    ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--variant", default="default", choices=sorted(VARIANTS),
+                    help="performance variant of attn_bwd_gluon (VARIANTS; test/gluon/sweep_bwd.py times them)")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_CACHE_DIR") is None:
+        import tempfile
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="check-bwd-cache-")
+    if args.consan_child is not None:
+        return consan_child(args.consan_child)
+    assert torch.cuda.get_device_capability() == (9, 0), "needs an sm_90 GPU"
+    if args.bench:
+        bench(args.variant)
+        return 0
+    if args.consan:
+        return 0 if consan() else 1
+    t0 = time.time()
+    passed = failed = 0
+    for a, kw in cases(args.quick):
+        name = case_name(a, kw)
+        if args.only and args.only not in name:
+            continue
+        if variant_kwargs(args.variant, bucket(a[6])) is None:
+            print(f"SKIP {name}: variant {args.variant} is not for head dim {a[6]}", flush=True)
+            continue
+        try:
+            ok, msg = check_case(a, kw, args.variant)
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-4:])[:800]}"
+        passed += ok
+        failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+    if not args.only:
+        ok = stability(variant=args.variant)
+        passed += ok
+        failed += not ok
+    print(f"check_bwd: {passed} passed, {failed} failed ({time.time() - t0:.0f}s)")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

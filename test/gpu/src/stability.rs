@@ -1,0 +1,144 @@
+//! Steady state of the launch path, per backend: 100 forward + backward launches of one problem
+//! give the same results every time (bitwise for O, LSE, dK, dV, and for dQ where the backward
+//! is deterministic; where the Gluon backward adds dQ partials in no fixed order, every element
+//! within max|dQ|/128, at most one bf16 rounding step at the tensor's scale: a lost or doubled
+//! partial moves elements by far more), and after the first call no launch allocates host memory
+//! (counted by the suite's global allocator).
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+
+/// The suite's global allocator: `System`, counting every allocation.
+pub(crate) struct CountingAlloc;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+const LAUNCHES: usize = 100;
+
+/// bf16, B=2, Hq=8, Hk=2 (GQA), Sq=Sk=1000, D=128, causal: 100 forward + backward launches.
+pub(crate) fn stability_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Outcome, String> {
+    let t = Lowp::BF16;
+    let dtype = dtype_of(t);
+    let (b, hq, hk, s, d) = (2usize, 8usize, 2usize, 1000usize, 128usize);
+    let label = format!(
+        "stability [{}] bf16 D={d} B={b} Hq={hq} Hk={hk} S={s} causal-TL x{LAUNCHES}",
+        backend::name(backend::get())
+    );
+    let four = |h: usize| Placement::new([b, h, s, d], [h * s * d, s * d, d, 1], 0);
+    let rows = Placement::new([b, hq, s], [hq * s, s, 1], 0);
+    let mut draw = |n: usize| (0..n).map(|_| t.encode(rng.normal_in(t))).collect::<Vec<u16>>();
+    let q_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
+    let k_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
+    let v_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
+    let do_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
+    let o_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
+    let dq_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
+    let dk_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
+    let dv_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
+    let lse_dev = DevTensor::new(rows.clone(), None, POISON32, stream)?;
+    let delta_dev = DevTensor::new(rows, None, POISON32, stream)?;
+    let st = Stream::from_raw(stream as usize);
+    let mut fp = flash::FwdParams::new(
+        q_dev.view(dtype),
+        k_dev.view(dtype),
+        v_dev.view(dtype),
+        o_dev.view(dtype),
+        Some(lse_dev.view(DType::F32)),
+    );
+    fp.mask = Mask::causal(MaskAlign::TopLeft);
+    fp.backend = backend::get();
+    let mut bp = flash::BwdParams::new(
+        q_dev.view(dtype),
+        k_dev.view(dtype),
+        v_dev.view(dtype),
+        o_dev.view(dtype),
+        do_dev.view(dtype),
+        lse_dev.view(DType::F32),
+        delta_dev.view(DType::F32),
+        dq_dev.view(dtype),
+        dk_dev.view(dtype),
+        dv_dev.view(dtype),
+    );
+    bp.mask = fp.mask;
+    bp.backend = backend::get();
+    let _workspace = backend::attach_workspace(&mut bp, stream)?;
+    let exact_dq = !backend::forced_gluon() && bp.workspace.is_none();
+    let fail = |what: String| Ok(Outcome { pass: false, line: format!("{label}  {what}  FAIL") });
+
+    // Warm-up: loads the kernels, plans the arguments, resolves driver symbols.
+    if let Err(e) = flash::attn_fwd(&fp, st).and_then(|_| flash::attn_bwd(&bp, st)) {
+        return fail(format!("warm-up returned {e}"));
+    }
+    let first = (o_dev.read(stream)?, lse_dev.read(stream)?, dq_dev.read(stream)?, dk_dev.read(stream)?, dv_dev.read(stream)?);
+    let (mut differing, mut dq_far, mut allocated) = (0usize, 0usize, 0u64);
+    // Host time of the two API calls (validation, dispatch, descriptor encoding, cuLaunchKernel),
+    // measured after a sync so the launch queue is empty.
+    let mut host = std::time::Duration::ZERO;
+    let dq_scale = first.2.iter().map(|&x| t.decode(x).abs()).fold(0f32, f32::max);
+    let dq_tol = dq_scale / 128.0;
+    let mut dq_worst = 0f32;
+    for _ in 0..LAUNCHES {
+        let before = allocations();
+        let t0 = Instant::now();
+        let launched = flash::attn_fwd(&fp, st).and_then(|_| flash::attn_bwd(&bp, st));
+        host += t0.elapsed();
+        allocated += allocations() - before;
+        if let Err(e) = launched {
+            return fail(format!("launch returned {e}"));
+        }
+        let o = o_dev.read(stream)?;
+        let lse = lse_dev.read(stream)?;
+        let dq = dq_dev.read(stream)?;
+        let dk = dk_dev.read(stream)?;
+        let dv = dv_dev.read(stream)?;
+        differing += (o != first.0 || lse != first.1 || dk != first.3 || dv != first.4) as usize;
+        if exact_dq {
+            differing += (dq != first.2) as usize;
+        } else {
+            let worst = dq.iter().zip(&first.2).map(|(&x, &y)| (t.decode(x) - t.decode(y)).abs()).fold(0f32, |a, b| {
+                if b.is_nan() || a.is_nan() { f32::NAN } else { a.max(b) }
+            });
+            dq_far += !(worst <= dq_tol) as usize;
+            dq_worst = if worst.is_nan() { f32::NAN } else { dq_worst.max(worst) };
+        }
+    }
+    let pass = differing == 0 && dq_far == 0 && allocated == 0;
+    let dq_rule = if exact_dq {
+        "dQ bitwise".to_string()
+    } else {
+        format!("dQ max|dQ_i - dQ_1| {dq_worst:.2e} <= max|dQ|/128 = {dq_tol:.2e} (unordered reduce-adds)")
+    };
+    Ok(Outcome {
+        pass,
+        line: format!(
+            "{label}  O/LSE/dK/dV bitwise, {dq_rule}: {differing} runs differ, {dq_far} dQ beyond the bound; \
+             host allocations during {LAUNCHES} fwd+bwd calls after warm-up: {allocated}; host time per \
+             fwd+bwd call pair {:.1} us  {}",
+            host.as_secs_f64() * 1e6 / LAUNCHES as f64,
+            if pass { "PASS" } else { "FAIL" }
+        ),
+    })
+}
