@@ -124,6 +124,14 @@ def max_err(out, ref):
     return float(diff.nan_to_num(0.0).max()), nan
 
 
+def flex_wanted(args, dtype, s):
+    """Whether FlexAttention is timed in this cell (``--flex-cells``)."""
+    if args.flex_cells == "all":
+        return True
+    name, _, seqs = args.flex_cells.partition(":")
+    return DTYPE_NAMES[dtype] == name and str(s) in seqs.split(",")
+
+
 def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
     """One grid cell; ``hk`` < ``h`` makes it a GQA row (K/V with ``hk`` heads)."""
     passes = args.passes
@@ -175,7 +183,7 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
             except RuntimeError as e:
                 row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
     flex_leaves = None
-    if args.flex is not None:
+    if args.flex is not None and flex_wanted(args, dtype, s):
         try:
             outs["flex"] = {"o": args.flex(q, k, v, causal, sm_scale)}
             if want_bwd:
@@ -510,6 +518,9 @@ def main():
     ap.add_argument("--backend", default="auto", choices=["auto", "portable", "gluon"],
                     help="aotriton backend (auto = the dispatch rule; the others forced)")
     ap.add_argument("--no-flex", dest="flex", action="store_false", help="skip the FlexAttention peer")
+    ap.add_argument("--flex-cells", default="bf16:1024,4096,16384",
+                    help="where FlexAttention runs, DTYPE:S,S,... (torch.compile builds one kernel per shape, "
+                         "10+ s each); 'all' = every cell")
     ap.add_argument("--gqa", default="64,8,128,16384", help="GQA row Hq,Hk,D,S (B=1, causal); '' = none")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--tokens", type=int, default=16384, help="B*S")

@@ -194,7 +194,8 @@ DEBUG_DROPOUT_MASK_ARGS = (
     + ["BLOCK_M", "BLOCK_N"]
 )
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
-GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED"]
+GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
+                   "Q_BUFS"]
 GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS"]
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
@@ -532,7 +533,7 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     * hd256: the same with BLOCK_N 64 (shared memory) -- 0.976 / 1.041.
     """
     hd = functional["head_dim"]
-    knobs = dict(NUM_CONSUMERS=2, LOADER_REGS=24, SCHED=0)
+    knobs = dict(NUM_CONSUMERS=2, LOADER_REGS=24, SCHED=0, PERSISTENT=0, Q_BUFS=2)
     if hd == 64:
         return [_gluon_cfg(128, 64, 2, maxnreg=80, CONSUMER_REGS=104, PEEL_FULL=1, OVERLAP=0, **knobs)]
     return [_gluon_cfg(128, 64 if hd == 256 else 128, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, **knobs)]

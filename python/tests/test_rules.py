@@ -87,7 +87,7 @@ GLUON_CONTRACT = {
     "attn_fwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
                        "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
                        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
-                       "PEEL_FULL", "OVERLAP", "SCHED"],
+                       "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT", "Q_BUFS"],
     "attn_bwd_gluon_preprocess": ["O", "DO", "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh",
                                   "stride_dom", "LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz",
                                   "stride_deltah", "LSE2", "DELTA2", "DQ_ACC", "N_CTX_Q", "SQ_PAD", "D_HEAD",

@@ -102,6 +102,28 @@ VARIANTS = {
     "pers_cta2_s3": _v(hd64=cfg(64, 3, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
 }
 
+
+
+def _product():
+    """The configs python/rules.py ships (the kernels the library runs), as a variant."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import rules
+    out = {}
+    for hd in HEAD_DIMS:
+        (c, ) = rules._attn_fwd_gluon_configs("sm_90", {"head_dim": hd})
+        c = dict(c)
+        c.setdefault("PERSISTENT", 0)
+        c.setdefault("Q_BUFS", 2)
+        threads = (4 * c["NUM_CONSUMERS"] + 4) * 32
+        c.setdefault("CTAS_PER_SM", max(1, 65536 // (threads * c["maxnreg"])))
+        out[hd] = c
+    return out
+
+
+VARIANTS["product"] = _product()
+
 #: The constexprs after STAGES, in the kernel's order (what the build rules must pass).
 OPTION_CONSTEXPRS = ("NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                      "Q_BUFS")

@@ -6,7 +6,9 @@ across the cells) this script
 1. verifies the output on small ragged shapes against torch's math SDPA (fp32): non-causal
    Sq 333 / Sk 457 with GQA 4/2, and causal (top-left) Sq = Sk = 333; O within
    ``3 * |O_naive - O_ref| + 1e-3`` (``O_naive``: the same math in the input dtype), LSE within
-   1e-3.  A wrong variant is reported loudly (``!!! WRONG``) and not timed;
+   1e-3.  Persistent variants (``PERSISTENT=1``: grid ``min(#tiles, #SMs * CTAS_PER_SM)``, the SM count
+   from torch) are verified a second time with the grid capped at 3 CTAs (each CTA walks many tiles).
+   A wrong variant is reported loudly (``!!! WRONG``) and not timed;
 2. times it with ``triton.testing.do_bench`` (warmup/rep 5/25 ms by default) on the cells of the
    target: B*S = 16k, H*D = 2048, S 1k..16k, causal and not, hd64 and hd128 (``--hd256``: also
    hd256; ``--fp16``: also fp16), next to cuDNN SDPA on the same inputs (timed before and after
@@ -62,7 +64,10 @@ def verify(variant, head_dim, dtype):
     dt = check_fwd.TORCH_DTYPES[dtype]
     msgs, ok = [], True
     gen = torch.Generator(device="cuda").manual_seed(1234 + head_dim)
-    for causal, (b, hq, hk, sq, sk) in ((False, (2, 4, 2, 333, 457)), (True, (2, 2, 2, 333, 333))):
+    shapes = [(False, (2, 4, 2, 333, 457), 0), (True, (2, 2, 2, 333, 333), 0)]
+    if fwd_variants.config(variant, head_dim)["PERSISTENT"]:
+        shapes += [(c, shape, 3) for c, shape, _ in shapes]  # 3 CTAs: every CTA walks several tiles
+    for causal, (b, hq, hk, sq, sk), pers_grid in shapes:
         q = torch.randn(b, hq, sq, head_dim, device="cuda", generator=gen).to(dt)
         k = torch.randn(b, hk, sk, head_dim, device="cuda", generator=gen).to(dt)
         v = torch.randn(b, hk, sk, head_dim, device="cuda", generator=gen).to(dt)
@@ -70,7 +75,7 @@ def verify(variant, head_dim, dtype):
         lse = torch.full((b, hq, sq), float("nan"), device="cuda", dtype=torch.float32)
         sm_scale = head_dim ** -0.5
         wl, wr, align = check_fwd.window("causal" if causal else "none", sq, sk)
-        check_fwd.prepare(q, k, v, o, lse, dtype, sm_scale, wl, wr, align, variant=variant)()
+        check_fwd.prepare(q, k, v, o, lse, dtype, sm_scale, wl, wr, align, variant=variant, pers_grid=pers_grid)()
         torch.cuda.synchronize()
         o_ref, lse_ref = sdpa_math_ref(q, k, v, sm_scale, causal)
         visible = check_fwd.visible_mask(sq, sk, wl, wr, align, q.device)
@@ -80,7 +85,7 @@ def verify(variant, head_dim, dtype):
         lse_err = (lse - lse_ref).abs().max().item()
         this_ok = o_err <= bound and lse_err <= 1e-3
         ok = ok and this_ok
-        msgs.append(f"{'causal' if causal else 'none'} o_err {o_err:.2e} (bound {bound:.2e}) lse_err {lse_err:.2e}")
+        msgs.append(f"{'causal' if causal else 'none'}{f' grid{pers_grid}' if pers_grid else ''} o_err {o_err:.2e} (bound {bound:.2e}) lse_err {lse_err:.2e}")
     return ok, "; ".join(msgs)
 
 
@@ -125,6 +130,8 @@ def main():
     dtypes = ["bf16"] + (["fp16"] if args.fp16 else [])
     seqs = [int(s) for s in args.seqs.split(",")]
 
+    print(f"device: {torch.cuda.get_device_name()}, {check_fwd.num_sms('cuda')} SMs (persistent grid = "
+          f"min(#tiles, SMs * CTAS_PER_SM))")
     print("variants:")
     for v in variants:
         print(f"  {v:<20} " + " | ".join(f"hd{hd}: {fwd_variants.describe(fwd_variants.config(v, hd))}"

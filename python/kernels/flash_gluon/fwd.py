@@ -48,6 +48,24 @@ Performance options (constexprs after ``STAGES``, defaults = the original kernel
 * ``SCHED`` 0 (default) / 1: the program-to-tile map.  0: ``start_m`` reversed along grid x
   (heaviest query block first within each head).  1: the same grid linearised with the
   query block slowest, so *all* heads' heaviest (causal) blocks run first (LPT order).
+* ``PERSISTENT`` 0 (default) / 1: the persistent kernel.  Grid ``(G, 1, 1)`` with
+  ``G = min(#tiles, #SMs * CTAs per SM)``, ``#tiles = cdiv(Sq, BLOCK_M) * Hq * B`` (any ``G >= 1``
+  is correct; grid y/z must be 1).  ``B`` and ``Hq`` come from Q's/O's descriptor shape (the
+  descriptor ABI already passes it), so the argument list is unchanged.  CTA ``pid`` walks the
+  work units ``pid, pid + G, ...``; a unit is one query block, or, when exactly one window edge
+  cuts the key range (causal in either alignment), the pair of query blocks ``n_m - 1 - p`` and
+  ``p`` of one head (equal cost per unit: the static round-robin is balanced).  Units are
+  head-major (``m`` fastest, then ``h``, then ``z``), so the CTAs running together share the
+  K/V of a few heads in L2.  Loader and consumers walk the same units (``_pers_unit``); the K/V
+  ring's step counter runs on across tiles, so the loader prefetches the next tile's blocks
+  while the consumers finish the current one, and the next tile's Q goes into a second Q buffer
+  set (``Q_BUFS``) while the current tile's O store drains.  The partitions derive everything
+  from kernel parameters themselves (``_opaque_i32``, ``_ctaid_x``): values computed once before
+  the ``warp_specialize`` split would stay live across ``setmaxnreg`` and spill;
+* ``Q_BUFS`` 2 (default) / 1, persistent only: Q/O buffer sets.  2: Q of tile ``i + 1`` is loaded
+  while tile ``i`` runs; tile ``i``'s O store (through its Q buffer) is waited for during
+  tile ``i + 1``'s first QK product, then the buffer goes back to the loader (``q_empty``).
+  1 (hd256: no room for two): the buffer goes back right after the O store has read it.
 
 Scores use only the key-tail and window parts of the mask: rows past ``N_CTX_Q`` are
 never stored (TMA clips O, the LSE store is masked), so they need no mask.
@@ -374,8 +392,34 @@ def _consumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_b
 # the work units u = pid, pid + G, ... (G = num_programs(0)).
 # ----------------------------------------------------------------------------
 @gluon.jit
-def _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M: gl.constexpr):
-    """``(n_m, pair, n_per, n_units)`` of the persistent walk.
+def _opaque_i32(x):
+    """``x`` through a non-pure ``mov``: LLVM cannot hoist what is derived from it out of the
+    partition (values the partitions compute alike from kernel parameters otherwise end up
+    computed once before the warp_specialize split, live across ``setmaxnreg``, and spill)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _opaque_f32(x):
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _ctaid_x(dep):
+    """``program_id(0)``, read in place (non-pure, like ``_opaque_i32``; ``dep`` only gives the asm an operand)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %ctaid.x;", "=r,r", [dep], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _nctaid_x(dep):
+    """``num_programs(0)``, read in place (see ``_ctaid_x``)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %nctaid.x;", "=r,r", [dep], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pers_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M: gl.constexpr):
+    """``(n_m, pair, n_per)`` of the persistent walk: ``n_per`` work units per (batch, head), in
+    all ``n_per * Hq * B``.
 
     A work unit is one query block, or -- when exactly one edge of the window cuts the key range
     (causal in either alignment: the cost of a query block is linear in its index) -- the *pair*
@@ -387,8 +431,7 @@ def _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOC
     right_cuts = (diag + WINDOW_RIGHT) < (N_CTX_K - 1)  # the first row does not see the last key
     pair = (left_cuts != right_cuts).to(gl.int32)
     n_per = n_m - pair * (n_m // 2)  # query blocks (or pairs) per head
-    n_units = n_per * n_hz
-    return n_m, pair, n_per, n_units
+    return n_m, pair, n_per
 
 
 @gluon.jit
@@ -417,17 +460,27 @@ def _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK
 
 @gluon.jit
 def _loader_pers(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                 n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                 N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr,
                  Q_BUFS: gl.constexpr):
     """The loader of the persistent kernel: per tile the Q tiles into Q buffer set ``i % Q_BUFS``
     (once the consumers have released it: its previous O store has drained), then the tile's K/V
     blocks into the ring, whose step counter ``kv0 + it`` runs on across tiles."""
     q_rows: gl.constexpr = desc_q.block_type.shape[2]
-    n_m, pair, n_per, n_units = _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
+    # Everything from kernel parameters, inside the partition (values computed before the
+    # warp_specialize split stay live across setmaxnreg and spill).
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_heads = _opaque_i32(desc_q.shape[1])
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    n_m, pair, n_per = _pers_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
     kv0 = 0
     i = 0
-    for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+    # Units u = pid, pid + G, ... while u < n_per * Hq * B, tested as "batch of u < B" against the
+    # kernel parameter (no live bound: it would spill where registers are tight).
+    u = _ctaid_x(n_per)
+    off_z = (u // n_per) // n_heads
+    while off_z < desc_q.shape[0]:
         m0, p, n_sub, off_h, off_z = _pers_unit(u, n_m, pair, n_per, n_heads)
         off_hk = off_h // GQA_GROUP
         for s in range(n_sub):
@@ -456,6 +509,8 @@ def _loader_pers(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empt
                                                 v_bufs.index(slot))
             kv0 += n_blocks
             i += 1
+        u += _nctaid_x(u)
+        off_z = (u // n_per) // n_heads
 
 
 @gluon.jit
@@ -491,7 +546,7 @@ def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, q
 @gluon.jit
 def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                    q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty,
-                   n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                   sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr,
                    Q_BUFS: gl.constexpr):
@@ -505,10 +560,19 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
-    n_m, pair, n_per, n_units = _pers_schedule(N_CTX_Q, N_CTX_K, n_hz, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_heads = _opaque_i32(desc_o.shape[1])  # O is [B, Hq, Sq, D] like Q
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    qk_scale = _opaque_f32(sm_scale) * LOG2E
+    n_m, pair, n_per = _pers_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
     kv0 = 0
     i = 0
-    for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
+    # Units u = pid, pid + G, ... while u < n_per * Hq * B, tested as "batch of u < B" against the
+    # kernel parameter (no live bound: it would spill where registers are tight).
+    u = _ctaid_x(n_per)
+    off_z = (u // n_per) // n_heads
+    while off_z < desc_o.shape[0]:
         m0, p, n_sub, off_h, off_z = _pers_unit(u, n_m, pair, n_per, n_heads)
         for s in range(n_sub):
             start_m = m0 + s * (p - m0)
@@ -597,37 +661,39 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                 _release_q(q_empty.index(qi))
             kv0 += n_blocks
             i += 1
+        u += _nctaid_x(u)
+        off_z = (u // n_per) // n_heads
     tma.store_wait(0)
 
 
 @gluon.jit
 def _pconsumer0(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
     _consumer_pers(0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
 
 
 @gluon.jit
 def _pconsumer1(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
     _consumer_pers(1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
 
 
 @gluon.jit
 def _pconsumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
     _consumer_pers(2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
+                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
 
 
 # ----------------------------------------------------------------------------
@@ -658,11 +724,8 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
 
     if PERS:
         gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
-        # -- persistent: grid (G, 1, 1), G = num_programs(0) <= #tiles; B and Hq from Q's descriptor
-        n_heads = desc_q.shape[1]
-        n_hz = desc_q.shape[0] * n_heads
-        diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-        qk_scale = sm_scale * LOG2E
+        # -- persistent: grid (G, 1, 1), G = num_programs(0); B and Hq from Q's/O's descriptor shape.
+        # The partitions derive everything from kernel parameters themselves (no computed captures).
         q_bufs = gl.allocate_shared_memory(desc_q.dtype, [QBUFS * N_CONS] + desc_q.block_type.shape, desc_q.layout)
         k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
         v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
@@ -683,34 +746,34 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
         if N_CONS == 2:
             gl.warp_specialize([
                 (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
-                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
                 (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
-                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
                 (_loader_pers, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
-                                k_empty, v_empty, n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
+                                k_empty, v_empty, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
+                                WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
             ], [4, 1], [C_REGS, L_REGS])
         else:
             gl.warp_specialize([
                 (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
-                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
                 (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
-                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
                 (_pconsumer2, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
-                               k_ready, v_ready, k_empty, v_empty, n_heads, n_hz, qk_scale, N_CTX_Q, N_CTX_K,
-                               WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
                 (_loader_pers, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
-                                k_empty, v_empty, n_heads, n_hz, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
+                                k_empty, v_empty, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
+                                WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
             ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
     else:
         # -- program scheduling --------------------------------------------------------

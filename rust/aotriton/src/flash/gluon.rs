@@ -34,6 +34,8 @@ pub(crate) enum Unsupported {
     Dropout,
     Bias,
     Varlen,
+    /// The forward takes the row maximum before scaling, so it needs `sm_scale > 0`.
+    NonPositiveScale,
     /// A tensor TMA cannot address (`"workspace"`: the workspace views would be too large).
     Tma { tensor: &'static str, problem: TmaProblem },
     /// A plain pointer the kernels assume 16-byte aligned (lse, delta) is not.
@@ -56,6 +58,7 @@ impl fmt::Display for Unsupported {
             Unsupported::Dropout => write!(f, "it has no dropout (use the portable backend)"),
             Unsupported::Bias => write!(f, "it has no attention bias (use the portable backend)"),
             Unsupported::Varlen => write!(f, "it does not take packed (varlen) batches (use the portable backend)"),
+            Unsupported::NonPositiveScale => write!(f, "its forward needs sm_scale > 0"),
             Unsupported::Tma { tensor, problem } => write!(f, "{tensor}: {problem}"),
             Unsupported::Misaligned { tensor, ptr } => {
                 write!(f, "{tensor}: address {ptr:#x} is not 16-byte aligned (its kernels assume it)")
@@ -145,6 +148,9 @@ pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape,
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
     let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
+    if !(p.sm_scale > 0.0) {
+        return Err(Unsupported::NonPositiveScale);
+    }
     aligned16(&[("lse", p.lse.map_or(0, |l| l.ptr))])?;
     Ok(g)
 }
@@ -507,6 +513,8 @@ mod tests {
         assert_eq!(reason(&|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000))), Unsupported::Dropout);
         assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
         assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: 0x500004 });
+        assert_eq!(reason(&|p| p.sm_scale = -0.125), Unsupported::NonPositiveScale);
+        assert_eq!(reason(&|p| p.sm_scale = 0.0), Unsupported::NonPositiveScale);
         assert_eq!(
             reason(&|p| p.q.ptr += 8),
             Unsupported::Tma { tensor: "q", problem: TmaProblem::BaseMisaligned { ptr: 0x100008 } }

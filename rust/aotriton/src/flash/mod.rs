@@ -42,7 +42,7 @@
 //! - the dtype is fp16 or bf16;
 //! - the head dim is at most 256 (forward) or 128 (backward); it is served by the bucket
 //!   64, 128 or 256 at or above it;
-//! - no dropout, no bias (nor dbias), not a packed (varlen) batch;
+//! - no dropout, no bias (nor dbias), not a packed (varlen) batch; forward: `sm_scale > 0`;
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
 //!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are
 //!   positive multiples of 16 bytes below 2^40 (dimensions of size 1 excepted), sizes < 2^32;
