@@ -163,22 +163,37 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
         aot_bwd()
         outs["aotriton"].update(dq=dq, dk=dk, dv=dv)
 
-    # Peers: outputs (and gradients) once, for the check; "n/a" when torch refuses.
-    peer_grad_inputs = {}
+    # Peers: outputs (and gradients) once, for the check; "n/a" when torch refuses. A backend that
+    # refuses GQA (enable_gqa) runs on K/V repeated to Hq heads (same FLOPs; noted in the row).
+    peer_grad_inputs, peer_kv = {}, {}
     for name, backend in PEERS.items():
+        kk, vv, kw = k, v, gqa
         try:
-            with sdpa_kernel([backend]):
-                outs[name] = {"o": F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale, **gqa)}
+            try:
+                with sdpa_kernel([backend]):
+                    o_peer = F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=sm_scale, **kw)
+            except RuntimeError:
+                if not gqa:
+                    raise
+                kk, vv, kw = k.repeat_interleave(h // hk, 1), v.repeat_interleave(h // hk, 1), {}
+                row.setdefault("notes", []).append(f"{name}: K/V repeated to {h} heads (no GQA kernel)")
+                with sdpa_kernel([backend]):
+                    o_peer = F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=sm_scale)
+            outs[name] = {"o": o_peer}
+            peer_kv[name] = (kk, vv, kw)
         except RuntimeError as e:
             row["na"][f"{name}_fwd"] = row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
             continue
         if want_bwd:
             try:
-                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+                leaves = [t.detach().clone().requires_grad_(True) for t in (q, kk, vv)]
                 with sdpa_kernel([backend]):
-                    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale, **gqa)
+                    out = F.scaled_dot_product_attention(*leaves, is_causal=causal, scale=sm_scale, **kw)
                     out.backward(d_o, retain_graph=True)
-                outs[name].update(dq=leaves[0].grad, dk=leaves[1].grad, dv=leaves[2].grad)
+                grads = [leaves[0].grad, leaves[1].grad, leaves[2].grad]
+                if kk is not k:  # sum the repeated heads' gradients back to the K/V heads
+                    grads[1:] = [g.unflatten(1, (hk, h // hk)).sum(2) for g in grads[1:]]
+                outs[name].update(dq=grads[0], dk=grads[1], dv=grads[2])
                 peer_grad_inputs[name] = (leaves, out)
             except RuntimeError as e:
                 row["na"][f"{name}_bwd"] = str(e).splitlines()[0][:200]
@@ -197,8 +212,20 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
             outs.pop("flex", None)
     torch.cuda.synchronize()
 
-    ref = reference(q, k, v, d_o, sm_scale, causal, want_bwd)
-    errs = {n: {t: max_err(x, ref[t]) for t, x in tensors.items()} for n, tensors in outs.items()}
+    if s > args.check_max_seqlen:
+        # Timing-only cell: no float32 reference (the suites check correctness); NaN still fails.
+        nan = {t: int(torch.isnan(x).sum()) for t, x in outs["aotriton"].items()} | {"lse": int(torch.isnan(lse).sum())}
+        row.update(nan=nan, correct=not any(nan.values()), checked=False)
+        print(f"  {label}: timing only (S > --check-max-seqlen {args.check_max_seqlen}), NaN {nan}"
+              + ("" if row["correct"] else "  WRONG"), flush=True)
+        del outs
+        ref = None
+    else:
+        ref = reference(q, k, v, d_o, sm_scale, causal, want_bwd)
+    errs = {n: {t: max_err(x, ref[t]) for t, x in tensors.items()} for n, tensors in outs.items()} if ref else {}
+    if ref is None:
+        return time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs, flex_leaves,
+                          flops, passes, want_bwd, kv=(k, v))
     lse_err, lse_nan = max_err(lse, ref["lse"])
     lse_bound = 1e-3 * max(1.0, float(ref["lse"].abs().max()))
     # Bounds: k x the worst peer's error + floor (O: k=3, floor 1e-3; gradients: k=5, floor
@@ -221,9 +248,18 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
     nans = {t: n for t, n in row["nan"].items() if n} | ({"lse": lse_nan} if lse_nan else {})
     print(f"  {label}: max|x-ref| {text}  lse {lse_err:.2e} (bound {lse_bound:.2e})"
           + (f"  NaN {nans}" if nans else "") + ("  OK" if ok else "  WRONG"), flush=True)
+    flex_ran = "flex" in outs
     del ref, outs
+    return time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs,
+                      flex_leaves if flex_ran else None, flops, passes, want_bwd, flex_fwd=flex_ran, kv=(k, v))
 
-    # Timing: every backend the same way, same inputs, same process.
+
+def time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs, flex_leaves, flops,
+               passes, want_bwd, flex_fwd=None, kv=None):
+    """Times every backend of one cell the same way: same inputs, same process, median of events."""
+    if flex_fwd is None:
+        flex_fwd = flex_leaves is not None
+
     def bench(fn, grad_to_none=None):
         return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, grad_to_none=grad_to_none,
                                        return_mode="median")
@@ -232,13 +268,14 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
     if "fwd" in passes:
         ms_fwd["aotriton"] = bench(aot_fwd)
         for name, backend in PEERS.items():
-            if f"{name}_fwd" in row["na"]:
+            if name not in peer_kv:
                 continue
+            kk, vv, kw = peer_kv[name]
             with sdpa_kernel([backend]):
-                ms_fwd[name] = bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale,
-                                                                            **gqa))
-        if "flex" in outs:
-            ms_fwd["flex"] = bench(lambda: args.flex(q, k, v, causal, sm_scale))
+                ms_fwd[name] = bench(lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal, scale=sm_scale,
+                                                                            **kw))
+        if flex_fwd and kv is not None:
+            ms_fwd["flex"] = bench(lambda: args.flex(q, kv[0], kv[1], causal, sm_scale))
     if want_bwd:
         ms_bwd["aotriton"] = bench(aot_bwd)
         for name, (leaves, out) in peer_grad_inputs.items():
@@ -267,11 +304,43 @@ def print_table(title, rows, key, na_key):
     for r in rows:
         tf = r.get(key, {})
         a, fl, cu, fx = tf.get("aotriton"), tf.get("flash"), tf.get("cudnn"), tf.get("flex")
+        check = ("ok" if r.get("checked", True) else "ok*") if r.get("correct") else "WRONG"
         print(f"{r['case']:<36}{cell(a)}{cell(fl)}{cell(cu)}{cell(fx)}{ratio(a, cu)}{ratio(a, fl)}{ratio(a, fx)[1:]}  "
-              f"{'ok' if r.get('correct') else 'WRONG'}")
+              f"{check}")
+    print("  ok = outputs within bounds of a float32 reference; ok* = timed only (no NaN), S above "
+          "--check-max-seqlen")
+    for note in sorted({n for r in rows for n in r.get("notes", [])}):
+        print(f"  note: {note}")
     notes = sorted({f"{k}: {v}" for r in rows for k, v in r.get("na", {}).items() if k.endswith(na_key)})
     for n in notes[:6]:
         print(f"  n/a {n}")
+
+
+def print_targets(rows):
+    """The issue's acceptance figures: aotriton / cuDNN geomeans over the bf16 cells with S >= 1k."""
+    def ratios(key, hds):
+        out = []
+        for r in rows:
+            tf = r.get(key, {})
+            if (r.get("dtype") == "bfloat16" and r.get("head_dim") in hds and r.get("seqlen", 0) >= 1024
+                    and r.get("heads_k", r.get("heads")) == r.get("heads") and tf.get("aotriton") and tf.get("cudnn")):
+                out.append((tf["aotriton"] / tf["cudnn"], r["case"]))
+        return out
+
+    def line(name, rs):
+        if not rs:
+            return f"  {name}: no cells"
+        geo = math.exp(sum(math.log(x) for x, _ in rs) / len(rs))
+        worst = min(rs)
+        return f"  {name}: geomean {geo:.3f} over {len(rs)} cells, worst {worst[0]:.3f} ({worst[1].strip()})"
+
+    print()
+    print("aotriton / cuDNN, bf16, S >= 1k (the Hopper fast path's targets)")
+    print(line("forward hd64+hd128 (target >= 1.0, no cell < 0.9)", ratios("tflops_fwd", (64, 128))))
+    print(line("forward hd256 (target >= 0.9)", ratios("tflops_fwd", (256, ))))
+    print(line("backward hd128 (target >= 1.0, no cell < 0.85)", ratios("tflops_bwd", (128, ))))
+    print(line("backward hd64 (target >= 0.95)", ratios("tflops_bwd", (64, ))))
+    print(line("backward hd256", ratios("tflops_bwd", (256, ))))
 
 
 # ---- feature rows: dropout, additive bias, packed variable-length batches ------------------
@@ -532,6 +601,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep, ms")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--check-max-seqlen", type=int, default=4096,
+                    help="cells with a longer S are timed without the float32 reference check")
     ap.add_argument("--features", default="dropout,bias-full,bias-keypad,varlen",
                     help="feature rows (bf16 hd128 H16): dropout, bias-full, bias-keypad, varlen; '' = none")
     ap.add_argument("--feature-seqlen", type=int, default=4096, help="S of the feature rows (max S for varlen)")
@@ -598,6 +669,7 @@ def main():
         print_table(f"forward, {common}", rows, "tflops_fwd", "_fwd")
     if "bwd" in args.passes:
         print_table(f"backward, {common}, FLOPs = 2.5 x forward", rows, "tflops_bwd", "_bwd")
+    print_targets(rows)
     if feature_rows:
         print_feature_table(feature_rows)
     print(f"\n{len(rows) + len(feature_rows)} shapes, {failures} with wrong aotriton outputs, "

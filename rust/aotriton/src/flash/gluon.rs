@@ -5,6 +5,7 @@
 use std::fmt;
 
 use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, strides3, strides4};
+use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
 use crate::driver::cuda::DeviceInfo;
 use crate::error::{Error, ErrorKind, Result};
@@ -294,12 +295,26 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
     args
 }
 
-/// Enqueues the Gluon forward: grid `(cdiv(Sq, BLOCK_M), Hq, B)`.
+/// The Gluon forward's grid: one CTA per query tile, `(cdiv(Sq, BLOCK_M), Hq, B)`; for a
+/// persistent kernel (config `PERSISTENT` = 1) one CTA per SM slot, `(min(tiles, SMs ·
+/// CTAS_PER_SM), 1, 1)`, each walking the tiles `pid, pid + grid, …` (ABI.md).
+pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u32) -> [u32; 3] {
+    let per_head = blocks(shape.seqlen_q, meta, "BLOCK_M", 128);
+    if config(meta, "PERSISTENT", 0) == 0 {
+        return [per_head, shape.heads_q as u32, shape.batch as u32];
+    }
+    let tiles = per_head as u64 * shape.heads_q * shape.batch;
+    let slots = multiprocessors as u64 * config(meta, "CTAS_PER_SM", 1).max(1) as u64;
+    [tiles.min(slots).max(1) as u32, 1, 1]
+}
+
+/// Enqueues the Gluon forward (grid: [`fwd_grid`]).
 pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape) -> Result<()> {
+    let multiprocessors = launcher.device().multiprocessors;
     let kernel = launcher.prepare(
         request,
         |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, device),
-        |meta| [blocks(shape.seqlen_q, meta, "BLOCK_M", 128), shape.heads_q as u32, shape.batch as u32],
+        |meta| fwd_grid(meta, shape, multiprocessors),
     )?;
     launcher.launch(&kernel)
 }
@@ -439,6 +454,46 @@ pub(crate) fn launch_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn grid_of(config: &[(&str, i64)], sq: u64, heads_q: u64, batch: u64) -> [u32; 3] {
+        let meta = KernelMeta {
+            id: "k".into(),
+            symbol: "k".into(),
+            variant: "aligned".into(),
+            config: config.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+            args: Vec::new(),
+            shared: 0,
+            num_warps: 12,
+            warp_size: 32,
+            num_ctas: 1,
+            global_scratch_size: 0,
+            global_scratch_align: 1,
+            profile_scratch_size: 0,
+            profile_scratch_align: 1,
+        };
+        let shape = AttnShape {
+            batch,
+            heads_q,
+            heads_k: 1,
+            seqlen_q: sq,
+            seqlen_k: sq,
+            head_dim: 128,
+            head_dim_bucket: 128,
+            head_dim_axis: "128",
+            varlen: None,
+        };
+        fwd_grid(&meta, &shape, 132)
+    }
+
+    #[test]
+    fn forward_grid_per_tile_or_persistent() {
+        assert_eq!(grid_of(&[("BLOCK_M", 128)], 1000, 16, 4), [8, 16, 4]);
+        // Persistent: one CTA per SM slot, never more CTAs than tiles, never none.
+        let pers = [("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 1)];
+        assert_eq!(grid_of(&pers, 4096, 16, 4), [132, 1, 1]);
+        assert_eq!(grid_of(&pers, 100, 2, 1), [2, 1, 1]);
+        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 2)], 4096, 16, 4), [264, 1, 1]);
+    }
     use crate::flash::{Dropout, Mask, MaskAlign, Varlen};
     use crate::tensor::TensorView;
 
