@@ -6,7 +6,8 @@
 For each arch, ``<out>/<arch>/`` receives per kernel ``<id>.cubin`` (CUDA) or
 ``<id>.hsaco`` (AMD) plus ``<id>.json`` (the launch contract read by the Rust
 packer), and ``manifest.json`` listing exactly the current kernels.  Files of
-kernels no longer enumerated are removed.  The manifest is written last and
+kernels no longer enumerated are removed.  The manifest (with a digest over every
+kernel's image and JSON, so it changes whenever a kernel does) is written last and
 only when its bytes change, so build tools can depend on its timestamp.  With
 ``--only`` the output reflects just the selected kernels.
 
@@ -383,11 +384,16 @@ def _write_arch_output(arch: str, specs: list[rules.KernelSpec], results: dict[s
     os.makedirs(arch_dir, exist_ok=True)
     expected = {"manifest.json"}
     json_names = []
+    content = hashlib.sha256()
     for spec in specs:
         image, metadata = results[spec.id]
         info = kernel_json(spec, metadata, version)
+        info_bytes = _json_bytes(info)
         _write_if_changed(os.path.join(arch_dir, info["image"]), image)
-        _write_if_changed(os.path.join(arch_dir, f"{spec.id}.json"), _json_bytes(info))
+        _write_if_changed(os.path.join(arch_dir, f"{spec.id}.json"), info_bytes)
+        for part in (spec.id.encode(), info_bytes, image):
+            content.update(len(part).to_bytes(8, "little"))
+            content.update(part)
         expected |= {info["image"], f"{spec.id}.json"}
         json_names.append(f"{spec.id}.json")
     for name in sorted(os.listdir(arch_dir)):  # stale kernels (and leftovers of interrupted writes)
@@ -397,7 +403,10 @@ def _write_arch_output(arch: str, specs: list[rules.KernelSpec], results: dict[s
     backend, target_arch, warp_size = rules.target_of(arch)
     manifest = {"arch": arch, "triton_version": version,
                 "target": {"backend": backend, "arch": target_arch, "warp_size": warp_size},
-                "kernels": sorted(json_names)}
+                "kernels": sorted(json_names),
+                # Changes whenever any kernel's image or metadata does (a kernel can change under
+                # the same id): build tools watching the manifest then repack.
+                "digest": content.hexdigest()}
     _write_if_changed(os.path.join(arch_dir, "manifest.json"), _json_bytes(manifest))
 
 

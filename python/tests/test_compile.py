@@ -87,9 +87,11 @@ class CompileDriverTest(unittest.TestCase):
         self.assertNotIn(os.path.dirname(_paths.PYTHON_DIR).encode(), image, "build path leaked into the image")
         with open(os.path.join(self.arch_dir(), "manifest.json")) as f:
             manifest = json.load(f)
+        digest = manifest.pop("digest")
         self.assertEqual(manifest, {"arch": "sm_90", "triton_version": driver.triton_version(),
                                     "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
                                     "kernels": [ONLY + ".json"]})
+        self.assertRegex(digest, "^[0-9a-f]{64}$")
         self.assertEqual(sorted(os.listdir(self.arch_dir())), sorted([ONLY + ".json", ONLY + ".cubin", "manifest.json"]))
 
     def test_rebuild_is_cache_hit(self):
