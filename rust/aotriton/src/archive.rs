@@ -179,6 +179,29 @@ pub struct KernelMeta {
     pub profile_scratch_align: u32,
 }
 
+#[cfg(test)]
+impl KernelMeta {
+    /// A kernel with the given id, arguments and warps and neutral values elsewhere (no config,
+    /// no shared memory, no scratch), for unit tests across the crate.
+    pub(crate) fn for_tests(id: &str, args: Vec<KernelArg>, num_warps: u32) -> KernelMeta {
+        KernelMeta {
+            id: id.into(),
+            symbol: id.into(),
+            variant: "aligned".into(),
+            config: BTreeMap::new(),
+            args,
+            shared: 0,
+            num_warps,
+            warp_size: 32,
+            num_ctas: 1,
+            global_scratch_size: 0,
+            global_scratch_align: 1,
+            profile_scratch_size: 0,
+            profile_scratch_align: 1,
+        }
+    }
+}
+
 /// Where one kernel's image sits inside its functional's decompressed blob.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ImageSlot {
@@ -1666,28 +1689,20 @@ mod tests {
         for (k, v) in [("BLOCK_M", 128), ("BLOCK_N", 128), ("STAGES", 2), ("num_warps", 4), ("maxnreg", 168)] {
             config.insert(k.to_string(), v);
         }
+        let args = vec![
+            KernelArg {
+                name: "desc_q".into(),
+                ty: "tensordesc<bf16[1, 1, 64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>".into(),
+                divisibility: 1,
+                tensordesc: Some(desc_meta()),
+            },
+            KernelArg { name: "sm_scale".into(), ty: "fp32".into(), divisibility: 1, tensordesc: None },
+        ];
         KernelMeta {
-            id: id.into(),
             symbol: "attn_fwd_gluon".into(),
-            variant: "aligned".into(),
             config,
-            args: vec![
-                KernelArg {
-                    name: "desc_q".into(),
-                    ty: "tensordesc<bf16[1, 1, 64, 128],NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=4, transposed=False, fp4_padded=False, cga_layout=[])>".into(),
-                    divisibility: 1,
-                    tensordesc: Some(desc_meta()),
-                },
-                KernelArg { name: "sm_scale".into(), ty: "fp32".into(), divisibility: 1, tensordesc: None },
-            ],
             shared: 200_000,
-            num_warps: 12,
-            warp_size: 32,
-            num_ctas: 1,
-            global_scratch_size: 0,
-            global_scratch_align: 1,
-            profile_scratch_size: 0,
-            profile_scratch_align: 1,
+            ..KernelMeta::for_tests(id, args, 12)
         }
     }
 

@@ -581,21 +581,7 @@ mod tests {
     }
 
     fn meta(args: Vec<KernelArg>) -> KernelMeta {
-        KernelMeta {
-            id: "k".into(),
-            symbol: "k".into(),
-            variant: "aligned".into(),
-            config: Default::default(),
-            args,
-            shared: 0,
-            num_warps: 12,
-            warp_size: 32,
-            num_ctas: 1,
-            global_scratch_size: 0,
-            global_scratch_align: 1,
-            profile_scratch_size: 0,
-            profile_scratch_align: 1,
-        }
+        KernelMeta::for_tests("k", args, 12)
     }
 
     fn q() -> ArgValue {

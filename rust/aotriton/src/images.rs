@@ -150,21 +150,7 @@ mod tests {
 
     fn archive(arch: &str, triton: &str) -> Archive {
         let mut writer = ArchiveWriter::new(arch, triton, serde_json::json!({"backend": "cuda", "arch": 90, "warp_size": 32}));
-        let meta = KernelMeta {
-            id: "k".into(),
-            symbol: "k".into(),
-            variant: "aligned".into(),
-            config: Default::default(),
-            args: vec![],
-            shared: 0,
-            num_warps: 4,
-            warp_size: 32,
-            num_ctas: 1,
-            global_scratch_size: 0,
-            global_scratch_align: 1,
-            profile_scratch_size: 0,
-            profile_scratch_align: 1,
-        };
+        let meta = KernelMeta::for_tests("k", vec![], 4);
         writer.add("attn_fwd", &[("dtype", "fp16")], meta, vec![1, 2, 3]).unwrap();
         Archive::parse("test.images", Cow::Owned(writer.to_bytes().unwrap())).unwrap()
     }

@@ -457,19 +457,8 @@ mod tests {
 
     fn grid_of(config: &[(&str, i64)], sq: u64, heads_q: u64, batch: u64) -> [u32; 3] {
         let meta = KernelMeta {
-            id: "k".into(),
-            symbol: "k".into(),
-            variant: "aligned".into(),
             config: config.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
-            args: Vec::new(),
-            shared: 0,
-            num_warps: 12,
-            warp_size: 32,
-            num_ctas: 1,
-            global_scratch_size: 0,
-            global_scratch_align: 1,
-            profile_scratch_size: 0,
-            profile_scratch_align: 1,
+            ..KernelMeta::for_tests("k", Vec::new(), 12)
         };
         let shape = AttnShape {
             batch,
