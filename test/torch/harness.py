@@ -1,9 +1,60 @@
-"""Shared helpers of the torch tests: a tiny case runner and float64 references."""
+"""Shared helpers of the torch tests: a tiny case runner, float64 references, and the rule of
+which calls the Gluon backend serves (for runs with AOTRITON_BACKEND=gluon)."""
 import math
+import os
 import sys
 import traceback
 
 import torch
+
+# The status name a forced backend's refusal carries (aotriton_torch.cpp's check_status: a
+# RuntimeError "aotriton <op> failed (kUnsupportedByBackend): <reason>").
+REFUSAL = "kUnsupportedByBackend"
+GLUON_MAX_HEAD_DIM_FWD = 256
+GLUON_MAX_HEAD_DIM_BWD = 128
+
+
+def forced_backend():
+    """AOTRITON_BACKEND as the extension reads it (backend_from_env): auto (default, also when
+    empty), portable or gluon."""
+    return os.environ.get("AOTRITON_BACKEND", "") or "auto"
+
+
+def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
+    """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
+    kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
+    in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256 forward,
+    <= 128 backward; no dropout; no bias (the extension turns bool and float masks into one); not
+    packed (varlen); forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
+    TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
+    bytes), which every test input is once the wrapper has copied a non-unit last stride away."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return "fp16 or bf16"
+    if head_dim > (GLUON_MAX_HEAD_DIM_BWD if backward else GLUON_MAX_HEAD_DIM_FWD):
+        return "head dim"
+    if dropout:
+        return "dropout"
+    if bias:
+        return "bias"
+    if varlen:
+        return "varlen"
+    if not backward and sm_scale is not None and not sm_scale > 0:
+        return "sm_scale"
+    return None
+
+
+def gluon_serves(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
+    """Whether the Gluon backend serves such a call (gluon_refusal's rule)."""
+    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale) is None
+
+
+def gluon_refuses(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
+    """The reason (see gluon_refusal) when AOTRITON_BACKEND=gluon forces such a call onto a backend
+    that cannot serve it, so the call must raise kUnsupportedByBackend; None otherwise (any other
+    backend, or a call Gluon serves: the test runs as usual)."""
+    if forced_backend() != "gluon":
+        return None
+    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale)
 
 
 class Runner:
@@ -13,6 +64,7 @@ class Runner:
         self.name = name
         self.passed = 0
         self.failed = 0
+        self.skipped = 0
         self.failures = []
 
     def check(self, case, ok, detail=""):
@@ -34,7 +86,37 @@ class Runner:
             self.check(case, False, f"raised {type(e).__name__}: {str(e)[:400]}")
             return None
 
+    def refused(self, case, reason, fn, *args, **kwargs):
+        """The forced backend must refuse fn(*args): RuntimeError naming kUnsupportedByBackend and
+        `reason` (a word of the refusal's message, from gluon_refusal). Counts one case, printed
+        `PASS refused by <backend>: <case>`; anything else (no error, another error) fails it."""
+        label = f"refused by {forced_backend()}: {case}"
+        try:
+            fn(*args, **kwargs)
+        except RuntimeError as e:
+            msg = str(e)
+            first = msg.strip().splitlines()[0][:300] if msg.strip() else ""
+            # The status and the reason stand on one line of the message (not in a C++ backtrace).
+            hits = [line for line in msg.splitlines() if REFUSAL in line and (not reason or reason in line)]
+            if hits:
+                return self.check(label, True, hits[0].strip()[:300])
+            traceback.print_exc()
+            want = REFUSAL + (f" naming {reason!r}" if reason else "")
+            return self.check(label, False, f"raised {type(e).__name__} but not {want}: {first}")
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            return self.check(label, False, f"raised {type(e).__name__} instead of RuntimeError ({REFUSAL}): "
+                                            f"{str(e)[:300]}")
+        return self.check(label, False, f"no error raised: expected {REFUSAL} ({reason})")
+
+    def skip(self, case, reason):
+        """A case that does not apply to this run (counted apart from passes and failures)."""
+        print(f"SKIP {case}  ({reason})", flush=True)
+        self.skipped += 1
+
     def finish(self):
+        if self.skipped:
+            print(f"skipped cases: {self.skipped} (lines starting SKIP)")
         if self.failures:
             print("failed cases:", ", ".join(self.failures[:40]))
         print(f"torch-{self.name}: {self.passed} passed, {self.failed} failed", flush=True)

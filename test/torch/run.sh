@@ -4,9 +4,9 @@
 # Env: OUT (logs, default /tmp/out), PYTHON (default python3), BUILD (scratch, default
 # /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py).
 # Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py (forced
-# portable backend, then the default dispatch; test_llama.py also forced onto Gluon) and the
-# README's C++ consumer example; keeps going when one fails; logs go to $OUT/torch-*.log;
-# prints a summary last and exits 1 if anything failed.
+# portable backend, then the default dispatch, then forced onto Gluon) and the README's C++
+# consumer example; keeps going when one fails; logs go to $OUT/torch-*.log; prints a summary
+# last and exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -35,9 +35,11 @@ export PYTHONPATH="$ROOT/bindings/torch/python:$ROOT/test/torch${PYTHONPATH:+:$P
 export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # Each suite on the forced portable backend, then with the default dispatch (on an H200: the Gluon
-# kernels wherever they apply); the Llama training run once more forced onto Gluon (every call of
-# that model is one Gluon serves, so a refusal would fail it).
-for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto llama:gluon; do
+# kernels wherever they apply), then forced onto Gluon: test_ops.py and test_graph.py run the cases
+# Gluon serves as usual and check that the others are refused (kUnsupportedByBackend; harness.py's
+# gluon_refusal is the rule); every call of the Llama model is one Gluon serves, so a refusal would
+# fail it.
+for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon; do
   name=${run%%:*} backend=${run#*:}
   step "test_$name.py (backend $backend)"
   args=()

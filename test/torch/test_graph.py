@@ -17,6 +17,14 @@
    reported, not failed. With dropout under the same seed, aot_eager must match eager bitwise.
 3. torch.library.opcheck (schema + fake-tensor checks) of the custom ops.
 
+Under AOTRITON_BACKEND=gluon (every call forced onto the sm_90 Gluon kernels; rule:
+harness.gluon_refusal) a case whose calls Gluon cannot serve checks instead that they raise
+RuntimeError naming kUnsupportedByBackend and the reason (`PASS refused by gluon: <case>`): the
+CUDA-graph test (dropout: its eager step), the fp32 and masked compile cases and the dropout one
+(their eager run), and the opchecks of calls with a bias or a packed batch (the op itself:
+opcheck's schema and fake-tensor checks run the real op too). The rest runs as above: the bf16
+causal compile cases and the dropout_mask opcheck (no backend involved).
+
     PYTHONPATH=bindings/torch/python python test/torch/test_graph.py
 Last line: `torch-graph: N passed, M failed`.
 """
@@ -24,7 +32,7 @@ import math
 
 import torch
 
-from harness import Runner, attention_ref, max_err
+from harness import Runner, attention_ref, gluon_refuses, max_err
 
 import aotriton.torch as A
 
@@ -45,6 +53,10 @@ def cuda_graph_dropout():
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
         return out, rng, dq, dk, dv
 
+    why = gluon_refuses(torch.bfloat16, d, dropout=True)
+    if why:  # forced Gluon: the step's dropout forward is refused (eagerly; nothing to capture)
+        R.refused("cuda graph dropout: eager step", why, step)
+        return
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: loads the kernels before capture
@@ -126,6 +138,10 @@ def compile_case(backend, dtype, with_mask, p=0.0):
     model = Attn(p=p).to(DEV, dtype)
     x = torch.randn(2, 128, 256, device=DEV, dtype=dtype)
     mask = torch.randn(2, 1, 128, 128, device=DEV, dtype=dtype) if with_mask else None
+    why = gluon_refuses(dtype, model.d, dropout=p > 0, bias=with_mask)
+    if why:  # forced Gluon: the model's attention call is refused (checked eagerly; tracing launches nothing)
+        R.refused(name + " (eager run)", why, run_model, model, x, mask, seed=5 if p else None)
+        return
     eager = run_model(model, x, mask, seed=5 if p else None)
     torch._dynamo.reset()
     note = "fullgraph"
@@ -151,22 +167,42 @@ def opcheck():
     k = torch.randn(2, 2, 80, 64, device=DEV, dtype=torch.float16)
     bias = torch.randn(2, 1, 64, 80, device=DEV, dtype=torch.float16)
     utils = ("test_schema", "test_faketensor")
+    # opcheck runs the real op as well (the schema check, and the fake-tensor check's cross-reference),
+    # so under a forced Gluon backend a call it cannot serve (a bias, a packed batch) is checked to be
+    # refused instead.
     fwd_args = (q, k, k, bias, None, None, 0, 0, 0.125, False, -1, -1, 0, 0.0, False)
-    res = torch.library.opcheck(torch.ops.aotriton.fwd.default, fwd_args, test_utils=utils)
-    R.check("opcheck aotriton::fwd", all(v == "SUCCESS" for v in res.values()), str(res))
-    out, lse, rng = torch.ops.aotriton.fwd(*fwd_args)
+    why = gluon_refuses(torch.float16, 64, bias=True)
+    if why:
+        R.refused("opcheck aotriton::fwd", why, torch.ops.aotriton.fwd, *fwd_args)
+        # What this forward returns elsewhere: out (B x S x H x D memory), lse, and the rng_state of
+        # a call without dropout, (0, 0).
+        out = torch.zeros(2, 64, 4, 64, device=DEV, dtype=torch.float16).transpose(1, 2)
+        lse = torch.zeros(2, 4, 64, device=DEV, dtype=torch.float32)
+        rng = torch.zeros(2, device=DEV, dtype=torch.int64)
+    else:
+        res = torch.library.opcheck(torch.ops.aotriton.fwd.default, fwd_args, test_utils=utils)
+        R.check("opcheck aotriton::fwd", all(v == "SUCCESS" for v in res.values()), str(res))
+        out, lse, rng = torch.ops.aotriton.fwd(*fwd_args)
     bwd_args = (torch.randn_like(out), q, k, k, out, lse, bias, True, None, None, 0, 0, 0.125, False, -1, -1, 0, 0.0,
                 rng, False, False)
-    res = torch.library.opcheck(torch.ops.aotriton.bwd.default, bwd_args, test_utils=utils)
-    R.check("opcheck aotriton::bwd", all(v == "SUCCESS" for v in res.values()), str(res))
+    why = gluon_refuses(torch.float16, 64, backward=True, bias=True)
+    if why:
+        R.refused("opcheck aotriton::bwd", why, torch.ops.aotriton.bwd, *bwd_args)
+    else:
+        res = torch.library.opcheck(torch.ops.aotriton.bwd.default, bwd_args, test_utils=utils)
+        R.check("opcheck aotriton::bwd", all(v == "SUCCESS" for v in res.values()), str(res))
     res = torch.library.opcheck(torch.ops.aotriton.dropout_mask.default, (rng, 2, 4, 64, 80, 0.5), test_utils=utils)
     R.check("opcheck aotriton::dropout_mask", all(v == "SUCCESS" for v in res.values()), str(res))
     # varlen fwd
     qv = torch.randn(1, 4, 50, 64, device=DEV, dtype=torch.bfloat16)
     cu = torch.tensor([0, 20, 50], device=DEV, dtype=torch.int32)
-    res = torch.library.opcheck(torch.ops.aotriton.fwd.default,
-                                (qv, qv, qv, None, cu, cu, 30, 30, 0.125, True, -1, -1, 0, 0.0, False), test_utils=utils)
-    R.check("opcheck aotriton::fwd varlen", all(v == "SUCCESS" for v in res.values()), str(res))
+    varlen_args = (qv, qv, qv, None, cu, cu, 30, 30, 0.125, True, -1, -1, 0, 0.0, False)
+    why = gluon_refuses(torch.bfloat16, 64, varlen=True)
+    if why:
+        R.refused("opcheck aotriton::fwd varlen", why, torch.ops.aotriton.fwd, *varlen_args)
+    else:
+        res = torch.library.opcheck(torch.ops.aotriton.fwd.default, varlen_args, test_utils=utils)
+        R.check("opcheck aotriton::fwd varlen", all(v == "SUCCESS" for v in res.values()), str(res))
 
 
 def main():

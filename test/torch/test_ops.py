@@ -8,6 +8,13 @@ dtype. Bounds: forward max|err| <= 3 * (input-dtype reference's max|err|) + 1e-3
 math SDPA. Dropout cases take the keep-mask of the very call (aotriton.torch.dropout_mask on the
 returned rng_state) into the reference.
 
+Under AOTRITON_BACKEND=gluon (every call forced onto the sm_90 Gluon kernels) a case whose calls
+Gluon serves (harness.gluon_refusal: fp16/bf16, head dim <= 256 forward / <= 128 backward, no
+dropout, no mask/bias, not varlen) runs as above; a case it cannot serve must instead raise
+RuntimeError naming kUnsupportedByBackend and the reason (`PASS refused by gluon: <case>`); a
+forward it serves whose backward it does not (head dim 256) checks the forward and the backward's
+refusal. The dropout RNG-stream checks are skipped there (Gluon has no dropout).
+
     PYTHONPATH=bindings/torch/python python test/torch/test_ops.py [-k substring]
 Last line: `torch-ops: N passed, M failed`; exit status 1 on any failure.
 """
@@ -18,7 +25,7 @@ import re
 
 import torch
 
-from harness import Runner, attention_ref, lse_ref, max_err, visible
+from harness import Runner, attention_ref, forced_backend, gluon_refuses, lse_ref, max_err, visible
 
 import aotriton.torch as A
 
@@ -36,28 +43,44 @@ def wanted(name):
     return ARGS.k is None or ARGS.k in name
 
 
-def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, grad_factor=5.0, atol=1e-3):
+def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, grad_factor=5.0, atol=1e-3,
+            dropout=False, bias=False, varlen=False, sm_scale=None):
     """inputs: name -> float64 tensor. Runs fn_ours on dtype copies and fn_ref on float64 and dtype
-    copies, backpropagates one random dout, and checks output + gradients of grad_names."""
+    copies, backpropagates one random dout, and checks output + gradients of grad_names.
+    dropout/bias/varlen/sm_scale describe fn_ours's call (its head dim is inputs["q"]'s last) for
+    the Gluon rule: under AOTRITON_BACKEND=gluon a forward Gluon cannot serve must be refused
+    instead, and a backward it cannot serve (after a served forward) likewise, the output alone
+    then being checked."""
     if not wanted(name):
         return
+    head_dim = inputs["q"].shape[-1]
+    why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale)
+    why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale)
 
     def leaves(dt):
         return {n: t.to(dt).detach().requires_grad_(n in grad_names) for n, t in inputs.items()}
+
+    if why_fwd:
+        R.refused(name, why_fwd, lambda: fn_ours(**leaves(dtype)))
+        return
+    checked = [] if why_bwd else grad_names  # the gradients compared
 
     def body():
         ours_in = leaves(dtype)
         out = fn_ours(**ours_in)
         dout64 = torch.randn(out.shape, device=DEV, dtype=F64).to(dtype).to(F64)
-        ours_g = torch.autograd.grad(out, [ours_in[n] for n in grad_names], dout64.to(dtype))
+        if why_bwd:
+            R.refused(f"{name} (backward)", why_bwd, torch.autograd.grad, out, [ours_in[n] for n in grad_names],
+                      dout64.to(dtype))
+        ours_g = torch.autograd.grad(out, [ours_in[n] for n in checked], dout64.to(dtype)) if checked else []
         ref_in = leaves(F64)
         ref = fn_ref(**ref_in)
-        ref_g = torch.autograd.grad(ref, [ref_in[n] for n in grad_names], dout64)
+        ref_g = torch.autograd.grad(ref, [ref_in[n] for n in checked], dout64) if checked else []
         low_in = leaves(dtype)
         low = fn_ref(**low_in)
-        low_g = torch.autograd.grad(low, [low_in[n] for n in grad_names], dout64.to(dtype))
+        low_g = torch.autograd.grad(low, [low_in[n] for n in checked], dout64.to(dtype)) if checked else []
         results = [("out", out, ref, low, fwd_factor)]
-        results += [(f"d{n}", o, r, l, grad_factor) for n, o, r, l in zip(grad_names, ours_g, ref_g, low_g)]
+        results += [(f"d{n}", o, r, l, grad_factor) for n, o, r, l in zip(checked, ours_g, ref_g, low_g)]
         details, ok = [], True
         for what, o, r, l, factor in results:
             e = max_err(o, r)
@@ -68,7 +91,7 @@ def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, gr
                 continue
             ok &= e <= bound
             details.append(f"{what} {e:.2e}/{bound:.2e}" + ("" if e <= bound else " <-- over"))
-        R.check(name, ok, " ".join(details))
+        R.check(f"{name} (forward)" if why_bwd else name, ok, " ".join(details))
 
     R.run(name, body)
 
@@ -86,7 +109,7 @@ def sdpa_case(dtype, b, hq, hk, sq, sk, d, causal=False, scale=None, label=""):
     compare(name, dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)),
             lambda q, k, v: A.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
                                                            enable_gqa=hq != hk),
-            lambda q, k, v: attention_ref(q, k, v, sc, vis=vis), ["q", "k", "v"])
+            lambda q, k, v: attention_ref(q, k, v, sc, vis=vis), ["q", "k", "v"], sm_scale=sc)
 
 
 def test_dtypes_and_head_dims():
@@ -144,7 +167,7 @@ def test_masks():
             mask[..., 3, :] = False  # a row that sees nothing: zeros out, like torch's math SDPA
         compare(f"sdpa bool mask {tuple(shape)} GQA", torch.float16, qkv,
                 lambda q, k, v, m=mask: A.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-                lambda q, k, v, m=mask: attention_ref(q, k, v, sc, vis=m), ["q", "k", "v"])
+                lambda q, k, v, m=mask: attention_ref(q, k, v, sc, vis=m), ["q", "k", "v"], bias=True)
     # Float masks (additive), with and without a gradient of their own, broadcast.
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for shape, grad in (((b, hq, sq, sk), True), ((1, hq, 1, sk), True), ((sq, 1), True), ((b, 1, sq, sk), False)):
@@ -152,11 +175,11 @@ def test_masks():
             names = ["q", "k", "v"] + (["m"] if grad else [])
             compare(f"sdpa float mask {tag(dtype)} {tuple(shape)}" + (" +grad" if grad else ""), dtype, inputs,
                     lambda q, k, v, m: A.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
-                    lambda q, k, v, m: attention_ref(q, k, v, sc, bias=m), names)
+                    lambda q, k, v, m: attention_ref(q, k, v, sc, bias=m), names, bias=True)
     # A float mask of another dtype than the inputs (cast like torch).
     compare("sdpa fp32 mask on bf16 inputs", torch.bfloat16, qkv,
             lambda q, k, v: A.scaled_dot_product_attention(q, k, v, attn_mask=MASK32, enable_gqa=True),
-            lambda q, k, v: attention_ref(q, k, v, sc, bias=MASK32.to(q.dtype)), ["q", "k", "v"])
+            lambda q, k, v: attention_ref(q, k, v, sc, bias=MASK32.to(q.dtype)), ["q", "k", "v"], bias=True)
 
 
 MASK32 = None
@@ -209,7 +232,7 @@ def test_windows():
             lambda q, k, v, m: A.flash_attention(q, k, v, window_size=(10, 10), align="bottom_right", bias=m,
                                                  layout="bshd"),
             lambda q, k, v, m: attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 1 / math.sqrt(d),
-                                             bias=m, vis=vis).transpose(1, 2), ["q", "k", "v", "m"])
+                                             bias=m, vis=vis).transpose(1, 2), ["q", "k", "v", "m"], bias=True)
     # LSE (natural log; +inf for rows that see no key)
     if wanted("flash lse"):
         def body():
@@ -241,7 +264,8 @@ def test_dropout():
         compare(f"dropout p{p} {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else ""),
                 dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)), ours,
                 lambda q, k, v, vis=vis, p=p: attention_ref(q, k, v, 1 / math.sqrt(q.shape[-1]), vis=vis,
-                                                            keep=state["keep"], p=p), ["q", "k", "v"])
+                                                            keep=state["keep"], p=p), ["q", "k", "v"],
+                dropout=True)
     # dropout + float mask with its gradient
     state = {}
 
@@ -252,9 +276,14 @@ def test_dropout():
 
     compare("dropout p0.3 + float mask grad fp16", torch.float16,
             dict(q=rnd(2, 2, 40, 64), k=rnd(2, 2, 60, 64), v=rnd(2, 2, 60, 64), m=rnd(1, 2, 40, 60)), ours_mask,
-            lambda q, k, v, m: attention_ref(q, k, v, 1 / 8, bias=m, keep=state["keep"], p=0.3), ["q", "k", "v", "m"])
+            lambda q, k, v, m: attention_ref(q, k, v, 1 / 8, bias=m, keep=state["keep"], p=0.3), ["q", "k", "v", "m"],
+            dropout=True, bias=True)
     if wanted("dropout rng"):
-        R.run("dropout rng", dropout_rng)
+        if forced_backend() == "gluon":  # about the generator and rng_state of calls Gluon refuses
+            R.skip("dropout rng", "Gluon has no dropout: no call to check the RNG stream of; the dropout cases "
+                                  "above check its refusal")
+        else:
+            R.run("dropout rng", dropout_rng)
 
 
 def gen_offset(gen):
@@ -340,7 +369,8 @@ def varlen_case(dtype, lens_q, lens_k, hq, hk, d, causal=False, window=(-1, -1),
         return torch.cat(outs, 0) + 0 * k.sum() + 0 * v.sum()  # keeps every input in the graph
 
     tq, tk = cq[-1] + pad_q, ck[-1] + pad_k
-    compare(name, dtype, dict(q=rnd(tq, hq, d), k=rnd(tk, hk, d), v=rnd(tk, hk, d)), ours, ref, ["q", "k", "v"])
+    compare(name, dtype, dict(q=rnd(tq, hq, d), k=rnd(tk, hk, d), v=rnd(tk, hk, d)), ours, ref, ["q", "k", "v"],
+            dropout=bool(p), varlen=True)
 
 
 def test_varlen():
@@ -414,7 +444,10 @@ def test_errors():
 
 
 def test_readme_example():
-    """Runs the PyTorch example of the top-level README.md (its first ```python block)."""
+    """Runs the PyTorch example of the top-level README.md (its first ```python block). Under a
+    forced Gluon backend the example must run up to its dropout call (bf16, D 128), which must be
+    refused: the refusal naming dropout shows the SDPA forward + backward before it ran and passed
+    its assert."""
     if not wanted("readme"):
         return
     path = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
@@ -423,6 +456,11 @@ def test_readme_example():
         text = open(path).read()
         code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
         scope = {}
+        why = gluon_refuses(torch.bfloat16, 128, dropout=True)
+        if why:
+            R.refused("README PyTorch example, at its dropout call", why, exec, compile(code, "README.md", "exec"),
+                      scope)
+            return
         exec(compile(code, "README.md", "exec"), scope)
         R.check("README PyTorch example runs", True)
 
