@@ -1,7 +1,7 @@
 """CPU AOT compile check of the Gluon backward (sm_90, no GPU needed).
 
 usage: build/venv/bin/python test/gluon/aot_bwd.py [--stages 2,3] [--mask-modes 0,1,2] [--regs 240,232]
-       [--dkss 0,1] [--keep DIR] [substring ...]
+       [--dkss 0,1] [--pers 0,1,2] [--keep DIR] [substring ...]
 
 Compiles every functional of the three launches of ``ABI.md`` ("attn_bwd on the Gluon backend")
 with ``triton.compile(GluonASTSource | ASTSource, target=GPUTarget("cuda", 90, 32))`` and the
@@ -82,11 +82,11 @@ def convert_signature(dtype):
 
 #: Performance options of attn_bwd_gluon (constexprs after COMPUTE_DQ, see bwd.py): tag -> values.
 #: ``--opts`` picks combinations, e.g. ``--opts m0,m1,m2 --regs 240,232 --dkss 0,1``.
-def opt_tag(mask_mode, regs, dk_ss):
-    return f"m{mask_mode}-r{regs}" + ("-ss" if dk_ss else "")
+def opt_tag(mask_mode, regs, dk_ss, pers=0):
+    return f"m{mask_mode}-r{regs}" + ("-ss" if dk_ss else "") + (f"-p{pers}" if pers else "")
 
 
-def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, )):
+def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), pers_list=(0, )):
     """name -> (fn, signature, constexprs, options, gluon?)"""
     out = {}
     for dtype in ("fp16", "bf16"):
@@ -98,11 +98,13 @@ def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, )):
                             for ss in dkss_list:
                                 if ss and not dq:
                                     continue  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
-                                out[f"attn_bwd_gluon-{dtype}-hd{hd}-dq{dq}-s{st}-{opt_tag(mm, regs, ss)}"] = (
-                                    attn_bwd_gluon, bwd_signature(dtype, hd),
-                                    {"HEAD_DIM": hd, "BLOCK_M": 64, "BLOCK_N": 128, "STAGES": st, "COMPUTE_DQ": dq,
-                                     "MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss},
-                                    {"num_warps": 4, "maxnreg": MAXNREG}, True)
+                                for pe in pers_list:
+                                    out[f"attn_bwd_gluon-{dtype}-hd{hd}-dq{dq}-s{st}-{opt_tag(mm, regs, ss, pe)}"] = (
+                                        attn_bwd_gluon, bwd_signature(dtype, hd),
+                                        {"HEAD_DIM": hd, "BLOCK_M": 64, "BLOCK_N": 128, "STAGES": st,
+                                         "COMPUTE_DQ": dq, "MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss,
+                                         "PERSISTENT": pe},
+                                        {"num_warps": 4, "maxnreg": MAXNREG}, True)
             out[f"attn_bwd_gluon_preprocess-{dtype}-hd{hd}"] = (
                 attn_bwd_gluon_preprocess, preprocess_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_ROWS // hd},
                 {"num_warps": 4}, False)
@@ -153,6 +155,7 @@ def main():
     ap.add_argument("--mask-modes", default="0", help="MASK_MODE values of attn_bwd_gluon (0,1,2)")
     ap.add_argument("--regs", default="240", help="CONS_REGS values")
     ap.add_argument("--dkss", default="0", help="DK_SS values (0,1)")
+    ap.add_argument("--pers", default="0", help="PERSISTENT values (0 one CTA per key block, 1 head-major, 2 LPT)")
     ap.add_argument("--keep", default=None, help="write ttgir/ptx/cubin here")
     ap.add_argument("only", nargs="*")
     args = ap.parse_args()
@@ -160,7 +163,7 @@ def main():
     stages = ints(args.stages)
     bad = spills = 0
     for name, (fn, sig, cx, opts, is_gluon) in variants(stages, ints(args.mask_modes), ints(args.regs),
-                                                        ints(args.dkss)).items():
+                                                        ints(args.dkss), ints(args.pers)).items():
         if args.only and not any(s in name for s in args.only):
             continue
         try:

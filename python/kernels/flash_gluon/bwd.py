@@ -86,12 +86,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
+from .fwd import _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .private_api import tma_reduce_add
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
 #: constexpr ``CONS_REGS`` (default 240), the default partition (compute warpgroup 0) what remains.
 LOAD_REGS: gl.constexpr = gl.constexpr(24)
+#: The same for the persistent kernel (its loader and reducer walk the tile schedule themselves).
+PERS_LOAD_REGS: gl.constexpr = gl.constexpr(24)
 
 
 @gluon.jit
@@ -363,6 +366,269 @@ def _compute1(desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_b
 
 
 # ---------------------------------------------------------------------------------------------
+# Persistent variant (PERSISTENT = 1 or 2): grid (G, 1, 1), G = min(#tiles, #SMs) with #tiles =
+# cdiv(Sk, BLOCK_N) * Hk * B (ABI.md's rule for persistent kernels; any G >= 1 is correct).  Each
+# CTA walks the work units u = pid, pid + G, ...; a unit is one key block of one (batch, K/V head),
+# or with PERSISTENT 1 under a one-sided window (causal in either alignment) the pair of key
+# blocks (p, n_kb - 1 - p) of one head, whose costs add up to about the same for every p.
+# PERSISTENT 1: units head-major (CTAs that run together share one head's Q/dO in L2);
+# PERSISTENT 2: key-block major (LPT: every head's key block 0, the heaviest under causal, first).
+# The Q/dO ring's step counter, the dS^T double buffer and the dQ tile run on across tiles, so the
+# loader prefetches the next tile's first Q/dO steps while the compute warpgroups finish the
+# current tile; K/V of the next tile are loaded by the loader once both compute warpgroups have
+# drained their dK/dV stores (which go out through the K/V tiles): ``kv_empty``.
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N: gl.constexpr, PERS: gl.constexpr):
+    """``(n_kb, pair, n_per)``: key blocks per head, whether units are pairs (0/1), units per (batch, head)."""
+    n_kb = gl.cdiv(N_CTX_K, BLOCK_N)
+    left_cuts = (N_CTX_Q - 1 + diag - WINDOW_LEFT) > 0  # the last query does not see key 0
+    right_cuts = (diag + WINDOW_RIGHT) < (N_CTX_K - 1)  # the first query does not see the last key
+    pair = (left_cuts != right_cuts).to(gl.int32) * (PERS == 1)
+    n_per = n_kb - pair * (n_kb // 2)
+    return n_kb, pair, n_per
+
+
+@gluon.jit
+def _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS: gl.constexpr):
+    """``(n0, n1, n_sub, hk, b, valid)`` of unit ``u``: key block ``n0`` then, when ``n_sub == 2``, ``n1``."""
+    if PERS == 1:
+        hz = u // n_per
+        n0 = u - hz * n_per
+        n1 = n_kb - 1 - n0
+        n_sub = 1 + pair * (n0 != n1).to(gl.int32)
+        hk = hz % n_hk
+        b = hz // n_hk
+        valid = b < n_b
+    else:
+        nhz = n_hk * n_b
+        n0 = u // nhz
+        hz = u - n0 * nhz
+        n1 = n0
+        n_sub = 1
+        hk = hz % n_hk
+        b = hz // n_hk
+        valid = n0 < n_kb
+    return n0, n1, n_sub, hk, b, valid
+
+
+@gluon.jit
+def _bwd_walk(pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, MMODE: gl.constexpr):
+    """The query walk of key block ``pid_n``, as the non-persistent kernel computes it:
+    ``(start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps)``."""
+    start, full_lo, full_hi, end = mask.query_block_bounds(pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                           BLOCK_M, BLOCK_N)
+    n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
+    n_steps = GQA_GROUP * n_blocks
+    if MMODE == 2:
+        key_tail = pid_n * BLOCK_N + BLOCK_N > N_CTX_K
+        f_lo = gl.where(key_tail, start, full_lo)
+        f_gap = gl.where(key_tail, 0, full_hi - full_lo)
+        n_lead = (f_lo - start) // BLOCK_M
+        n_fblk = f_gap // BLOCK_M
+        n_mblk = n_blocks - n_fblk
+        n_mask_steps = GQA_GROUP * n_mblk
+    else:
+        f_lo = start
+        f_gap = n_steps * 0
+        n_lead = n_steps * 0
+        n_fblk = n_blocks
+        n_mblk = n_steps * 0
+        n_mask_steps = n_steps * 0
+    return start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps
+
+
+@gluon.jit
+def _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, start_n):
+    mbarrier.wait(kv_empty, (i & 1) ^ 1)  # both warpgroups' dK/dV stores of the previous tile have drained
+    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+
+
+@gluon.jit
+def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
+                 dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP,
+                 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr, MMODE: gl.constexpr, PERS: gl.constexpr):
+    """Per tile: the first ``min(STAGES, n_steps)`` Q/dO steps (the ring runs on across tiles, so
+    they are prefetched while the previous tile finishes), then K/V (after ``kv_empty``), then the rest."""
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_hk = _opaque_i32(desc_k.shape[1])
+    n_b = desc_k.shape[0]
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    j0 = 0
+    i = 0
+    u = _ctaid_x(n_per)
+    n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+    while valid:
+        h_first = hk * GQA_GROUP
+        b_row = b * N_HEADS_Q
+        for s in range(n_sub):
+            pid_n = n0 + s * (n1 - n0)
+            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps = _bwd_walk(
+                pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M, BLOCK_N, MMODE)
+            kv_at = gl.minimum(n_steps, STAGES) - 1
+            if n_steps == 0:
+                _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, pid_n * BLOCK_N)
+            for j in range(n_steps):
+                mh, mm = _masked_coords(j, gl.maximum(n_mblk, 1), n_lead, start, f_gap, BLOCK_M)
+                fh, fm = _full_coords(j, n_mask_steps, gl.maximum(n_fblk, 1), f_lo, BLOCK_M)
+                is_m = j < n_mask_steps
+                h_off = gl.where(is_m, mh, fh)
+                start_m = gl.where(is_m, mm, fm)
+                _load_step(j0 + j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs,
+                           lse_bufs, dlt_bufs, q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+                if j == kv_at:
+                    _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, pid_n * BLOCK_N)
+            j0 += n_steps
+            i += 1
+        u += _nctaid_x(u)
+        n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+
+
+@gluon.jit
+def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP,
+                     WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     MMODE: gl.constexpr, PERS: gl.constexpr):
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_hk = _opaque_i32(desc_k.shape[1])
+    n_b = desc_k.shape[0]
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    j0 = 0
+    u = _ctaid_x(n_per)
+    n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+    while valid:
+        h_first = hk * GQA_GROUP
+        b_row = b * N_HEADS_Q
+        for s in range(n_sub):
+            pid_n = n0 + s * (n1 - n0)
+            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps = _bwd_walk(
+                pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M, BLOCK_N, MMODE)
+            for j in range(n_mask_steps):
+                h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+                _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+            for j in range(n_mask_steps, n_steps):
+                h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+            j0 += n_steps
+        u += _nctaid_x(u)
+        n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+
+
+@gluon.jit
+def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                  ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full,
+                  dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
+    """``_compute`` in a loop over the CTA's tiles (step counters global, K/V per tile from the loader)."""
+    KB: gl.constexpr = BLOCK_N // 2
+    DH: gl.constexpr = HEAD_DIM // 2
+    dtype: gl.constexpr = k_smem.dtype
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)
+    STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
+
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_hk = _opaque_i32(desc_k.shape[1])
+    n_b = desc_k.shape[0]
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    qk_scale = _opaque_f32(sm_scale) * LOG2E
+
+    k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v_all = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    k_wg = k_all.slice(cid * KB, KB, dim=0)
+    v_wg = v_all.slice(cid * KB, KB, dim=0)
+    k_dh = k_all.slice(cid * DH, DH, dim=1)
+    v_out = v_smem.slice(cid * KB, KB, dim=2)
+    k_out = k_smem.slice(cid * KB, KB, dim=2)
+
+    j0 = 0
+    i = 0
+    u = _ctaid_x(n_per)
+    n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+    while valid:
+        for s in range(n_sub):
+            pid_n = n0 + s * (n1 - n0)
+            start_n = pid_n * BLOCK_N
+            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps = _bwd_walk(
+                pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M, BLOCK_N, MASK_MODE)
+            start_n_wg = start_n + cid * KB
+            offs_k = start_n_wg + gl.arange(0, KB, layout=row_layout)
+            key_lo = offs_k - diag - WINDOW_RIGHT
+            key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+            key_tail = start_n + BLOCK_N > N_CTX_K
+
+            dk = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
+            dv = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
+            mbarrier.wait(kv_bar, i & 1)
+            for j in range(n_mask_steps):
+                h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+                dk, dv = _compute_step(j0 + j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
+                                       dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
+                                       dq_empty, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                       STAGES, COMPUTE_DQ, DK_SS)
+            for j in range(n_mask_steps, n_steps):
+                h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
+                dk, dv = _compute_step(j0 + j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
+                                       dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
+                                       dq_empty, dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M,
+                                       BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
+            if COMPUTE_DQ:  # both warpgroups' dQ wgmmas (which read all of K) are done
+                mbarrier.arrive(done_bar, count=1)
+                mbarrier.wait(done_bar, i & 1)
+            v_wg.store(dv.to(dtype))
+            k_wg.store((dk * sm_scale).to(dtype))
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(desc_dv, [b, hk, start_n_wg, 0], v_out)
+            tma.async_copy_shared_to_global(desc_dk, [b, hk, start_n_wg, 0], k_out)
+            tma.store_wait(0)
+            gl.thread_barrier()  # every thread's view: the stores have read K/V: the loader may refill them
+            mbarrier.arrive(kv_empty, count=1)
+            j0 += n_steps
+            i += 1
+        u += _nctaid_x(u)
+        n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
+
+
+@gluon.jit
+def _compute_pers0(desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                   kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
+                   N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
+    _compute_pers(0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                  kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
+                  N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M,
+                  BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS, PERS)
+
+
+@gluon.jit
+def _compute_pers1(desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                   kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
+                   N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
+    _compute_pers(1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                  kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
+                  N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M,
+                  BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS, PERS)
+
+
+# ---------------------------------------------------------------------------------------------
 # kernel
 # ---------------------------------------------------------------------------------------------
 # The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
@@ -374,7 +640,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                    ALIGN_BOTTOM_RIGHT,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
-                   DK_SS: gl.constexpr = 0):
+                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
     gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
     gl.static_assert(BLOCK_N == 128, "two compute warpgroups of 64 keys")
@@ -397,6 +663,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     MMODE: gl.constexpr = 0 if MASK_MODE is None else MASK_MODE
     CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
     DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
+    PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
+    gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -460,42 +728,85 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         ds_full = q_ready
         ds_empty = q_ready
 
-    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
-
-    # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6).
-    if COMPUTE_DQ:
-        gl.warp_specialize([
-            (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
-            (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
-            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                       SQ_PAD, BLOCK_M, STAGES)),
-            (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
-                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
-        ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
+    if PERS != 0:
+        # Persistent: every partition walks the CTA's tiles itself (from the kernel parameters); the
+        # loader brings K/V per tile once both compute warpgroups have drained the previous tile's stores.
+        kv_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_empty, count=2)
+        if COMPUTE_DQ:
+            gl.warp_specialize([
+                (_compute_pers0, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                                  ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
+                (_compute_pers1, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                                  ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
+                (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
+                                do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
+                                SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
+                                BLOCK_N, STAGES, MMODE, PERS)),
+                (_dq_reducer_pers, (desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N_CTX_K, SQ_PAD,
+                                    N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
+                                    BLOCK_N, MMODE, PERS)),
+            ], [4, 1, 1], [CREGS, PERS_LOAD_REGS, PERS_LOAD_REGS])
+        else:
+            gl.warp_specialize([
+                (_compute_pers0, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                                  ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
+                (_compute_pers1, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                                  ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
+                (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
+                                do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
+                                SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
+                                BLOCK_N, STAGES, MMODE, PERS)),
+            ], [4, 1], [CREGS, PERS_LOAD_REGS])
     else:
-        gl.warp_specialize([
-            (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
-            (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                         kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                         N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                         n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                         STAGES, COMPUTE_DQ, MMODE, DKSS)),
-            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                       SQ_PAD, BLOCK_M, STAGES)),
-        ], [4, 1], [CREGS, LOAD_REGS])
+        mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
+        tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+
+        # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6).
+        if COMPUTE_DQ:
+            gl.warp_specialize([
+                (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                           b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                           SQ_PAD, BLOCK_M, STAGES)),
+                (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
+                               n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
+            ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
+        else:
+            gl.warp_specialize([
+                (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                           b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                           SQ_PAD, BLOCK_M, STAGES)),
+            ], [4, 1], [CREGS, LOAD_REGS])
