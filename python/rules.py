@@ -196,7 +196,7 @@ DEBUG_DROPOUT_MASK_ARGS = (
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
-GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS"]
+GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT"]
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
@@ -555,8 +555,8 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     fewest spills) with 232 registers for the compute worker -- 0.962.
     """
     if functional["head_dim"] == 64:
-        return [_gluon_cfg(64, 128, 2, MASK_MODE=2, CONS_REGS=240, DK_SS=0)]
-    return [_gluon_cfg(64, 128, 2, MASK_MODE=1, CONS_REGS=232, DK_SS=0)]
+        return [_gluon_cfg(64, 128, 2, MASK_MODE=2, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=1, CONS_REGS=232, DK_SS=0, PERSISTENT=0)]
 
 
 def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

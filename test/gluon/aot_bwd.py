@@ -45,6 +45,9 @@ MAXNREG = 168
 #: Rows per program of the preprocess and convert kernels (divides 128): 4096 / HEAD_DIM keeps them
 #: spill-free for fp16 and bf16 (8192 / HEAD_DIM spills 184-192 B in the fp16 preprocess).
 AUX_ROWS = int(os.environ.get("AUX_ROWS", "4096"))
+#: Their num_warps (check_bwd's ``_aux_warps``), and rows per program overriding AUX_ROWS (``_aux_rows``).
+AUX_WARPS = int(os.environ.get("AUX_WARPS", "4"))
+AUX_M = int(os.environ.get("AUX_M", "0"))
 
 
 def desc_sig(dtype, block, layout=None):
@@ -106,11 +109,11 @@ def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), 
                                          "PERSISTENT": pe},
                                         {"num_warps": 4, "maxnreg": MAXNREG}, True)
             out[f"attn_bwd_gluon_preprocess-{dtype}-hd{hd}"] = (
-                attn_bwd_gluon_preprocess, preprocess_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_ROWS // hd},
-                {"num_warps": 4}, False)
+                attn_bwd_gluon_preprocess, preprocess_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_M or AUX_ROWS // hd},
+                {"num_warps": AUX_WARPS}, False)
             out[f"attn_bwd_gluon_dq_convert-{dtype}-hd{hd}"] = (
-                attn_bwd_gluon_dq_convert, convert_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_ROWS // hd},
-                {"num_warps": 4}, False)
+                attn_bwd_gluon_dq_convert, convert_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_M or AUX_ROWS // hd},
+                {"num_warps": AUX_WARPS}, False)
     return out
 
 

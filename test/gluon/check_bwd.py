@@ -21,7 +21,8 @@ checked on dK/dV only (dQ then comes from the portable kernel).  Then a stabilit
 ``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
 ``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
 included) vs torch SDPA's cuDNN backward.
-``--variant NAME``: the correctness list (and the stability check, and ``--bench``) on one entry of
+``--variant NAME``: the correctness list (persistent variants: each case at the full grid and with the
+grid capped at 1 and 3 CTAs) (and the stability check, and ``--bench``) on one entry of
 ``VARIANTS`` (performance constexprs of ``attn_bwd_gluon``); cases of a head dim the variant does not
 serve are skipped.  A case that sets ``stages`` keeps it (the variant's other options apply).
 """
@@ -68,6 +69,28 @@ for _mm in (0, 1, 2):
     VARIANTS[f"s4_m{_mm}_r240"] = _variant(4, _mm, 240, 0, hds=(64, ))  # hd128: over the shared-memory limit
 
 
+#: Variants derived from another: name -> (base variant, extra options).  Extra constexprs of
+#: attn_bwd_gluon (``PERSISTENT``: 1 head-major / 2 LPT persistent schedule, grid ``min(#tiles, #SMs)``
+#: as ABI.md's rule for persistent kernels) and harness launch options (keys starting with "_"):
+#: ``_aux_rows`` (rows per program of the preprocess / dQ convert, divides 128; default 4096 / HEAD_DIM)
+#: and ``_aux_warps`` (their num_warps; default 4).  A persistent variant's correctness list runs every
+#: case three times: the full grid, and the grid capped at 1 and at 3 CTAs (``PERSISTENT_CAPS``).
+DERIVED = {
+    "product_p1": ("product", {"PERSISTENT": 1}),
+    "product_p2": ("product", {"PERSISTENT": 2}),
+    "s2_m1_r240_p1": ("s2_m1_r240", {"PERSISTENT": 1}),
+    "s2_m1_r240_p2": ("s2_m1_r240", {"PERSISTENT": 2}),
+    "s2_m0_r232_p1": ("s2_m0_r232", {"PERSISTENT": 1}),
+    "s2_m2_r240_p1": ("s2_m2_r240", {"PERSISTENT": 1}),
+    "product_aux_w8": ("product", {"_aux_warps": 8}),
+    "product_aux128_w8": ("product", {"_aux_rows": 128, "_aux_warps": 8}),
+    "product_aux64_w8": ("product", {"_aux_rows": 64, "_aux_warps": 8}),
+    "product_p1_aux_w8": ("product_p1", {"_aux_warps": 8}),
+}
+VARIANTS.update({name: None for name in DERIVED})
+PERSISTENT_CAPS = (None, 1, 3)
+
+
 def _product_config(hd):
     """The config python/rules.py ships for head-dim bucket ``hd`` (the kernels the library runs)."""
     import rules
@@ -79,6 +102,10 @@ def variant_kwargs(name, hd):
     """(stages or None, extra constexprs) of variant ``name`` at head-dim bucket ``hd``; None if it does not apply."""
     if name == "product":
         return _product_config(hd)
+    if name in DERIVED:
+        base, extra = DERIVED[name]
+        vk = variant_kwargs(base, hd)
+        return None if vk is None else (vk[0], {**vk[1], **extra})
     hds, st, mm, regs, ss = VARIANTS[name]
     if hd not in hds:
         return None
@@ -155,14 +182,25 @@ def desc4(t, rows, hd):
 class GluonBwd:
     """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
 
-    def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default"):
+    def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default",
+                 grid_cap=None):
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
         self.hd = hd = bucket(d)
-        self.aux_m = 4096 // hd  # preprocess / convert rows per program (divides 128; spill-free)
         vk = variant_kwargs(variant, hd)
         assert vk is not None, f"variant {variant} does not apply to head-dim bucket {hd}"
         self.variant, self.opts = variant, dict(vk[1])
+        # preprocess / convert rows per program (divides 128; 4096 / hd is spill-free) and warps
+        self.aux_m = self.opts.pop("_aux_rows", 4096 // hd)
+        self.aux_warps = self.opts.pop("_aux_warps", 4)
+        assert 128 % self.aux_m == 0, "aux rows per program must divide 128 (SQ_PAD)"
+        # the main kernel's grid: (cdiv(Sk, 128), Hk, B), or persistent (min(#tiles, #SMs, grid_cap), 1, 1)
+        tiles = triton.cdiv(sk, BLOCK_N) * hk * B
+        if self.opts.get("PERSISTENT", 0):
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            self.grid = (max(1, min(tiles, sms, grid_cap or tiles)), 1, 1)
+        else:
+            self.grid = (triton.cdiv(sk, BLOCK_N), hk, B)
         if not compute_dq:
             self.opts["DK_SS"] = 0  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
         self.stages = stages or vk[0] or STAGES[hd]
@@ -198,12 +236,12 @@ class GluonBwd:
             o, do, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
             lse, lse.stride(0), lse.stride(1), delta, delta.stride(0), delta.stride(1),
             self.lse2, self.delta2, self.dq_acc, sq, self.sq_pad, d, self.compute_dq,
-            HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=4)
+            HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
 
     def main(self):
         B, hq, hk, sq, sk, d = self.shape
         wl, wr, abr = self.window
-        attn_bwd_gluon[(triton.cdiv(sk, BLOCK_N), hk, B)](
+        attn_bwd_gluon[self.grid](
             *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr,
             HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
             **self.opts, num_warps=4, maxnreg=MAXNREG)
@@ -214,7 +252,7 @@ class GluonBwd:
             dq = self.dq
             attn_bwd_gluon_dq_convert[(triton.cdiv(sq, self.aux_m), hq, B)](
                 self.dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), self.sm_scale, sq, self.sq_pad, d, hq,
-                HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=4)
+                HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
 
     def run_aux(self):
         """The preprocess and convert launches alone (their share of the backward's time)."""
@@ -298,12 +336,12 @@ def max_err(x, ref):
     return float((x.double() - ref).abs().nan_to_num(float("inf")).max()) if x.numel() else 0.0
 
 
-def check_case(a, kw, variant="default", problem=None):
+def check_case(a, kw, variant="default", problem=None, grid_cap=None):
     dt, B, hq, hk, sq, sk, d, mask = a
     layout = kw.get("layout", "bhsd")
     p = problem or make_problem(dt, B, hq, hk, sq, sk, d, mask, layout)
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"],
-                   stages=kw.get("stages"), compute_dq=kw.get("compute_dq", 1), variant=variant)
+                   stages=kw.get("stages"), compute_dq=kw.get("compute_dq", 1), variant=variant, grid_cap=grid_cap)
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
@@ -457,13 +495,18 @@ def main():
         if variant_kwargs(args.variant, bucket(a[6])) is None:
             print(f"SKIP {name}: variant {args.variant} is not for head dim {a[6]}", flush=True)
             continue
-        try:
-            ok, msg = check_case(a, kw, args.variant)
-        except Exception as e:  # noqa: BLE001 (report and go on)
-            ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-4:])[:800]}"
-        passed += ok
-        failed += not ok
-        print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}", flush=True)
+        persistent = variant_kwargs(args.variant, bucket(a[6]))[1].get("PERSISTENT", 0)
+        problem = None
+        for cap in (PERSISTENT_CAPS if persistent else (None, )):
+            try:
+                if problem is None:
+                    problem = make_problem(*a, kw.get("layout", "bhsd"))
+                ok, msg = check_case(a, kw, args.variant, problem=problem, grid_cap=cap)
+            except Exception as e:  # noqa: BLE001 (report and go on)
+                ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-4:])[:800]}"
+            passed += ok
+            failed += not ok
+            print(f"{'PASS' if ok else 'FAIL'} {name}{'' if cap is None else f' grid<={cap}'}: {msg}", flush=True)
     if not args.only:
         ok = stability(variant=args.variant)
         passed += ok

@@ -39,7 +39,12 @@ os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="sweep-bwd-cac
 #: current defaults are s3_m0_r240 (hd64) and s2_m0_r240 (hd128).
 DEFAULT_VARIANTS = ["s2_m0_r240", "s3_m0_r240", "s2_m1_r240", "s3_m1_r240", "s2_m2_r240", "s3_m2_r240",
                     "s2_m0_r232", "s3_m0_r232", "s2_m1_r232", "s3_m1_r232", "s3_m2_r232", "s3_m1_r240_ss",
-                    "s4_m1_r240", "s4_m2_r240"]
+                    "s4_m1_r240", "s4_m2_r240",
+                    # the shipped configs (python/rules.py) and the variants on top of them (check_bwd.DERIVED):
+                    # persistent schedules (PERSISTENT 1 head-major + causal pairs, 2 LPT key-block major) and
+                    # wider preprocess / dQ-convert programs
+                    "product", "product_p1", "product_p2", "s2_m1_r240_p1", "s2_m1_r240_p2", "s2_m0_r232_p1",
+                    "s2_m2_r240_p1", "product_aux_w8", "product_aux64_w8", "product_aux128_w8", "product_p1_aux_w8"]
 TARGETS = {128: 1.0, 64: 0.95}
 FLOOR = 0.85
 
@@ -62,13 +67,15 @@ def check_child(variant, dtype, hds):
         if cb.variant_kwargs(variant, hd) is None:
             continue
         ok_all, msgs = True, []
+        caps = (None, 3) if cb.variant_kwargs(variant, hd)[1].get("PERSISTENT", 0) else (None, )
         for a, kw in small_cases(dtype, hd):
-            try:
-                ok, msg = cb.check_case(a, kw, variant)
-            except Exception as e:  # noqa: BLE001
-                ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-3:])[:400]}"
-            ok_all &= ok
-            msgs.append(f"[{cb.case_name(a, kw)}] {msg}")
+            for cap in caps:  # persistent variants: also a grid of 3 CTAs (each walks many tiles)
+                try:
+                    ok, msg = cb.check_case(a, kw, variant, grid_cap=cap)
+                except Exception as e:  # noqa: BLE001
+                    ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-3:])[:400]}"
+                ok_all &= ok
+                msgs.append(f"[{cb.case_name(a, kw)}{'' if cap is None else f' grid<={cap}'}] {msg}")
         out["ok"][hd] = ok_all
         out["msg"][hd] = " ; ".join(msgs)
     print("RESULT " + json.dumps(out), flush=True)

@@ -60,6 +60,12 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
 * ``DK_SS`` (default 0): dK += dS^T Q reads dS^T from the shared tile (SS wgmma) instead of
   registers; only with ``COMPUTE_DQ`` (ignored otherwise).
 
+* ``PERSISTENT`` (default 0): 0 one CTA per key block, grid ``(cdiv(Sk, 128), Hk, B)``; 1 / 2 the
+  persistent kernel, grid ``(max(1, min(cdiv(Sk, 128) * Hk * B, #SMs)), 1, 1)`` (any grid >= 1 is
+  correct), each CTA walking work units ``pid, pid + G, ...``: 1 head-major, a unit = the key-block
+  pair ``(p, n_kb - 1 - p)`` of one head under a one-sided window (causal), else one key block; 2
+  key-block major (LPT under causal).  See "Persistent variant" below.
+
 An AOT signature that omits them (passes None) gets the defaults.
 
 Shared memory (bytes): K, V ``2 * 128 * HEAD_DIM * 2``; ring ``STAGES * (2 * 64 * HEAD_DIM * 2 +
