@@ -295,17 +295,22 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
     args
 }
 
-/// The Gluon forward's grid: one CTA per query tile, `(cdiv(Sq, BLOCK_M), Hq, B)`; for a
-/// persistent kernel (config `PERSISTENT` = 1) one CTA per SM slot, `(min(tiles, SMs ·
-/// CTAS_PER_SM), 1, 1)`, each walking the tiles `pid, pid + grid, …` (ABI.md).
-pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u32) -> [u32; 3] {
-    let per_head = blocks(shape.seqlen_q, meta, "BLOCK_M", 128);
+/// A Gluon main kernel's grid over `tiles_per_head` blocks of each of `heads` × `batch` heads:
+/// one CTA per tile, `(tiles_per_head, heads, batch)`; or, for a persistent kernel (config
+/// `PERSISTENT` ≠ 0), one CTA per SM slot, `(min(tiles, SMs · CTAS_PER_SM), 1, 1)`, each walking
+/// the tiles `pid, pid + grid, …` (ABI.md).
+pub(crate) fn tile_grid(meta: &KernelMeta, tiles_per_head: u32, heads: u64, batch: u64, multiprocessors: u32) -> [u32; 3] {
     if config(meta, "PERSISTENT", 0) == 0 {
-        return [per_head, shape.heads_q as u32, shape.batch as u32];
+        return [tiles_per_head, heads as u32, batch as u32];
     }
-    let tiles = per_head as u64 * shape.heads_q * shape.batch;
+    let tiles = tiles_per_head as u64 * heads * batch;
     let slots = multiprocessors as u64 * config(meta, "CTAS_PER_SM", 1).max(1) as u64;
     [tiles.min(slots).max(1) as u32, 1, 1]
+}
+
+/// The Gluon forward's grid: query blocks of `BLOCK_M` rows per query head ([`tile_grid`]).
+pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u32) -> [u32; 3] {
+    tile_grid(meta, blocks(shape.seqlen_q, meta, "BLOCK_M", 128), shape.heads_q, shape.batch, multiprocessors)
 }
 
 /// Enqueues the Gluon forward (grid: [`fwd_grid`]).
@@ -425,7 +430,7 @@ impl BwdCall {
 }
 
 /// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
-/// `(cdiv(Sk, BLOCK_N), Hk, B)`), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
+/// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
 /// B)`), or when deterministic the portable `attn_bwd_dq` request. All kernels are chosen,
 /// loaded and their descriptors encoded before the first launch.
 pub(crate) fn launch_bwd(
@@ -435,10 +440,14 @@ pub(crate) fn launch_bwd(
     g: &GluonShape,
     deterministic: bool,
 ) -> Result<()> {
-    let (b, hq, hk) = (shape.batch as u32, shape.heads_q as u32, shape.heads_k as u32);
+    let (b, hq) = (shape.batch as u32, shape.heads_q as u32);
+    let multiprocessors = launcher.device().multiprocessors;
     let kernels = [
         launcher.prepare(pre, first_preferred, |m| [blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b])?,
-        launcher.prepare(main, first_preferred, |m| [blocks(shape.seqlen_k, m, "BLOCK_N", 128), hk, b])?,
+        // Key blocks of BLOCK_N keys per K/V head.
+        launcher.prepare(main, first_preferred, |m| {
+            tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
+        })?,
         if deterministic {
             launcher.prepare(dq, super::bwd::choose_kernel, |m| [super::blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?
         } else {
@@ -482,6 +491,7 @@ mod tests {
         assert_eq!(grid_of(&pers, 4096, 16, 4), [132, 1, 1]);
         assert_eq!(grid_of(&pers, 100, 2, 1), [2, 1, 1]);
         assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 2)], 4096, 16, 4), [264, 1, 1]);
+        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 2)], 4096, 16, 4), [132, 1, 1], "any PERSISTENT mode");
     }
     use crate::flash::{Dropout, Mask, MaskAlign, Varlen};
     use crate::tensor::TensorView;
