@@ -123,7 +123,7 @@ pub(crate) fn stability_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Res
             let worst = dq_dev.logical(&dq).iter().zip(&dq_first).map(|(&x, &y)| (t.decode(x) - t.decode(y)).abs()).fold(0f32, |a, b| {
                 if b.is_nan() || a.is_nan() { f32::NAN } else { a.max(b) }
             });
-            dq_far += !(worst <= dq_tol) as usize;
+            dq_far += (worst.is_nan() || worst > dq_tol) as usize;
             dq_worst = if worst.is_nan() { f32::NAN } else { dq_worst.max(worst) };
         }
     }

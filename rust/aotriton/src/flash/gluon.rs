@@ -149,7 +149,7 @@ pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape,
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
     let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
-    if !(p.sm_scale > 0.0) {
+    if p.sm_scale.is_nan() || p.sm_scale <= 0.0 {
         return Err(Unsupported::NonPositiveScale);
     }
     aligned16(&[("lse", p.lse.map_or(0, |l| l.ptr))])?;
