@@ -347,30 +347,6 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     tma.store_wait(0)
 
 
-@gluon.jit
-def _compute0(desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
-              done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
-              WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
-              f_gap, f_lo, n_fblk, n_steps, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
-    _compute(0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
-             done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
-             WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
-             f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS)
-
-
-@gluon.jit
-def _compute1(desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
-              done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
-              WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
-              f_gap, f_lo, n_fblk, n_steps, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
-    _compute(1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem, kv_bar,
-             done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K,
-             WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead,
-             f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS)
-
-
 # ---------------------------------------------------------------------------------------------
 # Persistent variant (PERSISTENT = 1 or 2): grid (G, 1, 1), G = min(#tiles, #SMs) with #tiles =
 # cdiv(Sk, BLOCK_N) * Hk * B (ABI.md's rule for persistent kernels; any G >= 1 is correct).  Each
@@ -610,30 +586,6 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
         n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
 
 
-@gluon.jit
-def _compute_pers0(desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                   kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
-                   N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
-    _compute_pers(0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                  kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
-                  N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS, PERS)
-
-
-@gluon.jit
-def _compute_pers1(desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                   kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
-                   N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
-    _compute_pers(1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                  kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale,
-                  N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M,
-                  BLOCK_N, STAGES, COMPUTE_DQ, MASK_MODE, DK_SS, PERS)
-
-
 # ---------------------------------------------------------------------------------------------
 # kernel
 # ---------------------------------------------------------------------------------------------
@@ -741,12 +693,12 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         mbarrier.init(kv_empty, count=2)
         if COMPUTE_DQ:
             gl.warp_specialize([
-                (_compute_pers0, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                (_compute_pers, (0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                                   PERS)),
-                (_compute_pers1, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
@@ -761,12 +713,12 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
             ], [4, 1, 1], [CREGS, PERS_LOAD_REGS, PERS_LOAD_REGS])
         else:
             gl.warp_specialize([
-                (_compute_pers0, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                (_compute_pers, (0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                                   PERS)),
-                (_compute_pers1, (desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
@@ -781,15 +733,16 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
         tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
 
-        # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6).
+        # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6); each
+        # compute warpgroup's first argument is its id, a literal, so it stays a constexpr.
         if COMPUTE_DQ:
             gl.warp_specialize([
-                (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
                              STAGES, COMPUTE_DQ, MMODE, DKSS)),
-                (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
@@ -802,12 +755,12 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
             ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
         else:
             gl.warp_specialize([
-                (_compute0, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
                              STAGES, COMPUTE_DQ, MMODE, DKSS)),
-                (_compute1, (desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,

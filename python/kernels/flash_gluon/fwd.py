@@ -352,39 +352,6 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                    N_CTX_Q)
 
 
-# The consumer id must be a constexpr (it selects the Q buffer and barrier statically), and
-# warp_specialize takes functions, so each warpgroup gets a thin entry point.
-@gluon.jit
-def _consumer0(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer(0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
-              OVERLAP)
-
-
-@gluon.jit
-def _consumer1(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer(1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
-              OVERLAP)
-
-
-@gluon.jit
-def _consumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-               k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-               N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
-    _consumer(2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready,
-              k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks, qk_scale,
-              N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL_FULL,
-              OVERLAP)
 
 
 # ----------------------------------------------------------------------------
@@ -666,36 +633,6 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
     tma.store_wait(0)
 
 
-@gluon.jit
-def _pconsumer0(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
-    _consumer_pers(0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
-
-
-@gluon.jit
-def _pconsumer1(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
-    _consumer_pers(1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
-
-
-@gluon.jit
-def _pconsumer2(desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                NUM_CONSUMERS: gl.constexpr, PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, Q_BUFS: gl.constexpr):
-    _consumer_pers(2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready,
-                   v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, NUM_CONSUMERS, PEEL_FULL, OVERLAP, Q_BUFS)
-
-
 # ----------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------
@@ -745,11 +682,11 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             mbarrier.init(v_empty.index(i), count=N_CONS)
         if N_CONS == 2:
             gl.warp_specialize([
-                (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                (_consumer_pers, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
                                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
-                (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                (_consumer_pers, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
                                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
@@ -759,15 +696,15 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             ], [4, 1], [C_REGS, L_REGS])
         else:
             gl.warp_specialize([
-                (_pconsumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                (_consumer_pers, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
                                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
-                (_pconsumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                (_consumer_pers, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
                                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
-                (_pconsumer2, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                (_consumer_pers, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
                                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
                                QBUFS)),
@@ -807,14 +744,15 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             mbarrier.init(v_empty.index(i), count=N_CONS)
 
         # The argument tuples are written inline: in 3.6.0 a tuple bound to a name first turns
-        # its constexpr members into tensors.
+        # its constexpr members into tensors. Each consumer's first argument is its id, a literal,
+        # so it stays a constexpr (it picks the Q buffer and barriers statically).
         if N_CONS == 2:
             gl.warp_specialize([
-                (_consumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
                               v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                               n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
                               BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
                               v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                               n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
                               BLOCK_N, STAGES, PEEL, OVL)),
@@ -824,15 +762,15 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             ], [4, 1], [C_REGS, L_REGS])
         else:
             gl.warp_specialize([
-                (_consumer0, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
                               v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                               n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
                               BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer1, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
                               v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                               n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
                               BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer2, (desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
                               v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                               n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
                               BLOCK_N, STAGES, PEEL, OVL)),
