@@ -372,6 +372,21 @@ def _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N: gl
 
 
 @gluon.jit
+def _pers_prologue(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, desc_k, BLOCK_N: gl.constexpr,
+                   PERS: gl.constexpr):
+    """What every persistent partition derives for its tile walk, computed by each partition itself
+    (through ``_opaque_i32``: shared values would be hoisted before the split and spill):
+    ``(N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per)``."""
+    N_CTX_Q = _opaque_i32(N_CTX_Q)
+    N_CTX_K = _opaque_i32(N_CTX_K)
+    n_hk = _opaque_i32(desc_k.shape[1])
+    n_b = desc_k.shape[0]
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    return N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per
+
+
+@gluon.jit
 def _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS: gl.constexpr):
     """``(n0, n1, n_sub, hk, b, valid)`` of unit ``u``: key block ``n0`` then, when ``n_sub == 2``, ``n1``."""
     if PERS == 1:
@@ -436,12 +451,8 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
                  STAGES: gl.constexpr, MMODE: gl.constexpr, PERS: gl.constexpr):
     """Per tile: the first ``min(STAGES, n_steps)`` Q/dO steps (the ring runs on across tiles, so
     they are prefetched while the previous tile finishes), then K/V (after ``kv_empty``), then the rest."""
-    N_CTX_Q = _opaque_i32(N_CTX_Q)
-    N_CTX_K = _opaque_i32(N_CTX_K)
-    n_hk = _opaque_i32(desc_k.shape[1])
-    n_b = desc_k.shape[0]
-    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per = _pers_prologue(
+        N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, desc_k, BLOCK_N, PERS)
     j0 = 0
     i = 0
     u = _ctaid_x(n_per)
@@ -476,12 +487,8 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
 def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP,
                      WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      MMODE: gl.constexpr, PERS: gl.constexpr):
-    N_CTX_Q = _opaque_i32(N_CTX_Q)
-    N_CTX_K = _opaque_i32(N_CTX_K)
-    n_hk = _opaque_i32(desc_k.shape[1])
-    n_b = desc_k.shape[0]
-    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per = _pers_prologue(
+        N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, desc_k, BLOCK_N, PERS)
     j0 = 0
     u = _ctaid_x(n_per)
     n0, n1, n_sub, hk, b, valid = _bwd_unit(u, n_kb, pair, n_per, n_hk, n_b, PERS)
@@ -520,12 +527,8 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
 
-    N_CTX_Q = _opaque_i32(N_CTX_Q)
-    N_CTX_K = _opaque_i32(N_CTX_K)
-    n_hk = _opaque_i32(desc_k.shape[1])
-    n_b = desc_k.shape[0]
-    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    n_kb, pair, n_per = _bwd_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N, PERS)
+    N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per = _pers_prologue(
+        N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, desc_k, BLOCK_N, PERS)
     qk_scale = _opaque_f32(sm_scale) * LOG2E
 
     k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])

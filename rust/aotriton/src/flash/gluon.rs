@@ -176,7 +176,7 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         .map(|(n, t)| (n, TensorArg::from_view(t)));
     let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, features, &tensors)?;
     aligned16(&[("lse", p.lse.ptr), ("delta", p.delta.ptr)])?;
-    g.sq_pad = shape.seqlen_q.div_ceil(SQ_PAD_MULTIPLE) * SQ_PAD_MULTIPLE;
+    g.sq_pad = sq_pad(shape.seqlen_q);
     g.workspace_bytes = workspace_bytes(shape, g.bucket);
     // The workspace views must be addressable by TMA too (their rows below 2^32).
     let rows = g.workspace_rows(shape);
@@ -189,8 +189,12 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
 /// The backward's workspace: `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
 /// `SQ_PAD` = Sq rounded up to 128, `HEAD_DIM` the Gluon bucket.
 pub(crate) fn workspace_bytes(shape: &AttnShape, bucket: u64) -> u64 {
-    let sq_pad = shape.seqlen_q.div_ceil(SQ_PAD_MULTIPLE) * SQ_PAD_MULTIPLE;
-    shape.batch * shape.heads_q * sq_pad * (bucket + 2) * 4
+    shape.batch * shape.heads_q * sq_pad(shape.seqlen_q) * (bucket + 2) * 4
+}
+
+/// `SQ_PAD`: the query rows of one head in the workspace, Sq rounded up to 128.
+fn sq_pad(seqlen_q: u64) -> u64 {
+    seqlen_q.div_ceil(SQ_PAD_MULTIPLE) * SQ_PAD_MULTIPLE
 }
 
 /// Whether the caller's workspace is large enough for `g`.
