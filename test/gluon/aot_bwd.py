@@ -1,13 +1,12 @@
 """CPU AOT compile check of the Gluon backward (sm_90, no GPU needed).
 
 usage: build/venv/bin/python test/gluon/aot_bwd.py [--stages 2,3] [--mask-modes 0,1,2] [--regs 240,232]
-       [--dkss 0,1] [--pers 0,1,2] [--lag 0,1] [--stagger 0,1] [--keep DIR] [substring ...]
+       [--dkss 0,1] [--pers 0,1,2] [--keep DIR] [substring ...]
 
 Compiles every functional of the three launches of ``ABI.md`` ("attn_bwd on the Gluon backend")
 with ``triton.compile(GluonASTSource | ASTSource, target=GPUTarget("cuda", 90, 32))`` and the
 ABI signatures: ``attn_bwd_gluon`` for fp16/bf16 x HEAD_DIM 64/128 x COMPUTE_DQ 0/1 (x STAGES x the
-performance constexprs MASK_MODE / CONS_REGS / DK_SS / PERSISTENT / DQ_LAG / STAGGER given; DK_SS,
-DQ_LAG and STAGGER only with COMPUTE_DQ),
+performance constexprs MASK_MODE / CONS_REGS / DK_SS given; DK_SS only with COMPUTE_DQ),
 ``attn_bwd_gluon_preprocess`` and ``attn_bwd_gluon_dq_convert`` for fp16/bf16 x 64/128.  Prints per
 kernel: compile seconds, num_warps, shared bytes, maxnreg, tensordesc_meta and the registers /
 stack / local bytes of ``cuobjdump -res-usage`` (shipped in the triton wheel): a non-zero stack or
@@ -15,7 +14,6 @@ local size means spills (reported as WARN).  Exit status 1 if anything fails to 
 the shared-memory limit of sm_90 (232448 B) or (COMPUTE_DQ=1) lacks the TMA reduce-add.
 """
 import argparse
-import itertools
 import os
 import re
 import subprocess
@@ -87,27 +85,29 @@ def convert_signature(dtype):
 
 #: Performance options of attn_bwd_gluon (constexprs after COMPUTE_DQ, see bwd.py): tag -> values.
 #: ``--opts`` picks combinations, e.g. ``--opts m0,m1,m2 --regs 240,232 --dkss 0,1``.
-def opt_tag(mask_mode, regs, dk_ss, pers=0, lag=0, stagger=0):
-    return (f"m{mask_mode}-r{regs}" + ("-ss" if dk_ss else "") + (f"-p{pers}" if pers else "")
-            + ("-lag" if lag else "") + ("-stag" if stagger else ""))
+def opt_tag(mask_mode, regs, dk_ss, pers=0):
+    return f"m{mask_mode}-r{regs}" + ("-ss" if dk_ss else "") + (f"-p{pers}" if pers else "")
 
 
-def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), pers_list=(0, ), lag_list=(0, ),
-             stagger_list=(0, )):
+def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), pers_list=(0, )):
     """name -> (fn, signature, constexprs, options, gluon?)"""
     out = {}
     for dtype in ("fp16", "bf16"):
         for hd in (64, 128):
-            for dq, st, mm, regs, ss, pe, lag, stag in itertools.product(
-                    (1, 0), stages_list, mask_modes, regs_list, dkss_list, pers_list, lag_list, stagger_list):
-                if (ss or lag or stag) and not dq:
-                    continue  # DK_SS, DQ_LAG and STAGGER are about the dS^T tile / dQ, which exist with COMPUTE_DQ only
-                out[f"attn_bwd_gluon-{dtype}-hd{hd}-dq{dq}-s{st}-{opt_tag(mm, regs, ss, pe, lag, stag)}"] = (
-                    attn_bwd_gluon, bwd_signature(dtype, hd),
-                    {"HEAD_DIM": hd, "BLOCK_M": 64, "BLOCK_N": 128, "STAGES": st, "COMPUTE_DQ": dq,
-                     "MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss, "PERSISTENT": pe, "DQ_LAG": lag,
-                     "STAGGER": stag},
-                    {"num_warps": 4, "maxnreg": MAXNREG}, True)
+            for dq in (1, 0):
+                for st in stages_list:
+                    for mm in mask_modes:
+                        for regs in regs_list:
+                            for ss in dkss_list:
+                                if ss and not dq:
+                                    continue  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
+                                for pe in pers_list:
+                                    out[f"attn_bwd_gluon-{dtype}-hd{hd}-dq{dq}-s{st}-{opt_tag(mm, regs, ss, pe)}"] = (
+                                        attn_bwd_gluon, bwd_signature(dtype, hd),
+                                        {"HEAD_DIM": hd, "BLOCK_M": 64, "BLOCK_N": 128, "STAGES": st,
+                                         "COMPUTE_DQ": dq, "MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss,
+                                         "PERSISTENT": pe},
+                                        {"num_warps": 4, "maxnreg": MAXNREG}, True)
             out[f"attn_bwd_gluon_preprocess-{dtype}-hd{hd}"] = (
                 attn_bwd_gluon_preprocess, preprocess_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_M or AUX_ROWS // hd},
                 {"num_warps": AUX_WARPS}, False)
@@ -159,8 +159,6 @@ def main():
     ap.add_argument("--regs", default="240", help="CONS_REGS values")
     ap.add_argument("--dkss", default="0", help="DK_SS values (0,1)")
     ap.add_argument("--pers", default="0", help="PERSISTENT values (0 one CTA per key block, 1 head-major, 2 LPT)")
-    ap.add_argument("--lag", default="0", help="DQ_LAG values (0 dQ in its step, 1 in the next)")
-    ap.add_argument("--stagger", default="0", help="STAGGER values (0, 1: warpgroup 1 starts half a step late)")
     ap.add_argument("--keep", default=None, help="write ttgir/ptx/cubin here")
     ap.add_argument("only", nargs="*")
     args = ap.parse_args()
@@ -168,8 +166,7 @@ def main():
     stages = ints(args.stages)
     bad = spills = 0
     for name, (fn, sig, cx, opts, is_gluon) in variants(stages, ints(args.mask_modes), ints(args.regs),
-                                                        ints(args.dkss), ints(args.pers), ints(args.lag),
-                                                        ints(args.stagger)).items():
+                                                        ints(args.dkss), ints(args.pers)).items():
         if args.only and not any(s in name for s in args.only):
             continue
         try:

@@ -86,16 +86,6 @@ DERIVED = {
     "product_aux128_w8": ("product", {"_aux_rows": 128, "_aux_warps": 8}),
     "product_aux64_w8": ("product", {"_aux_rows": 64, "_aux_warps": 8}),
     "product_p1_aux_w8": ("product_p1", {"_aux_warps": 8}),
-    # DQ_LAG 1: dQ of step j issued in step j + 1 (the warpgroups no longer meet at every step's dS^T);
-    # STAGGER 1: warpgroup 1 starts half a step after warpgroup 0; "STAGES" overrides the ring depth.
-    "product_lag": ("product", {"DQ_LAG": 1}),
-    "product_stag": ("product", {"STAGGER": 1}),
-    "product_lag_stag": ("product", {"DQ_LAG": 1, "STAGGER": 1}),
-    "product_s3_lag_stag": ("product", {"STAGES": 3, "DQ_LAG": 1, "STAGGER": 1}),
-    "s2_m1_r240_lag_stag": ("s2_m1_r240", {"DQ_LAG": 1, "STAGGER": 1}),
-    "s2_m0_r240_lag_stag": ("s2_m0_r240", {"DQ_LAG": 1, "STAGGER": 1}),
-    "product_p1_lag_stag": ("product_p1", {"DQ_LAG": 1, "STAGGER": 1}),
-    "product_p2_lag_stag": ("product_p2", {"DQ_LAG": 1, "STAGGER": 1}),
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
@@ -115,10 +105,7 @@ def variant_kwargs(name, hd):
     if name in DERIVED:
         base, extra = DERIVED[name]
         vk = variant_kwargs(base, hd)
-        if vk is None:
-            return None
-        extra = dict(extra)
-        return extra.pop("STAGES", vk[0]), {**vk[1], **extra}
+        return None if vk is None else (vk[0], {**vk[1], **extra})
     hds, st, mm, regs, ss = VARIANTS[name]
     if hd not in hds:
         return None

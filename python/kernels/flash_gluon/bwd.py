@@ -199,26 +199,23 @@ def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, 
 
 
 @gluon.jit
-def _grad_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs,
-               q_ready, ds_full, ds_empty, stagger_bar, dk, dv, key_lo, key_hi, qk_scale, MASK: gl.constexpr,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-               COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr, STAGGER: gl.constexpr):
-    """Step ``j`` (``BLOCK_M`` queries) up to dK: S^T, dP^T, P^T, dV, dS^T (published to the shared tile
-    with ``COMPUTE_DQ``) and dK issued.  ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
-    Returns ``(dk, dv, pt_a, dst_a)``: the accumulators with their wgmmas in flight and the register
-    operands those read (kept alive until the caller's ``warpgroup_mma_wait``)."""
+def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                  ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key_lo, key_hi,
+                  qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr):
+    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
+    DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
     dtype: gl.constexpr = k_wg.dtype
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DH, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # per query (columns of S^T)
 
-    if STAGGER and cid == 1:
-        if j == 0:  # start half a step behind warpgroup 0 (see STAGGER in the module docstring)
-            mbarrier.wait(stagger_bar, 0)
     idx = j % STAGES
     mbarrier.wait(q_ready.index(idx), (j // STAGES) & 1)
     q = q_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
@@ -243,112 +240,51 @@ def _grad_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, q_bufs, do_buf
     if COMPUTE_DQ:
         # Publish this warpgroup's 64 rows of dS^T for both warpgroups' dQ wgmmas.
         dsb = j % 2
-        ds_wg = ds_bufs.index(dsb).slice(cid * KB, KB, dim=0)
-        mbarrier.wait(ds_empty.index(dsb), ((j // 2) & 1) ^ 1)
+        dph = (j // 2) & 1
+        ds_buf = ds_bufs.index(dsb)
+        ds_wg = ds_buf.slice(cid * KB, KB, dim=0)
+        mbarrier.wait(ds_empty.index(dsb), dph ^ 1)
         ds_wg.store(dst)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(ds_full.index(dsb), count=1)
-        if STAGGER and cid == 0:
-            if j == 0:
-                mbarrier.arrive(stagger_bar, count=1)
         if DK_SS:  # dK += dS^T Q from shared memory (SS): dS^T needs no A-operand registers
             dk = warpgroup_mma(ds_wg, q, dk, is_async=True)
-            dst_a = pt_a
+            mbarrier.wait(ds_full.index(dsb), dph)
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_dh, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+            dv, dk, dq, pt_a = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_a))
         else:
             dst_a = gl.convert_layout(dst, a_layout)
             dk = warpgroup_mma(dst_a, q, dk, is_async=True)
+            mbarrier.wait(ds_full.index(dsb), dph)
+            dq = warpgroup_mma(ds_buf.permute((1, 0)), k_dh, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
+                               use_acc=False, is_async=True)
+            dv, dk, dq, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_a, dst_a))
+        gl.thread_barrier()  # every warp's wgmmas on slot idx and ds_buf are complete
+        mbarrier.arrive(q_empty.index(idx), count=1)
+        mbarrier.arrive(ds_empty.index(dsb), count=1)
+        mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
+        dq_smem.slice(cid * DH, DH, dim=1).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full, count=1)
     else:
         dst_a = gl.convert_layout(dst, a_layout)
         dk = warpgroup_mma(dst_a, q, dk, is_async=True)
-    return dk, dv, pt_a, dst_a
-
-
-@gluon.jit
-def _dq_issue(jq, cid: gl.constexpr, ds_bufs, k_dh, ds_full, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Issue this warpgroup's half of dQ of step ``jq`` once both warpgroups have published its dS^T:
-    ``dQ[:, half d] = dS K[:, half d]`` (A = the transposed shared dS^T tile of both warpgroups)."""
-    DH: gl.constexpr = HEAD_DIM // 2
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DH, 16])
-    dsb = jq % 2
-    mbarrier.wait(ds_full.index(dsb), (jq // 2) & 1)
-    return warpgroup_mma(ds_bufs.index(dsb).permute((1, 0)), k_dh, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
-                         use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _dq_publish(jq, cid: gl.constexpr, dq, dq_smem, ds_empty, dq_full, dq_empty, HEAD_DIM: gl.constexpr):
-    """After the dQ wgmma of step ``jq`` completed in every warp (the caller's wait + thread barrier):
-    release the dS^T buffer and hand this warpgroup's half of dQ to the reducer."""
-    DH: gl.constexpr = HEAD_DIM // 2
-    mbarrier.arrive(ds_empty.index(jq % 2), count=1)
-    mbarrier.wait(dq_empty, (jq & 1) ^ 1)  # the reducer has read the previous tile
-    dq_smem.slice(cid * DH, DH, dim=1).store(dq)
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(dq_full, count=1)
-
-
-@gluon.jit
-def _release_step(j, dk, dv, pt_a, dst_a, q_empty, STAGES: gl.constexpr):
-    """Wait for every wgmma of step ``j`` (no dQ among them), then release its Q/dO ring slot."""
-    dv, dk, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, pt_a, dst_a))
-    gl.thread_barrier()
-    mbarrier.arrive(q_empty.index(j % STAGES), count=1)
+        dv, dk, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, pt_a, dst_a))
+        gl.thread_barrier()
+        mbarrier.arrive(q_empty.index(idx), count=1)
     return dk, dv
-
-
-@gluon.jit
-def _compute_step(j, first, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
-                  dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
-                  dk, dv, key_lo, key_hi, qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
-                  DK_SS: gl.constexpr, LAG: gl.constexpr, STAGGER: gl.constexpr):
-    """One step of ``BLOCK_M`` queries (``_grad_step``), then dQ: of this step (``LAG`` 0), or of the
-    previous one (``LAG`` 1; none on the tile's ``first`` step, the last one by ``_dq_tail``)."""
-    dk, dv, pt_a, dst_a = _grad_step(j, start_m, masked, cid, k_wg, v_wg, q_bufs, do_bufs, lse_bufs, dlt_bufs,
-                                     ds_bufs, q_ready, ds_full, ds_empty, stagger_bar, dk, dv, key_lo, key_hi,
-                                     qk_scale, MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS, STAGGER)
-    if COMPUTE_DQ:
-        if LAG == 0:
-            dq = _dq_issue(j, cid, ds_bufs, k_dh, ds_full, HEAD_DIM, BLOCK_M)
-            dv, dk, dq, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, dq, pt_a, dst_a))
-            gl.thread_barrier()  # every warp's wgmmas on the ring slot and the dS^T buffer are complete
-            mbarrier.arrive(q_empty.index(j % STAGES), count=1)
-            _dq_publish(j, cid, dq, dq_smem, ds_empty, dq_full, dq_empty, HEAD_DIM)
-        else:
-            # The branch must not rebind the accumulators still in flight (dk, dv): it waits for every
-            # wgmma (wait_group 0) through dq only; the unconditional wait below then unwraps dk, dv.
-            if not first:
-                dq = _dq_issue(j - 1, cid, ds_bufs, k_dh, ds_full, HEAD_DIM, BLOCK_M)
-                dq = warpgroup_mma_wait(0, deps=(dq, ))
-                gl.thread_barrier()
-                _dq_publish(j - 1, cid, dq, dq_smem, ds_empty, dq_full, dq_empty, HEAD_DIM)
-            dk, dv = _release_step(j, dk, dv, pt_a, dst_a, q_empty, STAGES)
-    else:
-        dk, dv = _release_step(j, dk, dv, pt_a, dst_a, q_empty, STAGES)
-    return dk, dv
-
-
-@gluon.jit
-def _dq_tail(j_last, cid: gl.constexpr, ds_bufs, k_dh, dq_smem, ds_full, ds_empty, dq_full, dq_empty,
-             HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
-    """``LAG`` 1, after a tile's last step ``j_last``: its dQ (the one ``_compute_step`` deferred)."""
-    dq = _dq_issue(j_last, cid, ds_bufs, k_dh, ds_full, HEAD_DIM, BLOCK_M)
-    dq = warpgroup_mma_wait(0, deps=(dq, ))
-    gl.thread_barrier()
-    _dq_publish(j_last, cid, dq, dq_smem, ds_empty, dq_full, dq_empty, HEAD_DIM)
 
 
 @gluon.jit
 def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs,
-             dq_smem, kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
+             dq_smem, kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
              sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
              b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, LAG: gl.constexpr,
-             STAGGER: gl.constexpr):
+             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
     """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
@@ -382,22 +318,18 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     # MASK_MODE 2: the boundary steps first, masked; n_mask_steps = 0 otherwise.
     for j in range(n_mask_steps):
         h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
-        dk, dv = _compute_step(j, j == 0, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
-                               dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
-                               stagger_bar, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                               COMPUTE_DQ, DK_SS, LAG, STAGGER)
+        dk, dv = _compute_step(j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                               ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
+                               key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
     # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
         masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
-        dk, dv = _compute_step(j, j == 0, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
-                               dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
-                               stagger_bar, dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N,
-                               STAGES, COMPUTE_DQ, DK_SS, LAG, STAGGER)
-    if COMPUTE_DQ and LAG == 1:
-        if n_steps > 0:
-            _dq_tail(n_steps - 1, cid, ds_bufs, k_dh, dq_smem, ds_full, ds_empty, dq_full, dq_empty, HEAD_DIM, BLOCK_M)
+        dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                               ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
+                               key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
+                               DK_SS)
 
     # Epilogue: this warpgroup's K and V rows are dead once both warpgroups' dQ wgmmas (which read
     # every K row) are done: dK and dV go out through them.
@@ -581,10 +513,9 @@ def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N
 @gluon.jit
 def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full,
-                  dq_empty, stagger_bar, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
-                  ALIGN_BOTTOM_RIGHT, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr,
-                  PERS: gl.constexpr, LAG: gl.constexpr, STAGGER: gl.constexpr):
+                  dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
     """``_compute`` in a loop over the CTA's tiles (step counters global, K/V per tile from the loader)."""
     KB: gl.constexpr = BLOCK_N // 2
     DH: gl.constexpr = HEAD_DIM // 2
@@ -629,21 +560,17 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
             mbarrier.wait(kv_bar, i & 1)
             for j in range(n_mask_steps):
                 h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
-                dk, dv = _compute_step(j0 + j, j == 0, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs,
-                                       lse_bufs, dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty,
-                                       dq_full, dq_empty, stagger_bar, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM,
-                                       BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS, LAG, STAGGER)
+                dk, dv = _compute_step(j0 + j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
+                                       dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
+                                       dq_empty, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                       STAGES, COMPUTE_DQ, DK_SS)
             for j in range(n_mask_steps, n_steps):
                 h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
                 masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
-                dk, dv = _compute_step(j0 + j, j == 0, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs,
-                                       lse_bufs, dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty,
-                                       dq_full, dq_empty, stagger_bar, dk, dv, key_lo, key_hi, qk_scale, STEP_MASK,
-                                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS, LAG, STAGGER)
-            if COMPUTE_DQ and LAG == 1:
-                if n_steps > 0:
-                    _dq_tail(j0 + n_steps - 1, cid, ds_bufs, k_dh, dq_smem, ds_full, ds_empty, dq_full, dq_empty,
-                             HEAD_DIM, BLOCK_M)
+                dk, dv = _compute_step(j0 + j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
+                                       dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
+                                       dq_empty, dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M,
+                                       BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
             if COMPUTE_DQ:  # both warpgroups' dQ wgmmas (which read all of K) are done
                 mbarrier.arrive(done_bar, count=1)
                 mbarrier.wait(done_bar, i & 1)
@@ -674,8 +601,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                    ALIGN_BOTTOM_RIGHT,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
-                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DQ_LAG: gl.constexpr = 0,
-                   STAGGER: gl.constexpr = 0):
+                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
     gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
     gl.static_assert(BLOCK_N == 128, "two compute warpgroups of 64 keys")
@@ -699,11 +625,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
     DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
     PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
-    LAG: gl.constexpr = 0 if DQ_LAG is None else DQ_LAG
-    STAG: gl.constexpr = 0 if (STAGGER is None) or (COMPUTE_DQ == 0) else STAGGER
     gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
-    gl.static_assert((LAG == 0) or (LAG == 1), "DQ_LAG 0 (dQ in its own step) or 1 (in the next step)")
-    gl.static_assert((STAG == 0) or (STAG == 1), "STAGGER 0 or 1")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -758,11 +680,6 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         for i in gl.static_range(2):
             mbarrier.init(ds_full.index(i), count=2)
             mbarrier.init(ds_empty.index(i), count=2)
-        if STAG:
-            stagger_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-            mbarrier.init(stagger_bar, count=1)
-        else:
-            stagger_bar = kv_bar  # a placeholder, never touched
     else:  # no dS^T tile, no dQ tile: placeholders the compute partitions never touch
         ds_bufs = kv_bar
         dq_smem = kv_bar
@@ -771,7 +688,6 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         dq_empty = kv_bar
         ds_full = q_ready
         ds_empty = q_ready
-        stagger_bar = kv_bar
 
     if PERS != 0:
         # Persistent: every partition walks the CTA's tiles itself (from the kernel parameters); the
@@ -782,14 +698,14 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
             gl.warp_specialize([
                 (_compute_pers, (0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
-                                  dq_full, dq_empty, stagger_bar, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                  WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                                  MMODE, DKSS, PERS, LAG, STAG)),
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
                 (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
-                                  dq_full, dq_empty, stagger_bar, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                  WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                                  MMODE, DKSS, PERS, LAG, STAG)),
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
                 (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
                                 do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
                                 SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
@@ -802,14 +718,14 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
             gl.warp_specialize([
                 (_compute_pers, (0, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
-                                  dq_full, dq_empty, stagger_bar, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                  WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                                  MMODE, DKSS, PERS, LAG, STAG)),
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
                 (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
-                                  dq_full, dq_empty, stagger_bar, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
-                                  WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                                  MMODE, DKSS, PERS, LAG, STAG)),
+                                  dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                                  ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                                  PERS)),
                 (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
                                 do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
                                 SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
@@ -825,15 +741,15 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         if COMPUTE_DQ:
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
-                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                             BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, LAG, STAG)),
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
-                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                             BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, LAG, STAG)),
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                            SQ_PAD, BLOCK_M, STAGES)),
@@ -843,15 +759,15 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         else:
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
-                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                             BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, LAG, STAG)),
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, stagger_bar,
-                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                             BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, LAG, STAG)),
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
+                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                            SQ_PAD, BLOCK_M, STAGES)),
