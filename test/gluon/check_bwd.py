@@ -86,6 +86,8 @@ DERIVED = {
     "product_aux128_w8": ("product", {"_aux_rows": 128, "_aux_warps": 8}),
     "product_aux64_w8": ("product", {"_aux_rows": 64, "_aux_warps": 8}),
     "product_p1_aux_w8": ("product_p1", {"_aux_warps": 8}),
+    "product_aux64_w4": ("product", {"_aux_rows": 64}),
+    "product_aux16_w4": ("product", {"_aux_rows": 16}),
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
