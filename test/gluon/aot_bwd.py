@@ -36,6 +36,9 @@ from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
+sys.path.insert(0, HERE)
+from aot_fwd import compile_or_fail, write_asm  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 SMEM_LIMIT = 232448
@@ -143,12 +146,7 @@ def compile_one(fn, signature, constexprs, opts, is_gluon, keep=None, name=None)
                 ptx=cc.asm["ptx"])
     info.update(res_usage(cc.asm["cubin"]))
     if keep:
-        os.makedirs(keep, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
-            with open(os.path.join(keep, f"{name}.{ext}"), "w") as f:
-                f.write(cc.asm[ext])
-        with open(os.path.join(keep, f"{name}.cubin"), "wb") as f:
-            f.write(cc.asm["cubin"])
+        write_asm(cc, keep, name)
     return info
 
 
@@ -169,12 +167,9 @@ def main():
                                                         ints(args.dkss), ints(args.pers)).items():
         if args.only and not any(s in name for s in args.only):
             continue
-        try:
-            info = compile_one(fn, sig, cx, opts, is_gluon, args.keep, name)
-        except Exception as e:  # noqa: BLE001
+        info = compile_or_fail(name, lambda: compile_one(fn, sig, cx, opts, is_gluon, args.keep, name))
+        if info is None:
             bad += 1
-            lines = str(e).strip().splitlines()
-            print(f"FAIL {name}: {type(e).__name__}: {' | '.join(lines[-6:])[:1500]}", flush=True)
             continue
         problems = []
         warn = "SPILLS" if info["stack"] or info["local"] else ""

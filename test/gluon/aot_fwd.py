@@ -36,6 +36,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fwd_variants  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+
+
+def write_asm(cc, outdir, name):
+    """The ttgir, ptx and cubin of compiled kernel ``cc`` as ``outdir/name.*`` (also used by aot_bwd.py)."""
+    os.makedirs(outdir, exist_ok=True)
+    for ext in ("ttgir", "ptx"):
+        with open(os.path.join(outdir, f"{name}.{ext}"), "w") as f:
+            f.write(cc.asm[ext])
+    with open(os.path.join(outdir, f"{name}.cubin"), "wb") as f:
+        f.write(cc.asm["cubin"])
+
+
+def compile_or_fail(tag, compile_fn):
+    """``compile_fn()``, or None after a ``FAIL`` line with the end of the error: the scripts report
+    every kernel, then fail (also used by aot_bwd.py)."""
+    try:
+        return compile_fn()
+    except Exception as e:  # noqa: BLE001
+        lines = str(e).strip().splitlines()
+        print(f"FAIL {tag}: {type(e).__name__}: {' | '.join(lines[-8:])[:2000]}", flush=True)
+        return None
 NV_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 GL_DTYPES = {"fp16": gl.float16, "bf16": gl.bfloat16}
 
@@ -106,12 +127,7 @@ def compile_one(dtype, head_dim, block_n, stages, maxnreg, tmpdir, outdir=None, 
     regs, spill_st, spill_ld, stack = ptxas_usage(cc.asm["ptx"], tmpdir, name)
     local_ops = sass_local_ops(cc.asm["cubin"], tmpdir, name)
     if outdir:
-        os.makedirs(outdir, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
-            with open(os.path.join(outdir, f"{name}.{ext}"), "w") as f:
-                f.write(cc.asm[ext])
-        with open(os.path.join(outdir, f"{name}.cubin"), "wb") as f:
-            f.write(cc.asm["cubin"])
+        write_asm(cc, outdir, name)
     setmaxnreg = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", cc.asm["ptx"])
     return dict(name=name, seconds=seconds, num_warps=md["num_warps"], shared=md["shared"],
                 setmaxnreg=sorted({f"{op}{n}" for op, n in setmaxnreg}),
@@ -139,12 +155,10 @@ def compile_variants(names, out):
                     continue
                 for dtype in ("fp16", "bf16"):
                     tag = f"{vname}_{dtype}_hd{head_dim}"
-                    try:
-                        r = compile_one(dtype, head_dim, None, None, None, tmpdir, out, config=c, name=tag)
-                    except Exception as e:  # noqa: BLE001 -- report every kernel, then fail
+                    r = compile_or_fail(tag, lambda: compile_one(dtype, head_dim, None, None, None, tmpdir, out,
+                                                                 config=c, name=tag))
+                    if r is None:
                         failures += 1
-                        lines = str(e).strip().splitlines()
-                        print(f"FAIL {tag}: {type(e).__name__}: {' | '.join(lines[-8:])[:2000]}", flush=True)
                         continue
                     spills = r["spill_stores"] + r["spill_loads"] + r["local_ops"]
                     failures += spills > 0
@@ -180,12 +194,10 @@ def main():
                 tag = f"attn_fwd_gluon_{dtype}_hd{head_dim}_bn{block_n}_s{stages}"
                 if args.filter and not any(f in tag for f in args.filter):
                     continue
-                try:
-                    r = compile_one(dtype, head_dim, block_n, stages, args.maxnreg, tmpdir, args.out)
-                except Exception as e:  # noqa: BLE001 -- report every kernel, then fail
+                r = compile_or_fail(tag, lambda: compile_one(dtype, head_dim, block_n, stages, args.maxnreg, tmpdir,
+                                                             args.out))
+                if r is None:
                     failures += 1
-                    lines = str(e).strip().splitlines()
-                    print(f"FAIL {tag}: {type(e).__name__}: {' | '.join(lines[-8:])[:2000]}", flush=True)
                     continue
                 spills = r["spill_stores"] + r["spill_loads"] + r["local_ops"]
                 failures += spills > 0

@@ -431,40 +431,49 @@ def consan():
 # --------------------------------------------------------------------------------------------
 # bench
 # --------------------------------------------------------------------------------------------
-def bench(variant="default"):
+def fa3_cell(d, s, causal, dtype=torch.bfloat16):
+    """One cell of the FlashAttention-3 grid (B*S = 16k, H*D = 2048, seed 0): Q, K, V, dO, O and LSE
+    (torch's flash forward), the backward's FLOPs (2.5 * 4 * B * H * S^2 * D, halved when causal), the
+    window arguments, and ``cudnn``: torch SDPA's cuDNN backward of the same problem (fresh gradients per call)."""
+    from types import SimpleNamespace
+
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
+    h, b = 2048 // d, max(1, 16384 // s)
+    torch.manual_seed(0)
+    q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=dtype) for _ in range(4))
+    fw = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=d**-0.5)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+    def cudnn():
+        for t in leaves:
+            t.grad = None
+        out.backward(do, retain_graph=True)
+
+    return SimpleNamespace(b=b, h=h, q=q, k=k, v=v, do=do, o=fw[0].contiguous(),
+                           lse=fw[1][..., :s].contiguous().float(), flops=2.5 * 4 * b * h * s * s * d / (2 if causal else 1),
+                           window=window_args("causal_tl" if causal else "none", s, s), cudnn=cudnn)
+
+
+def bench(variant="default"):
     from triton.testing import do_bench
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
           "preprocess + convert")
     for d in (64, 128):
-        h = 2048 // d
+        if variant_kwargs(variant, d) is None:
+            continue
         for s in (1024, 2048, 4096, 8192, 16384):
-            b = 16384 // s
             for causal in (False, True):
-                torch.manual_seed(0)
-                q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=torch.bfloat16) for _ in range(4))
-                fw = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=d**-0.5)
-                o, lse = fw[0].contiguous(), fw[1][..., :s].contiguous().float()
-                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-                wl, wr, abr = window_args("causal_tl" if causal else "none", s, s)
-                if variant_kwargs(variant, d) is None:
-                    continue
-                bwd = GluonBwd(q, k, v, o, do, lse, d**-0.5, wl, wr, abr, variant=variant)
+                c = fa3_cell(d, s, causal)
+                bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
                 t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
-                qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-
-                def cudnn():
-                    qq.grad = kk.grad = vv.grad = None
-                    oo.backward(do, retain_graph=True)
-
-                t_cudnn = do_bench(cudnn, warmup=25, rep=100, return_mode="median")
-                ours, ref = flops / t_ours * 1e-9, flops / t_cudnn * 1e-9
-                print(f"hd{d} S{s:5d} B{b:2d} H{h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
+                t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
+                ours, ref = c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9
+                print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
                       f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts})", flush=True)
-                del bwd, qq, kk, vv, oo
+                del bwd, c
 
 
 def main():

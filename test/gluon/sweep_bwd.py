@@ -119,8 +119,6 @@ def run_checks(variants, dtype, hds, jobs):
 # --------------------------------------------------------------------------------------------
 def bench(good, dtype, hds, seqs, warmup, rep):
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from triton.testing import do_bench
 
     import check_bwd as cb
@@ -128,29 +126,14 @@ def bench(good, dtype, hds, seqs, warmup, rep):
     bench_ms = lambda fn: do_bench(fn, warmup=warmup, rep=rep, return_mode="median")  # noqa: E731
     results = {}  # (hd, s, causal) -> {"cudnn": tf, variant: tf}
     for d in hds:
-        h = 2048 // d
         for s in seqs:
-            b = max(1, 16384 // s)
             for causal in (False, True):
-                torch.manual_seed(0)
-                q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=tdt) for _ in range(4))
-                fw = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=d**-0.5)
-                o, lse = fw[0].contiguous(), fw[1][..., :s].contiguous().float()
-                flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-                wl, wr, abr = cb.window_args("causal_tl" if causal else "none", s, s)
-                qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    oo = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-
-                def cudnn():
-                    qq.grad = kk.grad = vv.grad = None
-                    oo.backward(do, retain_graph=True)
-
-                row = {"cudnn": flops / bench_ms(cudnn) * 1e-9}
-                del qq, kk, vv, oo
+                c = cb.fa3_cell(d, s, causal, tdt)
+                b, h, flops = c.b, c.h, c.flops
+                row = {"cudnn": flops / bench_ms(c.cudnn) * 1e-9}
                 aux_share = None
                 for var in good[d]:
-                    bwd = cb.GluonBwd(q, k, v, o, do, lse, d**-0.5, wl, wr, abr, variant=var)
+                    bwd = cb.GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=var)
                     t = bench_ms(bwd.run)
                     row[var] = flops / t * 1e-9
                     if aux_share is None:
@@ -165,7 +148,7 @@ def bench(good, dtype, hds, seqs, warmup, rep):
                 print(f"hd{d} S{s:5d} B{b:2d} H{h} {'causal' if causal else 'full  '}: cudnn {ref:6.1f}  best "
                       f"{best[1]} {row.get(best[1], 0):6.1f} ({best[0]:.3f})  {aux}", flush=True)
                 print("    " + "  ".join(f"{v} {r:.3f}" for r, v in ratios), flush=True)
-                del q, k, v, do, o, lse, fw
+                del c
                 torch.cuda.empty_cache()
     return results
 

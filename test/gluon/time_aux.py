@@ -2,7 +2,7 @@
 
 usage: python test/gluon/time_aux.py [--variants product,product_aux_w8,...] [--rep 200]
 
-For the FA3-grid shape B*S = 16k, H*D = 2048 (hd 128: B4 H16 S4096; hd 64: B4 H32 S4096), each
+For the FA3-grid cell S4096, non-causal (check_bwd.fa3_cell; hd 128: B4 H16, hd 64: B4 H32), each
 launch is timed alone (``triton.testing.do_bench`` median, same process) and reported as
 microseconds and achieved bandwidth (bytes each launch must move: preprocess reads O and dO and
 writes the zeroed fp32 dQ accumulator, lse2, delta2 and DELTA; convert reads the accumulator and
@@ -15,7 +15,6 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
 import triton  # noqa: E402
 
 import check_bwd as cb  # noqa: E402
@@ -26,16 +25,13 @@ def main():
     ap.add_argument("--variants", default="product,product_aux_w8,product_aux64_w8,product_aux128_w8")
     ap.add_argument("--rep", type=float, default=200)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    for hd, h in ((128, 16), (64, 32)):
-        B, S = 4, 4096
-        q, k, v, o, do = (torch.randn(B, h, S, hd, device="cuda", dtype=torch.bfloat16) for _ in range(5))
-        lse = torch.randn(B, h, S, device="cuda", dtype=torch.float32) + 10.0
-        rows = B * h * S
+    for hd in (128, 64):
+        c = cb.fa3_cell(hd, 4096, False)
+        rows = c.b * c.h * 4096
         pre_bytes = 2 * rows * hd * 2 + rows * hd * 4 + 3 * rows * 4
         conv_bytes = rows * hd * 4 + rows * hd * 2
         for name in args.variants.split(","):
-            g = cb.GluonBwd(q, k, v, o, do, lse, hd ** -0.5, *cb.window_args("none", S, S), variant=name)
+            g = cb.GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, hd ** -0.5, *c.window, variant=name)
             t_pre = triton.testing.do_bench(g.preprocess, warmup=20, rep=args.rep, return_mode="median") * 1e3
             t_conv = triton.testing.do_bench(g.convert, warmup=20, rep=args.rep, return_mode="median") * 1e3
             print(f"hd{hd:<4} {name:<20} preprocess {t_pre:6.1f} us ({pre_bytes / t_pre / 1e6:5.2f} TB/s)  "

@@ -92,10 +92,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
-from .fwd import _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
+from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .private_api import tma_reduce_add
 
-LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
 #: constexpr ``CONS_REGS`` (default 240), the default partition (compute warpgroup 0) what remains.
 LOAD_REGS: gl.constexpr = gl.constexpr(24)

@@ -4,7 +4,7 @@
 //! module docs of `flash`.
 use std::fmt;
 
-use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, strides3, strides4};
+use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4};
 use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
 use crate::driver::cuda::DeviceInfo;
@@ -289,13 +289,8 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
         ("stride_lh", I64(lse_strides[1])),
         ("sm_scale", F32(p.sm_scale)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
-        ("N_CTX_Q", I32(shape.seqlen_q as i32)),
-        ("N_CTX_K", I32(shape.seqlen_k as i32)),
-        ("GQA_GROUP", I32(shape.gqa_group() as i32)),
-        ("WINDOW_LEFT", I32(mask.left)),
-        ("WINDOW_RIGHT", I32(mask.right)),
-        ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
     ]);
+    args.extend(seq_mask_args(shape, mask));
     args
 }
 
@@ -381,15 +376,10 @@ fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, w
         ("desc_lse2", Tensor(TensorArg::matrix(lse2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("desc_delta2", Tensor(TensorArg::matrix(delta2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("sm_scale", F32(p.sm_scale)),
-        ("N_CTX_Q", seqlen_q),
-        ("N_CTX_K", I32(shape.seqlen_k as i32)),
         ("SQ_PAD", sq_pad),
         ("N_HEADS_Q", I32(shape.heads_q as i32)),
-        ("GQA_GROUP", I32(shape.gqa_group() as i32)),
-        ("WINDOW_LEFT", I32(mask.left)),
-        ("WINDOW_RIGHT", I32(mask.right)),
-        ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
     ]);
+    main.extend(seq_mask_args(shape, mask));
 
     let mut convert = ArgList::new();
     convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);

@@ -494,22 +494,29 @@ pub(crate) fn strides3(names: [&'static str; 2], t: &TensorView<3>, shape: &Attn
     [(names[0], ArgValue::I64(batch_stride)), (names[1], ArgValue::I64(t.strides[1]))]
 }
 
-/// Sequence, head-dim, GQA, mask and packing arguments shared by the attention kernels.
-pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static str, ArgValue); 10] {
-    use ArgValue::{I32, Ptr};
-    let (cu_q, cu_k) = shape.varlen.unwrap_or((0, 0));
+/// Sequence-length, GQA and mask arguments every attention kernel takes, portable and Gluon alike.
+pub(crate) fn seq_mask_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static str, ArgValue); 6] {
+    use ArgValue::I32;
     [
         ("N_CTX_Q", I32(shape.seqlen_q as i32)),
         ("N_CTX_K", I32(shape.seqlen_k as i32)),
-        ("D_HEAD", I32(shape.head_dim as i32)),
         ("GQA_GROUP", I32(shape.gqa_group() as i32)),
         ("WINDOW_LEFT", I32(mask.left)),
         ("WINDOW_RIGHT", I32(mask.right)),
         ("ALIGN_BOTTOM_RIGHT", I32(mask.bottom_right as i32)),
+    ]
+}
+
+/// `seq_mask_args` plus the head-dim and packing arguments of the portable attention kernels.
+pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> impl Iterator<Item = (&'static str, ArgValue)> {
+    use ArgValue::{I32, Ptr};
+    let (cu_q, cu_k) = shape.varlen.unwrap_or((0, 0));
+    seq_mask_args(shape, mask).into_iter().chain([
+        ("D_HEAD", I32(shape.head_dim as i32)),
         ("IS_VARLEN", I32(shape.varlen.is_some() as i32)),
         ("CU_SEQLENS_Q", Ptr(cu_q)),
         ("CU_SEQLENS_K", Ptr(cu_k)),
-    ]
+    ])
 }
 
 /// Blocks of `key` (BLOCK_M, BLOCK_N) rows covering `len` rows, for a launch grid.
