@@ -227,31 +227,32 @@ ATTN_BWD_GLUON_DQ_CONVERT_ARGS = (
 _WORKSPACE_TENSORS = ("LSE2", "DELTA2", "DQ_ACC")
 
 
-def nvmma_layout_repr(block: list[int], bits: int) -> str:
+def nvmma_layout_repr(block: list[int], bits: int, swizzle: int | None = None) -> str:
     """``repr`` of ``gl.NVMMASharedLayout.get_default_for(block, dtype)`` (Triton 3.6), without Triton.
 
     The largest swizzle (128/64/32 B) dividing the contiguous row; none when fewer than 8 rows.
-    ``test_rules`` checks this against Triton's own function.
+    ``test_rules`` checks this against Triton's own function.  ``swizzle`` (bytes) overrides it.
     """
-    row_bytes = block[-1] * bits // 8
-    swizzle = next((w for w in (128, 64, 32) if row_bytes >= w and row_bytes % w == 0), 0)
-    outer = 1
-    for size in block[:-1]:
-        outer *= size
-    if len(block) < 2 or outer < 8:
-        swizzle = 0
+    if swizzle is None:
+        row_bytes = block[-1] * bits // 8
+        swizzle = next((w for w in (128, 64, 32) if row_bytes >= w and row_bytes % w == 0), 0)
+        outer = 1
+        for size in block[:-1]:
+            outer *= size
+        if len(block) < 2 or outer < 8:
+            swizzle = 0
     return (f"NVMMASharedLayout(swizzle_byte_width={swizzle}, element_bitwidth={bits}, rank={len(block)}, "
             "transposed=False, fp4_padded=False, cga_layout=[])")
 
 
-def tensordesc_type(dtype: str, block: list[int]) -> str:
-    """Gluon signature type of a host TMA descriptor with the default NVMMA shared layout."""
+def tensordesc_type(dtype: str, block: list[int], swizzle: int | None = None) -> str:
+    """Gluon signature type of a host TMA descriptor: the default NVMMA shared layout, or ``swizzle`` bytes."""
     bits = 8 * ELEMENT_SIZE[dtype]
-    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{nvmma_layout_repr(block, bits)}>"
+    return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{nvmma_layout_repr(block, bits, swizzle)}>"
 
 
 def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str, int]) -> dict[str, tuple]:
-    """Descriptor argument -> (dtype, block) per ABI.md."""
+    """Descriptor argument -> (dtype, block) or (dtype, block, swizzle bytes) per ABI.md."""
     hd, dt = functional["head_dim"], functional["dtype"]
     if family == "attn_fwd_gluon":
         q = [1, 1, 64, hd]   # one consumer warpgroup's 64 rows
@@ -262,7 +263,9 @@ def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str
     dkv = [1, 1, config["BLOCK_N"] // 2, hd]      # one compute warpgroup's 64 keys
     vec = ("fp32", [1, config["BLOCK_M"]])
     return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_do": (dt, q),
-            "desc_dk": (dt, dkv), "desc_dv": (dt, dkv), "desc_dq_acc": ("fp32", [config["BLOCK_M"], hd]),
+            "desc_dk": (dt, dkv), "desc_dv": (dt, dkv),
+            # one unswizzled [BLOCK_M, 8] column strip of the fp32 dQ tile (bwd.py's module docstring)
+            "desc_dq_acc": ("fp32", [config["BLOCK_M"], 8], 0),
             "desc_lse2": vec, "desc_delta2": vec}
 
 
@@ -275,8 +278,8 @@ def _gluon_signature_of(family: str, args: list[str], constexprs: list[str]):
             if n in constexprs:
                 out[n] = "constexpr"
             elif n.startswith("desc_"):
-                dt, block = blocks.get(n, (functional["dtype"], [1]))
-                out[n] = tensordesc_type(dt, block)
+                dt, block, *swizzle = blocks.get(n, (functional["dtype"], [1]))
+                out[n] = tensordesc_type(dt, block, *swizzle)
             else:
                 out[n] = arg_type(n, functional["dtype"])
         return out
@@ -549,14 +552,12 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
 def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config: 128 keys per CTA (two compute warpgroups), 64 queries per step, a 2-stage Q/dO ring.
 
-    Picked by the variant sweep on the H200 (test/gluon/sweep_bwd.py, same grid as the forward):
-    hd64 masks by a split walk (boundary steps first, then the interior with no mask code,
-    MASK_MODE 2) -- geomean 0.970 of cuDNN; hd128 applies the mask on every step (MASK_MODE 1, the
-    fewest spills) with 232 registers for the compute worker -- 0.962.
+    Picked by the variant sweep on the H200 (test/gluon/sweep_bwd.py, same grid as the forward), for
+    both head dims: the mask applied by a uniform branch on boundary steps only (MASK_MODE 0), 240
+    registers for the compute worker -- geomean 0.995 of cuDNN at hd128 and 0.973 at hd64 (the
+    variants with the mask on every step or a split walk: 0.85-0.93 at hd128).
     """
-    if functional["head_dim"] == 64:
-        return [_gluon_cfg(64, 128, 2, MASK_MODE=2, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
-    return [_gluon_cfg(64, 128, 2, MASK_MODE=1, CONS_REGS=232, DK_SS=0, PERSISTENT=0)]
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
 
 
 def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

@@ -68,7 +68,10 @@ def bwd_signature(dtype, hd):
     q = desc_sig(dtype, [1, 1, 64, hd])
     kv = desc_sig(dtype, [1, 1, 128, hd])
     return {"desc_q": q, "desc_k": kv, "desc_v": kv, "desc_do": q, "desc_dk": q, "desc_dv": q,
-            "desc_dq_acc": desc_sig("fp32", [64, hd]), "desc_lse2": vec_desc_sig(), "desc_delta2": vec_desc_sig(),
+            # one dQ column strip, unswizzled (bwd.py's module docstring)
+            "desc_dq_acc": desc_sig("fp32", [64, 8], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32,
+                                                                        rank=2)),
+            "desc_lse2": vec_desc_sig(), "desc_delta2": vec_desc_sig(),
             "sm_scale": "fp32", "N_CTX_Q": "i32", "N_CTX_K": "i32", "SQ_PAD": "i32", "N_HEADS_Q": "i32",
             "GQA_GROUP": "i32", "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32"}
 

@@ -222,7 +222,7 @@ class GluonBwd:
         self.descs = (
             desc4(q, BLOCK_M, hd), desc4(k, BLOCK_N, hd), desc4(v, BLOCK_N, hd), desc4(do, BLOCK_M, hd),
             desc4(self.dk, BLOCK_N // 2, hd), desc4(self.dv, BLOCK_N // 2, hd),
-            TensorDescriptor.from_tensor(self.dq_acc, [BLOCK_M, hd], nvmma([BLOCK_M, hd], torch.float32)),
+            TensorDescriptor.from_tensor(self.dq_acc, [BLOCK_M, 8], vec),  # one column strip of the dQ tile
             TensorDescriptor.from_tensor(self.lse2.view(rows // 64, 64), [1, 64], vec),
             TensorDescriptor.from_tensor(self.delta2.view(rows // 64, 64), [1, 64], vec),
         )

@@ -89,9 +89,15 @@ rm -f "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/glu
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
-#    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips.
-if [ "${GLUON_CHECKS:-1}" = 1 ]; then
-  for check in "check_fwd" "check_bwd" "check_fwd --consan" "check_bwd --consan"; do
+#    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips,
+#    GLUON_CHECKS=fwd / bwd runs one kernel family's two checks.
+checks=()
+case ${GLUON_CHECKS:-1} in
+  1) checks=("check_fwd" "check_bwd" "check_fwd --consan" "check_bwd --consan") ;;
+  fwd|bwd) checks=("check_${GLUON_CHECKS}" "check_${GLUON_CHECKS} --consan") ;;
+esac
+if [ ${#checks[@]} -gt 0 ]; then
+  for check in "${checks[@]}"; do
     name=gluon-${check// --/-}
     step "$name"
     # shellcheck disable=SC2086

@@ -15,7 +15,7 @@ Warp specialization (FA3 style; 4 partitions, 10 warps padded to 12 = 384 thread
   of the 128 keys and keeps their dK, dV in registers.  Per step of ``BLOCK_M`` = 64 queries,
   in the transposed orientation (keys x queries, so P^T and dS^T are register A operands):
 
-      S^T = K Q^T, dP^T = V dO^T                 (SS wgmma, async)
+      S^T = K Q^T, dP^T - delta = V dO^T - delta  (SS wgmma, async; the accumulator starts at -delta)
       P^T = exp2(S^T * sm_scale * log2e - lse2)   (masked only on boundary blocks)
       dV += P^T dO                                (RS)
       dS^T = P^T (dP^T - delta)
@@ -27,6 +27,12 @@ Warp specialization (FA3 style; 4 partitions, 10 warps padded to 12 = 384 thread
 * loader (1 warp): TMA of Q, dO (rank-4 ``[1, 1, 64, HEAD_DIM]`` boxes) and the 64-element
   lse2 and delta2 rows into a ``STAGES``-deep ring;
 * dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``.
+
+The fp32 dQ tile is kept in shared memory as ``HEAD_DIM / 8`` column strips of ``[64, 8]`` (32 bytes
+per row, unswizzled, one under the other; ``desc_dq_acc``'s block is one strip, the reducer issues one
+reduce per strip): a warp's 8-byte stores of its wgmma accumulator then fill whole 128-byte lines,
+where a 128-byte-swizzled ``[64, HEAD_DIM]`` tile took twice the shared-memory wavefronts (Nsight
+Compute on the H200: 9 % of all shared wavefronts were bank-conflict excess).
 
 Every hand-off between partitions is an mbarrier (no CTA-wide ``bar.sync`` in the loop):
 ``q_ready``/``q_empty`` (ring), ``ds_full``/``ds_empty`` (double-buffered dS^T tile),
@@ -70,16 +76,17 @@ An AOT signature that omits them (passes None) gets the defaults.
 
 Shared memory (bytes): K, V ``2 * 128 * HEAD_DIM * 2``; ring ``STAGES * (2 * 64 * HEAD_DIM * 2 +
 512)``; with ``COMPUTE_DQ`` a double-buffered dS^T tile ``2 * 128 * 64 * 2`` and the fp32 dQ tile
-``64 * HEAD_DIM * 4``.  hd128: 231488 B (STAGES 3) / 198176 B (STAGES 2), under sm_90's 232448.
+``64 * HEAD_DIM * 4``.  hd128: 231504 B (STAGES 3) / 198192 B (STAGES 2), under sm_90's 232448.
 
 Registers: ``maxnreg`` 168 (65536 / 384); the compute worker gets ``CONS_REGS`` (240), the
 loader/reducer warpgroup ``LOAD_REGS`` (24), the default partition the rest.  At hd128 the compute
-partitions sit at the limit and ptxas's choices vary by option (bf16, COMPUTE_DQ, STAGES 2, per
-step of the compute loops, default / worker partition): MASK_MODE 0 with CONS_REGS 240 stores 11 /
-17 and reloads 17 / 27 registers; MASK_MODE 1: no stores, 4 / 8 reloads of loop invariants;
-MASK_MODE 0 with CONS_REGS 232: no stores, 6 / 0 reloads; MASK_MODE 2 saves/restores ~24
-registers per interior step in the worker.  hd64 does not spill.  hd256 does not fit:
-dK + dV of 64 keys x 256 would take 256 accumulator registers per thread.
+partitions sit at the limit.  Starting dP^T's accumulator at -delta keeps the delta vector out of
+the registers live where dS^T is formed; with it the interior steps of both compute loops spill
+nothing at hd128 (bf16, COMPUTE_DQ, STAGES 2, MASK_MODE 0 or 1, CONS_REGS 232 or 240): what ptxas
+still saves and restores sits in the masked branch of MASK_MODE 0 (boundary steps only) and around
+the loops.  Nsight Compute counted 9.1 M local-memory requests per hd128 S4096 backward before
+(delta subtracted after dP^T), 0.1 M after.  hd64 does not spill.  hd256 does not fit: dK + dV of
+64 keys x 256 would take 256 accumulator registers per thread.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -180,8 +187,11 @@ def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, 
 @gluon.jit
 def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD):
     row = (b_row + h_first + h_off) * SQ_PAD + start_m
+    ROWS: gl.constexpr = desc_dq_acc.block_type.shape[0]
+    WIDTH: gl.constexpr = desc_dq_acc.block_type.shape[1]
     mbarrier.wait(dq_full, j & 1)  # both warpgroups' halves of the tile are in shared memory
-    tma_reduce_add(desc_dq_acc, [row, 0], dq_smem)
+    for g in gl.static_range(dq_smem.shape[0] // ROWS):  # one reduce per column strip
+        tma_reduce_add(desc_dq_acc, [row, g * WIDTH], dq_smem.slice(g * ROWS, ROWS, dim=0))
     tma.store_wait(0)  # the reduce has read dq_smem: the warpgroups may overwrite it
     mbarrier.arrive(dq_empty, count=1)
 
@@ -221,7 +231,10 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
     s0 = gl.zeros([KB, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_wg, q.permute((1, 0)), s0, use_acc=False, is_async=True)
-    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0, use_acc=False, is_async=True)
+    # dP^T - delta: the accumulator starts at -delta, so no delta vector is live where dS^T is formed
+    # (subtracting it after the wgmma made the worker spill on every step at hd128).
+    delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
+    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0 - gl.expand_dims(delta, 0), is_async=True)
     lse2 = _row_vector(lse_bufs, idx, BLOCK_M, col_layout)
     st = warpgroup_mma_wait(1, deps=(st, ))
     # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
@@ -233,9 +246,8 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
             pt = _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     pt_a = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_a, do, dv, is_async=True)
-    delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-    dst = (pt * (dpt - gl.expand_dims(delta, 0))).to(dtype)
+    dst = (pt * dpt).to(dtype)
     if COMPUTE_DQ:
         # Publish this warpgroup's 64 rows of dS^T for both warpgroups' dQ wgmmas.
         dsb = j % 2
@@ -264,7 +276,10 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
         mbarrier.arrive(q_empty.index(idx), count=1)
         mbarrier.arrive(ds_empty.index(dsb), count=1)
         mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
-        dq_smem.slice(cid * DH, DH, dim=1).store(dq)
+        # Into this warpgroup's DH / 8 column strips: [64, DH] -> [DH / 8 * 64, 8] relabels registers only.
+        W: gl.constexpr = dq_smem.shape[1]
+        dq_strips = dq.reshape([BLOCK_M, DH // W, W]).permute((1, 0, 2)).reshape([DH // W * BLOCK_M, W])
+        dq_smem.slice(cid * (DH // W * BLOCK_M), DH // W * BLOCK_M, dim=0).store(dq_strips)
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(dq_full, count=1)
@@ -610,6 +625,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert(desc_dk.block_type.shape[2] == BLOCK_N // 2, "dK block [1, 1, BLOCK_N / 2, HEAD_DIM]")
     gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
     gl.static_assert(desc_lse2.block_type.shape[1] == BLOCK_M, "lse2/delta2 block [1, BLOCK_M]")
+    gl.static_assert((desc_dq_acc.block_type.shape[0] == BLOCK_M) and (desc_dq_acc.block_type.shape[1] == 8),
+                     "dq_acc block [BLOCK_M, 8]: one column strip of the dQ tile")
     pid_n = gl.program_id(0)
     hk = gl.program_id(1)
     b = gl.program_id(2)
@@ -667,7 +684,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     if COMPUTE_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, desc_dq_acc.block_type.shape, desc_dq_acc.layout)
+        # The fp32 dQ tile as HEAD_DIM / 8 column strips [64, 8], one under the other (module docstring).
+        dq_smem = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 8 * BLOCK_M, 8], desc_dq_acc.layout)
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
