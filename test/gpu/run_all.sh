@@ -101,7 +101,9 @@ if [ ${#checks[@]} -gt 0 ]; then
     name=gluon-${check// --/-}
     step "$name"
     # shellcheck disable=SC2086
-    "$PYTHON" test/gluon/${check%% *}.py ${check#* } >"$OUT/$name.log" 2>&1
+    args=""
+    case $check in *" "*) args=${check#* } ;; esac
+    "$PYTHON" test/gluon/${check%% *}.py $args >"$OUT/$name.log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || failed=1
     line=$(grep -E "^(check_fwd|check_bwd|consan)[^:]*: " "$OUT/$name.log" | tail -n 1)

@@ -232,10 +232,12 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     s0 = gl.zeros([KB, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_wg, q.permute((1, 0)), s0, use_acc=False, is_async=True)
     # dP^T - delta: the accumulator starts at -delta, so no delta vector is live where dS^T is formed
-    # (subtracting it after the wgmma made the worker spill on every step at hd128).
+    # (subtracting it after the wgmma made the worker spill on every step at hd128).  lse2 is read
+    # here too, before the dP^T wgmmas are issued: read after them, it waited behind their operand
+    # reads (sweep_bwd.py: hd128 0.963 -> 0.991 of cuDNN in one run).
     delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
-    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0 - gl.expand_dims(delta, 0), is_async=True)
     lse2 = _row_vector(lse_bufs, idx, BLOCK_M, col_layout)
+    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0 - gl.expand_dims(delta, 0), is_async=True)
     st = warpgroup_mma_wait(1, deps=(st, ))
     # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
