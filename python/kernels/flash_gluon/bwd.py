@@ -82,9 +82,9 @@ Registers: ``maxnreg`` 168 (65536 / 384); the compute worker gets ``CONS_REGS`` 
 loader/reducer warpgroup ``LOAD_REGS`` (24), the default partition the rest.  At hd128 the compute
 partitions sit at the limit.  Starting dP^T's accumulator at -delta keeps the delta vector out of
 the registers live where dS^T is formed; with it the interior steps of both compute loops spill
-nothing at hd128 (bf16, COMPUTE_DQ, STAGES 2, MASK_MODE 0 or 1, CONS_REGS 232 or 240): what ptxas
-still saves and restores sits in the masked branch of MASK_MODE 0 (boundary steps only) and around
-the loops.  Nsight Compute counted 9.1 M local-memory requests per hd128 S4096 backward before
+nothing at hd128 (bf16, COMPUTE_DQ, STAGES 2; checked in the SASS for MASK_MODE 0 with CONS_REGS 240
+and MASK_MODE 1 with 232): what ptxas still saves and restores sits in the masked branch of
+MASK_MODE 0 (boundary steps only) and around the loops.  Nsight Compute counted 9.1 M local-memory requests per hd128 S4096 backward before
 (delta subtracted after dP^T), 0.1 M after.  hd64 does not spill.  hd256 does not fit: dK + dV of
 64 keys x 256 would take 256 accumulator registers per thread.
 """
