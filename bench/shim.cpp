@@ -32,9 +32,7 @@ aotriton::TensorView<R> make_view(uint64_t ptr, const int64_t* sizes, const int6
 }
 
 aotriton::Stream make_stream(uint64_t stream) {
-  aotriton::Stream s;
-  s.handle = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
-  return s;
+  return aotriton::Stream{reinterpret_cast<CUstream_st*>(static_cast<uintptr_t>(stream))};
 }
 
 }  // namespace

@@ -50,6 +50,11 @@ bridge::MaskSpec mask_of(bool causal, MaskAlign align, int32_t left, int32_t rig
   return bridge::MaskSpec{causal, static_cast<int32_t>(align), left, right};
 }
 
+bridge::StreamSpec stream_of(Stream stream) {
+  return bridge::StreamSpec{static_cast<uint64_t>(reinterpret_cast<uintptr_t>(stream.handle)),
+                            static_cast<int32_t>(stream.runtime)};
+}
+
 Status unknown_version(const char* what, uint32_t version, uint32_t known) {
   std::string message = std::string(what) + ".version " + std::to_string(version) +
                         " is not known to this library (it knows 1.." + std::to_string(known) + ")";
@@ -94,7 +99,7 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
       args.backend = static_cast<int32_t>(params.backend);
     }
     return detail::finish(
-        bridge::attn_fwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
+        bridge::attn_fwd(args, host.q, host.k, stream_of(stream)));
   });
 }
 
@@ -157,7 +162,7 @@ Status attn_bwd(const BwdParams& params, Stream stream) noexcept {
     Status status = bwd_args_of(params, &args, &host);
     if (status != Status::kSuccess) return status;
     return detail::finish(
-        bridge::attn_bwd(args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle)));
+        bridge::attn_bwd(args, host.q, host.k, stream_of(stream)));
   });
 }
 
@@ -172,7 +177,7 @@ Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream, uint64_t
     Status status = bwd_args_of(params, &args, &host);
     if (status != Status::kSuccess) return status;
     return detail::finish(bridge::attn_bwd_workspace_bytes(
-        args, host.q, host.k, reinterpret_cast<std::size_t>(stream.handle), *bytes));
+        args, host.q, host.k, stream_of(stream), *bytes));
   });
 }
 
@@ -189,7 +194,7 @@ Status debug_dropout_mask(TensorView<4> out, float dropout_p, const void* philox
     bridge::DropoutSpec spec =
         dropout_of(dropout_p, philox_seed, philox_offset, philox_offset_base, nullptr, nullptr);
     return detail::finish(
-        bridge::debug_dropout_mask(view, spec, reinterpret_cast<std::size_t>(stream.handle)));
+        bridge::debug_dropout_mask(view, spec, stream_of(stream)));
   });
 }
 

@@ -55,6 +55,7 @@ const char* status_name(Status status) noexcept {
     case Status::kUnsupportedGpu: return "kUnsupportedGpu";
     case Status::kKernelNotFound: return "kKernelNotFound";
     case Status::kBadArchive: return "kBadArchive";
+    case Status::kNoDevice: return "kNoDevice";
     case Status::kInternal: return "kInternal";
   }
   return "unknown status";

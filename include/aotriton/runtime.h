@@ -6,6 +6,11 @@
 // Marks the exported API; everything else in libaotriton is hidden.
 #define AOTRITON_API __attribute__((visibility("default")))
 
+// The stream types of the two runtimes, declared here so that no CUDA or HIP header is needed:
+// cudaStream_t and CUstream are `CUstream_st*`, hipStream_t is `ihipStream_t*`.
+struct CUstream_st;
+struct ihipStream_t;
+
 namespace aotriton {
 
 // Every call returns a Status; nothing throws and nothing aborts. On failure,
@@ -30,13 +35,35 @@ enum class Status : int32_t {
   kUnsupportedGpu = 22,     // no kernels for this GPU architecture in this build
   kKernelNotFound = 23,     // no compiled kernel serves these inputs
   kBadArchive = 24,         // a kernel archive is corrupt or mismatched
+  kNoDevice = 25,           // the stream's runtime library is present but reports no GPU
   kInternal = 99,           // a bug in aotriton; please report it with the message
 };
 
-// A GPU stream: a CUstream on NVIDIA. The device is always the stream's device. A null handle
-// is the legacy default stream of the calling thread's current context.
+// Which GPU runtime a stream belongs to.
+enum class GpuRuntime : int32_t {
+  kCuda = 0,  // NVIDIA: a cudaStream_t / CUstream
+  kHip = 1,   // AMD: a hipStream_t
+};
+
+// A GPU stream of either runtime. The constructors take each runtime's own stream type, so a
+// CUDA stream cannot be passed as a HIP one or the other way round:
+//   aotriton::Stream{cuda_stream}        // cudaStream_t or CUstream
+//   aotriton::Stream{hip_stream}         // hipStream_t
+//   aotriton::Stream::hip()              // HIP's null stream
+//   aotriton::Stream{} / Stream::cuda()  // CUDA's legacy default stream
+// The device is always the stream's device (HIP before ROCm 6, which cannot say which device a
+// stream belongs to: the calling thread's current device). A null handle is that runtime's
+// default stream of the calling thread's current context or device. A stream of a runtime whose
+// library this process cannot load gets kNoDriver; one with no GPU behind it kNoDevice.
 struct Stream {
   void* handle = nullptr;
+  GpuRuntime runtime = GpuRuntime::kCuda;
+
+  constexpr Stream() = default;
+  constexpr explicit Stream(CUstream_st* cuda_stream) : handle(cuda_stream), runtime(GpuRuntime::kCuda) {}
+  constexpr explicit Stream(ihipStream_t* hip_stream) : handle(hip_stream), runtime(GpuRuntime::kHip) {}
+  static constexpr Stream cuda(CUstream_st* stream = nullptr) { return Stream(stream); }
+  static constexpr Stream hip(ihipStream_t* stream = nullptr) { return Stream(stream); }
 };
 
 // The message of the calling thread's last failing call (empty after a success). The pointer

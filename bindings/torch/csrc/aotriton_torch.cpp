@@ -123,8 +123,7 @@ void check_status(Status st, const char* op) {
 }
 
 aotriton::Stream current_stream(const Tensor& q) {
-  return aotriton::Stream{
-      static_cast<void*>(c10::cuda::getCurrentCUDAStream(q.device().index()).stream())};
+  return aotriton::Stream{c10::cuda::getCurrentCUDAStream(q.device().index()).stream()};
 }
 
 flash::MaskAlign align_of(int64_t align) {

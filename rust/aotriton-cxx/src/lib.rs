@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use aotriton::flash::{Backend, Dropout, Mask, MaskAlign, Varlen, Workspace};
-use aotriton::{DType, Error, ErrorKind, Stream, TensorView, flash};
+use aotriton::{DType, Error, ErrorKind, Runtime, Stream, TensorView, flash};
 
 #[cxx::bridge(namespace = "aotriton::bridge")]
 mod ffi {
@@ -100,6 +100,12 @@ mod ffi {
         workspace_bytes: u64,
     }
 
+    /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
+    struct StreamSpec {
+        handle: u64,
+        runtime: i32,
+    }
+
     /// 0 on success, else an aotriton::Status value, with the message naming the cause.
     struct Outcome {
         code: i32,
@@ -109,18 +115,18 @@ mod ffi {
     extern "Rust" {
         fn version() -> String;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
-        fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
-        fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: usize) -> Outcome;
+        fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
+        fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
         /// Writes the workspace bytes the call needs into `bytes` (0 on error).
         fn attn_bwd_workspace_bytes(
             params: &BwdArgs,
             host_cu_seqlens_q: &[i32],
             host_cu_seqlens_k: &[i32],
-            stream: usize,
+            stream: &StreamSpec,
             bytes: &mut u64,
         ) -> Outcome;
         fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64;
-        fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: usize) -> Outcome;
+        fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: &StreamSpec) -> Outcome;
     }
 }
 
@@ -189,6 +195,16 @@ fn varlen<'a>(v: &ffi::VarlenSpec, host_q: &'a [i32], host_k: &'a [i32]) -> Resu
     }))
 }
 
+fn stream(s: &ffi::StreamSpec) -> Result<Stream, Error> {
+    let handle = usize::try_from(s.handle)
+        .map_err(|_| Error::new(ErrorKind::InvalidArgument, format!("stream: handle {:#x} is not an address", s.handle)))?;
+    match Runtime::from_raw(s.runtime) {
+        Some(Runtime::Cuda) => Ok(Stream::cuda(handle)),
+        Some(Runtime::Hip) => Ok(Stream::hip(handle)),
+        None => Err(Error::new(ErrorKind::InvalidArgument, format!("stream: unknown GpuRuntime value {}", s.runtime))),
+    }
+}
+
 fn backend(raw: i32) -> Result<Backend, Error> {
     Backend::from_raw(raw).ok_or_else(|| Error::new(ErrorKind::InvalidArgument, format!("backend: unknown Backend value {raw}")))
 }
@@ -197,7 +213,7 @@ fn optional(t: &ffi::TensorView4, name: &str) -> Result<Option<TensorView<4>>, E
     Ok(if t.ptr == 0 { None } else { Some(view!(t, name)) })
 }
 
-fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> Outcome {
+fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpec) -> Outcome {
     guard(|| {
         let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
         let mut params = flash::FwdParams::new(view!(p.q, "q"), view!(p.k, "k"), view!(p.v, "v"), view!(p.o, "o"), lse);
@@ -208,7 +224,7 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> 
         params.varlen = varlen(&p.varlen, host_q, host_k)?;
         params.allow_tf32 = p.allow_tf32;
         params.backend = backend(p.backend)?;
-        flash::attn_fwd(&params, Stream::from_raw(stream))
+        flash::attn_fwd(&params, stream(s)?)
     })
 }
 
@@ -216,10 +232,10 @@ fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u
     flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k)
 }
 
-fn debug_dropout_mask(out: &ffi::TensorView4, d: &ffi::DropoutSpec, stream: usize) -> Outcome {
+fn debug_dropout_mask(out: &ffi::TensorView4, d: &ffi::DropoutSpec, s: &ffi::StreamSpec) -> Outcome {
     guard(|| {
         let dropout = Dropout { p: d.p, seed: d.seed, offset: d.offset, offset_base: d.offset_base, seed_out: 0, offset_out: 0 };
-        flash::debug_dropout_mask(&view!(out, "out"), &dropout, Stream::from_raw(stream))
+        flash::debug_dropout_mask(&view!(out, "out"), &dropout, stream(s)?)
     })
 }
 
@@ -249,14 +265,14 @@ fn bwd_params<'a>(p: &ffi::BwdArgs, host_q: &'a [i32], host_k: &'a [i32]) -> Res
     Ok(params)
 }
 
-fn attn_bwd(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], stream: usize) -> Outcome {
-    guard(|| flash::attn_bwd(&bwd_params(p, host_q, host_k)?, Stream::from_raw(stream)))
+fn attn_bwd(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpec) -> Outcome {
+    guard(|| flash::attn_bwd(&bwd_params(p, host_q, host_k)?, stream(s)?))
 }
 
-fn attn_bwd_workspace_bytes(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], stream: usize, bytes: &mut u64) -> Outcome {
+fn attn_bwd_workspace_bytes(p: &ffi::BwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpec, bytes: &mut u64) -> Outcome {
     *bytes = 0;
     guard(|| {
-        *bytes = flash::attn_bwd_workspace_bytes(&bwd_params(p, host_q, host_k)?, Stream::from_raw(stream))?;
+        *bytes = flash::attn_bwd_workspace_bytes(&bwd_params(p, host_q, host_k)?, stream(s)?)?;
         Ok(())
     })
 }
@@ -294,18 +310,22 @@ mod tests {
             allow_tf32: false,
             backend: 0,
         };
-        let out = attn_fwd(&p, &[], &[], 0);
+        let null = ffi::StreamSpec { handle: 0, runtime: 0 };
+        let out = attn_fwd(&p, &[], &[], &null);
         assert_eq!(out.code, ErrorKind::NullPointer as i32, "{}", out.message);
         assert!(out.message.contains("q"), "{}", out.message);
         let mut bad = p;
         bad.q.dtype = 42;
-        assert_eq!(attn_fwd(&bad, &[], &[], 0).code, ErrorKind::InvalidArgument as i32);
+        assert_eq!(attn_fwd(&bad, &[], &[], &null).code, ErrorKind::InvalidArgument as i32);
         bad.q.dtype = 1;
         bad.backend = 7;
-        let out = attn_fwd(&bad, &[], &[], 0);
+        let out = attn_fwd(&bad, &[], &[], &null);
         assert_eq!(out.code, ErrorKind::InvalidArgument as i32, "{}", out.message);
         assert!(out.message.contains("backend"), "{}", out.message);
         assert_eq!(guard(|| panic!("expected in this test")).code, ErrorKind::Internal as i32);
+        bad.backend = 0;
+        let out = attn_fwd(&bad, &[], &[], &ffi::StreamSpec { handle: 0, runtime: 5 });
+        assert!(out.code == ErrorKind::InvalidArgument as i32 && out.message.contains("GpuRuntime"), "{}", out.message);
     }
 
     #[test]

@@ -1,18 +1,20 @@
 //! From a request to a launch: the functional key picks the functional in the device's archive;
 //! the divisibility hints each kernel was compiled with (for TMA descriptor arguments: the TMA
 //! rules) are checked against the real argument values; the operator's heuristic picks one of
-//! the kernels that fit; the kernel is loaded once per context; its descriptors are encoded and
-//! its arguments laid out in the order its metadata gives. Everything per call lives in
+//! the kernels that fit; the kernel is loaded once per device (CUDA: per context) through the
+//! stream's driver; its descriptors are encoded and its arguments laid out in the order its
+//! metadata gives (the same plan for every vendor: [`kernarg_layout`] is the byte layout it
+//! implies, which the AMD tests check against each code object's own metadata). Everything per call lives in
 //! fixed-capacity storage: after a kernel's first launch, nothing here allocates.
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::archive::{Functional, KernelArg, KernelMeta};
-use crate::driver::Stream;
-use crate::driver::cuda::{self, DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, StreamContext, TensorMap, lock};
+use crate::driver::{DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, Runtime, Stream, StreamContext, TensorMap};
 use crate::error::{Error, ErrorKind, Result};
 use crate::images::{self, LoadedArchive};
+use crate::lock;
 use crate::tma::{self, MAX_RANK, TensorArg};
 
 /// One kernel argument value. Pointers are device addresses; a tensor goes to a host-side TMA
@@ -265,7 +267,6 @@ pub(crate) const MAX_DESCS: usize = 12;
 /// (a missing functional, a failed load) stops the call before anything is enqueued.
 pub(crate) struct Launcher {
     context: StreamContext,
-    stream: Stream,
 }
 
 /// One encoded descriptor argument: the map and the kernel parameters that follow it.
@@ -290,7 +291,7 @@ pub(crate) struct Prepared<'a> {
 
 impl Launcher {
     pub fn new(stream: Stream) -> Result<Launcher> {
-        Ok(Launcher { context: StreamContext::enter(stream)?, stream })
+        Ok(Launcher { context: StreamContext::enter(stream)? })
     }
 
     /// The stream's device.
@@ -301,7 +302,7 @@ impl Launcher {
     /// Whether the device's archive holds the functional of `request` (false too when the
     /// device has no archive), and whether one of its kernels fits the arguments.
     pub fn serves(&self, request: &Request) -> Serves {
-        let Ok(loaded) = images::archive_for(&self.context.device.arch) else { return Serves::NotCompiled };
+        let Ok(loaded) = images::archive_for_device(&self.context.device) else { return Serves::NotCompiled };
         let Some(index) = loaded.archive.find(request.family, request.axes) else { return Serves::NotCompiled };
         match fitting_kernels(&loaded.archive.functionals()[index], request.args) {
             Ok(fitting) if !fitting.is_empty() => Serves::Yes,
@@ -319,7 +320,7 @@ impl Launcher {
         choose: impl FnOnce(&Functional, KernelSet, &DeviceInfo) -> usize,
         grid: impl FnOnce(&KernelMeta) -> [u32; 3],
     ) -> Result<Prepared<'a>> {
-        let loaded = images::archive_for(&self.context.device.arch)?;
+        let loaded = images::archive_for_device(&self.context.device)?;
         let functional_index = find_functional(&loaded, request)?;
         let functional = &loaded.archive.functionals()[functional_index];
         let fitting = fitting_kernels(functional, request.args)?;
@@ -355,7 +356,7 @@ impl Launcher {
                     Error::new(ErrorKind::UnsupportedByBackend, format!("kernel {}, argument {}: {problem}", meta.id, arg.name))
                 })?;
                 let out = &mut descs[desc];
-                cuda::encode_tensor_map(&mut out.map, &encode, || format!("{} {}", meta.id, arg.name))?;
+                self.context.encode_tensor_map(&mut out.map, &encode, || format!("{} {}", meta.id, arg.name))?;
                 out.shape = encode.shape;
                 out.strides = encode.strides;
             }
@@ -410,7 +411,7 @@ impl Launcher {
             // SAFETY: as above.
             *param = unsafe { base.add(scratch) } as *mut c_void;
         }
-        cuda::launch(&prepared.kernel.function, prepared.dims, self.stream, &mut params[..count], &prepared.kernel.meta.id)
+        self.context.launch(&prepared.kernel.function, prepared.dims, &mut params[..count], &prepared.kernel.meta.id)
     }
 }
 
@@ -532,19 +533,20 @@ struct LoadedKernel {
     meta: KernelMeta,
 }
 
-/// Loads a kernel into the stream's context once; later calls find it in the cache. Loading
-/// holds the cache lock, so two threads never load the same kernel twice.
+/// Loads a kernel onto the stream's device once (CUDA: per context); later calls find it in the
+/// cache. Loading holds the cache lock, so two threads never load the same kernel twice.
 fn load(
     context: &StreamContext,
     loaded: &LoadedArchive,
     functional: usize,
     kernel: usize,
 ) -> Result<Arc<LoadedKernel>> {
-    // (context, archive, functional, kernel): the archive's address stands for its arch (archives
-    // are cached for the life of the process), so the lookup allocates nothing.
-    type Key = (usize, usize, usize, usize);
+    // (runtime and context or device, archive, functional, kernel): the archive's address stands
+    // for its arch (archives are cached for the life of the process), so the lookup allocates
+    // nothing.
+    type Key = ((Runtime, usize), usize, usize, usize);
     static CACHE: OnceLock<Mutex<HashMap<Key, Arc<LoadedKernel>>>> = OnceLock::new();
-    let key = (context.context as usize, loaded as *const LoadedArchive as usize, functional, kernel);
+    let key = (context.cache_key(), loaded as *const LoadedArchive as usize, functional, kernel);
     let mut cache = lock(CACHE.get_or_init(Default::default));
     if let Some(found) = cache.get(&key) {
         return Ok(found.clone());
@@ -559,11 +561,82 @@ fn load(
             ),
         ));
     }
+    let device = &context.device;
+    if meta.warp_size != device.warp_size {
+        return Err(Error::new(
+            ErrorKind::UnsupportedGpu,
+            format!(
+                "kernel {} is compiled for {}-thread warps; device {} ({}) runs {}-thread warps",
+                meta.id, meta.warp_size, device.ordinal, device.target_id, device.warp_size
+            ),
+        ));
+    }
+    if device.runtime == Runtime::Hip {
+        // HIP packs the kernelParams by the code object's kernarg metadata; a kernel whose
+        // argument types the plan cannot size is refused (CUDA's TMA descriptors have none).
+        kernarg_layout(meta)?;
+    }
     let images = loaded.images(functional)?;
-    let function = cuda::load_function(&images[kernel], &meta.symbol, meta.shared, &context.device, &meta.id)?;
+    let function = context.load_function(&images[kernel], &meta.symbol, meta.shared, &meta.id)?;
     let entry = Arc::new(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone() });
     cache.insert(key, entry.clone());
     Ok(entry)
+}
+
+/// One explicit kernel argument in the kernarg segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernargSlot {
+    /// The argument's name, or `global_scratch` / `profile_scratch` for Triton's two trailing
+    /// scratch pointers.
+    pub name: String,
+    /// Byte offset in the kernarg segment (aligned to the size).
+    pub offset: u32,
+    /// Bytes the driver copies from the parameter's pointer.
+    pub size: u32,
+    /// A pointer to global memory (`*fp16`, ..., the scratch pointers) rather than a value.
+    pub pointer: bool,
+}
+
+/// The kernarg layout the runtime's argument plan implies for a kernel: each runtime argument of
+/// the metadata in order, sized by its Triton type (pointers, i64, u64 and fp64 8 bytes; i32,
+/// u32 and fp32 4; 16-bit scalars 2; i1 and 8-bit scalars 1), each at the next offset aligned to
+/// its size, then Triton's two 8-byte scratch pointers; `size` is the end of the last one. The
+/// launch passes one parameter pointer per slot in this order. A type without a known size (a
+/// TMA descriptor, which exists on NVIDIA only) has no layout: such a kernel is not loaded on AMD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernargLayout {
+    pub slots: Vec<KernargSlot>,
+    pub size: u32,
+}
+
+/// See [`KernargLayout`].
+pub fn kernarg_layout(meta: &KernelMeta) -> Result<KernargLayout> {
+    let mut slots = Vec::with_capacity(meta.args.len() + 2);
+    let mut offset = 0u32;
+    let mut place = |name: &str, size: u32, pointer: bool| {
+        offset = offset.div_ceil(size) * size;
+        slots.push(KernargSlot { name: name.to_string(), offset, size, pointer });
+        offset += size;
+    };
+    for arg in &meta.args {
+        let (size, pointer) = match arg.ty.as_str() {
+            ty if ty.starts_with('*') => (8, true),
+            "i64" | "u64" | "fp64" => (8, false),
+            "i32" | "u32" | "fp32" => (4, false),
+            "i16" | "u16" | "fp16" | "bf16" => (2, false),
+            "i1" | "i8" | "u8" => (1, false),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::BadArchive,
+                    format!("kernel {}: argument '{}' has type {other}, which has no kernarg layout", meta.id, arg.name),
+                ));
+            }
+        };
+        place(&arg.name, size, pointer);
+    }
+    place("global_scratch", 8, true);
+    place("profile_scratch", 8, true);
+    Ok(KernargLayout { slots, size: offset })
 }
 
 #[cfg(test)]
@@ -640,6 +713,33 @@ mod tests {
         assert!(!q().fits(&arg("Q", "*bf16", 16, None)), "a tensor only fits a descriptor argument");
         assert!(ArgValue::Ptr(0x1000).fits(&arg("Q", "*bf16", 16, None)));
         assert!(!ArgValue::Ptr(0x1008).fits(&arg("Q", "*bf16", 16, None)));
+    }
+
+    #[test]
+    fn kernarg_layout_aligns_each_argument() {
+        let m = meta(vec![
+            arg("Q", "*fp16", 16, None),
+            arg("sm_scale", "fp32", 1, None),
+            arg("stride_qz", "i64", 1, None),
+            arg("N", "i32", 1, None),
+        ]);
+        let layout = kernarg_layout(&m).unwrap();
+        let placed: Vec<(&str, u32, u32, bool)> =
+            layout.slots.iter().map(|s| (s.name.as_str(), s.offset, s.size, s.pointer)).collect();
+        assert_eq!(
+            placed,
+            [
+                ("Q", 0, 8, true),
+                ("sm_scale", 8, 4, false),
+                ("stride_qz", 16, 8, false),
+                ("N", 24, 4, false),
+                ("global_scratch", 32, 8, true),
+                ("profile_scratch", 40, 8, true)
+            ]
+        );
+        assert_eq!(layout.size, 48);
+        let e = kernarg_layout(&meta(vec![arg("desc_q", "tensordesc<bf16[64, 64]>", 1, desc(&[64, 64], 2))])).unwrap_err();
+        assert!(e.message().contains("desc_q") && e.message().contains("no kernarg layout"), "{e}");
     }
 
     #[test]

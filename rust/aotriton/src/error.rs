@@ -37,12 +37,15 @@ pub enum ErrorKind {
     NoDriver = 20,
     /// A driver call failed; the message names the call and the driver's error.
     Driver = 21,
-    /// The GPU's architecture has no images in this build.
+    /// The GPU's architecture has no images in this build, or the images' target features do
+    /// not match the device's.
     UnsupportedGpu = 22,
     /// No compiled kernel serves these inputs (functional not built, or no variant fits).
     KernelNotFound = 23,
     /// A kernel archive is corrupt, truncated or does not match this runtime.
     BadArchive = 24,
+    /// The stream's runtime library is present but reports no GPU.
+    NoDevice = 25,
     /// A bug in aotriton (e.g. a caught panic). Please report it.
     Internal = 99,
 }

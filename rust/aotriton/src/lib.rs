@@ -3,7 +3,8 @@
 //!
 //! Data flow: `python/rules.py` (what to compile) → `python/compile.py` (images + metadata) →
 //! [`archive`] (packed by the build script) → [`images`] (embedded, loaded lazily) →
-//! `dispatch` (functional, divisibility, heuristic) → `driver` (load once per context, launch).
+//! `dispatch` (functional, divisibility, heuristic) → `driver` (the stream's runtime, CUDA or HIP:
+//! load once per device, launch).
 //!
 //! ```no_run
 //! use aotriton::flash::{self, Mask, MaskAlign};
@@ -26,10 +27,16 @@ mod images;
 mod tensor;
 mod tma;
 
-pub use driver::Stream;
+pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};
 pub use images::built_archs;
 pub use tensor::{DType, TensorView};
+
+/// Locks a cache mutex. A panic while the lock was held cannot leave these maps half-updated
+/// (inserts are single calls), so a poisoned lock is still safe to use.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Counts heap allocations per thread in this crate's unit tests (the launch path's host side
 /// must allocate nothing after warm-up).

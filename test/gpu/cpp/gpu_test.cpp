@@ -60,7 +60,7 @@ namespace {
 using CUresult = int;
 using CUdevice = int;
 using CUcontext = void*;
-using CUstream = void*;
+using CUstream = CUstream_st*;  // declared by aotriton/runtime.h, as in cuda.h
 using CUdeviceptr = unsigned long long;
 
 struct Driver {

@@ -1,16 +1,24 @@
 //! The CUDA driver, loaded at run time through cudarc (`dynamic-loading`): the crate builds with
-//! no CUDA installed and, with no driver present, every entry point returns `NoDriver`.
+//! no CUDA installed and, with no driver present, every entry point returns `NoDriver`. Only
+//! `driver/mod.rs` calls into this module.
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
-use super::Stream;
+use super::{DeviceInfo, LaunchDims, Runtime, TensorMap};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lock;
+use crate::tma::TmaEncode;
+
+// The vendor-neutral descriptor storage is passed to the driver as a `CUtensorMap`.
+const _: () = assert!(
+    size_of::<TensorMap>() == size_of::<sys::CUtensorMap>() && align_of::<TensorMap>() >= align_of::<sys::CUtensorMap>()
+);
 
 /// Turns a raw driver status into a Result naming the call (`what`) and the driver's error.
-pub(crate) fn check(rc: sys::CUresult, what: impl FnOnce() -> String) -> Result<()> {
+fn check(rc: sys::CUresult, what: impl FnOnce() -> String) -> Result<()> {
     if rc == sys::CUresult::CUDA_SUCCESS {
         Ok(())
     } else {
@@ -20,11 +28,10 @@ pub(crate) fn check(rc: sys::CUresult, what: impl FnOnce() -> String) -> Result<
 
 /// Loads the driver library and runs `cuInit` once per process. cudarc panics when libcuda is
 /// missing, so its presence is probed first; the outcome (success or the error) is remembered.
-pub(crate) fn init() -> Result<()> {
+pub(super) fn init() -> Result<()> {
     static INIT: OnceLock<Result<()>> = OnceLock::new();
     INIT.get_or_init(|| {
-        // SAFETY: only tries to dlopen the candidate library names.
-        if !unsafe { sys::is_culib_present() } {
+        if !library_present() {
             return Err(Error::new(
                 ErrorKind::NoDriver,
                 "the CUDA driver library (libcuda.so.1) was not found: this machine has no NVIDIA driver",
@@ -34,53 +41,40 @@ pub(crate) fn init() -> Result<()> {
         unsafe {
             let mut version = 0;
             check(sys::cuDriverGetVersion(&mut version), || "cuDriverGetVersion".into())?;
-            check(sys::cuInit(0), || format!("cuInit (driver API {version})"))
+            match sys::cuInit(0) {
+                sys::CUresult::CUDA_ERROR_NO_DEVICE => Err(Error::new(
+                    ErrorKind::NoDevice,
+                    format!("the CUDA driver (API {version}) found no NVIDIA GPU (cuInit: CUDA_ERROR_NO_DEVICE)"),
+                )),
+                rc => check(rc, || format!("cuInit (driver API {version})")),
+            }
         }
     })
     .clone()
 }
 
-/// What the runtime needs to know about a device, read once per device.
-#[derive(Debug, Clone)]
-pub(crate) struct DeviceInfo {
-    pub ordinal: i32,
-    /// `sm_90`, `sm_80`, ...: the key of the device's kernel archive.
-    pub arch: String,
-    pub multiprocessors: u32,
-    /// Largest dynamic shared memory a block may opt in to.
-    pub max_shared_optin: u32,
-}
-
-/// The stream's context made current for the guard's lifetime, so that module loads and
-/// launches happen on the stream's device whatever the calling thread had current.
-pub(crate) struct StreamContext {
-    pub context: sys::CUcontext,
-    pub device: Arc<DeviceInfo>,
-    _pushed: PushedContext,
-}
-
-impl StreamContext {
-    pub fn enter(stream: Stream) -> Result<StreamContext> {
-        init()?;
-        let mut context: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the driver checks the caller's stream handle.
-        unsafe {
-            check(sys::cuStreamGetCtx(stream.raw() as sys::CUstream, &mut context), || {
-                format!(
-                    "cuStreamGetCtx(stream {:#x}) (is the stream valid, and for the null stream, is a context current?)",
-                    stream.raw()
-                )
-            })?;
-        }
-        let pushed = PushedContext::push(context)?;
-        let mut ordinal = 0;
-        // SAFETY: a context is current (pushed above).
-        unsafe { check(sys::cuCtxGetDevice(&mut ordinal), || "cuCtxGetDevice".into())? };
-        Ok(StreamContext { context, device: device_info(ordinal)?, _pushed: pushed })
+/// Makes the stream's context current (pushed until the guard drops) and reads its device.
+/// Returns the guard, the context (the module cache's scope) and the device.
+pub(super) fn enter(raw_stream: usize) -> Result<(PushedContext, usize, Arc<DeviceInfo>)> {
+    init()?;
+    let mut context: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver checks the caller's stream handle.
+    unsafe {
+        check(sys::cuStreamGetCtx(raw_stream as sys::CUstream, &mut context), || {
+            format!(
+                "cuStreamGetCtx(stream {raw_stream:#x}) (is the stream valid, and for the null stream, is a context current?)"
+            )
+        })?;
     }
+    let pushed = PushedContext::push(context)?;
+    let mut ordinal = 0;
+    // SAFETY: a context is current (pushed above).
+    unsafe { check(sys::cuCtxGetDevice(&mut ordinal), || "cuCtxGetDevice".into())? };
+    Ok((pushed, context as usize, device_info(ordinal)?))
 }
 
-struct PushedContext;
+/// A context pushed onto the calling thread, popped on drop.
+pub(super) struct PushedContext;
 
 impl PushedContext {
     fn push(context: sys::CUcontext) -> Result<PushedContext> {
@@ -119,45 +113,24 @@ fn device_info(ordinal: i32) -> Result<Arc<DeviceInfo>> {
     use sys::CUdevice_attribute as A;
     let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let arch = format!("sm_{major}{minor}");
     let info = Arc::new(DeviceInfo {
+        runtime: Runtime::Cuda,
         ordinal,
-        arch: format!("sm_{major}{minor}"),
+        target_id: arch.clone(),
+        arch,
         multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-        max_shared_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+        max_shared: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+        warp_size: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as u32,
     });
     lock(devices).insert(ordinal, info.clone());
     Ok(info)
 }
 
-/// A kernel loaded into one context. Modules are never unloaded: they live as long as the
-/// process (or until the context is destroyed by its owner).
-#[derive(Debug)]
-pub(crate) struct LoadedFunction {
-    pub function: sys::CUfunction,
-}
-
-// SAFETY: CUfunction handles may be used from any thread once loaded.
-unsafe impl Send for LoadedFunction {}
-unsafe impl Sync for LoadedFunction {}
-
 /// Loads `image` into the current context and opts the function in to `shared` bytes of dynamic
-/// shared memory when that exceeds the 48 KiB default. `label` names the kernel in errors.
-pub(crate) fn load_function(
-    image: &[u8],
-    symbol: &str,
-    shared: u32,
-    device: &DeviceInfo,
-    label: &str,
-) -> Result<LoadedFunction> {
-    if shared > device.max_shared_optin {
-        return Err(Error::new(
-            ErrorKind::KernelNotFound,
-            format!(
-                "kernel {label} needs {shared} bytes of shared memory; device {} ({}) allows {}",
-                device.ordinal, device.arch, device.max_shared_optin
-            ),
-        ));
-    }
+/// shared memory when that exceeds the 48 KiB default (the caller checked it against the
+/// device's limit). Returns the `CUfunction`. `label` names the kernel in errors.
+pub(super) fn load_function(image: &[u8], symbol: &str, shared: u32, device: &DeviceInfo, label: &str) -> Result<usize> {
     let symbol_c = CString::new(symbol)
         .map_err(|_| Error::new(ErrorKind::BadArchive, format!("kernel {label}: symbol has a NUL byte")))?;
     let mut module: sys::CUmodule = std::ptr::null_mut();
@@ -181,30 +154,17 @@ pub(crate) fn load_function(
             )?;
         }
     }
-    Ok(LoadedFunction { function })
+    Ok(function as usize)
 }
 
-/// Launch geometry of one kernel call.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LaunchDims {
-    pub grid: [u32; 3],
-    pub threads: u32,
-    pub shared: u32,
-}
-
-/// Enqueues `function` on `stream`. `params` points at each argument's value in ABI order.
-pub(crate) fn launch(
-    function: &LoadedFunction,
-    dims: LaunchDims,
-    stream: Stream,
-    params: &mut [*mut c_void],
-    label: &str,
-) -> Result<()> {
+/// Enqueues `function` (a `CUfunction` from [`load_function`]) on the stream. `params` points at
+/// each argument's value in ABI order.
+pub(super) fn launch(function: usize, dims: LaunchDims, raw_stream: usize, params: &mut [*mut c_void], label: &str) -> Result<()> {
     // SAFETY: the parameter list was built from the kernel's own metadata (count, order, sizes).
     unsafe {
         check(
             sys::cuLaunchKernel(
-                function.function,
+                function as sys::CUfunction,
                 dims.grid[0],
                 dims.grid[1],
                 dims.grid[2],
@@ -212,7 +172,7 @@ pub(crate) fn launch(
                 1,
                 1,
                 dims.shared,
-                stream.raw() as sys::CUstream,
+                raw_stream as sys::CUstream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             ),
@@ -221,17 +181,11 @@ pub(crate) fn launch(
     }
 }
 
-/// Locks a cache mutex. A panic while the lock was held cannot leave these maps half-updated
-/// (inserts are single calls), so a poisoned lock is still safe to use.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// Whether libcuda can be opened (without it, cudarc panics on first use).
+pub(super) fn library_present() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { sys::is_culib_present() }
 }
-
-/// A `CUtensorMap` (128 bytes, 64-byte aligned), passed to kernels by value.
-pub(crate) type TensorMap = sys::CUtensorMap;
-
-/// An all-zero map, to fill fixed-size storage before encoding.
-pub(crate) const EMPTY_TENSOR_MAP: TensorMap = sys::CUtensorMap { opaque: [0; 16] };
 
 fn tensor_map_data_type(raw: u32) -> Option<sys::CUtensorMapDataType> {
     use sys::CUtensorMapDataType as T;
@@ -267,7 +221,7 @@ fn tensor_map_swizzle(raw: u32) -> Option<sys::CUtensorMapSwizzle> {
 /// Encodes a tiled TMA descriptor into `map` with `cuTensorMapEncodeTiled` (a host-only call:
 /// no device work, no allocation, no sync). Interleave none, L2 promotion 128 B, out-of-bounds
 /// elements read as zeros. `label` names the kernel and argument in errors.
-pub(crate) fn encode_tensor_map(map: &mut TensorMap, e: &crate::tma::TmaEncode, label: impl FnOnce() -> String) -> Result<()> {
+pub(super) fn encode_tensor_map(map: &mut TensorMap, e: &TmaEncode, label: impl FnOnce() -> String) -> Result<()> {
     let (Some(data_type), Some(swizzle)) = (tensor_map_data_type(e.data_type), tensor_map_swizzle(e.swizzle)) else {
         return Err(Error::new(
             ErrorKind::BadArchive,
@@ -278,7 +232,7 @@ pub(crate) fn encode_tensor_map(map: &mut TensorMap, e: &crate::tma::TmaEncode, 
     // reader), `map` is a 64-byte aligned 128-byte CUtensorMap, and the driver only writes it.
     let rc = unsafe {
         sys::cuTensorMapEncodeTiled(
-            map,
+            (map as *mut TensorMap).cast::<sys::CUtensorMap>(),
             data_type,
             e.rank,
             e.address as *mut c_void,
@@ -327,7 +281,7 @@ mod tests {
         let _pushed = PushedContext::push(context).unwrap();
         let meta = crate::archive::TensorDescMeta { block_size: vec![1, 1, 128, 64], swizzle: 3, elem_type: 10, elem_size: 2, fp4_padded: false };
         let t = TensorArg::from_view(&TensorView::contiguous(0x7f00_0000_0000, [4, 16, 4096, 128], DType::BF16));
-        let mut map = EMPTY_TENSOR_MAP;
+        let mut map = super::super::EMPTY_TENSOR_MAP;
         let n = 100_000;
         let start = std::time::Instant::now();
         for _ in 0..n {

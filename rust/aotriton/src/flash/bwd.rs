@@ -21,7 +21,7 @@ use super::{
 use crate::archive::Functional;
 use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Request, preferred_variant};
 use crate::driver::Stream;
-use crate::driver::cuda::DeviceInfo;
+use crate::driver::DeviceInfo;
 use crate::error::{Result, bail};
 use crate::tensor::{DType, TensorView};
 

@@ -7,7 +7,7 @@ use super::{
 use crate::archive::Functional;
 use crate::dispatch::{ArgList, ArgValue, Axes, KernelSet, Launcher, Request, config, preferred_variant};
 use crate::driver::Stream;
-use crate::driver::cuda::DeviceInfo;
+use crate::driver::DeviceInfo;
 use crate::error::{Result, bail};
 use crate::tensor::{DType, TensorView};
 
@@ -159,6 +159,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::ErrorKind;
     use crate::dispatch::{self, fitting_kernels};
+    use crate::driver::Runtime;
     use crate::flash::{MaskAlign, Varlen};
     use crate::images;
 
@@ -416,7 +417,7 @@ pub(crate) mod tests {
     #[test]
     fn without_a_driver_a_valid_call_reports_no_driver() {
         // SAFETY: only probes whether the driver library can be opened.
-        if unsafe { cudarc::driver::sys::is_culib_present() } {
+        if crate::driver::library_present(Runtime::Cuda) {
             eprintln!("skipped: a CUDA driver is present, so the no-driver path cannot be exercised");
             return;
         }
@@ -429,7 +430,15 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn h100_like() -> DeviceInfo {
-        DeviceInfo { ordinal: 0, arch: "sm_90".into(), multiprocessors: 132, max_shared_optin: 232_448 }
+        DeviceInfo {
+            runtime: Runtime::Cuda,
+            ordinal: 0,
+            arch: "sm_90".into(),
+            target_id: "sm_90".into(),
+            multiprocessors: 132,
+            max_shared: 232_448,
+            warp_size: 32,
+        }
     }
 
     /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch.

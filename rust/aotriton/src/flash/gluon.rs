@@ -7,7 +7,7 @@ use std::fmt;
 use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4};
 use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
-use crate::driver::cuda::DeviceInfo;
+use crate::driver::DeviceInfo;
 use crate::error::{Error, ErrorKind, Result};
 use crate::tensor::DType;
 use crate::tma::{self, TensorArg, TmaProblem};
@@ -487,6 +487,7 @@ mod tests {
         assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 2)], 4096, 16, 4), [264, 1, 1]);
         assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 2)], 4096, 16, 4), [132, 1, 1], "any PERSISTENT mode");
     }
+    use crate::driver::Runtime;
     use crate::flash::{Dropout, Mask, MaskAlign, Varlen};
     use crate::tensor::TensorView;
 
@@ -652,7 +653,15 @@ mod tests {
 
     #[test]
     fn forced_errors_name_the_reason() {
-        let device = DeviceInfo { ordinal: 1, arch: "sm_80".into(), multiprocessors: 108, max_shared_optin: 166_912 };
+        let device = DeviceInfo {
+            runtime: Runtime::Cuda,
+            ordinal: 1,
+            arch: "sm_80".into(),
+            target_id: "sm_80".into(),
+            multiprocessors: 108,
+            max_shared: 166_912,
+            warp_size: 32,
+        };
         let err = Unsupported::Arch.error("attn_fwd", Some(&device));
         assert_eq!(err.kind(), ErrorKind::UnsupportedByBackend);
         assert!(err.message().contains("sm_90") && err.message().contains("device 1 is sm_80"), "{err}");
@@ -667,7 +676,7 @@ mod tests {
 
     fn no_driver() -> bool {
         // SAFETY: only probes whether the driver library can be opened.
-        !unsafe { cudarc::driver::sys::is_culib_present() }
+        !crate::driver::library_present(Runtime::Cuda)
     }
 
     #[test]
@@ -767,7 +776,15 @@ mod tests {
         let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
         let functional = &loaded.archive.functionals()[find_functional(&loaded, &request).unwrap()];
         let fitting = fitting_kernels(functional, request.args).unwrap();
-        let device = DeviceInfo { ordinal: 0, arch: String::new(), multiprocessors: 132, max_shared_optin: 232_448 };
+        let device = DeviceInfo {
+            runtime: Runtime::Cuda,
+            ordinal: 0,
+            arch: String::new(),
+            target_id: String::new(),
+            multiprocessors: 132,
+            max_shared: 232_448,
+            warp_size: 32,
+        };
         super::super::fwd::choose_kernel(functional, fitting, &shape, &device);
         let g = select_by_inputs(Backend::Auto, || fwd_inputs(&p, &shape)).unwrap().unwrap();
         fwd_args(&p, &shape, &mask).args().unwrap();
