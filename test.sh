@@ -1,16 +1,25 @@
 #!/bin/sh
 # The test command: builds and installs (build.sh), then runs every test that needs no GPU:
-#   cargo test   the Rust runtime (archive, dispatch, validation, no-driver behaviour), the bridge
+#   cargo test   the Rust runtime (archive, dispatch, validation, no-driver behaviour), the bridge,
+#                and the AMD checks (test/amd: the real HIP runtime without a device, every hsaco
+#                against the code-object manager's metadata, launches recorded by a HIP double)
 #   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree,
 #                and the Python tests (rules, compile driver, kernel numerics in the interpreter)
 #   GPU tests    run only where a GPU is; here they print "skipped: no GPU" (test/gpu/README.md)
+# The images of every arch are built (AOTRITON_TARGET_ARCH overrides), so that the AMD checks have
+# archives to check. The AMD checks need Debian's ROCm 5.2 libraries (.ci/run installs them);
+# without them they print "skipped: ..." (under CI=true: they fail).
 set -eu
 cd "$(dirname "$0")"
+export AOTRITON_TARGET_ARCH="${AOTRITON_TARGET_ARCH:-sm_90;gfx942;gfx90a;gfx950}"
 ./build.sh
 BUILD_DIR=${BUILD_DIR:-build}
 TOOLS=$(pwd)/.tools/bin
 # Reuse the superbuild's compiled kernels instead of compiling them again for cargo's profile.
 export AOTRITON_KERNEL_DIR="$(pwd)/$BUILD_DIR/kernels"
+# The AMD checks read the packed archives and the installed C++ API from here.
+export AOTRITON_ARCHIVE_DIR="$(pwd)/$BUILD_DIR/images"
+export AOTRITON_INSTALL_DIR="${PREFIX:-$(pwd)/install}"
 cargo test --locked --workspace
 "$TOOLS/ctest" --test-dir "$BUILD_DIR" --output-on-failure
 cargo run --locked --quiet -p aotriton-gpu-tests
