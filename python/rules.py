@@ -14,8 +14,9 @@ Vocabulary
   ``attn_bwd_preprocess``: (dtype, head_dim); ``debug_dropout_mask``: (dtype = fp32).
   ``dtype``: fp16, bf16, fp32.  ``tf32``: fp32 dots in TF32 (``True``, fp32 only)
   or IEEE fp32 (``False``; 16-bit dtypes always ``False``).  On an arch without
-  TF32 dot support (gfx90a) the ``tf32=True`` functionals are compiled with IEEE
-  dots (``ALLOW_TF32`` False): the same functionals everywhere, never less precise.
+  TF32 dot support (gfx90a, gfx950: ``NO_TF32_ARCHS``) the ``tf32=True`` functionals
+  are compiled with IEEE dots (``ALLOW_TF32`` False): the same functionals
+  everywhere, never less precise.
   ``head_dim`` is a power-of-two bucket (``HEAD_DIMS``): the kernel serves every
   real head dim ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``dropout``:
   Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
@@ -23,7 +24,11 @@ Vocabulary
   none) and varlen batches are runtime arguments of every kernel.
   Every functional is compiled for every arch.
 * **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
-  it, num_warps, num_stages); they change speed, never results.
+  it, num_warps, num_stages; on AMD archs also ``waves_per_eu``, the occupancy
+  the AMD backend compiles for); they change speed, never results.  Every
+  compiled kernel must fit its arch: shared memory (LDS) at most
+  ``SHARED_MEMORY_LIMIT[arch]``, and no scratch (spilled registers) on AMD --
+  the compile driver refuses the rest.
 * **variant**    -- ``aligned``: every pointer carries ``tt.divisibility=16``
   (16-byte aligned; BIAS, DBIAS, CU_SEQLENS_*, PHILOX_* included), every
   batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors a hint
@@ -66,7 +71,13 @@ TARGETS: dict[str, tuple[str, int | str, int]] = {
     "sm_80": ("cuda", 80, 32),
     "gfx942": ("hip", "gfx942", 64),
     "gfx90a": ("hip", "gfx90a", 64),
+    "gfx950": ("hip", "gfx950", 64),
 }
+
+#: Dynamic shared memory (LDS on AMD) one block / workgroup may use, in bytes: the compile driver
+#: refuses a kernel whose compiled ``shared`` exceeds its arch's.  CUDA: the opt-in maximum per block
+#: (H100/H200 227 KiB, A100 163 KiB); AMD: the LDS per workgroup (CDNA2/CDNA3 64 KiB, CDNA4 160 KiB).
+SHARED_MEMORY_LIMIT = {"sm_90": 232448, "sm_80": 166912, "gfx942": 65536, "gfx90a": 65536, "gfx950": 163840}
 
 #: GPU image file extension per backend.
 IMAGE_EXT = {"cuda": "cubin", "hip": "hsaco"}
@@ -107,8 +118,11 @@ TF32 = [False, True]
 HEAD_DIMS = [16, 32, 64, 128, 256]
 DROPOUT = [False, True]
 BIAS = [False, True]
-#: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.
-NO_TF32_ARCHS = {"gfx90a"}
+#: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
+#: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
+#: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
+#: one of ('bf16x3', 'bf16x6', 'ieee')"): CDNA2 has no xf32 MFMA and CDNA4 dropped it.
+NO_TF32_ARCHS = {"gfx90a", "gfx950"}
 
 #: Bytes per element of each pointer dtype.
 ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
@@ -346,17 +360,36 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
 # Configs
 # --------------------------------------------------------------------------
 
-def _cfg(bm, bn, w, s):
+def _cfg(bm, bn, w, s, waves_per_eu=None):
+    """A config dict; ``waves_per_eu`` (HIP only) is set by the AMD configs and absent from CUDA ones."""
     c = {"BLOCK_M": bm}
     if bn is not None:
         c["BLOCK_N"] = bn
     c.update(num_warps=w, num_stages=s)
+    if waves_per_eu is not None:
+        c["waves_per_eu"] = waves_per_eu
     return c
 
 
 def _plain16(functional: dict[str, Any]) -> bool:
     """fp16/bf16 without dropout and bias: the functionals with the tuned two-config forward."""
     return functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
+
+
+# AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes, one pipeline stage
+# (``num_stages`` 1: tiles pass through the LDS once, no prefetch buffers), and ``waves_per_eu``, the
+# occupancy the AMD backend compiles for (LLVM ``amdgpu-waves-per-eu``: at most 512 / waves_per_eu
+# VGPRs + AGPRs per lane).  The picks are the largest waves_per_eu whose ``aligned`` *and* ``generic``
+# kernels compile without scratch (register spills) on gfx942 in every functional of the bucket --
+# the compile driver refuses any AMD kernel with scratch, on every arch -- and blocks whose LDS fits
+# 64 KiB (gfx90a/gfx942; gfx950 has 160 KiB and takes the same configs).  Not timed (no AMD GPU here).
+# The ``generic`` variants hold a 64-bit address per element and need far more registers than the
+# ``aligned`` ones, so most configs end at waves_per_eu 1 (the whole register file); 2 where both fit
+# in 256 registers: the 16-bit forward without dropout and bias and the 16-bit dQ up to head dim 64,
+# and every attention kernel of head dims 16 and 32.  Row kernels (preprocess, debug mask): 4.
+
+def _amd(bm, bn, waves_per_eu):
+    return _cfg(bm, bn, 4, 1, waves_per_eu)
 
 
 def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -368,45 +401,57 @@ def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, i
     128x256 fp32 accumulator) and BLOCK_N 32 where shared memory is smaller than
     sm_90's.  fp16/bf16 with dropout or bias: the small config alone.  fp32: one
     smaller config (twice the bytes per element in shared memory and registers).
-    The tuning database will replace these picks.
+    AMD archs: ``_amd_attn_fwd_configs``.  The tuning database will replace these picks.
     """
     hd = functional["head_dim"]
-    backend = TARGETS[arch][0]
+    if TARGETS[arch][0] == "hip":
+        return _amd_attn_fwd_configs(functional)
     if functional["dtype"] == "fp32":
-        if backend == "cuda":
-            if hd <= 64:
-                return [_cfg(64, 32, 4, 2)]
-            if hd == 128:
-                return [_cfg(64, 32, 4, 2 if arch == "sm_90" else 1)]
-            return [_cfg(32, 32, 4, 1)]
-        return [_cfg(64, 32 if hd <= 128 else 16, 4, 1)]
-    if backend == "cuda":
-        if hd == 256:
-            # 8 warps for the 128x256 / 64x256 fp32 accumulators (no spills on sm_90, ptxas -v).
-            configs = [_cfg(128, 64 if arch == "sm_90" else 32, 8, 2), _cfg(64, 32, 8, 2)]
-        else:
-            stages = 3 if hd <= 64 else 2
-            if arch == "sm_80" and hd > 64:
-                main = _cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
-            elif arch == "sm_90" and hd == 128:
-                # Timed on the H200 (bench/tune.py, bf16 S4096): 1.05 ms vs 1.26 ms for 128/64/4w/2s.
-                main = _cfg(128, 128, 8, 3)
-            else:
-                main = _cfg(128, 64, 4, stages)
-            configs = [main, _cfg(64, 64, 4, stages)]
+        if hd <= 64:
+            return [_cfg(64, 32, 4, 2)]
+        if hd == 128:
+            return [_cfg(64, 32, 4, 2 if arch == "sm_90" else 1)]
+        return [_cfg(32, 32, 4, 1)]
+    if hd == 256:
+        # 8 warps for the 128x256 / 64x256 fp32 accumulators (no spills on sm_90, ptxas -v).
+        configs = [_cfg(128, 64 if arch == "sm_90" else 32, 8, 2), _cfg(64, 32, 8, 2)]
     else:
-        # AMD (wave64): the LDS is 64 KiB, so one K/V stage (num_stages 1) for
-        # hd >= 128 and two below; BLOCK_N 32 at hd256; 4 waves of 64 lanes per block.
-        stages = 2 if hd <= 64 else 1
-        bn = 32 if hd == 256 else 64
-        configs = [_cfg(128, bn, 4, stages), _cfg(64, bn, 4, stages)]
+        stages = 3 if hd <= 64 else 2
+        if arch == "sm_80" and hd > 64:
+            main = _cfg(128, 64, 8, stages)  # A100: 8 warps keep the 128x128 fp32 accumulator in registers
+        elif arch == "sm_90" and hd == 128:
+            # Timed on the H200 (bench/tune.py, bf16 S4096): 1.05 ms vs 1.26 ms for 128/64/4w/2s.
+            main = _cfg(128, 128, 8, 3)
+        else:
+            main = _cfg(128, 64, 4, stages)
+        configs = [main, _cfg(64, 64, 4, stages)]
     # Dropout / bias: the small-BLOCK_M config alone (the main one spills with the Philox block on sm_90).
     return configs if _plain16(functional) else configs[1:]
 
 
+def _amd_attn_fwd_configs(functional: dict[str, Any]) -> list[dict[str, int]]:
+    """AMD forward: 16-bit without dropout and bias: (128, 64) + (64, 64), BLOCK_N 32 at hd256 (the
+    128x256 Q tile alone fills the 64 KiB LDS), waves_per_eu 2 up to hd64, 1 above.  16-bit with
+    dropout or bias: the small config alone, BLOCK_N 32 from hd128 (64x64 spills in ``generic``).
+    fp32: (64, 32), (32, 16) at hd256; waves_per_eu 2 up to hd32."""
+    hd = functional["head_dim"]
+    if functional["dtype"] == "fp32":
+        return [_amd(64, 32, 2 if hd <= 32 else 1) if hd <= 128 else _amd(32, 16, 1)]
+    if _plain16(functional):
+        e = 2 if hd <= 64 else 1
+        bn = 32 if hd == 256 else 64
+        return [_amd(128, bn, e), _amd(64, bn, e)]
+    return [_amd(64, 64 if hd <= 64 else 32, 2 if hd <= 32 else 1)]
+
+
 def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """One config: a row reduction, BLOCK_M rows per program (8192 elements per tile: no spills in `generic`)."""
-    return [_cfg(min(128, 8192 // functional["head_dim"]), None, 4, 1)]
+    """One config: a row reduction, BLOCK_M rows per program (8192 elements per tile: no spills in `generic`).
+
+    AMD: the same tile, waves_per_eu 4 (at most 98 VGPRs on gfx942)."""
+    bm = min(128, 8192 // functional["head_dim"])
+    if TARGETS[arch][0] == "hip":
+        return [_amd(bm, None, 4)]
+    return [_cfg(bm, None, 4, 1)]
 
 
 # The backward configs measured on an H200 (bench/tune.py: bf16, B·S = 16k, S = 4096, no mask;
@@ -448,17 +493,12 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
         if hd == 128:
             return [_cfg(32, 64, 8, 2)]
         return [_cfg(32, 32, 8, 1)]
+    # AMD: the same tiles as above at one stage; waves_per_eu 1 from hd64 (the dK, dV accumulators,
+    # K and V stay in registers), 2 below.
+    e = 2 if hd <= 32 else 1
     if fp32:
-        if hd <= 64:
-            return [_cfg(32, 32, 4, 1)]
-        if hd == 128:
-            return [_cfg(16, 32, 4, 1)]
-        return [_cfg(16, 16, 4, 1)]
-    if hd <= 64:
-        return [_cfg(32, 64, 4, 2)]
-    if hd == 128:
-        return [_cfg(32, 64, 4, 1)]
-    return [_cfg(16, 32, 4, 1)]
+        return [_amd(32, 32, e) if hd <= 64 else _amd(16, 32 if hd == 128 else 16, e)]
+    return [_amd(32, 64, e) if hd <= 128 else _amd(16, 32, e)]
 
 
 def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -482,17 +522,10 @@ def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
         if hd == 128:
             return [_cfg(64, 32, 4, 2)]
         return [_cfg(32, 32, 8, 1)]
+    # AMD: one stage; waves_per_eu 2 for 16-bit up to hd64 and fp32 up to hd32, else 1.
     if fp32:
-        if hd <= 64:
-            return [_cfg(32, 32, 4, 1)]
-        if hd == 128:
-            return [_cfg(32, 32, 4, 1)]
-        return [_cfg(16, 16, 4, 1)]
-    if hd <= 64:
-        return [_cfg(64, 32, 4, 2)]
-    if hd == 128:
-        return [_cfg(64, 32, 4, 1)]
-    return [_cfg(32, 32, 4, 1)]
+        return [_amd(32, 32, 2 if hd <= 32 else 1) if hd <= 128 else _amd(16, 16, 1)]
+    return [_amd(64, 32, 2 if hd <= 64 else 1) if hd <= 128 else _amd(32, 32, 1)]
 
 
 def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -508,11 +541,13 @@ def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[
         if hd == 128:
             return [_cfg(32, 32, 4, 1) if fp32 else _cfg(32, 64, 4, 2)]
         return [_cfg(16, 32, 4, 1) if fp32 else _cfg(32, 32, 8, 1)]
+    # AMD: waves_per_eu 2 up to hd32, else 1.
+    e = 2 if hd <= 32 else 1
     if hd <= 64:
-        return [_cfg(32, 32, 4, 1) if fp32 else _cfg(64, 32, 4, 1)]
+        return [_amd(32, 32, e) if fp32 else _amd(64, 32, e)]
     if hd == 128:
-        return [_cfg(32, 32, 4, 1) if fp32 else _cfg(32, 32, 4, 1)]
-    return [_cfg(16, 16, 4, 1) if fp32 else _cfg(16, 32, 4, 1)]
+        return [_amd(32, 32, e)]
+    return [_amd(16, 16, e) if fp32 else _amd(16, 32, e)]
 
 
 def _gluon_cfg(bm, bn, stages, maxnreg=168, **knobs):
@@ -566,8 +601,8 @@ def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[
 
 
 def _debug_dropout_mask_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """One config (a debug path)."""
-    return [_cfg(32, 64, 4, 1)]
+    """One config (a debug path); AMD: waves_per_eu 4."""
+    return [_amd(32, 64, 4) if TARGETS[arch][0] == "hip" else _cfg(32, 64, 4, 1)]
 
 
 # --------------------------------------------------------------------------
@@ -703,10 +738,14 @@ class KernelSpec:
 
     @property
     def options(self) -> dict[str, int]:
-        """Options for ``backend.parse_options`` (Gluon: the register cap instead of pipelining stages)."""
+        """Options for ``backend.parse_options`` (Gluon: the register cap instead of pipelining stages;
+        HIP: ``waves_per_eu`` too, the ``amdgpu-waves-per-eu`` occupancy target of the AMD backend)."""
         if "maxnreg" in self.config:
             return {"num_warps": self.config["num_warps"], "maxnreg": self.config["maxnreg"]}
-        return {"num_warps": self.config["num_warps"], "num_stages": self.config["num_stages"]}
+        options = {"num_warps": self.config["num_warps"], "num_stages": self.config["num_stages"]}
+        if self.target["backend"] == "hip" and "waves_per_eu" in self.config:
+            options["waves_per_eu"] = self.config["waves_per_eu"]
+        return options
 
     @property
     def image_ext(self) -> str:
@@ -730,7 +769,10 @@ _AXIS_ABBREV = {"tf32": "tf", "dropout": "drop"}
 
 
 def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int], variant: str) -> str:
-    """Stable, unique, file-name safe id: ``attn_bwd_dkdv-fp32-tf1-hd128-drop0-bias1-m32n32w8s1-aligned``."""
+    """Stable, unique, file-name safe id: ``attn_bwd_dkdv-fp32-tf1-hd128-drop0-bias1-m32n32w8s1-aligned``.
+
+    A config with ``waves_per_eu`` (the AMD ones) adds ``e<waves_per_eu>``: ``...-m128n64w4s1e2-aligned``.
+    """
     parts = [family.name]
     for axis in family.axes:
         v = functional[axis]
@@ -746,7 +788,8 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
     if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
         parts.append(f"m{config['BLOCK_M']}{bn}st{config['STAGES']}r{config['maxnreg']}")
     else:
-        parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}")
+        waves = f"e{config['waves_per_eu']}" if "waves_per_eu" in config else ""
+        parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}{waves}")
     parts.append(variant)
     return "-".join(parts)
 

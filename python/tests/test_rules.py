@@ -249,7 +249,7 @@ class EnumerateKernelsTest(unittest.TestCase):
     def test_unknown_arch(self):
         with self.assertRaises(rules.UnknownArchError) as cm:
             rules.enumerate_kernels("sm_75")
-        for known in ("sm_90", "sm_80", "gfx942", "gfx90a"):
+        for known in ("sm_90", "sm_80", "gfx942", "gfx90a", "gfx950"):
             self.assertIn(known, str(cm.exception))
         with self.assertRaises(rules.UnknownArchError):
             rules.parse_arch_list("sm_90;gfx1100")
@@ -270,16 +270,49 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertFalse(any("-hd256-" in s.id for s in specs))
 
     def test_tf32_off_where_unsupported(self):
+        # Triton 3.6 has a TF32 (xf32) dot on gfx942 only among the AMD archs.
+        self.assertEqual(rules.NO_TF32_ARCHS, {"gfx90a", "gfx950"})
         for arch in rules.TARGETS:
             for s in rules.enumerate_kernels(arch):
                 if "ALLOW_TF32" in s.constexprs:
-                    self.assertIs(s.constexprs["ALLOW_TF32"], s.functional["tf32"] and arch != "gfx90a", s.id)
+                    self.assertIs(s.constexprs["ALLOW_TF32"], s.functional["tf32"] and arch not in rules.NO_TF32_ARCHS,
+                                  s.id)
 
-    def test_amd_configs_fit(self):
-        # AMD: wave64, LDS 64 KiB -> at most 2 stages; checked against the compiled `shared` by the build.
-        for arch in ("gfx942", "gfx90a"):
+    def test_targets(self):
+        self.assertEqual(rules.TARGETS["gfx950"], ("hip", "gfx950", 64))
+        self.assertEqual(rules.parse_arch_list("sm_90;gfx942;gfx90a;gfx950"), ["sm_90", "gfx942", "gfx90a", "gfx950"])
+        # One shared-memory (LDS) limit per arch, checked by the compile driver against the compiled kernels.
+        self.assertEqual(set(rules.SHARED_MEMORY_LIMIT), set(rules.TARGETS))
+        self.assertEqual({a: rules.SHARED_MEMORY_LIMIT[a] for a in ("gfx90a", "gfx942", "gfx950")},
+                         {"gfx90a": 65536, "gfx942": 65536, "gfx950": 163840})
+
+    def test_amd_configs(self):
+        # wave64 configs with waves_per_eu (1-4), one pipeline stage; the option and the id carry it.
+        hip = [a for a, t in rules.TARGETS.items() if t[0] == "hip"]
+        self.assertEqual(sorted(hip), ["gfx90a", "gfx942", "gfx950"])
+        for arch in hip:
             for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES):
-                self.assertLessEqual(s.config["num_stages"], 2)
+                e = s.config["waves_per_eu"]
+                self.assertIn(e, (1, 2, 3, 4), s.id)
+                self.assertEqual(s.config["num_stages"], 1, s.id)
+                self.assertIn(s.config["num_warps"], (2, 4), s.id)
+                self.assertEqual(s.options, {"num_warps": s.config["num_warps"], "num_stages": 1, "waves_per_eu": e})
+                self.assertIn(f"w{s.config['num_warps']}s1e{e}-{s.variant}", s.id)
+        self.assertIn("attn_fwd-fp16-tf0-hd64-drop0-bias0-m128n64w4s1e2-aligned",
+                      [s.id for s in rules.enumerate_kernels("gfx942")])
+
+    def test_cuda_configs_have_no_waves_per_eu(self):
+        # The CUDA specs (ids, options, hence compile-cache keys) do not know waves_per_eu.
+        for arch in ("sm_90", "sm_80"):
+            for s in rules.enumerate_kernels(arch):
+                self.assertNotIn("waves_per_eu", s.config, s.id)
+                self.assertNotIn("waves_per_eu", s.options, s.id)
+                self.assertNotIn("waves_per_eu", s.canonical(), s.id)
+                self.assertRegex(s.id, r"-m\d+(n\d+)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
+        # A config given waves_per_eu by mistake still compiles for CUDA without the option.
+        spec = rules._spec(rules.ATTN_FWD, "sm_90", rules.functionals(rules.ATTN_FWD)[0],
+                           rules._cfg(64, 64, 4, 2, waves_per_eu=2), "aligned")
+        self.assertEqual(spec.options, {"num_warps": 4, "num_stages": 2})
 
     def test_gluon_backend(self):
         # sm_90 only; every descriptor argument typed with the block of ABI.md and Triton's default layout.
