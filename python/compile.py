@@ -18,8 +18,14 @@ under python/kernels/, the Triton version and the kernel spec (signature,
 constexprs, attrs, target, options): an unchanged rebuild compiles nothing,
 spawns no worker, does not import Triton and rewrites no file.
 
-Exit status: 0 on success; 1 when a kernel fails or exceeds the per-kernel
-timeout (the message names the kernel and arch); 2 on bad arguments.
+Every kernel (compiled or cached) is checked before anything is written: its
+``shared`` memory must fit its arch's limit (``rules.SHARED_MEMORY_LIMIT``, the LDS
+per workgroup on AMD), and an AMD kernel must need no scratch memory (no spilled
+VGPRs, no dynamic stack; read from the code object's ``amdhsa`` metadata).
+
+Exit status: 0 on success; 1 when a kernel fails, exceeds the per-kernel
+timeout or does not fit its arch (the message names the kernel and arch); 2 on
+bad arguments.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -55,6 +62,17 @@ METADATA_FIELDS = {
     "profile_scratch_size": 0, "profile_scratch_align": 1,
 }
 DEFAULT_TIMEOUT_S = 600.0
+#: Resource usage read from an AMD kernel's code object text (``ccinfo.asm["amdgcn"]``, the
+#: ``amdhsa.kernels`` metadata and the ``.amdhsa_kernel`` descriptor): key -> regular expression.
+AMDGPU_RESOURCES = {
+    "scratch": r"^[\s-]*\.private_segment_fixed_size:\s+(\d+)",    # bytes of scratch per work-item
+    "dynamic_stack": r"^[\s-]*\.amdhsa_uses_dynamic_stack\s+(\d+)",
+    "vgpr": r"^[\s-]*\.vgpr_count:\s+(\d+)",
+    "agpr": r"^[\s-]*\.agpr_count:\s+(\d+)",
+    "sgpr": r"^[\s-]*\.sgpr_count:\s+(\d+)",
+    "vgpr_spill": r"^[\s-]*\.vgpr_spill_count:\s+(\d+)",
+    "sgpr_spill": r"^[\s-]*\.sgpr_spill_count:\s+(\d+)",     # into VGPR lanes, not scratch
+}
 
 
 class BuildError(RuntimeError):
@@ -182,6 +200,17 @@ def _setup_triton_env(triton_home: str) -> None:
     os.environ.pop("TRITON_INTERPRET", None)
 
 
+def amdgpu_resources(amdgcn: str) -> dict[str, int]:
+    """Scratch, dynamic stack, register and spill counts of the one kernel in an AMD code object's text."""
+    out = {}
+    for key, pattern in AMDGPU_RESOURCES.items():
+        found = re.findall(pattern, amdgcn, flags=re.MULTILINE)
+        if len(found) != 1:
+            raise BuildError(f"amdgcn text has {len(found)} matches for {key!r} (expected one kernel)")
+        out[key] = int(found[0])
+    return out
+
+
 def compile_spec(spec: rules.KernelSpec) -> tuple[bytes, dict]:
     """Compile one kernel in this process; returns ``(image bytes, metadata subset)``."""
     import importlib
@@ -213,7 +242,27 @@ def compile_spec(spec: rules.KernelSpec) -> tuple[bytes, dict]:
     metadata["warp_size"] = md.get("warp_size", t["warp_size"])
     # Host-side TMA descriptors: Triton reports one entry per descriptor argument, in order.
     metadata["tensordesc_meta"] = [dict(m) for m in (md.get("tensordesc_meta") or [])]
+    if t["backend"] == "hip":  # for check_kernel: register spills show as scratch
+        metadata["amdgpu"] = amdgpu_resources(ccinfo.asm["amdgcn"])
     return bytes(image), metadata
+
+
+def check_kernel(spec: rules.KernelSpec, metadata: dict) -> str | None:
+    """Why a compiled kernel cannot ship (None if it can): shared memory above its arch's limit, or
+    (AMD) scratch memory, i.e. registers spilled (or a dynamic stack)."""
+    limit = rules.SHARED_MEMORY_LIMIT[spec.arch]
+    problems = []
+    if metadata["shared"] > limit:
+        problems.append(f"uses {metadata['shared']} bytes of shared memory (LDS), above the {limit}-byte limit "
+                        f"of {spec.arch}")
+    amd = metadata.get("amdgpu")
+    if amd is not None and (amd["scratch"] or amd["dynamic_stack"] or amd["vgpr_spill"]):
+        problems.append(f"needs scratch memory ({amd['scratch']} bytes per work-item, {amd['vgpr_spill']} VGPRs "
+                        f"spilled, dynamic stack {amd['dynamic_stack']}; {amd['vgpr']} VGPRs, {amd['agpr']} AGPRs, "
+                        f"waves_per_eu {spec.config.get('waves_per_eu', 0)})")
+    if not problems:
+        return None
+    return f"{spec.id} ({spec.arch}): " + "; ".join(problems) + ": choose a smaller config in rules.py"
 
 
 def _family(name: str) -> rules.Family:
@@ -446,8 +495,8 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
             todo = []
             for spec in specs:
                 hit = cache.get(keys[spec.id])
-                if hit is None:
-                    todo.append(spec)
+                if hit is None or (spec.target["backend"] == "hip" and "amdgpu" not in hit[1]):
+                    todo.append(spec)  # (an AMD entry without its resource usage: recompile to check it)
                 else:
                     results[spec.id] = hit
             failures: list[str] = []
@@ -471,6 +520,7 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
                     log(f"[{done[0]:>{width}}/{len(todo)}] compiled {spec.id} {spec.arch} {seconds:.1f}s")
 
                 pool.run(todo, on_done)
+            failures += [why for why in (check_kernel(s, results[s.id][1]) for s in specs if s.id in results) if why]
             if failures:
                 raise BuildError("\n".join(failures))
             _write_arch_output(arch, specs, results, out_dir, version)

@@ -1,10 +1,12 @@
-"""The compile driver end to end: one small sm_90 kernel, its JSON contract, the cache."""
+"""The compile driver end to end: one small sm_90 kernel, its JSON contract, the cache; one gfx942
+kernel; the per-arch limits (shared memory / LDS, AMD scratch)."""
 import json
 import os
 import re
 import shutil
 import tempfile
 import unittest
+from unittest import mock
 
 import _paths  # noqa: F401
 import compile as driver
@@ -182,3 +184,90 @@ class GluonCompileTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ArchLimitsTest(unittest.TestCase):
+    """The driver refuses kernels that do not fit their arch: shared memory (LDS) above the limit, or
+    (AMD) scratch memory, i.e. spilled registers."""
+
+    AMD_TEXT = """
+    .amdhsa_kernel attn_bwd_preprocess
+        .amdhsa_private_segment_fixed_size {scratch}
+        .amdhsa_uses_dynamic_stack 0
+    .end_amdhsa_kernel
+amdhsa.kernels:
+  - .agpr_count:     4
+    .private_segment_fixed_size: {scratch}
+    .sgpr_count:     95
+    .sgpr_spill_count: 3
+    .vgpr_count:     80
+    .vgpr_spill_count: {spill}
+"""
+
+    def spec(self, arch, only):
+        (spec,) = [s for s in rules.enumerate_kernels(arch) if only in s.id]
+        return spec
+
+    def test_amdgpu_resources(self):
+        self.assertEqual(driver.amdgpu_resources(self.AMD_TEXT.format(scratch=16, spill=4)),
+                         {"scratch": 16, "dynamic_stack": 0, "vgpr": 80, "agpr": 4, "sgpr": 95, "vgpr_spill": 4,
+                          "sgpr_spill": 3})
+        with self.assertRaises(driver.BuildError):
+            driver.amdgpu_resources("no kernel here")
+
+    def test_check_kernel(self):
+        amd = self.spec("gfx942", "attn_bwd_preprocess-fp16-hd64-m128w4s1e4-aligned")
+        cuda = self.spec("sm_90", "attn_bwd_preprocess-fp16-hd64-m128w4s1-aligned")
+        fine = {"shared": 65536, "amdgpu": driver.amdgpu_resources(self.AMD_TEXT.format(scratch=0, spill=0))}
+        self.assertIsNone(driver.check_kernel(amd, fine))
+        self.assertIsNone(driver.check_kernel(cuda, {"shared": 232448}))
+        why = driver.check_kernel(amd, dict(fine, shared=65537))
+        for part in (amd.id, "gfx942", "65537 bytes", "65536-byte limit"):
+            self.assertIn(part, why)
+        why = driver.check_kernel(self.spec("gfx950", amd.id.split("-m")[0] + "-m128w4s1e4-aligned"),
+                                  dict(fine, shared=65537))
+        self.assertIsNone(why)  # gfx950: 160 KiB of LDS
+        why = driver.check_kernel(cuda, {"shared": 232449})
+        self.assertIn("above the 232448-byte limit of sm_90", why)
+        spilled = dict(fine, amdgpu=driver.amdgpu_resources(self.AMD_TEXT.format(scratch=16, spill=4)))
+        why = driver.check_kernel(amd, spilled)
+        for part in (amd.id, "gfx942", "scratch memory (16 bytes per work-item, 4 VGPRs spilled"):
+            self.assertIn(part, why)
+
+
+class AmdCompileTest(unittest.TestCase):
+    """One small gfx942 kernel through the driver: hsaco, wave64, waves_per_eu in id, config and options,
+    its resource usage in the cache entry; the LDS limit enforced on cache hits too."""
+
+    ONLY = "attn_bwd_preprocess-fp16-hd16-"
+
+    def test_gfx942_kernel(self):
+        tmp = tempfile.mkdtemp(prefix="aotriton-test-amd-")
+        try:
+            out, cache = os.path.join(tmp, "out"), os.path.join(tmp, "cache")
+            (st,) = driver.build(["gfx942"], out, cache, jobs=1, only=self.ONLY + "m128w4s1e4-aligned",
+                                 log=lambda _: None)
+            self.assertEqual((st.kernels, st.compiled), (1, 1))
+            arch_dir = os.path.join(out, "gfx942")
+            (name,) = [n for n in os.listdir(arch_dir) if n.startswith(self.ONLY) and n.endswith(".json")]
+            with open(os.path.join(arch_dir, name)) as f:
+                info = json.load(f)
+            self.assertEqual(set(info), CONTRACT_KEYS)
+            self.assertEqual(info["config"], {"BLOCK_M": 128, "num_warps": 4, "num_stages": 1, "waves_per_eu": 4})
+            self.assertEqual((info["warp_size"], info["num_warps"]), (64, 4))
+            with open(os.path.join(arch_dir, info["image"]), "rb") as f:
+                self.assertEqual(f.read()[:4], b"\x7fELF")
+            (meta,) = [os.path.join(r, n) for r, _, ns in os.walk(cache) for n in ns
+                       if n.endswith(".json") and not n.startswith(".")]
+            with open(meta) as f:
+                amd = json.load(f)["metadata"]["amdgpu"]
+            self.assertEqual((amd["scratch"], amd["vgpr_spill"], amd["dynamic_stack"]), (0, 0, 0))
+            self.assertGreater(amd["vgpr"], 0)
+            # The limit applies to cached kernels too: lower it below this kernel's `shared` and rebuild.
+            with mock.patch.dict(rules.SHARED_MEMORY_LIMIT, {"gfx942": info["shared"] - 1}):
+                with self.assertRaises(driver.BuildError) as cm:
+                    driver.build(["gfx942"], out, cache, jobs=1, only=info["id"], log=lambda _: None)
+            self.assertIn(info["id"] + " (gfx942)", str(cm.exception))
+            self.assertIn(f"{info['shared']} bytes of shared memory", str(cm.exception))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
