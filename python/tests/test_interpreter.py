@@ -369,8 +369,9 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32)):
-        """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations)."""
+              dbias_blocks=(16, 32), pre_block=16):
+        """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
+        ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``."""
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
@@ -405,7 +406,7 @@ class AttnInterpreterTest(unittest.TestCase):
             return
         if bshd:
             o = np.ascontiguousarray(o.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
-        delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
+        delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks, pre_block)
         ref_delta = (do.astype(np.float64) * o.astype(np.float64)).sum(-1)
         self.assertLessEqual(np.abs(delta - ref_delta).max(), 1e-3 * max(1.0, np.abs(ref_delta).max()), what)
         self.assertTrue(np.all(dq[:, :, no_key] == 0), f"dQ of rows without keys not 0: {what}")
