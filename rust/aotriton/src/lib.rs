@@ -27,6 +27,13 @@ mod images;
 mod tensor;
 mod tma;
 
+/// The kernarg layout of the runtime's argument plan, for the AMD code-object checks
+/// (`test/amd/tests/code_objects.rs`); not a stable API.
+#[doc(hidden)]
+pub mod abi {
+    pub use crate::dispatch::{KernargLayout, KernargSlot, kernarg_layout};
+}
+
 pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};
 pub use images::built_archs;
