@@ -231,23 +231,18 @@ fn api() -> Result<&'static Api> {
             let mut version = 0;
             // SAFETY: valid out-pointers; hipInit takes flags 0.
             unsafe {
-                api.check((api.runtime_get_version)(&mut version), || {
-                    "hipRuntimeGetVersion".into()
-                })?;
-                api.check((api.init)(0), || format!("hipInit (HIP runtime {version})"))?;
+                api.check((api.runtime_get_version)(&mut version), || "hipRuntimeGetVersion".into())?;
+                // The device count first: on a machine without an AMD GPU, ROCm 5.2's hipInit
+                // fails with hipErrorInvalidDevice, while hipGetDeviceCount says hipErrorNoDevice.
                 let mut count = 0;
-                api.check((api.get_device_count)(&mut count), || {
-                    format!("hipGetDeviceCount (HIP runtime {version})")
-                })?;
+                api.check((api.get_device_count)(&mut count), || format!("hipGetDeviceCount (HIP runtime {version})"))?;
                 if count <= 0 {
                     return Err(Error::new(
                         ErrorKind::NoDevice,
-                        format!(
-                            "the HIP runtime {} (version {version}) reports no AMD GPU",
-                            api.path
-                        ),
+                        format!("the HIP runtime {} (version {version}) reports no AMD GPU", api.path),
                     ));
                 }
+                api.check((api.init)(0), || format!("hipInit (HIP runtime {version})"))?;
             }
             Ok(api)
         })
