@@ -386,7 +386,8 @@ def _plain16(functional: dict[str, Any]) -> bool:
 # The ``generic`` variants hold a 64-bit address per element and need far more registers than the
 # ``aligned`` ones, so most configs end at waves_per_eu 1 (the whole register file); 2 where both fit
 # in 256 registers: the 16-bit forward without dropout and bias and the 16-bit dQ up to head dim 64,
-# and every attention kernel of head dims 16 and 32.  Row kernels (preprocess, debug mask): 4.
+# the other forward, dQ and dBias kernels up to head dim 32 (the forward without bias), dK/dV at 16,
+# and the preprocess; the debug mask: 4.
 
 def _amd(bm, bn, waves_per_eu):
     return _cfg(bm, bn, 4, 1, waves_per_eu)
@@ -433,24 +434,27 @@ def _amd_attn_fwd_configs(functional: dict[str, Any]) -> list[dict[str, int]]:
     """AMD forward: 16-bit without dropout and bias: (128, 64) + (64, 64), BLOCK_N 32 at hd256 (the
     128x256 Q tile alone fills the 64 KiB LDS), waves_per_eu 2 up to hd64, 1 above.  16-bit with
     dropout or bias: the small config alone, BLOCK_N 32 from hd128 (64x64 spills in ``generic``).
-    fp32: (64, 32), (32, 16) at hd256; waves_per_eu 2 up to hd32."""
+    fp32: (64, 32), (32, 16) at hd256.  waves_per_eu 2 up to hd32 without bias (with a bias the
+    ``generic`` kernels spill at 256 registers), and for the 16-bit hd64 forward without dropout and
+    bias; 1 elsewhere."""
     hd = functional["head_dim"]
+    e = 2 if hd <= 32 and not functional["bias"] else 1
     if functional["dtype"] == "fp32":
-        return [_amd(64, 32, 2 if hd <= 32 else 1) if hd <= 128 else _amd(32, 16, 1)]
+        return [_amd(64, 32, e) if hd <= 128 else _amd(32, 16, e)]
     if _plain16(functional):
         e = 2 if hd <= 64 else 1
         bn = 32 if hd == 256 else 64
         return [_amd(128, bn, e), _amd(64, bn, e)]
-    return [_amd(64, 64 if hd <= 64 else 32, 2 if hd <= 32 else 1)]
+    return [_amd(64, 64 if hd <= 64 else 32, e)]
 
 
 def _attn_bwd_preprocess_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config: a row reduction, BLOCK_M rows per program (8192 elements per tile: no spills in `generic`).
 
-    AMD: the same tile, waves_per_eu 4 (at most 98 VGPRs on gfx942)."""
+    AMD: the same tile, waves_per_eu 2 (at 4, 128 registers, the hd128 ``generic`` kernels spill)."""
     bm = min(128, 8192 // functional["head_dim"])
     if TARGETS[arch][0] == "hip":
-        return [_amd(bm, None, 4)]
+        return [_amd(bm, None, 2)]
     return [_cfg(bm, None, 4, 1)]
 
 
@@ -493,9 +497,9 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
         if hd == 128:
             return [_cfg(32, 64, 8, 2)]
         return [_cfg(32, 32, 8, 1)]
-    # AMD: the same tiles as above at one stage; waves_per_eu 1 from hd64 (the dK, dV accumulators,
-    # K and V stay in registers), 2 below.
-    e = 2 if hd <= 32 else 1
+    # AMD: the same tiles as above at one stage; waves_per_eu 2 at hd16, 1 above (the dK, dV
+    # accumulators, K and V stay in registers: hd32 with dropout or bias spills at 256 registers).
+    e = 2 if hd <= 16 else 1
     if fp32:
         return [_amd(32, 32, e) if hd <= 64 else _amd(16, 32 if hd == 128 else 16, e)]
     return [_amd(32, 64, e) if hd <= 128 else _amd(16, 32, e)]

@@ -216,7 +216,7 @@ amdhsa.kernels:
             driver.amdgpu_resources("no kernel here")
 
     def test_check_kernel(self):
-        amd = self.spec("gfx942", "attn_bwd_preprocess-fp16-hd64-m128w4s1e4-aligned")
+        amd = self.spec("gfx942", "attn_bwd_preprocess-fp16-hd64-m128w4s1e2-aligned")
         cuda = self.spec("sm_90", "attn_bwd_preprocess-fp16-hd64-m128w4s1-aligned")
         fine = {"shared": 65536, "amdgpu": driver.amdgpu_resources(self.AMD_TEXT.format(scratch=0, spill=0))}
         self.assertIsNone(driver.check_kernel(amd, fine))
@@ -224,7 +224,7 @@ amdhsa.kernels:
         why = driver.check_kernel(amd, dict(fine, shared=65537))
         for part in (amd.id, "gfx942", "65537 bytes", "65536-byte limit"):
             self.assertIn(part, why)
-        why = driver.check_kernel(self.spec("gfx950", amd.id.split("-m")[0] + "-m128w4s1e4-aligned"),
+        why = driver.check_kernel(self.spec("gfx950", amd.id.split("-m")[0] + "-m128w4s1e2-aligned"),
                                   dict(fine, shared=65537))
         self.assertIsNone(why)  # gfx950: 160 KiB of LDS
         why = driver.check_kernel(cuda, {"shared": 232449})
@@ -245,7 +245,7 @@ class AmdCompileTest(unittest.TestCase):
         tmp = tempfile.mkdtemp(prefix="aotriton-test-amd-")
         try:
             out, cache = os.path.join(tmp, "out"), os.path.join(tmp, "cache")
-            (st,) = driver.build(["gfx942"], out, cache, jobs=1, only=self.ONLY + "m128w4s1e4-aligned",
+            (st,) = driver.build(["gfx942"], out, cache, jobs=1, only=self.ONLY + "m128w4s1e2-aligned",
                                  log=lambda _: None)
             self.assertEqual((st.kernels, st.compiled), (1, 1))
             arch_dir = os.path.join(out, "gfx942")
@@ -253,7 +253,7 @@ class AmdCompileTest(unittest.TestCase):
             with open(os.path.join(arch_dir, name)) as f:
                 info = json.load(f)
             self.assertEqual(set(info), CONTRACT_KEYS)
-            self.assertEqual(info["config"], {"BLOCK_M": 128, "num_warps": 4, "num_stages": 1, "waves_per_eu": 4})
+            self.assertEqual(info["config"], {"BLOCK_M": 128, "num_warps": 4, "num_stages": 1, "waves_per_eu": 2})
             self.assertEqual((info["warp_size"], info["num_warps"]), (64, 4))
             with open(os.path.join(arch_dir, info["image"]), "rb") as f:
                 self.assertEqual(f.read()[:4], b"\x7fELF")
