@@ -11,7 +11,16 @@
 //!
 //! Needs: `libamd_comgr`, the gfx942 kernels embedded in `aotriton` (`AOTRITON_TARGET_ARCH`
 //! including gfx942) and the gfx942 archive file (`AOTRITON_ARCHIVE_DIR`); the C++ half needs
-//! the installed C++ API built with gfx942 (`AOTRITON_INSTALL_DIR`).
+//! the installed C++ API built with gfx942 (`AOTRITON_INSTALL_DIR`). `./test.sh` sets all of it;
+//! by hand, after `AOTRITON_TARGET_ARCH="sm_90;gfx942" ./build.sh`:
+//!
+//! ```text
+//! AOTRITON_TARGET_ARCH="sm_90;gfx942" AOTRITON_KERNEL_DIR=build/kernels AOTRITON_ARCHIVE_DIR=build/images \
+//!   cargo test -p aotriton-amd-tests --test recorded_launches -- --nocapture
+//! ```
+//!
+//! The double is built by the test itself (`cargo build -p aotriton-hip-double` into
+//! `<target>/hip-double`); its logs stay in `<target>/hip-double/logs/`.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -306,7 +306,10 @@ unsafe fn code_object<'a>(image: *const u8) -> Result<&'a [u8], (HipError, Strin
     let (phoff, shoff) = (u64_at(header, 32), u64_at(header, 40));
     let (phentsize, phnum) = (u16_at(header, 54) as u64, u16_at(header, 56) as u64);
     let (shentsize, shnum) = (u16_at(header, 58) as u64, u16_at(header, 60) as u64);
-    let mut end = 64u64.max(phoff + phentsize * phnum).max(shoff + shentsize * shnum);
+    if (phnum > 0 && phentsize < 56) || (shnum > 0 && shentsize < 64) {
+        return Err(invalid(format!("ELF header entries of {phentsize} and {shentsize} bytes")));
+    }
+    let mut end = 64u64.max(phoff.saturating_add(phentsize * phnum)).max(shoff.saturating_add(shentsize * shnum));
     if end > MAX_IMAGE_BYTES {
         return Err(invalid(format!("ELF header tables end at byte {end}")));
     }
@@ -314,12 +317,12 @@ unsafe fn code_object<'a>(image: *const u8) -> Result<&'a [u8], (HipError, Strin
     let tables = unsafe { std::slice::from_raw_parts(image, end as usize) };
     for i in 0..phnum {
         let ph = &tables[(phoff + i * phentsize) as usize..];
-        end = end.max(u64_at(ph, 8) + u64_at(ph, 32)); // p_offset + p_filesz
+        end = end.max(u64_at(ph, 8).saturating_add(u64_at(ph, 32))); // p_offset + p_filesz
     }
     for i in 0..shnum {
         let sh = &tables[(shoff + i * shentsize) as usize..];
         if u32_at(sh, 4) != 8 {
-            end = end.max(u64_at(sh, 24) + u64_at(sh, 32)); // sh_offset + sh_size, unless SHT_NOBITS
+            end = end.max(u64_at(sh, 24).saturating_add(u64_at(sh, 32))); // sh_offset + sh_size, unless SHT_NOBITS
         }
     }
     if end > MAX_IMAGE_BYTES {
