@@ -373,8 +373,8 @@ dynamic shared memory (metadata `shared`) plus the code object's static
     )
 }
 
-/// Splits a table file into its header and its sections by arch (a section runs from its
-/// `## <arch>` line to the next one).
+/// Splits a table file into its sections by arch (a section runs from its `## <arch>` line to the
+/// next one; the header before the first is dropped).
 fn split_sections(text: &str) -> BTreeMap<String, String> {
     let mut sections = BTreeMap::new();
     let mut current: Option<(String, String)> = None;
