@@ -262,7 +262,8 @@ def check_kernel(spec: rules.KernelSpec, metadata: dict) -> str | None:
                         f"waves_per_eu {spec.config.get('waves_per_eu', 0)})")
     if not problems:
         return None
-    return f"{spec.id} ({spec.arch}): " + "; ".join(problems) + ": choose a smaller config in rules.py"
+    return (f"{spec.id} ({spec.arch}): " + "; ".join(problems)
+            + ": give it smaller blocks (or, for spills, a lower waves_per_eu) in rules.py")
 
 
 def _family(name: str) -> rules.Family:
