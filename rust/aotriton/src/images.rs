@@ -31,6 +31,8 @@ type FunctionalImages = Arc<Vec<Vec<u8>>>;
 /// A parsed archive plus its lazily decompressed functionals.
 pub(crate) struct LoadedArchive {
     pub archive: Archive,
+    /// The target the images were compiled for ([`image_target_id`]), computed once.
+    target_id: String,
     images: Vec<OnceLock<Result<FunctionalImages>>>,
 }
 
@@ -57,11 +59,10 @@ pub(crate) fn archive_for(arch: &str) -> Result<Arc<LoadedArchive>> {
 
 /// The archive serving `device`: the one for its arch, whose images' target (the arch plus any
 /// target features they were built for, `target.features` in the archive, e.g. `xnack+`) the
-/// device can run. A mismatch is refused naming both.
+/// device can run. A mismatch is refused naming both. Allocates nothing unless it refuses.
 pub(crate) fn archive_for_device(device: &DeviceInfo) -> Result<Arc<LoadedArchive>> {
     let loaded = archive_for(&device.arch)?;
-    let image_target = image_target_id(&loaded.archive);
-    if let Err(why) = target_compatible(&device.target_id, &image_target) {
+    if let Err(why) = target_compatible(&device.target_id, &loaded.target_id) {
         return Err(Error::new(
             ErrorKind::UnsupportedGpu,
             format!(
@@ -113,7 +114,7 @@ fn open(arch: &str) -> Result<LoadedArchive> {
     };
     check_matches(&archive, arch)?;
     let images = (0..archive.functionals().len()).map(|_| OnceLock::new()).collect();
-    Ok(LoadedArchive { archive, images })
+    Ok(LoadedArchive { target_id: image_target_id(&archive), archive, images })
 }
 
 /// Refuses an archive that is for another arch or was built by a Triton whose launch ABI this
@@ -212,6 +213,28 @@ mod tests {
         let xnack = Archive::parse("b.images", Cow::Owned(writer.to_bytes().unwrap())).unwrap();
         assert_eq!(image_target_id(&xnack), "gfx942:xnack+");
         assert!(target_compatible("gfx942:sramecc+:xnack-", &image_target_id(&xnack)).is_err());
+    }
+
+    #[test]
+    fn the_archive_of_a_device_is_found_without_allocating() {
+        let arch = built_archs()[0];
+        let device = DeviceInfo {
+            runtime: crate::Runtime::Cuda,
+            ordinal: 0,
+            arch: arch.into(),
+            target_id: format!("{arch}:sramecc+:xnack-"),
+            multiprocessors: 1,
+            max_shared: 1,
+            warp_size: 32,
+        };
+        archive_for_device(&device).unwrap();
+        let before = crate::alloc_count::allocations();
+        for _ in 0..10 {
+            archive_for_device(&device).unwrap();
+        }
+        assert_eq!(crate::alloc_count::allocations(), before, "the launch path looks the archive up on every call");
+        let other = DeviceInfo { target_id: format!("{arch}0"), ..device };
+        assert_eq!(archive_for_device(&other).err().map(|e| e.kind()), Some(ErrorKind::UnsupportedGpu));
     }
 
     #[test]

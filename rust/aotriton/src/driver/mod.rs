@@ -270,35 +270,21 @@ pub fn library_present(runtime: Runtime) -> bool {
 /// each target feature the image was built for (`+`/`-`) must match the device's setting, and a
 /// feature the image leaves unspecified runs under either. Returns the reason when not.
 pub(crate) fn target_compatible(device: &str, image: &str) -> Result<(), String> {
-    let mut device_parts = device.split(':');
+    // Allocation-free unless refusing: the launch path calls this on every call.
     let mut image_parts = image.split(':');
-    let (device_arch, image_arch) = (
-        device_parts.next().unwrap_or(""),
-        image_parts.next().unwrap_or(""),
-    );
+    let (device_arch, image_arch) = (base_arch(device), image_parts.next().unwrap_or(""));
     if device_arch != image_arch {
-        return Err(format!(
-            "the device is {device_arch}, the images are for {image_arch}"
-        ));
+        return Err(format!("the device is {device_arch}, the images are for {image_arch}"));
     }
-    let device_features: Vec<&str> = device_parts.collect();
     for feature in image_parts {
         let name = feature.trim_end_matches(['+', '-']);
-        let on_device = device_features
-            .iter()
-            .find(|f| f.trim_end_matches(['+', '-']) == name);
+        let on_device = device.split(':').skip(1).find(|f| f.trim_end_matches(['+', '-']) == name);
         match on_device {
-            Some(setting) if setting == &feature => {}
+            Some(setting) if setting == feature => {}
             Some(setting) => {
-                return Err(format!(
-                    "the images are built for {feature}, the device runs with {setting} ({device})"
-                ));
+                return Err(format!("the images are built for {feature}, the device runs with {setting} ({device})"));
             }
-            None => {
-                return Err(format!(
-                    "the images are built for {feature}, the device ({device}) does not say"
-                ));
-            }
+            None => return Err(format!("the images are built for {feature}, the device ({device}) does not say")),
         }
     }
     Ok(())
