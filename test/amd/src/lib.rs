@@ -44,7 +44,7 @@ pub fn install_dir() -> PathBuf {
     std::env::var_os("AOTRITON_INSTALL_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("install"))
 }
 
-/// The AMD archs whose archive exists in [`archive_dir`], of the ones given.
+/// The archive file of `arch` in [`archive_dir`] (it may not exist).
 pub fn archive_path(arch: &str) -> PathBuf {
     archive_dir().join(format!("aotriton-{arch}.images"))
 }

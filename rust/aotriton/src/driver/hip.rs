@@ -221,38 +221,42 @@ impl Api {
     }
 }
 
-/// The library, initialised once per process (`hipInit`, then at least one device); the outcome,
+/// The library, opened and resolved once per process (the outcome, success or error, is kept).
+fn library() -> Result<&'static Api> {
+    static LIBRARY: OnceLock<Result<Api>> = OnceLock::new();
+    LIBRARY.get_or_init(load_api).as_ref().map_err(Clone::clone)
+}
+
+/// The library, initialised once per process (at least one device, then `hipInit`); the outcome,
 /// success or error, is remembered.
 fn api() -> Result<&'static Api> {
-    static API: OnceLock<Result<Api>> = OnceLock::new();
-    let api = API
-        .get_or_init(|| {
-            let api = load_api()?;
-            let mut version = 0;
-            // SAFETY: valid out-pointers; hipInit takes flags 0.
-            unsafe {
-                api.check((api.runtime_get_version)(&mut version), || "hipRuntimeGetVersion".into())?;
-                // The device count first: on a machine without an AMD GPU, ROCm 5.2's hipInit
-                // fails with hipErrorInvalidDevice, while hipGetDeviceCount says hipErrorNoDevice.
-                let mut count = 0;
-                api.check((api.get_device_count)(&mut count), || format!("hipGetDeviceCount (HIP runtime {version})"))?;
-                if count <= 0 {
-                    return Err(Error::new(
-                        ErrorKind::NoDevice,
-                        format!("the HIP runtime {} (version {version}) reports no AMD GPU", api.path),
-                    ));
-                }
-                api.check((api.init)(0), || format!("hipInit (HIP runtime {version})"))?;
+    static INIT: OnceLock<Result<()>> = OnceLock::new();
+    let api = library()?;
+    INIT.get_or_init(|| {
+        let mut version = 0;
+        // SAFETY: valid out-pointers; hipInit takes flags 0.
+        unsafe {
+            api.check((api.runtime_get_version)(&mut version), || "hipRuntimeGetVersion".into())?;
+            // The device count first: on a machine without an AMD GPU, ROCm 5.2's hipInit
+            // fails with hipErrorInvalidDevice, while hipGetDeviceCount says hipErrorNoDevice.
+            let mut count = 0;
+            api.check((api.get_device_count)(&mut count), || format!("hipGetDeviceCount (HIP runtime {version})"))?;
+            if count <= 0 {
+                return Err(Error::new(
+                    ErrorKind::NoDevice,
+                    format!("the HIP runtime {} (version {version}) reports no AMD GPU", api.path),
+                ));
             }
-            Ok(api)
-        })
-        .as_ref();
-    api.map_err(Clone::clone)
+            api.check((api.init)(0), || format!("hipInit (HIP runtime {version})"))
+        }
+    })
+    .clone()?;
+    Ok(api)
 }
 
 /// Whether a HIP runtime library can be opened (the variable or the default names).
 pub(super) fn library_present() -> bool {
-    load_api().is_ok()
+    library().is_ok()
 }
 
 /// The calling thread's current device while a call runs on another one; restored on drop.
