@@ -92,3 +92,17 @@ macro_rules! bail {
     };
 }
 pub(crate) use bail;
+
+/// The product of caller-given sizes (`what` names it in the error), or `TooLarge`: the one helper
+/// for every product of caller sizes, so none wraps in release or panics with overflow checks.
+pub(crate) fn checked_product(what: &str, factors: &[u64]) -> Result<u64> {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
+        .ok_or_else(|| Error::new(ErrorKind::TooLarge, format!("{what}: the product {factors:?} overflows 64 bits")))
+}
+
+/// `a + b` of caller-given sizes or addresses, or `TooLarge` naming `what`.
+pub(crate) fn checked_sum(what: &str, a: u64, b: u64) -> Result<u64> {
+    a.checked_add(b).ok_or_else(|| Error::new(ErrorKind::TooLarge, format!("{what}: {a} + {b} overflows 64 bits")))
+}
