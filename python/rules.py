@@ -30,7 +30,7 @@ Vocabulary
   ``SHARED_MEMORY_LIMIT[arch]``, and no scratch (spilled registers) on AMD --
   the compile driver refuses the rest.
 * **variant**    -- ``aligned``: every pointer carries ``tt.divisibility=16``
-  (16-byte aligned; BIAS, DBIAS, CU_SEQLENS_*, PHILOX_* included), every
+  (16-byte aligned; BIAS, DBIAS, CU_SEQLENS_*, VARLEN_STATUS, PHILOX_* included), every
   batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors a hint
   of 16 bytes in elements (8 for fp16/bf16, 4 for fp32), and ``D_HEAD`` a hint of
   8; nothing else is hinted (not the LSE/DELTA strides, sequence lengths,
@@ -145,7 +145,7 @@ _STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o":
 #: i64 pointers of the dropout group.
 _I64_POINTERS = ("PHILOX_SEED", "PHILOX_OFFSET", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT")
 #: i32 pointers of the varlen group.
-_I32_POINTERS = ("CU_SEQLENS_Q", "CU_SEQLENS_K")
+_I32_POINTERS = ("CU_SEQLENS_Q", "CU_SEQLENS_K", "VARLEN_STATUS")
 
 
 def _strides(prefix: str, dims: str) -> list[str]:
@@ -158,9 +158,11 @@ def stride_tensor(name: str) -> str:
     return _STRIDE_TENSOR[name[:-1]]
 
 
+#: What bounds a packed batch's offsets (kernels/flash/varlen.py): token counts, the status word.
+VARLEN_BOUNDS = ["N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
 #: Attention group (fwd, dkdv, dq, dbias), after the stride and kernel-specific arguments.
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
-                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K"]
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
 #: Dropout group (fwd, dkdv, dq, dbias); the forward appends ``FWD_PHILOX_OUTPUTS``.
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
@@ -178,7 +180,7 @@ ATTN_FWD_ARGS = (
 ATTN_BWD_PREPROCESS_ARGS = (
     ["O", "DO", "DELTA"]
     + _strides("o", "zhm") + _strides("do", "zhm") + _strides("delta", "zh")
-    + ["N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q"]
+    + ["N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
     + ["HEAD_DIM", "BLOCK_M"]
 )
 _BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("do", "zhm")

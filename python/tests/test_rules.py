@@ -29,7 +29,8 @@ FUNCTIONALS = {"attn_fwd": _DT * 5 * 4, "attn_bwd_preprocess": 3 * 5, "attn_bwd_
                "attn_bwd_dq": _DT * 5 * 4, "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
 
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
-                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K"]
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
+                   "STORE_VARLEN_STATUS"]
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"]
 BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
@@ -49,7 +50,7 @@ CONTRACT = {
         "O", "DO", "DELTA",
         "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh", "stride_dom",
         "stride_deltaz", "stride_deltah",
-        "N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q",
+        "N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
         "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_dkdv": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", *BWD_STRIDES,
@@ -76,7 +77,7 @@ ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom",
 SPECIAL_TYPES = {"sm_scale": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
                  "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
                  "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                 "LSE": "*fp32", "DELTA": "*fp32"}
+                 "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32"}
 STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ", "dk": "DK", "dv": "DV", "b": "BIAS",
                  "db": "DBIAS", "l": "LSE", "delta": "DELTA"}
 

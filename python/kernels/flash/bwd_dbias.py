@@ -13,7 +13,8 @@ Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, BIAS, DBIAS``;
 ``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; bias: z/h/row;
 dbias: z/h/row); ``N_BATCH, BIAS_BATCHES, BIAS_HEADS, BIAS_ROWS, N_HEADS_Q``;
 the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT,
-WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K``; the
+WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
+N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the
 dropout group ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
 philox_offset_base``; constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, ALLOW_TF32``.
 
@@ -48,7 +49,7 @@ def attn_bwd_dbias(Q, K, V, DO, LSE, DELTA, BIAS, DBIAS, sm_scale,
                    stride_bz, stride_bh, stride_bm, stride_dbz, stride_dbh, stride_dbm,
                    N_BATCH, BIAS_BATCHES, BIAS_HEADS, BIAS_ROWS, N_HEADS_Q,
                    N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
-                   CU_SEQLENS_Q, CU_SEQLENS_K,
+                   CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                    DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DROPOUT: tl.constexpr, ALLOW_TF32: tl.constexpr):
@@ -76,8 +77,8 @@ def attn_bwd_dbias(Q, K, V, DO, LSE, DELTA, BIAS, DBIAS, sm_scale,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
 
     for b in range(b_lo, b_hi):
-        q_start, seqlen_q = sequence(b, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
-        k_start, seqlen_k = sequence(b, N_CTX_K, IS_VARLEN, CU_SEQLENS_K)
+        q_start, seqlen_q = sequence(b, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
+        k_start, seqlen_k = sequence(b, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
         diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)
         # Query blocks to visit: those that see key block y (all rows), or block x alone.
         q_lo, _, _, q_hi = query_block_bounds(pid_n, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,

@@ -17,7 +17,8 @@ Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS``;
 ``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
 bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
-CU_SEQLENS_K``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
+CU_SEQLENS_K, N_TOKENS_Q,
+N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
 BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
 
@@ -100,7 +101,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale,
                   stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                   stride_bz, stride_bh, stride_bm,
                   N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
-                  CU_SEQLENS_Q, CU_SEQLENS_K,
+                  CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                   DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
@@ -108,8 +109,8 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale,
     off_hk = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2)
 
-    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
-    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K)
+    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
+    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
     if start_n * BLOCK_N >= seqlen_k:
         return
     diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)

@@ -14,7 +14,8 @@ Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DQ, BIAS``;
 ``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dq: z/h/row;
 bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
-CU_SEQLENS_K``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
+CU_SEQLENS_K, N_TOKENS_Q,
+N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
 BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
 
@@ -82,7 +83,7 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
                 stride_dqz, stride_dqh, stride_dqm,
                 stride_bz, stride_bh, stride_bm,
                 N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
-                CU_SEQLENS_Q, CU_SEQLENS_K,
+                CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                 DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
@@ -92,8 +93,8 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
     off_h = off_h.to(tl.int64)
     off_z = tl.program_id(2)
 
-    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
-    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K)
+    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
+    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
     if start_m * BLOCK_M >= seqlen_q:
         return
     diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)

@@ -6,7 +6,8 @@ included: O is the dropped output), computed once per query row instead of once
 per (row, key block) in the main kernels.
 
 Arguments, in order: ``O, DO, DELTA``; strides (o, do: z/h/row; delta: z/h);
-``N_CTX_Q, D_HEAD, IS_VARLEN, CU_SEQLENS_Q``; constexprs ``HEAD_DIM, BLOCK_M``.
+``N_CTX_Q, D_HEAD, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
+STORE_VARLEN_STATUS``; constexprs ``HEAD_DIM, BLOCK_M``.
 
 Tensors: ``O``, ``DO`` ``[B, Hq, N_CTX_Q, D_HEAD]`` (fp16/bf16/fp32, last
 dimension contiguous); ``DELTA`` fp32 ``[B, Hq, N_CTX_Q]`` with strides
@@ -26,12 +27,12 @@ from .varlen import sequence
 def attn_bwd_preprocess(O, DO, DELTA,
                         stride_oz, stride_oh, stride_om, stride_doz, stride_doh, stride_dom,
                         stride_deltaz, stride_deltah,
-                        N_CTX_Q, D_HEAD, IS_VARLEN, CU_SEQLENS_Q,
+                        N_CTX_Q, D_HEAD, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     start_m = tl.program_id(0)
     off_h = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2)
-    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
+    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
     if start_m * BLOCK_M >= seqlen_q:
         return
     off_z = off_z.to(tl.int64)

@@ -5,7 +5,8 @@ Computes ``O = dropout(softmax(sm_scale * Q K^T + bias + mask)) V`` per (batch, 
 Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS``; ``sm_scale``; strides
 (q, k, v, o: z/h/row; lse: z/h; bias: z/h/row); ``STORE_LSE``; the attention
 group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
-ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K``; the dropout group
+ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
+N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group
 ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``
 and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``;
 constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
@@ -109,7 +110,7 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, sm_scale,
              stride_bz, stride_bh, stride_bm,
              STORE_LSE,
              N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
-             CU_SEQLENS_Q, CU_SEQLENS_K,
+             CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
              DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
              PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -131,8 +132,8 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, sm_scale,
                 tl.store(PHILOX_OFFSET_OUT, philox_offset)
         philox_head = dropout_head_offset(philox_offset, off_z, off_h, tl.num_programs(1), N_CTX_Q, N_CTX_K)
 
-    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q)
-    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K)
+    q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
+    k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
     if start_m * BLOCK_M >= seqlen_q:
         return
     diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)

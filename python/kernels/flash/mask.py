@@ -13,14 +13,15 @@ Runtime arguments ``WINDOW_LEFT``, ``WINDOW_RIGHT`` >= 0:
 
 * no mask               -- left = right = ``N_CTX_Q + N_CTX_K`` (every key visible: the
   bounds put every full block in the unmasked loop, only the sequence tail is masked);
-* causal top-left       -- left = unbounded (2**30), right = 0, ``ALIGN_BOTTOM_RIGHT`` 0;
+* causal top-left       -- left = unbounded (``N_CTX_Q + N_CTX_K``), right = 0, ``ALIGN_BOTTOM_RIGHT`` 0;
 * causal bottom-right   -- the same with ``ALIGN_BOTTOM_RIGHT`` 1;
 * sliding window        -- any (left, right) in either alignment.
 
 With a window (and with bottom-right alignment when ``seqlen_q > seqlen_k``) a
 query row may see no key at all; the kernels give such rows O = 0, LSE = +inf
-and zero gradients.  All window arithmetic is int32: the caller keeps
-``N_CTX_Q + N_CTX_K + 2**30 < 2**31``.
+and zero gradients.  All window arithmetic is int32: the runtime keeps
+``N_CTX_Q + N_CTX_K <= 2**29`` and each window side at most ``N_CTX_Q + N_CTX_K``, so
+every bound (at most about ``2 * (N_CTX_Q + N_CTX_K)`` plus a block in magnitude) fits.
 
 Loop bounds
 -----------

@@ -97,4 +97,100 @@ impl<const RANK: usize> TensorView<RANK> {
         }
         Ok(())
     }
+
+    /// The bytes `[start, end)` the view addresses (empty when a size is 0), or `TooLarge` when
+    /// the last element's address does not fit 64 bits (a device address that would wrap).
+    pub(crate) fn byte_range(&self, name: &str) -> Result<(u64, u64)> {
+        if self.sizes.contains(&0) {
+            return Ok((self.ptr, self.ptr));
+        }
+        // i128: (size − 1) · stride of up to 2^64 · 2^63 per dim, summed over ≤ 4 dims, fits.
+        let last: i128 = (0..RANK).map(|d| (self.sizes[d] as i128 - 1) * self.strides[d] as i128).sum();
+        let end = self.ptr as i128 + (last + 1) * self.dtype.size_bytes() as i128;
+        if last < 0 || end > u64::MAX as i128 {
+            bail!(TooLarge, "{name}: sizes {:?} × strides {:?} from address {:#x} run past the end of the address space", self.sizes, self.strides, self.ptr);
+        }
+        Ok((self.ptr, end as u64))
+    }
+
+    /// Checks that no two elements of the view share an address (an output written by several
+    /// programs at once would race): with the dims of size > 1 sorted by stride, each stride
+    /// must step past everything the smaller dims span. Zero strides on such dims fail.
+    pub(crate) fn check_no_self_overlap(&self, name: &str) -> Result<()> {
+        let mut dims: [(i128, i128); RANK] = [(0, 0); RANK];
+        let mut n = 0;
+        for d in 0..RANK {
+            if self.sizes[d] > 1 {
+                dims[n] = (self.strides[d] as i128, self.sizes[d] as i128);
+                n += 1;
+            }
+        }
+        dims[..n].sort_unstable();
+        let mut span = 0i128; // elements the smaller dims reach past their first one
+        for &(stride, size) in &dims[..n] {
+            if stride <= span {
+                bail!(BadStrides, "{name}: strides {:?} with sizes {:?} make elements overlap (an output needs distinct addresses)", self.strides, self.sizes);
+            }
+            span += (size - 1) * stride;
+        }
+        Ok(())
+    }
+}
+
+/// The memory one argument of a call covers, for the aliasing check.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region<'a> {
+    pub name: &'a str,
+    pub bytes: (u64, u64),
+}
+
+impl<'a> Region<'a> {
+    /// An output tensor: its elements must also have distinct addresses.
+    pub fn output<const R: usize>(name: &'a str, t: &TensorView<R>) -> Result<Region<'a>> {
+        t.check_no_self_overlap(name)?;
+        Region::input(name, t)
+    }
+
+    /// An input tensor (it may repeat elements, e.g. a broadcast bias with a zero stride).
+    pub fn input<const R: usize>(name: &'a str, t: &TensorView<R>) -> Result<Region<'a>> {
+        Ok(Region { name, bytes: t.byte_range(name)? })
+    }
+
+    /// Nothing (an absent optional argument): overlaps no other region.
+    pub const NONE: Region<'static> = Region { name: "", bytes: (0, 0) };
+
+    /// `bytes` bytes at device address `ptr` (a u64 of the dropout state, a workspace).
+    pub fn raw(name: &'a str, ptr: u64, bytes: u64) -> Result<Region<'a>> {
+        match ptr.checked_add(bytes) {
+            Some(end) => Ok(Region { name, bytes: (ptr, end) }),
+            None => bail!(TooLarge, "{name}: {bytes} bytes from address {ptr:#x} run past the end of the address space"),
+        }
+    }
+
+    fn overlaps(&self, other: &Region) -> bool {
+        // Empty regions (absent arguments, zero sizes) overlap nothing.
+        self.bytes.0 < other.bytes.1 && other.bytes.0 < self.bytes.1
+    }
+}
+
+/// Checks that no output overlaps another output or any input (inputs may share memory, e.g.
+/// q, k and v as views of one packed tensor). Absent arguments are `Region::NONE`.
+pub(crate) fn check_no_aliasing(outputs: &[Region], inputs: &[Region]) -> Result<()> {
+    for (i, out) in outputs.iter().enumerate() {
+        for other in outputs[i + 1..].iter().chain(inputs) {
+            if out.overlaps(other) {
+                bail!(
+                    InvalidArgument,
+                    "{} [{:#x}, {:#x}) overlaps {} [{:#x}, {:#x}): outputs must not share memory with inputs or other outputs",
+                    out.name,
+                    out.bytes.0,
+                    out.bytes.1,
+                    other.name,
+                    other.bytes.0,
+                    other.bytes.1
+                );
+            }
+        }
+    }
+    Ok(())
 }

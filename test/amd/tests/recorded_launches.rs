@@ -439,6 +439,7 @@ fn packed(c: &Case) -> Option<Varlen<'static>> {
             max_seqlen_q: d.sq,
             max_seqlen_k: d.sk,
             host_cu_seqlens: p.host.then_some((p.cu_q, p.cu_k)),
+            status: 0,
         }
     })
 }

@@ -207,13 +207,8 @@ pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> ArgList {
     args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
     args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
     args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
-    let cu_q = shape.varlen.map_or(0, |(q, _)| q);
-    args.extend([
-        ("N_CTX_Q", I32(shape.seqlen_q as i32)),
-        ("D_HEAD", I32(shape.head_dim as i32)),
-        ("IS_VARLEN", I32(shape.varlen.is_some() as i32)),
-        ("CU_SEQLENS_Q", Ptr(cu_q)),
-    ]);
+    args.extend([("N_CTX_Q", I32(shape.seqlen_q as i32)), ("D_HEAD", I32(shape.head_dim as i32))]);
+    args.extend(super::varlen_args(shape));
     args
 }
 
@@ -286,9 +281,7 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     }
     check_tensor("lse", &p.lse, rows, DType::F32)?;
     check_tensor("delta", &p.delta, rows, DType::F32)?;
-    if !p.sm_scale.is_finite() {
-        bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
-    }
+    super::check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
     if let Some(ws) = &p.workspace {
         if ws.ptr == 0 {
             bail!(NullPointer, "workspace: pointer is null (pass no workspace instead)");
@@ -306,5 +299,6 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
             bail!(ShapeMismatch, "dbias.sizes is {:?}, expected the bias's {:?}", db.sizes, bias.sizes);
         }
     }
+    super::check_bwd_aliasing(p)?;
     Ok((shape, mask_args(&p.mask, &shape)?))
 }

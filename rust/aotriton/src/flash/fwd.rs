@@ -1,15 +1,15 @@
 //! `attn_fwd`: O = dropout(softmax(sm_scale · Q·Kᵀ + bias + mask)) · V, and optionally the LSE.
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_tensor,
-    common_args, dropout_args, mask_args, strides3, strides4,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_scalars,
+    check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
 use crate::dispatch::{ArgList, ArgValue, Axes, KernelSet, Launcher, Request, config, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
-use crate::error::{Result, bail};
-use crate::tensor::{DType, TensorView};
+use crate::error::Result;
+use crate::tensor::{DType, Region, TensorView, check_no_aliasing};
 
 /// Parameters of [`attn_fwd`]. Marked non-exhaustive so later versions can add fields: build it
 /// with [`FwdParams::new`] and set the public fields you need.
@@ -146,9 +146,17 @@ pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
     if let Some(lse) = &p.lse {
         check_tensor("lse", lse, [p.q.sizes[0], shape.heads_q, p.q.sizes[2]], DType::F32)?;
     }
-    if !p.sm_scale.is_finite() {
-        bail!(InvalidArgument, "sm_scale must be finite, got {}", p.sm_scale);
-    }
+    check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
+    let ([seed, offset], [seed_out, offset_out]) = dropout_regions(p.dropout.as_ref())?;
+    let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
+    let lse = match &p.lse {
+        Some(lse) => Region::output("lse", lse)?,
+        None => Region::NONE,
+    };
+    check_no_aliasing(
+        &[Region::output("o", &p.o)?, lse, seed_out, offset_out, status],
+        &[Region::input("q", &p.q)?, Region::input("k", &p.k)?, Region::input("v", &p.v)?, optional_input("bias", p.bias.as_ref())?, seed, offset, cu_q, cu_k],
+    )?;
     // Bias and dropout are checked where their arguments are built (`kernel_args`, which
     // `attn_fwd` runs before touching the GPU).
     Ok((shape, mask_args(&p.mask, &shape)?))
@@ -320,7 +328,7 @@ pub(crate) mod tests {
         }
         p.allow_tf32 = true;
         check(&p).unwrap();
-        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), B * HQ * SQ * SK.div_ceil(4));
+        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), Ok(B * HQ * SQ * SK.div_ceil(4)));
     }
 
     /// A packed batch of 3 sequences (lengths q 5, 0, 12 and k 7, 9, 1) as [1, H, tokens, D] views.
@@ -329,7 +337,7 @@ pub(crate) mod tests {
         let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
         let lse = TensorView::contiguous(0x50000, [1, HQ, 17], DType::F32);
         let mut p = FwdParams::new(t(0x10000, HQ, 17), t(0x20000, HK, 17), t(0x30000, HK, 17), t(0x40000, HQ, 17), Some(lse));
-        p.varlen = Some(Varlen { cu_seqlens_q: cu(0x60000), cu_seqlens_k: cu(0x61000), max_seqlen_q: 12, max_seqlen_k: 9, host_cu_seqlens: host });
+        p.varlen = Some(Varlen { cu_seqlens_q: cu(0x60000), cu_seqlens_k: cu(0x61000), max_seqlen_q: 12, max_seqlen_k: 9, host_cu_seqlens: host, status: 0 });
         p
     }
 
@@ -363,6 +371,117 @@ pub(crate) mod tests {
         let mut p = packed(None);
         p.varlen.as_mut().unwrap().max_seqlen_k = 0;
         assert_eq!(kind(p), ErrorKind::EmptyInput);
+    }
+
+    #[test]
+    fn window_bounds_cannot_wrap_int32() {
+        // Review F3: max lengths of 2^30 each passed, and the kernels' int32 window bounds
+        // wrapped (every row saw no key: O = 0, LSE = +inf, no error).
+        let mut p = packed(None);
+        p.varlen.as_mut().unwrap().max_seqlen_q = 1 << 30;
+        p.varlen.as_mut().unwrap().max_seqlen_k = 1 << 30;
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::TooLarge);
+        p.mask = Mask::causal(MaskAlign::BottomRight);
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::TooLarge);
+        // At the limit the unbounded side is Sq + Sk = 2^29, and every bound stays below 2^31.
+        p.varlen.as_mut().unwrap().max_seqlen_q = (1 << 29) - 1000;
+        p.varlen.as_mut().unwrap().max_seqlen_k = 1000;
+        let (_, m) = check(&p).unwrap();
+        assert_eq!((m.left, m.right), (1 << 29, 0));
+        p.varlen.as_mut().unwrap().max_seqlen_k = 1001;
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn packed_batches_pass_their_bounds_and_status_word() {
+        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let mut p = packed(None);
+        let (shape, mask) = check(&p).unwrap();
+        let args = kernel_args(&p, &shape, &mask).unwrap();
+        assert_eq!(arg(&args, "N_TOKENS_Q"), Some(ArgValue::I32(17)));
+        assert_eq!(arg(&args, "N_TOKENS_K"), Some(ArgValue::I32(17)));
+        assert_eq!(arg(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(0)));
+        p.varlen.as_mut().unwrap().status = 0x62000;
+        let (shape, mask) = check(&p).unwrap();
+        let args = kernel_args(&p, &shape, &mask).unwrap();
+        assert_eq!(arg(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0x62000)));
+        assert_eq!(arg(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(1)));
+        p.varlen.as_mut().unwrap().status = 0x62002;
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::MisalignedPointer);
+        // The status word is written: it must not lie in an input (here cu_seqlens_q).
+        p.varlen.as_mut().unwrap().status = 0x60004;
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        // Fixed-length batches pass neutral values.
+        let (shape, mask) = check(&valid()).unwrap();
+        let args = kernel_args(&valid(), &shape, &mask).unwrap();
+        assert_eq!(arg(&args, "IS_VARLEN"), Some(ArgValue::I32(0)));
+        assert_eq!(arg(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0)));
+    }
+
+    #[test]
+    fn outputs_must_not_alias_inputs_or_each_other() {
+        // Review F9: each of these passed validation.
+        type Mutation = Box<dyn Fn(&mut FwdParams<'static>)>;
+        let cases: Vec<(&str, Mutation, ErrorKind)> = vec![
+            ("o = q", Box::new(|p| p.o.ptr = p.q.ptr), ErrorKind::InvalidArgument),
+            ("o inside k", Box::new(|p| p.o.ptr = p.k.ptr + 256), ErrorKind::InvalidArgument),
+            ("lse inside o", Box::new(|p| p.lse.as_mut().unwrap().ptr = p.o.ptr + 64), ErrorKind::InvalidArgument),
+            (
+                "seed_out = offset",
+                Box::new(|p| p.dropout = Some(Dropout { seed_out: 0x2000, offset_out: 0x3008, ..Dropout::new(0.1, 0x1000, 0x2000) })),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "offset_out inside o",
+                Box::new(|p| p.dropout = Some(Dropout { seed_out: 0x3000, offset_out: 0x40008, ..Dropout::new(0.1, 0x1000, 0x2000) })),
+                ErrorKind::InvalidArgument,
+            ),
+            ("o with a zero head stride", Box::new(|p| p.o.strides[1] = 0), ErrorKind::BadStrides),
+            ("o rows overlapping", Box::new(|p| p.o.strides[2] = 32), ErrorKind::BadStrides),
+            ("lse with a zero row stride", Box::new(|p| p.lse.as_mut().unwrap().strides[1] = 0), ErrorKind::BadStrides),
+            ("q extent wraps", Box::new(|p| p.q.strides[0] = i64::MAX), ErrorKind::TooLarge),
+            ("o at the end of the address space", Box::new(|p| p.o.ptr = u64::MAX - 1), ErrorKind::TooLarge),
+            ("sm_scale · log2(e) overflows", Box::new(|p| p.sm_scale = f32::MAX), ErrorKind::InvalidArgument),
+        ];
+        for (name, mutate, want) in cases {
+            let mut p = valid();
+            mutate(&mut p);
+            let err = check(&p).expect_err(name);
+            assert_eq!(err.kind(), want, "{name}: {err}");
+        }
+        // Inputs may share memory and repeat elements: q = k = v (self-attention on one tensor,
+        // Hq = Hk here) and a k broadcast over heads with a zero stride.
+        let mut p = valid();
+        set_outer_size(&mut p, 1, HK);
+        p.k = p.q;
+        p.k.sizes[2] = SK;
+        p.q.sizes[2] = SK;
+        p.o.sizes[2] = SK;
+        p.lse.as_mut().unwrap().sizes[2] = SK;
+        p.o.ptr = 0x90000;
+        p.v = p.k;
+        check(&p).unwrap();
+        let mut p = valid();
+        p.k.strides[1] = 0;
+        check(&p).unwrap();
+    }
+
+    #[test]
+    fn dropout_counter_ranges_that_overflow_are_refused() {
+        // Review F6: the counter count wrapped (release) or panicked (overflow checks).
+        assert_eq!(crate::flash::dropout_offsets_consumed(65535, 65535, 1 << 30, 1 << 30).unwrap_err().kind(), ErrorKind::TooLarge);
+        assert_eq!(crate::flash::dropout_offsets_consumed(1 << 62, 8, 1, 4).unwrap_err().kind(), ErrorKind::TooLarge);
+        // A packed batch of 65535 sequences with max lengths 2^28 passes every size check but
+        // needs 2^16 · 4 · 2^28 · 2^26 counters: refused before anything is launched.
+        let mut p = packed(None);
+        let v = p.varlen.as_mut().unwrap();
+        v.cu_seqlens_q.sizes = [65536];
+        v.cu_seqlens_k.sizes = [65536];
+        v.max_seqlen_q = 1 << 28;
+        v.max_seqlen_k = 1 << 28;
+        check(&p).unwrap();
+        p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+        assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::TooLarge);
     }
 
     #[test]

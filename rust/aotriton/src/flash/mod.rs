@@ -20,6 +20,10 @@
 //! `cu_seqlens[b] .. cu_seqlens[b+1]`. The LSE and delta of a packed batch are `[1, Hq, total_q]`
 //! fp32 (element (h, token) at `h·stride + token`). Bias, dropout and masks use each sequence's
 //! own lengths and local positions; the bias is `B×Hq×max_seqlen_q×max_seqlen_k`.
+//! The offsets are read by the kernels from device memory. With host copies
+//! ([`Varlen::host_cu_seqlens`]) they are checked before anything is launched; without, the
+//! kernels clamp them to the packed tensors (nothing outside the tensors is read or written
+//! whatever they hold) and can record what they clamped in a status word ([`Varlen::status`]).
 //!
 //! Dropout ([`Dropout`]): Philox4x32-10, keyed by the 64-bit seed, counter = the 64-bit offset
 //! (`*offset + offset_base`) plus `((b·Hq + h)·Sq + i)·⌈Sk/4⌉ + ⌊j/4⌋`, output word `j mod 4`;
@@ -68,9 +72,9 @@ pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 
 use crate::dispatch::{self, ArgList, ArgValue, Axes, bool_axis};
-use crate::error::{Result, bail};
+use crate::error::{Result, bail, checked_product};
 use crate::images;
-use crate::tensor::{DType, TensorView};
+use crate::tensor::{DType, Region, TensorView, check_no_aliasing};
 
 /// Which kernel family serves a call (see the module docs for the rule `Auto` follows).
 #[repr(i32)]
@@ -180,9 +184,19 @@ impl Dropout {
 
 /// Philox counters one call consumes: `batch · heads_q · seqlen_q · ⌈seqlen_k / 4⌉` (max
 /// lengths for packed batches). Advance the generator's offset by this between calls.
-pub fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64 {
-    batch * heads_q * seqlen_q * seqlen_k.div_ceil(4)
+/// `TooLarge` when the count does not fit 64 bits (such a call is refused too: its counters
+/// would wrap and masks repeat).
+pub fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> Result<u64> {
+    checked_product("dropout counters (batch · heads · Sq · ⌈Sk/4⌉)", &[batch, heads_q, seqlen_q, seqlen_k.div_ceil(4)])
 }
+
+/// Bits of a [`Varlen::status`] word: an offset was outside `[0, tokens]` of its packed tensor.
+pub const VARLEN_OFFSET_OUT_OF_RANGE: i32 = 1;
+/// Bits of a [`Varlen::status`] word: offsets decrease (that sequence was taken as empty).
+pub const VARLEN_DECREASING: i32 = 2;
+/// Bits of a [`Varlen::status`] word: a sequence is longer than its max length (only its first
+/// `max_seqlen` rows were computed).
+pub const VARLEN_TOO_LONG: i32 = 4;
 
 /// A packed batch of variable-length sequences (see the module docs for the layouts).
 #[derive(Debug, Clone, Copy)]
@@ -195,8 +209,34 @@ pub struct Varlen<'a> {
     pub max_seqlen_k: u64,
     /// Host copies of the two offset arrays, when the caller has them: then the offsets are
     /// checked (start at 0, non-decreasing, within the tensors, no sequence longer than the
-    /// max lengths). Without them the max lengths are trusted.
+    /// max lengths) and a violation is an error before anything is launched. Without them the
+    /// kernels clamp each sequence to `0 ≤ start ≤ end ≤ tokens` and `length ≤ max_seqlen`:
+    /// memory outside the tensors is never touched, but a wrong offset gives a wrong (clamped)
+    /// result, which only `status` reports.
     pub host_cu_seqlens: Option<(&'a [i32], &'a [i32])>,
+    /// Device address of an int32 word (4-byte aligned; 0 = none) into which the kernels OR
+    /// [`VARLEN_OFFSET_OUT_OF_RANGE`], [`VARLEN_DECREASING`] or [`VARLEN_TOO_LONG`] when they
+    /// had to clamp an offset. The caller zeroes it beforehand and reads it after the call (in
+    /// stream order); it is written only on a violation.
+    pub status: u64,
+}
+
+impl<'a> Varlen<'a> {
+    /// A packed batch without host copies and without a status word.
+    pub fn new(cu_seqlens_q: TensorView<1>, cu_seqlens_k: TensorView<1>, max_seqlen_q: u64, max_seqlen_k: u64) -> Self {
+        Varlen { cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, host_cu_seqlens: None, status: 0 }
+    }
+}
+
+/// What the kernels need of a packed batch: the offsets, the packed tensors' token counts that
+/// bound them, and the status word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Packed {
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub tokens_q: u64,
+    pub tokens_k: u64,
+    pub status: u64,
 }
 
 /// The checked shape shared by the forward and backward passes. For packed batches, `batch` is
@@ -213,8 +253,8 @@ pub(crate) struct AttnShape {
     /// family, and its axis value.
     pub head_dim_bucket: u64,
     pub head_dim_axis: &'static str,
-    /// Packed batch: cu_seqlens device addresses.
-    pub varlen: Option<(u64, u64)>,
+    /// Packed batch: where its offsets are and what bounds them.
+    pub varlen: Option<Packed>,
 }
 
 impl AttnShape {
@@ -246,7 +286,14 @@ pub(crate) fn check_qkv(
         None => (batch, tokens_q, tokens_k, None),
         Some(varlen) => {
             let sequences = check_varlen(varlen, batch, tokens_q, tokens_k)?;
-            (sequences, varlen.max_seqlen_q, varlen.max_seqlen_k, Some((varlen.cu_seqlens_q.ptr, varlen.cu_seqlens_k.ptr)))
+            let packed = Packed {
+                cu_seqlens_q: varlen.cu_seqlens_q.ptr,
+                cu_seqlens_k: varlen.cu_seqlens_k.ptr,
+                tokens_q,
+                tokens_k,
+                status: varlen.status,
+            };
+            (sequences, varlen.max_seqlen_q, varlen.max_seqlen_k, Some(packed))
         }
     };
     for (what, n) in [("batch", batch), ("heads", heads_q), ("Sq", seqlen_q), ("Sk", seqlen_k), ("Hk", heads_k)] {
@@ -262,9 +309,14 @@ pub(crate) fn check_qkv(
     if heads_q > 65535 || batch > 65535 {
         bail!(TooLarge, "heads ({heads_q}) and batch ({batch}) must each be at most 65535");
     }
-    // Window bounds are computed in int32 from Sq + Sk.
-    if seqlen_q > 1 << 30 || seqlen_k > 1 << 30 {
-        bail!(TooLarge, "sequence lengths must be at most 2^30 (Sq {seqlen_q}, Sk {seqlen_k})");
+    // The kernels compute window bounds in int32 from Sq + Sk (kernels/flash/mask.py): up to
+    // about 2·(Sq + Sk) in magnitude, which fits while Sq + Sk ≤ 2^29. Token counts and offsets
+    // of packed batches are int32 too.
+    if seqlen_q.saturating_add(seqlen_k) > MAX_SEQLEN_SUM {
+        bail!(TooLarge, "Sq + Sk must be at most 2^29 = {MAX_SEQLEN_SUM} (Sq {seqlen_q}, Sk {seqlen_k})");
+    }
+    if tokens_q > i32::MAX as u64 || tokens_k > i32::MAX as u64 {
+        bail!(TooLarge, "q and k have {tokens_q} and {tokens_k} rows; the kernels index rows in int32 (at most 2^31 − 1)");
     }
     let shape =
         AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket, head_dim_axis, varlen: packed };
@@ -273,6 +325,9 @@ pub(crate) fn check_qkv(
     check_rows("v", v, tokens_k, head_dim)?;
     Ok(shape)
 }
+
+/// The largest Sq + Sk (max lengths for packed batches) the kernels' int32 window bounds allow.
+pub(crate) const MAX_SEQLEN_SUM: u64 = 1 << 29;
 
 /// Checks a packed batch against its tensors; returns the number of sequences.
 fn check_varlen(varlen: &Varlen, batch: u64, tokens_q: u64, tokens_k: u64) -> Result<u64> {
@@ -297,6 +352,9 @@ fn check_varlen(varlen: &Varlen, batch: u64, tokens_q: u64, tokens_k: u64) -> Re
         );
     }
     let sequences = varlen.cu_seqlens_q.sizes[0] - 1;
+    if varlen.status % 4 != 0 {
+        bail!(MisalignedPointer, "varlen status: address {:#x} is not 4-byte aligned (it holds an int32)", varlen.status);
+    }
     if let Some((host_q, host_k)) = varlen.host_cu_seqlens {
         for (name, host, tokens, max) in
             [("cu_seqlens_q", host_q, tokens_q, varlen.max_seqlen_q), ("cu_seqlens_k", host_k, tokens_k, varlen.max_seqlen_k)]
@@ -380,6 +438,88 @@ pub(crate) fn mask_args(mask: &Mask, shape: &AttnShape) -> Result<MaskArgs> {
     let unbounded = (shape.seqlen_q + shape.seqlen_k) as i32;
     let side = |w: i32| if w < 0 { unbounded } else { w.min(unbounded) };
     Ok(MaskArgs { left: side(mask.window_left), right: side(mask.window_right), bottom_right: mask.align == MaskAlign::BottomRight })
+}
+
+/// Checks what the call's sizes imply for scalars the kernels derive from them: the dropout
+/// counter range must fit 64 bits ([`dropout_offsets_consumed`]), and `sm_scale · log2(e)` (the
+/// kernels' exp2 scale) must be finite.
+pub(crate) fn check_scalars(shape: &AttnShape, dropout: Option<&Dropout>, sm_scale: f32) -> Result<()> {
+    if !sm_scale.is_finite() || !(sm_scale * std::f32::consts::LOG2_E).is_finite() {
+        bail!(InvalidArgument, "sm_scale is {sm_scale}: it must be finite and |sm_scale| · log2(e) must be too");
+    }
+    if dropout.is_some() {
+        dropout_offsets_consumed(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k)?;
+    }
+    Ok(())
+}
+
+/// The device memory of the dropout state, for the aliasing check: the inputs `[seed, offset]`
+/// and the outputs `[seed_out, offset_out]` (u64 each; absent ones empty).
+pub(crate) fn dropout_regions(dropout: Option<&Dropout>) -> Result<([Region<'static>; 2], [Region<'static>; 2])> {
+    let u64_at = |name, ptr: u64| if ptr == 0 { Ok(Region::NONE) } else { Region::raw(name, ptr, 8) };
+    Ok(match dropout {
+        None => ([Region::NONE; 2], [Region::NONE; 2]),
+        Some(d) => (
+            [u64_at("dropout seed", d.seed)?, u64_at("dropout offset", d.offset)?],
+            [u64_at("dropout seed_out", d.seed_out)?, u64_at("dropout offset_out", d.offset_out)?],
+        ),
+    })
+}
+
+/// The device memory of a packed batch: the inputs `[cu_seqlens_q, cu_seqlens_k]` and the
+/// output status word (absent ones empty).
+pub(crate) fn varlen_regions(varlen: Option<&Varlen>) -> Result<([Region<'static>; 2], Region<'static>)> {
+    Ok(match varlen {
+        None => ([Region::NONE; 2], Region::NONE),
+        Some(v) => (
+            [Region::input("cu_seqlens_q", &v.cu_seqlens_q)?, Region::input("cu_seqlens_k", &v.cu_seqlens_k)?],
+            if v.status == 0 { Region::NONE } else { Region::raw("varlen status", v.status, 4)? },
+        ),
+    })
+}
+
+/// The backward's aliasing check: dq, dk, dv, delta, dbias and the workspace are written, so
+/// none may overlap another of them or any input.
+pub(crate) fn check_bwd_aliasing(p: &BwdParams) -> Result<()> {
+    let ([seed, offset], _) = dropout_regions(p.dropout.as_ref())?;
+    let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
+    let dbias = match &p.dbias {
+        Some(db) => Region::output("dbias", db)?,
+        None => Region::NONE,
+    };
+    let workspace = match &p.workspace {
+        Some(ws) => Region::raw("workspace", ws.ptr, ws.bytes)?,
+        None => Region::NONE,
+    };
+    check_no_aliasing(
+        &[
+            Region::output("dq", &p.dq)?,
+            Region::output("dk", &p.dk)?,
+            Region::output("dv", &p.dv)?,
+            Region::output("delta", &p.delta)?,
+            dbias,
+            workspace,
+            status,
+        ],
+        &[
+            Region::input("q", &p.q)?,
+            Region::input("k", &p.k)?,
+            Region::input("v", &p.v)?,
+            Region::input("o", &p.o)?,
+            Region::input("d_o", &p.d_o)?,
+            Region::input("lse", &p.lse)?,
+            optional_input("bias", p.bias.as_ref())?,
+            seed,
+            offset,
+            cu_q,
+            cu_k,
+        ],
+    )
+}
+
+/// An optional input tensor's memory (`Region::NONE` when absent).
+pub(crate) fn optional_input<const R: usize>(name: &'static str, t: Option<&TensorView<R>>) -> Result<Region<'static>> {
+    t.map_or(Ok(Region::NONE), |t| Region::input(name, t))
 }
 
 /// The dropout arguments of the kernels, checked, appended to `args`. `None` gives the neutral
@@ -509,14 +649,23 @@ pub(crate) fn seq_mask_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static st
 
 /// `seq_mask_args` plus the head-dim and packing arguments of the portable attention kernels.
 pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> impl Iterator<Item = (&'static str, ArgValue)> {
+    seq_mask_args(shape, mask).into_iter().chain([("D_HEAD", ArgValue::I32(shape.head_dim as i32))]).chain(varlen_args(shape))
+}
+
+/// The packing arguments (kernels/flash/varlen.py); neutral values for a fixed-length batch.
+pub(crate) fn varlen_args(shape: &AttnShape) -> [(&'static str, ArgValue); 7] {
     use ArgValue::{I32, Ptr};
-    let (cu_q, cu_k) = shape.varlen.unwrap_or((0, 0));
-    seq_mask_args(shape, mask).into_iter().chain([
-        ("D_HEAD", I32(shape.head_dim as i32)),
+    let p = shape.varlen.unwrap_or(Packed { cu_seqlens_q: 0, cu_seqlens_k: 0, tokens_q: 0, tokens_k: 0, status: 0 });
+    [
         ("IS_VARLEN", I32(shape.varlen.is_some() as i32)),
-        ("CU_SEQLENS_Q", Ptr(cu_q)),
-        ("CU_SEQLENS_K", Ptr(cu_k)),
-    ])
+        ("CU_SEQLENS_Q", Ptr(p.cu_seqlens_q)),
+        ("CU_SEQLENS_K", Ptr(p.cu_seqlens_k)),
+        // Validated ≤ i32::MAX (check_qkv).
+        ("N_TOKENS_Q", I32(p.tokens_q as i32)),
+        ("N_TOKENS_K", I32(p.tokens_k as i32)),
+        ("VARLEN_STATUS", Ptr(p.status)),
+        ("STORE_VARLEN_STATUS", I32((p.status != 0) as i32)),
+    ]
 }
 
 /// Blocks of `key` (BLOCK_M, BLOCK_N) rows covering `len` rows, for a launch grid.
