@@ -685,6 +685,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
             (Some((_, _, true)), Some((a, b))) => Some((a.as_slice(), b.as_slice())),
             _ => None,
         },
+        status: 0,
     });
     let s = Stream::from_raw(stream as usize);
     let mut fp = flash::FwdParams::new(
@@ -1356,7 +1357,7 @@ pub(crate) fn graph_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<
     let mut notes = Vec::new();
     let mut pass = true;
     let offsets = [
-        drop.offset + flash::dropout_offsets_consumed(b as u64, hq as u64, sq as u64, sk as u64),
+        drop.offset + flash::dropout_offsets_consumed(b as u64, hq as u64, sq as u64, sk as u64).expect("small sizes"),
         0x1234_5678_9abc,
     ];
     for (n, &offset) in offsets.iter().enumerate() {

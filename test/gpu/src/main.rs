@@ -1042,6 +1042,7 @@ fn live_varlen<'a>(live: &Live, dtype: DType, max_q: u64, host: bool) -> flash::
         max_seqlen_q: max_q,
         max_seqlen_k: 34,
         host_cu_seqlens: host.then_some((&CU_HOST[..], &CU_HOST[..])),
+        status: 0,
     }
 }
 
