@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "status.h"
 
@@ -30,9 +31,10 @@ bridge::DropoutSpec dropout_of(float p, const void* seed, const void* offset, ui
 }
 
 bridge::VarlenSpec varlen_of(const TensorView<1>& cu_q, const TensorView<1>& cu_k, uint64_t max_q,
-                             uint64_t max_k) {
+                             uint64_t max_k, const int32_t* status) {
   return bridge::VarlenSpec{to_bridge<1, bridge::TensorView1>(cu_q),
-                            to_bridge<1, bridge::TensorView1>(cu_k), max_q, max_k};
+                            to_bridge<1, bridge::TensorView1>(cu_k), max_q, max_k,
+                            static_cast<uint64_t>(reinterpret_cast<uintptr_t>(status))};
 }
 
 // The host copies of the offsets as slices (empty when not given or not packed).
@@ -40,10 +42,34 @@ struct HostOffsets {
   rust::Slice<const int32_t> q, k;
 };
 
-HostOffsets host_offsets(const TensorView<1>& cu_q, const int32_t* host_q, const int32_t* host_k) {
-  if (cu_q.data == nullptr || host_q == nullptr || host_k == nullptr) return {};
-  const std::size_t n = static_cast<std::size_t>(cu_q.sizes[0]);
-  return {rust::Slice<const int32_t>(host_q, n), rust::Slice<const int32_t>(host_k, n)};
+// A packed batch has B + 1 offsets with B <= 65535 (the launch grid's limit).
+constexpr uint64_t kMaxOffsets = 65536;
+
+// The host arrays of a packed batch as slices of their declared lengths (`count` 0: the device
+// tensor's, as callers of older headers promised). The lengths are bounded before any slice
+// exists: a Rust slice longer than the memory behind it is undefined behaviour even unread.
+Status host_offsets(const TensorView<1>& cu_q, const TensorView<1>& cu_k, const int32_t* host_q,
+                    uint64_t count_q, const int32_t* host_k, uint64_t count_k, HostOffsets* out) {
+  *out = HostOffsets{};
+  if (cu_q.data == nullptr || (host_q == nullptr && host_k == nullptr)) return Status::kSuccess;
+  if (host_q == nullptr || host_k == nullptr) {
+    return detail::fail(Status::kInvalidArgument,
+                        host_q == nullptr ? "cu_seqlens_k_host is given without cu_seqlens_q_host: give both or neither"
+                                          : "cu_seqlens_q_host is given without cu_seqlens_k_host: give both or neither");
+  }
+  if (count_q == 0) count_q = cu_q.sizes[0];
+  if (count_k == 0) count_k = cu_k.sizes[0];
+  for (auto [name, count] : {std::pair<const char*, uint64_t>{"cu_seqlens_q_host", count_q}, {"cu_seqlens_k_host", count_k}}) {
+    if (count > kMaxOffsets) {
+      std::string message = std::string(name) + " has " + std::to_string(count) +
+                            " entries; a packed batch has at most " + std::to_string(kMaxOffsets) +
+                            " (B + 1 offsets, B <= 65535)";
+      return detail::fail(Status::kTooLarge, message.c_str());
+    }
+  }
+  *out = {rust::Slice<const int32_t>(host_q, static_cast<std::size_t>(count_q)),
+          rust::Slice<const int32_t>(host_k, static_cast<std::size_t>(count_k))};
+  return Status::kSuccess;
 }
 
 bridge::MaskSpec mask_of(bool causal, MaskAlign align, int32_t left, int32_t right) {
@@ -77,7 +103,7 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          mask_of(params.causal, MaskAlign::kTopLeft, -1, -1),
                          bridge::TensorView4{},
                          dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
-                         varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
+                         varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0, nullptr),
                          false,
                          static_cast<int32_t>(Backend::kAuto)};
     // Read only the fields the caller's version of the struct has.
@@ -90,13 +116,19 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
       args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
                                 params.philox_offset_base, params.philox_seed_out,
                                 params.philox_offset_out);
-      args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
-                              params.max_seqlen_k);
       args.allow_tf32 = params.allow_tf32;
-      host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
     }
     if (params.version >= 4) {
       args.backend = static_cast<int32_t>(params.backend);
+    }
+    if (params.version >= 3) {
+      const bool v5 = params.version >= 5;
+      args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
+                              params.max_seqlen_k, v5 ? params.varlen_status : nullptr);
+      Status status = host_offsets(params.cu_seqlens_q, params.cu_seqlens_k, params.cu_seqlens_q_host,
+                                   v5 ? params.cu_seqlens_q_host_count : 0, params.cu_seqlens_k_host,
+                                   v5 ? params.cu_seqlens_k_host_count : 0, &host);
+      if (status != Status::kSuccess) return status;
     }
     return detail::finish(
         bridge::attn_fwd(args, host.q, host.k, stream_of(stream)));
@@ -125,7 +157,7 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
                        bridge::TensorView4{},
                        bridge::TensorView4{},
                        dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
-                       varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0),
+                       varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0, nullptr),
                        false,
                        false,
                        static_cast<int32_t>(Backend::kAuto),
@@ -138,16 +170,22 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
     args.dbias = to_bridge<4, bridge::TensorView4>(params.dbias);
     args.dropout = dropout_of(params.dropout_p, params.philox_seed, params.philox_offset,
                               params.philox_offset_base, nullptr, nullptr);
-    args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
-                            params.max_seqlen_k);
     args.allow_tf32 = params.allow_tf32;
     args.deterministic = params.deterministic;
-    *host = host_offsets(params.cu_seqlens_q, params.cu_seqlens_q_host, params.cu_seqlens_k_host);
   }
   if (params.version >= 3) {
     args.backend = static_cast<int32_t>(params.backend);
     args.workspace = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.workspace));
     args.workspace_bytes = params.workspace_bytes;
+  }
+  if (params.version >= 2) {
+    const bool v4 = params.version >= 4;
+    args.varlen = varlen_of(params.cu_seqlens_q, params.cu_seqlens_k, params.max_seqlen_q,
+                            params.max_seqlen_k, v4 ? params.varlen_status : nullptr);
+    Status status = host_offsets(params.cu_seqlens_q, params.cu_seqlens_k, params.cu_seqlens_q_host,
+                                 v4 ? params.cu_seqlens_q_host_count : 0, params.cu_seqlens_k_host,
+                                 v4 ? params.cu_seqlens_k_host_count : 0, host);
+    if (status != Status::kSuccess) return status;
   }
   *out = args;
   return Status::kSuccess;
@@ -181,9 +219,23 @@ Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream, uint64_t
   });
 }
 
+Status dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q, uint64_t seqlen_k,
+                                uint64_t* count) noexcept {
+  return detail::guarded([&] {
+    if (count == nullptr) {
+      return detail::fail(Status::kNullPointer, "dropout_offsets_consumed: count (the output) is null");
+    }
+    return detail::finish(bridge::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k, *count));
+  });
+}
+
 uint64_t dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q,
                                   uint64_t seqlen_k) noexcept {
-  return bridge::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k);
+  uint64_t count = 0;
+  if (dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k, &count) != Status::kSuccess) {
+    return UINT64_MAX;
+  }
+  return count;
 }
 
 Status debug_dropout_mask(TensorView<4> out, float dropout_p, const void* philox_seed,

@@ -64,7 +64,9 @@ const char* status_name(Status status) noexcept {
 const char* version() noexcept {
   static const std::string text = [] {
     try {
-      return std::string(bridge::version());
+      rust::String version;
+      if (bridge::version(version).code != 0) return std::string("unknown");
+      return std::string(version);
     } catch (...) {
       return std::string("unknown");
     }

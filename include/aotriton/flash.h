@@ -36,6 +36,12 @@ enum class Backend : int32_t {
   kGluon = 2,     // sm_90 Gluon kernels (TMA, warp-specialized)
 };
 
+// Packed (varlen) batches: bits the kernels OR into FwdParams/BwdParams::varlen_status when the
+// device offsets cu_seqlens_q/k were invalid and had to be clamped (see FwdParams).
+constexpr int32_t kVarlenOffsetOutOfRange = 1;  // an offset outside [0, tokens] of its packed tensor
+constexpr int32_t kVarlenDecreasing = 2;        // offsets decrease (that sequence taken as empty)
+constexpr int32_t kVarlenTooLong = 4;           // a sequence longer than max_seqlen_q/k (cut there)
+
 // Versioned parameters: `version` tells the library which fields the caller's header had.
 // Later versions only append fields, so a program built against an older header keeps working
 // (the library reads only the fields of the caller's version and defaults the rest).
@@ -44,7 +50,7 @@ enum class Backend : int32_t {
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 4;
+  static constexpr uint32_t kVersion = 5;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -78,7 +84,18 @@ struct FwdParams {
   void* philox_offset_out = nullptr;
   // Packed variable-length batch (null cu_seqlens_q data = not packed): q/o are
   // [1, Hq, total_q, D] views, k/v [1, Hk, total_k, D], lse [1, Hq, total_q]; cu_seqlens are
-  // int32 B+1 offsets on the device. Host copies, if given, are used to check the offsets.
+  // int32 B+1 offsets (B <= 65535) on the device, sequence b owning tokens cu[b] .. cu[b+1].
+  //
+  // The kernels read the offsets from the device. Without host copies they clamp them to the
+  // packed tensors (0 <= start <= end <= tokens, length <= max_seqlen): nothing outside the
+  // tensors is read or written whatever the offsets hold, but invalid offsets give clamped
+  // results, not an error; set varlen_status (version 5) to learn that it happened. With host
+  // copies (both, or neither) the offsets are checked on the host first (start at 0,
+  // non-decreasing, within the tensors, no sequence above the max lengths): a violation is an
+  // error and nothing is launched. The host arrays must stay valid during the call only and hold
+  // cu_seqlens_q_host_count / cu_seqlens_k_host_count entries (version 5; for a caller of an
+  // older header, cu_seqlens_q.sizes[0] / cu_seqlens_k.sizes[0]); the library reads no more, and
+  // refuses more than 65536 before reading any.
   TensorView<1> cu_seqlens_q;
   TensorView<1> cu_seqlens_k;
   uint64_t max_seqlen_q = 0;
@@ -90,6 +107,17 @@ struct FwdParams {
 
   // -- version 4 --
   Backend backend = Backend::kAuto;
+
+  // -- version 5 --
+  // Entries in cu_seqlens_q_host / cu_seqlens_k_host (must be B+1). 0 = the old contract:
+  // cu_seqlens_q.sizes[0] / cu_seqlens_k.sizes[0] entries.
+  uint64_t cu_seqlens_q_host_count = 0;
+  uint64_t cu_seqlens_k_host_count = 0;
+  // Packed batches: device address of an int32 word (4-byte aligned; null = not recorded) into
+  // which the kernels OR kVarlenOffsetOutOfRange, kVarlenDecreasing or kVarlenTooLong when they
+  // had to clamp an offset. Zero it before the call and read it after (in stream order); it is
+  // written only on a violation. Ignored when not packed.
+  int32_t* varlen_status = nullptr;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -101,7 +129,7 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 // are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
 // `deterministic` is set.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 3;
+  static constexpr uint32_t kVersion = 4;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -130,7 +158,7 @@ struct BwdParams {
   TensorView<1> cu_seqlens_k;
   uint64_t max_seqlen_q = 0;
   uint64_t max_seqlen_k = 0;
-  const int32_t* cu_seqlens_q_host = nullptr;
+  const int32_t* cu_seqlens_q_host = nullptr;  // as in FwdParams
   const int32_t* cu_seqlens_k_host = nullptr;
   bool allow_tf32 = false;
   // Require bitwise-reproducible gradients (the Gluon backend then computes dQ with the
@@ -144,6 +172,11 @@ struct BwdParams {
   // default) keeps kAuto on the portable kernels, which need none.
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
+
+  // -- version 4 --: as FwdParams version 5.
+  uint64_t cu_seqlens_q_host_count = 0;
+  uint64_t cu_seqlens_k_host_count = 0;
+  int32_t* varlen_status = nullptr;
 };
 
 // Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any
@@ -159,9 +192,16 @@ AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream str
                                              uint64_t* bytes) noexcept;
 
 // Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
-// (max lengths for packed batches). Advance the generator's offset by this between calls.
-AOTRITON_API uint64_t dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q,
-                                               uint64_t seqlen_k) noexcept;
+// (max lengths for packed batches), written to *count. Advance the generator's offset by this
+// between calls. kTooLarge (and *count = 0) when the count does not fit 64 bits: such a call's
+// counters would wrap, and attn_fwd/attn_bwd refuse it too.
+AOTRITON_API Status dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q,
+                                             uint64_t seqlen_k, uint64_t* count) noexcept;
+
+// The form of earlier releases, kept for programs built against them: the count, or UINT64_MAX
+// when it does not fit 64 bits (it never wraps).
+[[deprecated("use the Status form, which reports an overflow")]] AOTRITON_API uint64_t
+dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q, uint64_t seqlen_k) noexcept;
 
 // Writes out[b, h, i, j] = 1.0 where attention with this dropout keeps element (b, h, i, j) of a
 // B x H x Sq x Sk score matrix, 0.0 where it drops it (out: fp32, B x H x Sq x Sk).

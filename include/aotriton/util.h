@@ -20,16 +20,21 @@ struct TensorView {
   int64_t strides[Rank] = {};
   DType dtype = DType::kFloat16;
 
-  // A densely packed row-major view.
+  // A densely packed row-major view. A stride that does not fit int64_t saturates at INT64_MAX
+  // (as the Rust TensorView::contiguous does) instead of overflowing, which would be undefined
+  // behaviour.
   static TensorView contiguous(const void* data, const uint64_t (&sizes)[Rank], DType dtype) {
     TensorView t;
     t.data = data;
     t.dtype = dtype;
-    int64_t step = 1;
+    int64_t step = 1;  // never negative
     for (int d = Rank - 1; d >= 0; --d) {
       t.sizes[d] = sizes[d];
       t.strides[d] = step;
-      step *= static_cast<int64_t>(sizes[d]);
+      const uint64_t max = static_cast<uint64_t>(INT64_MAX);
+      step = sizes[d] != 0 && static_cast<uint64_t>(step) > max / sizes[d]
+                 ? INT64_MAX
+                 : step * static_cast<int64_t>(sizes[d]);
     }
     return t;
   }

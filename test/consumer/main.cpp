@@ -2,6 +2,8 @@
 // own Status with a message, and a valid call reports that there is no driver.
 #include <aotriton/flash.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -162,6 +164,63 @@ int main() {
   p.max_seqlen_q = 11;
   expect("max_seqlen_q below a sequence", flash::attn_fwd(p, stream), Status::kInvalidArgument);
 
+  // Host offsets: the library reads no more entries than the caller declares. Three entries
+  // right before an inaccessible page; a wrong count must be an error, never a read past them.
+  const long page = sysconf(_SC_PAGESIZE);
+  void* pages = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (pages == MAP_FAILED || mprotect(static_cast<char*>(pages) + page, page, PROT_NONE) != 0) {
+    std::printf("FAIL cannot map a guard page\n");
+    ++g_failures;
+  } else {
+    int32_t* fenced = reinterpret_cast<int32_t*>(static_cast<char*>(pages) + page) - 3;
+    std::memcpy(fenced, cu_q_host, sizeof cu_q_host);
+    p = packed();
+    p.cu_seqlens_q_host = p.cu_seqlens_k_host = fenced;
+    p.cu_seqlens_q.sizes[0] = p.cu_seqlens_k.sizes[0] = 1000;  // the device tensors' claim
+    p.cu_seqlens_q_host_count = p.cu_seqlens_k_host_count = 3;  // what the caller owns
+    expect("host offsets: 3 entries, device says 1000", flash::attn_fwd(p, stream), Status::kShapeMismatch);
+    p = packed();
+    p.cu_seqlens_q_host = p.cu_seqlens_k_host = fenced;
+    p.cu_seqlens_q_host_count = p.cu_seqlens_k_host_count = 1u << 20;
+    expect("host offsets: count above 65536", flash::attn_fwd(p, stream), Status::kTooLarge);
+    // A caller of an older header promised cu_seqlens.sizes[0] entries: bounded before reading.
+    p = packed();
+    p.version = 4;
+    p.cu_seqlens_q_host = p.cu_seqlens_k_host = fenced;
+    p.cu_seqlens_q.sizes[0] = p.cu_seqlens_k.sizes[0] = uint64_t(1) << 62;
+    expect("host offsets: version-4 size 2^62", flash::attn_fwd(p, stream), Status::kTooLarge);
+    flash::BwdParams gb = valid_bwd_params();
+    gb.cu_seqlens_q = p.cu_seqlens_q;
+    gb.cu_seqlens_k = p.cu_seqlens_k;
+    gb.cu_seqlens_q_host = gb.cu_seqlens_k_host = fenced;
+    gb.cu_seqlens_q_host_count = gb.cu_seqlens_k_host_count = 70000;
+    expect("backward host offsets: count above 65536", flash::attn_bwd(gb, stream), Status::kTooLarge);
+    munmap(pages, 2 * page);
+  }
+  p = packed();
+  p.cu_seqlens_k_host = nullptr;
+  expect("host offsets for q only", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+  p = packed();
+  p.cu_seqlens_q_host = p.cu_seqlens_k_host = nullptr;
+  p.varlen_status = reinterpret_cast<int32_t*>(0xd0002);
+  expect("varlen_status misaligned", flash::attn_fwd(p, stream), Status::kMisalignedPointer);
+
+  // Sizes whose packed strides overflow int64: they saturate (no undefined behaviour).
+  const uint64_t huge = uint64_t(1) << 40;
+  auto big = aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(0x10000), {huge, huge, huge, 8},
+                                                 DType::kFloat16);
+  if (big.strides[3] != 1 || big.strides[2] != 8 || big.strides[1] != int64_t(8) << 40 ||
+      big.strides[0] != INT64_MAX) {
+    std::printf("FAIL contiguous strides of huge sizes: %lld %lld %lld %lld\n", (long long)big.strides[0],
+                (long long)big.strides[1], (long long)big.strides[2], (long long)big.strides[3]);
+    ++g_failures;
+  }
+  auto above = aotriton::TensorView<2>::contiguous(nullptr, {3, UINT64_MAX}, DType::kFloat16);
+  if (above.strides[0] != INT64_MAX || above.strides[1] != 1) {
+    std::printf("FAIL contiguous stride of a size above INT64_MAX: %lld\n", (long long)above.strides[0]);
+    ++g_failures;
+  }
+
   flash::BwdParams g = valid_bwd_params();
   g.lse.data = nullptr;
   expect("backward without lse", flash::attn_bwd(g, stream), Status::kNullPointer);
@@ -259,10 +318,20 @@ int main() {
            flash::debug_dropout_mask(out, 0.5f, &philox_state[0], &philox_state[1], 0, stream),
            Status::kNoDriver);
   }
-  if (flash::dropout_offsets_consumed(2, 4, 17, 33) != 2 * 4 * 17 * 9) {
-    std::printf("FAIL dropout_offsets_consumed\n");
+  uint64_t counters = 7;
+  expect("dropout counters", flash::dropout_offsets_consumed(2, 4, 17, 33, &counters), Status::kSuccess);
+  if (counters != 2 * 4 * 17 * 9) {
+    std::printf("FAIL dropout_offsets_consumed: %llu\n", (unsigned long long)counters);
     ++g_failures;
   }
+  expect("dropout counters overflow u64",
+         flash::dropout_offsets_consumed(65535, 65535, uint64_t(1) << 30, uint64_t(1) << 30, &counters),
+         Status::kTooLarge);
+  if (counters != 0) {
+    std::printf("FAIL dropout_offsets_consumed overflow left %llu\n", (unsigned long long)counters);
+    ++g_failures;
+  }
+  expect("dropout counters, null output", flash::dropout_offsets_consumed(1, 1, 1, 1, nullptr), Status::kNullPointer);
 
   std::printf("%s\n", g_failures ? "consumer: FAILED" : "consumer: all checks passed");
   return g_failures ? 1 : 0;

@@ -1,6 +1,8 @@
 //! The cxx bridge behind the C++ API (v2src/). Only v2src sees the generated header: the public
 //! headers in include/aotriton/ expose plain C-compatible types. Errors travel as an Outcome
-//! (code + message); panics are caught here and never unwind into C++.
+//! (code + message). Every function of the bridge runs inside [`guard`]: cxx aborts the process
+//! when a panic reaches an `extern "Rust"` function, and the C++ API promises that nothing aborts.
+use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use aotriton::flash::{Backend, Dropout, Mask, MaskAlign, Varlen, Workspace};
@@ -45,6 +47,8 @@ mod ffi {
         cu_seqlens_k: TensorView1,
         max_seqlen_q: u64,
         max_seqlen_k: u64,
+        /// Device address of the int32 word the kernels OR clamping bits into; 0: not recorded.
+        status: u64,
     }
 
     /// The mask fields shared by FwdParams and BwdParams.
@@ -113,7 +117,7 @@ mod ffi {
     }
 
     extern "Rust" {
-        fn version() -> String;
+        fn version(text: &mut String) -> Outcome;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
         fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
         fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
@@ -125,24 +129,42 @@ mod ffi {
             stream: &StreamSpec,
             bytes: &mut u64,
         ) -> Outcome;
-        fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64;
+        /// Writes the counter count into `count` (0 on error: the product overflows u64).
+        fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome;
         fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: &StreamSpec) -> Outcome;
     }
 }
 
 use ffi::Outcome;
 
-/// Runs `f`, turning its error or a panic into an Outcome.
+/// Runs `f`, turning its error or a panic into an Outcome. A panic's message is kept: it is the
+/// only trace of the bug the caller can report (the default hook only prints it to stderr).
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> Outcome {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => Outcome { code: 0, message: String::new() },
         Ok(Err(e)) => Outcome { code: e.kind() as i32, message: e.message().to_string() },
-        Err(_) => Outcome { code: ErrorKind::Internal as i32, message: "panic in the aotriton runtime".into() },
+        Err(payload) => {
+            let message = format!("panic in the aotriton runtime: {}", panic_text(payload.as_ref()));
+            // The payload's own drop could panic again, outside any guard: never drop it.
+            std::mem::forget(payload);
+            Outcome { code: ErrorKind::Internal as i32, message }
+        }
     }
 }
 
-fn version() -> String {
-    format!("{} ({})", env!("CARGO_PKG_VERSION"), aotriton::built_archs().join(", "))
+/// The text of a panic: `panic!` payloads are a `&str` or a `String`.
+fn panic_text(payload: &(dyn Any + Send)) -> &str {
+    match payload.downcast_ref::<&str>() {
+        Some(text) => text,
+        None => payload.downcast_ref::<String>().map_or("(no message)", String::as_str),
+    }
+}
+
+fn version(text: &mut String) -> Outcome {
+    guard(|| {
+        *text = format!("{} ({})", env!("CARGO_PKG_VERSION"), aotriton::built_archs().join(", "));
+        Ok(())
+    })
 }
 
 fn dtype(raw: i32, name: &str) -> Result<DType, Error> {
@@ -182,6 +204,8 @@ fn dropout(d: &ffi::DropoutSpec) -> Option<Dropout> {
     })
 }
 
+/// `host_q`/`host_k`: the host copies, both empty when not given (v2src bounds their lengths and
+/// refuses one without the other).
 fn varlen<'a>(v: &ffi::VarlenSpec, host_q: &'a [i32], host_k: &'a [i32]) -> Result<Option<Varlen<'a>>, Error> {
     if v.cu_seqlens_q.ptr == 0 {
         return Ok(None);
@@ -191,7 +215,8 @@ fn varlen<'a>(v: &ffi::VarlenSpec, host_q: &'a [i32], host_k: &'a [i32]) -> Resu
         cu_seqlens_k: view!(v.cu_seqlens_k, "cu_seqlens_k"),
         max_seqlen_q: v.max_seqlen_q,
         max_seqlen_k: v.max_seqlen_k,
-        host_cu_seqlens: (!host_q.is_empty()).then_some((host_q, host_k)),
+        host_cu_seqlens: (!host_q.is_empty() || !host_k.is_empty()).then_some((host_q, host_k)),
+        status: v.status,
     }))
 }
 
@@ -228,8 +253,12 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpe
     })
 }
 
-fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> u64 {
-    flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k)
+fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome {
+    *count = 0;
+    guard(|| {
+        *count = flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k)?;
+        Ok(())
+    })
 }
 
 fn debug_dropout_mask(out: &ffi::TensorView4, d: &ffi::DropoutSpec, s: &ffi::StreamSpec) -> Outcome {
@@ -306,6 +335,7 @@ mod tests {
                 cu_seqlens_k: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 4 },
                 max_seqlen_q: 0,
                 max_seqlen_k: 0,
+                status: 0,
             },
             allow_tf32: false,
             backend: 0,
@@ -326,6 +356,30 @@ mod tests {
         bad.backend = 0;
         let out = attn_fwd(&bad, &[], &[], &ffi::StreamSpec { handle: 0, runtime: 5 });
         assert!(out.code == ErrorKind::InvalidArgument as i32 && out.message.contains("GpuRuntime"), "{}", out.message);
+    }
+
+    #[test]
+    fn a_caught_panic_keeps_its_message() {
+        let out = guard(|| panic!("expected in this test: {}", 42));
+        assert_eq!(out.code, ErrorKind::Internal as i32);
+        assert!(out.message.contains("expected in this test: 42"), "{}", out.message);
+        let out = guard(|| std::panic::panic_any(7u32));
+        assert_eq!(out.code, ErrorKind::Internal as i32);
+        assert!(out.message.contains("panic"), "{}", out.message);
+    }
+
+    #[test]
+    fn version_and_dropout_counters_are_outcomes() {
+        let mut text = String::new();
+        assert_eq!(version(&mut text).code, 0);
+        assert!(text.starts_with(env!("CARGO_PKG_VERSION")), "{text}");
+        let mut count = 7;
+        assert_eq!(dropout_offsets_consumed(2, 4, 17, 33, &mut count).code, 0);
+        assert_eq!(count, 2 * 4 * 17 * 9);
+        // 2^16 · 2^16 · 2^30 · 2^28 overflows u64: an error, never a wrapped count or a panic.
+        let out = dropout_offsets_consumed(1 << 16, 1 << 16, 1 << 30, 1 << 30, &mut count);
+        assert_eq!(out.code, ErrorKind::TooLarge as i32, "{}", out.message);
+        assert_eq!(count, 0);
     }
 
     #[test]
