@@ -533,24 +533,60 @@ struct LoadedKernel {
     meta: KernelMeta,
 }
 
+/// Where a loaded kernel lives and which one it is: the driver's module scope (the CUDA context
+/// or the HIP device), the archive (its address stands for its arch: archives are cached for the
+/// life of the process), the functional and the kernel. Building one allocates nothing.
+type KernelKey = ((Runtime, usize), usize, usize, usize);
+
+/// One kernel's slot in a [`LoadCache`]: empty until its first load succeeds.
+type CacheSlot<V> = Arc<Mutex<Option<Arc<V>>>>;
+
+/// Kernels loaded once per key and shared by every later call. The map's lock is held only to
+/// find or insert a key's slot; the load itself (decompressing the functional's images, the
+/// driver's module load) runs under that slot's own lock. So a first load makes only callers
+/// of the same kernel wait (they need its result anyway, and it is loaded once), callers of
+/// every other kernel go on, and a hit takes two short, uncontended locks and allocates
+/// nothing. No lock is held while taking another (the map's is released before a slot's), so
+/// there is no lock order to get wrong. A failed load leaves its slot empty: the next caller
+/// tries again.
+struct LoadCache<V> {
+    slots: Mutex<HashMap<KernelKey, CacheSlot<V>>>,
+}
+
+impl<V> LoadCache<V> {
+    fn new() -> LoadCache<V> {
+        LoadCache { slots: Mutex::new(HashMap::new()) }
+    }
+
+    /// The value of `key`, loaded by `load` on first use.
+    fn get_or_load(&self, key: KernelKey, load: impl FnOnce() -> Result<V>) -> Result<Arc<V>> {
+        let slot = lock(&self.slots).entry(key).or_default().clone();
+        let mut slot = lock(&slot);
+        if let Some(found) = &*slot {
+            return Ok(found.clone());
+        }
+        let value = Arc::new(load()?);
+        *slot = Some(value.clone());
+        Ok(value)
+    }
+}
+
 /// Loads a kernel onto the stream's device once (CUDA: per context); later calls find it in the
-/// cache. Loading holds the cache lock, so two threads never load the same kernel twice.
+/// cache.
 fn load(
     context: &StreamContext,
     loaded: &LoadedArchive,
     functional: usize,
     kernel: usize,
 ) -> Result<Arc<LoadedKernel>> {
-    // (runtime and context or device, archive, functional, kernel): the archive's address stands
-    // for its arch (archives are cached for the life of the process), so the lookup allocates
-    // nothing.
-    type Key = ((Runtime, usize), usize, usize, usize);
-    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<LoadedKernel>>>> = OnceLock::new();
+    static CACHE: OnceLock<LoadCache<LoadedKernel>> = OnceLock::new();
     let key = (context.cache_key(), loaded as *const LoadedArchive as usize, functional, kernel);
-    let mut cache = lock(CACHE.get_or_init(Default::default));
-    if let Some(found) = cache.get(&key) {
-        return Ok(found.clone());
-    }
+    CACHE.get_or_init(LoadCache::new).get_or_load(key, || load_kernel(context, loaded, functional, kernel))
+}
+
+/// Checks a kernel's metadata against the device and the launch this runtime does, then loads its
+/// image through the stream's driver.
+fn load_kernel(context: &StreamContext, loaded: &LoadedArchive, functional: usize, kernel: usize) -> Result<LoadedKernel> {
     let meta = &loaded.archive.functionals()[functional].kernels[kernel];
     if meta.global_scratch_size > 0 || meta.profile_scratch_size > 0 {
         return Err(Error::new(
@@ -578,9 +614,7 @@ fn load(
     }
     let images = loaded.images(functional)?;
     let function = context.load_function(&images[kernel], &meta.symbol, meta.shared, &meta.id)?;
-    let entry = Arc::new(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone() });
-    cache.insert(key, entry.clone());
-    Ok(entry)
+    Ok(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone() })
 }
 
 /// One explicit kernel argument in the kernarg segment.
@@ -740,6 +774,93 @@ mod tests {
         assert_eq!(layout.size, 48);
         let e = kernarg_layout(&meta(vec![arg("desc_q", "tensordesc<bf16[64, 64]>", 1, desc(&[64, 64], 2))])).unwrap_err();
         assert!(e.message().contains("desc_q") && e.message().contains("no kernarg layout"), "{e}");
+    }
+
+    fn key(kernel: usize) -> KernelKey {
+        ((Runtime::Cuda, 0x1000), 0x2000, 3, kernel)
+    }
+
+    /// While kernel A's first load is under way (slow: decompression and the driver's module
+    /// load), kernel B loads and is found again without waiting for it.
+    #[test]
+    fn a_slow_first_load_blocks_only_callers_of_that_kernel() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+        let cache = LoadCache::<u32>::new();
+        let (started, a_started) = channel();
+        let (release, a_released) = channel::<()>();
+        let (b_done, b_result) = channel();
+        let b_in_time = std::thread::scope(|s| {
+            let cache = &cache;
+            s.spawn(move || {
+                cache.get_or_load(key(0), || {
+                    started.send(()).unwrap();
+                    a_released.recv().unwrap();
+                    Ok(1)
+                })
+            });
+            a_started.recv().unwrap();
+            s.spawn(move || {
+                let loaded = cache.get_or_load(key(1), || Ok(2)).map(|v| *v);
+                let found = cache.get_or_load(key(1), || Ok(99)).map(|v| *v);
+                b_done.send((loaded, found)).unwrap();
+            });
+            let b = b_result.recv_timeout(Duration::from_secs(10));
+            release.send(()).unwrap();
+            b
+        });
+        let (loaded, found) = b_in_time.expect("kernel B waited for kernel A's load");
+        assert_eq!((loaded.unwrap(), found.unwrap()), (2, 2));
+        assert_eq!(*cache.get_or_load(key(0), || Ok(99)).unwrap(), 1);
+    }
+
+    #[test]
+    fn concurrent_first_loads_of_one_kernel_load_it_once() {
+        use std::sync::Barrier;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let cache = LoadCache::<u32>::new();
+        let loads = AtomicUsize::new(0);
+        let start = Barrier::new(32);
+        let results: Vec<Arc<u32>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..32)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        cache
+                            .get_or_load(key(0), || {
+                                loads.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(std::time::Duration::from_millis(20));
+                                Ok(7)
+                            })
+                            .unwrap()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert!(results.iter().all(|r| Arc::ptr_eq(r, &results[0])));
+    }
+
+    /// A failed load is not remembered: the next call tries again (the environment may have
+    /// been fixed, e.g. shared memory freed by another context).
+    #[test]
+    fn a_failed_load_is_tried_again() {
+        let cache = LoadCache::<u32>::new();
+        let e = cache.get_or_load(key(0), || Err(Error::new(ErrorKind::Driver, "cuModuleLoadData failed"))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Driver);
+        assert_eq!(*cache.get_or_load(key(0), || Ok(5)).unwrap(), 5);
+    }
+
+    #[test]
+    fn a_cache_hit_allocates_nothing() {
+        let cache = LoadCache::<u32>::new();
+        cache.get_or_load(key(0), || Ok(1)).unwrap();
+        let before = crate::alloc_count::allocations();
+        for _ in 0..100 {
+            cache.get_or_load(key(0), || Ok(2)).unwrap();
+        }
+        assert_eq!(crate::alloc_count::allocations(), before);
     }
 
     #[test]
