@@ -247,21 +247,25 @@ def _strides(*tensors, n=3):
 class Launch:
     """One problem in the kernels' terms: ``[B?, H, S, D]`` views (packed when varlen), lengths, groups."""
 
-    def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None):
+    def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None, max_lens=None):
         self.q, self.k, self.v = q, k, v
         self.dtype = q.dtype
         self.mask, self.sm_scale, self.dropout = mask, sm_scale, dropout
         self.varlen = cu_q is not None
+        # The status word the kernels OR clamped offsets into (varlen.py), zeroed per launch.
+        self.status = np.zeros(1, np.int32)
         if self.varlen:
             self.B = len(cu_q) - 1
             self.sq = np.diff(cu_q)
             self.sk = np.diff(cu_k)
-            self.n_ctx_q, self.n_ctx_k = int(self.sq.max()), int(self.sk.max())
+            self.n_ctx_q, self.n_ctx_k = max_lens or (int(self.sq.max()), int(self.sk.max()))
             self.cu = (NpTensor(np.asarray(cu_q, np.int32)), NpTensor(np.asarray(cu_k, np.int32)))
+            self.packing = (q.shape[2], k.shape[2], NpTensor(self.status), 1)
         else:
             self.B = q.shape[0]
             self.n_ctx_q, self.n_ctx_k = q.shape[2], k.shape[2]
             self.cu = (dummy(np.int32), dummy(np.int32))
+            self.packing = (0, 0, dummy(np.int32), 0)
         self.Hq, self.Hk, self.D = q.shape[1], k.shape[1], q.shape[3]
         self.bias = bias
         self.tbias = NpTensor(bias) if bias is not None else dummy(self.dtype)
@@ -275,7 +279,7 @@ class Launch:
 
     def attention_args(self):
         return (self.n_ctx_q, self.n_ctx_k, self.D, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
-                int(self.varlen), *self.cu)
+                int(self.varlen), *self.cu, *self.packing)
 
     def dropout_args(self):
         return self.dropout.args() if self.dropout else (0, 1.0, dummy(np.int64), dummy(np.int64), 0)
@@ -317,7 +321,7 @@ class Launch:
         hd = bucket(self.D)
         attn_bwd_preprocess[(triton.cdiv(self.n_ctx_q, block_pre), self.Hq, self.B)](
             to, tdo, tdelta, *self.st(to, tdo), *self.lse_strides(tdelta), self.n_ctx_q, self.D,
-            int(self.varlen), self.cu[0], HEAD_DIM=hd, BLOCK_M=block_pre)
+            int(self.varlen), self.cu[0], self.packing[0], *self.packing[2:], HEAD_DIM=hd, BLOCK_M=block_pre)
         common = (*self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta))
         tail = (*self.attention_args(), *self.dropout_args())
         bm, bn = blocks_dkdv
@@ -592,6 +596,53 @@ class AttnInterpreterTest(unittest.TestCase):
         self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"))
         self.check_varlen([0, 3], [0, 0], 1, 1, 16, Mask("causal"))                     # all-empty keys
         self.check_varlen([19, 2, 0], [31, 0, 5], 2, 2, 16, Mask("window", 3, 6), dtype=np.float32)
+
+    def test_varlen_offsets_are_clamped_to_the_tensors(self):
+        """Offsets from device memory that are wrong (out of range, decreasing, longer than the max
+        length) are clamped: nothing outside the packed tensors is read or written, every bit of
+        the poisoned guards around them survives, and the status word names each violation."""
+        rng = np.random.default_rng(7)
+        H, D, tq, tk, guard = 2, 16, 20, 24, 8
+        cu_q = np.array([0, 8, 5, 30], np.int32)    # seq 1 decreases; seq 2 ends past the 20 tokens
+        cu_k = np.array([-4, 10, 10, 24], np.int32)  # seq 0 starts before token 0
+        max_q, max_k = 12, 14                        # seq 2 (clamped to 15 tokens) is still too long
+
+        def packed(tokens, fill):
+            """A [1, H, tokens, D] view into [tokens + 2·guard, H, D] storage, the guards = fill."""
+            storage = np.full((tokens + 2 * guard, H, D), fill, np.float16)
+            storage[guard:guard + tokens] = rng.standard_normal((tokens, H, D))
+            return storage, storage[guard:guard + tokens].transpose(1, 0, 2)[None]
+
+        (_, q), (_, k), (_, v), (_, do) = packed(tq, 7.0), packed(tk, 7.0), packed(tk, 7.0), packed(tq, 7.0)
+        run = Launch(q, k, v, Mask(), 1 / np.sqrt(D), cu_q=cu_q, cu_k=cu_k, max_lens=(max_q, max_k))
+        o_storage, o = packed(tq, np.nan)
+        lse_storage = np.full((H, tq + 2 * guard), np.nan, np.float32)
+        lse = lse_storage[:, guard:guard + tq][None]
+        to, tlse = NpTensor(o), NpTensor(lse)
+        tq_, tk_, tv_ = NpTensor(q), NpTensor(k), NpTensor(v)
+        attn_fwd[(triton.cdiv(max_q, 16), H, run.B)](
+            tq_, tk_, tv_, to, tlse, run.tbias, run.sm_scale, *run.st(tq_, tk_, tv_, to), *run.lse_strides(tlse),
+            0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64), dummy(np.int64), 0,
+            HAS_BIAS=False, **run.constexprs(BLOCK_M=16, BLOCK_N=16))
+        want = 1 | 2 | 4  # VARLEN_OFFSET_OUT_OF_RANGE | VARLEN_DECREASING | VARLEN_TOO_LONG
+        self.assertEqual(int(run.status[0]), want)
+        for name, storage in (("O", o_storage), ("LSE", lse_storage.transpose(1, 0))):
+            self.assertTrue(np.isnan(storage[:guard]).all() and np.isnan(storage[guard + tq:]).all(),
+                            f"{name}: a guard was written")
+        # Sequence 0 is q [0, 8) against the clamped keys [0, 10), sequence 2 the first 12 rows of
+        # q [5, 20) against keys [10, 24) (14 = max_k keys); it overlaps sequence 0's rows 5-7,
+        # which either may write (in bounds: clamping keeps memory safe, not offsets consistent).
+        for qs, qe, ks, ke in ((0, 5, 0, 10), (5, 17, 10, 24)):
+            ref = reference(q[:, :, qs:qe], k[:, :, ks:ke], v[:, :, ks:ke], do[:, :, qs:qe],
+                            Mask().visible(qe - qs, ke - ks), run.sm_scale)
+            err = np.abs(o[:, :, qs:qe].astype(np.float64) - ref[0]).max()
+            self.assertLessEqual(err, 1e-2, f"O of q [{qs}, {qe}) k [{ks}, {ke})")
+        # The backward clamps the same way: the guards of dQ, dK, dV and delta stay intact.
+        run.status[0] = 0
+        o_valid = np.nan_to_num(o)
+        lse_valid = np.nan_to_num(lse, nan=0.0, posinf=0.0)
+        delta, dq, dk, dv = run.bwd(o_valid, lse_valid, do, (16, 16), (16, 16))
+        self.assertEqual(int(run.status[0]), want)
 
     def test_varlen_dropout_bias(self):
         self.check_varlen([5, 0, 18, 1], [9, 3, 17, 6], 2, 1, 16, Mask("causal"), dropout=Dropout(0.3), bias="")
