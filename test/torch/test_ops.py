@@ -384,6 +384,112 @@ def test_varlen():
     varlen_case(torch.float16, (9, 20), (0, 25), 2, 2, 64)  # a sequence without keys: zeros
 
 
+# ---------------------------------------------------------------- varlen offsets: clamped or checked
+POISON = -0x2F2F2F30  # an int32 pattern no kernel writes
+
+
+def nan_fenced(total, h, d, pad=64):
+    """A (total, h, d) fp16 leaf inside a buffer whose `pad` tokens on each side are NaN: a read
+    outside the tensor brings NaN into the results."""
+    buf = torch.full((pad + total + pad, h, d), float("nan"), device=DEV, dtype=torch.float16)
+    t = buf[pad:pad + total]
+    t.copy_(torch.randn(total, h, d, device=DEV, dtype=torch.float16))
+    return t.requires_grad_()
+
+
+def fenced_allocations(fn):
+    """Runs fn() with its allocations (the op's outputs and workspaces) carved from a private memory
+    pool whose memory was filled with POISON, right after a POISON guard; returns (fn's result, ok,
+    detail), ok meaning the guard and the pool memory after fn's allocations still hold the poison
+    (a write past an output changes them). Only this thread's allocations go to the pool: fn calls
+    the ops itself (autograd's backward would run on its device thread)."""
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        # Two 1 MiB requests fill one 2 MiB segment; freed, it stays in the pool, poisoned.
+        fill = [torch.full((1 << 18,), POISON, device=DEV, dtype=torch.int32) for _ in range(2)]
+        del fill
+        guard = torch.full((1 << 12,), POISON, device=DEV, dtype=torch.int32)
+        result = fn()
+        tail = torch.empty((1 << 17,), device=DEV, dtype=torch.int32)  # the pool memory after fn's
+        torch.cuda.synchronize()
+        bad_guard = int((guard != POISON).sum())
+        bad_tail = int((tail != POISON).sum())
+    return result, bad_guard == 0 and bad_tail == 0, f"changed words: guard {bad_guard}, after the outputs {bad_tail}"
+
+
+def test_varlen_offsets():
+    """flash_attn_varlen with invalid cu_seqlens. Default: the kernels clamp (the result is that of
+    the clamped offsets, bitwise), set varlen_status's bits, read nothing outside q/k/v (NaN guards)
+    and write nothing outside the outputs (poisoned guard memory). check_cu_seqlens=True: ValueError
+    naming the problem, and nothing launched (varlen_status stays 0)."""
+    if forced_backend() == "gluon":
+        R.skip("varlen offsets", "the Gluon backend has no varlen: the varlen cases check its refusal")
+        return
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        R.skip("varlen offsets", f"torch {torch.__version__} has no torch.cuda.MemPool/use_mem_pool")
+        return
+    hq, d, total = 2, 64, 24
+    q, k, v = (nan_fenced(total, hq, d) for _ in range(3))
+    dout = torch.randn(total, hq, d, device=DEV, dtype=torch.float16)
+
+    def cu(*offsets):
+        return torch.tensor(offsets, device=DEV, dtype=torch.int32)
+
+    good = cu(0, 8, 24)
+
+    def call(cu_q, cu_k, max_q, max_k, **kw):  # through the Python wrapper and autograd
+        out = A.flash_attn_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    def ops(cu_q, cu_k, max_q, max_k, status=None):  # the ops themselves, forward then backward
+        q4, k4, v4, dout4 = (t.detach().unsqueeze(0).transpose(1, 2) for t in (q, k, v, dout))
+        scale = 1 / math.sqrt(d)
+        out, lse, rng = torch.ops.aotriton.fwd(q4, k4, v4, None, cu_q, cu_k, max_q, max_k, scale, False, -1, -1, 0,
+                                               0.0, False, False, status)
+        dq, dk, dv, _ = torch.ops.aotriton.bwd(dout4, q4, k4, v4, out, lse, None, False, cu_q, cu_k, max_q, max_k,
+                                               scale, False, -1, -1, 0, 0.0, rng, False, False, False, status)
+        return out, dq, dk, dv
+
+    # (name, cu_q, cu_k, max_q, max_k, status bits, the valid call the clamped one must equal, error needle)
+    cases = [
+        ("q offset past the tensor", cu(0, 8, 88), good, 80, 16, 1, (good, good, 80, 16), "ends at token 88"),
+        ("k offset past the tensor", good, cu(0, 8, 88), 16, 80, 1, (good, good, 16, 80), "ends at token 88"),
+        ("negative first offset", cu(-64, 8, 24), good, 80, 16, 1, (good, good, 80, 16), "must be 0"),
+        ("decreasing offsets", cu(0, 16, 8), good, 16, 16, 2, (cu(0, 16, 16), good, 16, 16), "decreases"),
+        ("sequence above max_seqlen_q", good, good, 8, 16, 4, (cu(0, 8, 16), good, 8, 16), "max length"),
+    ]
+    for name, cu_q, cu_k, max_q, max_k, bits, same_as, needle in cases:
+        label = f"varlen offsets: {name}"
+        if not wanted(label):
+            continue
+
+        def clamped():
+            status = torch.zeros(1, device=DEV, dtype=torch.int32)
+            (got, ok, detail) = fenced_allocations(lambda: ops(cu_q, cu_k, max_q, max_k, status))
+            want = ops(*same_as)
+            differ = [what for what, a, b in zip(("out", "dq", "dk", "dv"), got, want) if not torch.equal(a, b)]
+            R.check(f"{label}: clamped, status {bits}, nothing touched outside the tensors",
+                    ok and not differ and int(status.item()) == bits,
+                    f"{detail}; differ from the clamped offsets' call: {differ or 'none'}; status {int(status.item())}")
+
+        R.run(label, clamped)
+        status = torch.zeros(1, device=DEV, dtype=torch.int32)
+        expect_error(f"{label}: check_cu_seqlens raises",
+                     lambda: A.flash_attn_varlen(q, k, v, cu_q, cu_k, max_q, max_k, check_cu_seqlens=True,
+                                                 varlen_status=status), ValueError, needle)
+        R.check(f"{label}: check_cu_seqlens launched nothing", int(status.item()) == 0, f"status {int(status.item())}")
+
+    if wanted("varlen offsets: valid"):
+        def valid():
+            status = torch.zeros(1, device=DEV, dtype=torch.int32)
+            checked = call(good, good, 16, 16, check_cu_seqlens=True, varlen_status=status)
+            plain = call(good, good, 16, 16)
+            R.check("varlen offsets: valid offsets, checked = unchecked (bitwise), status 0",
+                    all(torch.equal(a, b) for a, b in zip(checked, plain)) and int(status.item()) == 0,
+                    f"status {int(status.item())}")
+        R.run("varlen offsets: valid", valid)
+
+
 # ---------------------------------------------------------------- errors and edges
 def expect_error(name, fn, exc, needle):
     if not wanted(name):
@@ -434,6 +540,12 @@ def test_errors():
                  lambda: torch.ops.aotriton.fwd(q, t(1, 2, 8, 64, dtype=torch.bfloat16), t(1, 2, 8, 64, dtype=torch.bfloat16),
                                                 None, None, None, 0, 0, 0.125, False, -1, -1, 0, 0.0, False),
                  TypeError, "kDTypeMismatch")
+    for p in (float("nan"), -0.1, 1.0):  # the op itself refuses them (NaN and -0.1 once meant "no dropout")
+        expect_error(f"error: op-level dropout_p {p}",
+                     lambda: torch.ops.aotriton.fwd(q, q, q, None, None, None, 0, 0, 0.125, False, -1, -1, 0, p, False),
+                     ValueError, "dropout_p")
+    expect_error("error: dropout counters overflow 64 bits (never wrap)",
+                 lambda: A.philox_increment(65535, 65535, 1 << 30, 1 << 30), ValueError, "kTooLarge")
     expect_error("error: op-level last stride 2 (kBadStrides)",
                  lambda: torch.ops.aotriton.fwd(t(1, 2, 8, 128)[..., ::2], q, q, None, None, None, 0, 0, 0.125, False,
                                                 -1, -1, 0, 0.0, False), ValueError, "kBadStrides")
@@ -480,7 +592,8 @@ def main():
     print("torch", torch.__version__, "| aotriton", A.version(), "|", torch.cuda.get_device_name())
     MASK32 = torch.randn(2, 1, 61, 83, device=DEV, dtype=torch.float32)
     for test in (test_reference_vs_torch_math, test_dtypes_and_head_dims, test_causal_scale_gqa, test_layouts,
-                 test_masks, test_windows, test_dropout, test_varlen, test_errors, test_readme_example):
+                 test_masks, test_windows, test_dropout, test_varlen, test_varlen_offsets, test_errors,
+                 test_readme_example):
         R.run(test.__name__, test)
     R.finish()
 

@@ -1,17 +1,28 @@
 // PyTorch custom ops over the installed aotriton C++ API (include/aotriton/flash.h).
 //
 //   torch.ops.aotriton.fwd(q, k, v, bias?, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
-//                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32)
+//                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
+//                          check_cu_seqlens=False, varlen_status?=None)
 //       -> (out, lse, rng_state)
 //   torch.ops.aotriton.bwd(dout, q, k, v, out, lse, bias?, bias_requires_grad, cu_seqlens_q?,
 //                          cu_seqlens_k?, max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left,
-//                          window_right, align, dropout_p, rng_state, allow_tf32, deterministic)
+//                          window_right, align, dropout_p, rng_state, allow_tf32, deterministic,
+//                          check_cu_seqlens=False, varlen_status?=None)
 //       -> (dq, dk, dv, dbias)
 //   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
 //   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
 //
 // q/k/v/out are B x H x S x D views with a unit last stride (any other strides). A packed
-// (varlen) batch passes [1, H, total, D] views plus int32 cu_seqlens. Outputs are allocated with
+// (varlen) batch passes [1, H, total, D] views plus int32 cu_seqlens. Its offsets are read by the
+// kernels on the device. By default they are not checked: the kernels clamp every sequence to the
+// packed tensors, so nothing outside them is read or written, but invalid offsets give clamped
+// results, not an error. varlen_status (an int32 CUDA scalar the caller zeroes) then receives the
+// library's bits (1: an offset outside [0, tokens], 2: offsets decrease, 4: a sequence longer
+// than its max length) in stream order. check_cu_seqlens=True copies the offsets to the host first
+// (one device-to-host copy, which waits for the stream; not allowed under CUDA graph capture) and
+// the library checks them there: invalid offsets raise ValueError naming the problem and nothing
+// is launched. dropout_p must be in [0, 1) (NaN and negative values are refused, never taken as
+// "no dropout"). Outputs are allocated with
 // torch's allocator: out/dq as B x S x Hq x D memory viewed as B x Hq x S x D (dk, dv likewise),
 // lse fp32 B x Hq x S, rng_state int64[2] = (seed, offset) the dropout used.
 //
@@ -168,6 +179,9 @@ Problem problem_of(const Tensor& q, const Tensor& k, const c10::optional<Tensor>
                        cu->scalar_type());
       TORCH_CHECK_VALUE(cu->dim() == 1, "aotriton: cu_seqlens must be 1-D");
     }
+    TORCH_CHECK_VALUE(cu_q->size(0) >= 2 && cu_q->size(0) == cu_k->size(0),
+                      "aotriton: cu_seqlens_q and cu_seqlens_k must each hold B+1 >= 2 offsets, got ",
+                      cu_q->size(0), " and ", cu_k->size(0));
     TORCH_CHECK_VALUE(max_q > 0 && max_k > 0, "aotriton: max_seqlen_q/k must be > 0 for a packed batch");
     p.batch = cu_q->size(0) - 1;
     p.seqlen_q = max_q;
@@ -180,9 +194,54 @@ Problem problem_of(const Tensor& q, const Tensor& k, const c10::optional<Tensor>
   return p;
 }
 
+// How far a dropout call advances torch's generator. An overflow raises: a wrapped increment
+// would leave the generator where it is and repeat the masks.
 uint64_t philox_increment(const Problem& p) {
-  const uint64_t n = flash::dropout_offsets_consumed(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k);
+  uint64_t n = 0;
+  check_status(flash::dropout_offsets_consumed(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, &n),
+               "dropout_offsets_consumed");
+  TORCH_CHECK_VALUE(n <= UINT64_MAX - 3, "aotriton: dropout would consume ", n,
+                    " Philox counters; rounded up to a multiple of 4 that overflows 64 bits");
   return (n + 3) / 4 * 4;
+}
+
+void check_dropout_p(double dropout_p) {
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, "aotriton: dropout_p must be in [0, 1), got ",
+                    dropout_p);
+}
+
+// The packed batch's offsets, host copies and status word, set on FwdParams or BwdParams.
+// Returns the host copy (both arrays back to back), which must outlive the call.
+template <typename Params>
+Tensor set_varlen(Params& p, const Problem& pr, const Tensor& q, const c10::optional<Tensor>& cu_seqlens_q,
+                  const c10::optional<Tensor>& cu_seqlens_k, bool check_cu_seqlens,
+                  const c10::optional<Tensor>& varlen_status) {
+  const bool has_status = varlen_status.has_value() && varlen_status->defined();
+  if (!pr.varlen) {
+    TORCH_CHECK_VALUE(!check_cu_seqlens && !has_status,
+                      "aotriton: check_cu_seqlens and varlen_status are for packed (varlen) batches only");
+    return Tensor();
+  }
+  p.cu_seqlens_q = view_of<1>(*cu_seqlens_q, "cu_seqlens_q");
+  p.cu_seqlens_k = view_of<1>(*cu_seqlens_k, "cu_seqlens_k");
+  p.max_seqlen_q = static_cast<uint64_t>(pr.seqlen_q);
+  p.max_seqlen_k = static_cast<uint64_t>(pr.seqlen_k);
+  if (has_status) {
+    check_cuda(*varlen_status, q, "varlen_status");
+    TORCH_CHECK_VALUE(varlen_status->scalar_type() == at::kInt && varlen_status->numel() == 1,
+                      "aotriton: varlen_status must be a one-element int32 tensor, got ",
+                      varlen_status->scalar_type(), " ", varlen_status->sizes());
+    p.varlen_status = varlen_status->data_ptr<int32_t>();
+  }
+  if (!check_cu_seqlens) return Tensor();
+  // One copy of both arrays, on the current stream (after whatever wrote them), which waits.
+  Tensor host = at::cat({*cu_seqlens_q, *cu_seqlens_k}).cpu();
+  const int64_t n_q = cu_seqlens_q->numel();
+  p.cu_seqlens_q_host = host.data_ptr<int32_t>();
+  p.cu_seqlens_k_host = host.data_ptr<int32_t>() + n_q;
+  p.cu_seqlens_q_host_count = static_cast<uint64_t>(n_q);
+  p.cu_seqlens_k_host_count = static_cast<uint64_t>(cu_seqlens_k->numel());
+  return host;
 }
 
 std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -192,8 +251,10 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
                                             int64_t max_seqlen_q, int64_t max_seqlen_k,
                                             double sm_scale, bool causal, int64_t window_left,
                                             int64_t window_right, int64_t align, double dropout_p,
-                                            bool allow_tf32) {
+                                            bool allow_tf32, bool check_cu_seqlens,
+                                            const c10::optional<Tensor>& varlen_status) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  check_dropout_p(dropout_p);
   check_cuda(k, q, "k");
   check_cuda(v, q, "v");
   if (bias.has_value()) check_cuda(*bias, q, "bias");
@@ -217,18 +278,13 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
   p.window_left = window_of(window_left, "window_left");
   p.window_right = window_of(window_right, "window_right");
   if (bias.has_value() && bias->defined()) p.bias = view_of<4>(*bias, "bias");
-  if (pr.varlen) {
-    p.cu_seqlens_q = view_of<1>(*cu_seqlens_q, "cu_seqlens_q");
-    p.cu_seqlens_k = view_of<1>(*cu_seqlens_k, "cu_seqlens_k");
-    p.max_seqlen_q = static_cast<uint64_t>(max_seqlen_q);
-    p.max_seqlen_k = static_cast<uint64_t>(max_seqlen_k);
-  }
+  const Tensor host_offsets =
+      set_varlen(p, pr, q, cu_seqlens_q, cu_seqlens_k, check_cu_seqlens, varlen_status);
   p.allow_tf32 = allow_tf32;
   p.backend = backend_from_env();
 
   Tensor philox_in;  // keeps the host-mode seed/offset alive until the launch is enqueued
   if (dropout_p > 0.0) {
-    TORCH_CHECK_VALUE(dropout_p < 1.0, "aotriton: dropout_p must be in [0, 1), got ", dropout_p);
     auto gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
         c10::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.device().index()));
     at::PhiloxCudaState st;
@@ -263,8 +319,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
     const c10::optional<Tensor>& cu_seqlens_q, const c10::optional<Tensor>& cu_seqlens_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, double sm_scale, bool causal, int64_t window_left,
     int64_t window_right, int64_t align, double dropout_p, const Tensor& rng_state,
-    bool allow_tf32, bool deterministic) {
+    bool allow_tf32, bool deterministic, bool check_cu_seqlens, const c10::optional<Tensor>& varlen_status) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  check_dropout_p(dropout_p);
   for (auto [t, name] : {std::pair<const Tensor*, const char*>{&dout, "dout"}, {&k, "k"}, {&v, "v"},
                          {&out, "out"}, {&lse, "lse"}, {&rng_state, "rng_state"}}) {
     check_cuda(*t, q, name);
@@ -302,12 +359,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   p.window_right = window_of(window_right, "window_right");
   if (has_bias) p.bias = view_of<4>(*bias, "bias");
   if (bias_requires_grad) p.dbias = view_of<4>(dbias, "dbias");
-  if (pr.varlen) {
-    p.cu_seqlens_q = view_of<1>(*cu_seqlens_q, "cu_seqlens_q");
-    p.cu_seqlens_k = view_of<1>(*cu_seqlens_k, "cu_seqlens_k");
-    p.max_seqlen_q = static_cast<uint64_t>(max_seqlen_q);
-    p.max_seqlen_k = static_cast<uint64_t>(max_seqlen_k);
-  }
+  const Tensor host_offsets =
+      set_varlen(p, pr, q, cu_seqlens_q, cu_seqlens_k, check_cu_seqlens, varlen_status);
   if (dropout_p > 0.0) {
     TORCH_CHECK_VALUE(rng_state.scalar_type() == at::kLong && rng_state.numel() == 2 &&
                           rng_state.is_contiguous(),
@@ -351,7 +404,14 @@ Tensor dropout_mask_cuda(const Tensor& rng_state, int64_t batch, int64_t heads, 
 
 int64_t dropout_offsets_consumed(int64_t batch, int64_t heads_q, int64_t seqlen_q,
                                  int64_t seqlen_k) {
-  return static_cast<int64_t>(flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k));
+  TORCH_CHECK_VALUE(batch >= 0 && heads_q >= 0 && seqlen_q >= 0 && seqlen_k >= 0,
+                    "aotriton: dropout_offsets_consumed takes sizes >= 0, got ", batch, ", ", heads_q, ", ",
+                    seqlen_q, ", ", seqlen_k);
+  uint64_t n = 0;
+  check_status(flash::dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k, &n), "dropout_offsets_consumed");
+  TORCH_CHECK_VALUE(n <= static_cast<uint64_t>(INT64_MAX), "aotriton: ", n,
+                    " dropout counters do not fit a 64-bit signed int");
+  return static_cast<int64_t>(n);
 }
 
 std::string library_version() { return aotriton::version(); }
@@ -362,14 +422,15 @@ TORCH_LIBRARY(aotriton, m) {
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float sm_scale, bool causal, int window_left, "
-      "int window_right, int align, float dropout_p, bool allow_tf32) -> (Tensor, Tensor, Tensor)",
+      "int window_right, int align, float dropout_p, bool allow_tf32, bool check_cu_seqlens=False, "
+      "Tensor(a!)? varlen_status=None) -> (Tensor, Tensor, Tensor)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? bias, "
       "bool bias_requires_grad, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float sm_scale, bool causal, int window_left, int window_right, "
-      "int align, float dropout_p, Tensor rng_state, bool allow_tf32, bool deterministic) "
-      "-> (Tensor, Tensor, Tensor, Tensor)");
+      "int align, float dropout_p, Tensor rng_state, bool allow_tf32, bool deterministic, "
+      "bool check_cu_seqlens=False, Tensor(a!)? varlen_status=None) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "dropout_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, "
       "float dropout_p) -> Tensor");

@@ -73,7 +73,7 @@ def _register_fakes():
 
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
-                  window_left, window_right, align, dropout_p, allow_tf32):
+                  window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None):
         b, h, s, d = q.shape
         out = bhsd(q, b, h, s, d)
         lse = q.new_empty((b, h, s), dtype=torch.float32)
@@ -83,7 +83,7 @@ def _register_fakes():
     @torch.library.register_fake("aotriton::bwd")
     def _bwd_fake(dout, q, k, v, out, lse, bias, bias_requires_grad, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p, rng_state,
-                  allow_tf32, deterministic):
+                  allow_tf32, deterministic, check_cu_seqlens=False, varlen_status=None):
         dq = bhsd(q, *q.shape)
         dk = bhsd(k, *k.shape)
         dv = bhsd(v, *v.shape)
@@ -155,16 +155,20 @@ def _allow_tf32(dtype):
 
 
 class _FlashAttnFunction(torch.autograd.Function):
-    """out, lse, rng_state = attention(q, k, v, bias); lse and rng_state are not differentiable."""
+    """out, lse, rng_state = attention(q, k, v, bias); lse and rng_state are not differentiable.
+    Packed batches: check_cu_seqlens checks the offsets once, in the forward (the backward takes the
+    same saved tensors, which autograd guarantees unchanged); varlen_status records in both."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
-                window_left, window_right, align, dropout_p, allow_tf32):
+                window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None):
         out, lse, rng_state = _ops().fwd(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                         sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32)
+                                         sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
+                                         check_cu_seqlens, varlen_status)
         ctx.save_for_backward(q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k)
         ctx.args = (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
                     allow_tf32)
+        ctx.varlen_status = varlen_status
         ctx.mark_non_differentiable(lse, rng_state)
         return out, lse, rng_state
 
@@ -179,8 +183,8 @@ class _FlashAttnFunction(torch.autograd.Function):
         dq, dk, dv, dbias = _ops().bwd(dout, q, k, v, out, lse, bias, bias_grad, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right,
                                        align, dropout_p, rng_state, allow_tf32,
-                                       torch.are_deterministic_algorithms_enabled())
-        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 11
+                                       torch.are_deterministic_algorithms_enabled(), False, ctx.varlen_status)
+        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 13
 
 
 def _unit_last_stride(t):
@@ -272,11 +276,12 @@ def _bias_from_mask(mask, shape, dtype, name):
 
 
 def _attention(q, k, v, bias, sm_scale, causal, window_left, window_right, align, dropout_p,
-               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+               cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, check_cu_seqlens=False,
+               varlen_status=None):
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     return _FlashAttnFunction.apply(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                     float(sm_scale), bool(causal), int(window_left), int(window_right), int(align),
-                                    float(dropout_p), _allow_tf32(q.dtype))
+                                    float(dropout_p), _allow_tf32(q.dtype), bool(check_cu_seqlens), varlen_status)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -375,18 +380,31 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                      softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False):
+                      softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False,
+                      check_cu_seqlens=False, varlen_status=None):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
 
     q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``; sequence b owns query tokens
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and key tokens ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``
-    (int32 CUDA tensors of B+1 offsets starting at 0; other integer dtypes are converted).
-    ``max_seqlen_q/k`` (Python ints) must bound every sequence's length; they are trusted, not
-    checked against the device offsets (that would need a device-to-host copy). Masks use each
+    (int32 CUDA tensors of B+1 offsets starting at 0, B <= 65535; other integer dtypes are
+    converted). ``max_seqlen_q/k`` (Python ints) must bound every sequence's length. Masks use each
     sequence's own lengths: ``align="top_left"`` (default, torch's causal) or ``"bottom_right"``
     (flash-attn's causal). Output ``(total_q, Hq, D)``; tokens past ``cu_seqlens_q[-1]`` get zeros.
     Dropout advances the generator by ``philox_increment(B, Hq, max_seqlen_q, max_seqlen_k)``.
     ``return_aux=True`` adds the LSE ``(Hq, total_q)`` and the int64[2] rng_state.
+
+    The offsets are read by the kernels on the device. ``check_cu_seqlens=False`` (default): they
+    are not checked, but the kernels clamp every sequence to the packed tensors (start and end
+    within ``[0, total]``, length at most the max length), so nothing outside q, k, v and the
+    outputs is read or written; invalid offsets give *clamped results, not an error*.
+    ``varlen_status``: an int32 one-element CUDA tensor, zeroed by the caller, into which the
+    forward and backward OR 1 (an offset outside ``[0, total]``), 2 (offsets decrease) or 4 (a
+    sequence longer than its max length) when they clamped; read it after the call.
+    ``check_cu_seqlens=True``: the forward copies the offsets to the host first (one
+    device-to-host copy that waits for the stream: a sync per call, and not allowed under CUDA
+    graph capture) and checks them (start at 0, non-decreasing, within the tensors, no sequence
+    above the max lengths); invalid offsets raise ``ValueError`` naming the problem and nothing is
+    launched.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -416,7 +434,10 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     q4 = _unit_last_stride(q).unsqueeze(0).transpose(1, 2)  # [1, Hq, total_q, D]
     k4 = _unit_last_stride(k).unsqueeze(0).transpose(1, 2)
     v4 = _unit_last_stride(v).unsqueeze(0).transpose(1, 2)
+    if varlen_status is not None and not (isinstance(varlen_status, torch.Tensor) and
+                                          varlen_status.dtype == torch.int32 and varlen_status.numel() == 1):
+        raise ValueError("aotriton: varlen_status must be a one-element int32 CUDA tensor (zeroed by the caller)")
     out, lse, rng_state = _attention(q4, k4, v4, None, sm_scale, causal, left, right, code, p,
-                                     cus[0], cus[1], max_q, max_k)
+                                     cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status)
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0), rng_state) if return_aux else out
