@@ -92,7 +92,7 @@ struct FwdParams {
   // results, not an error; set varlen_status (version 5) to learn that it happened. With host
   // copies (both, or neither) the offsets are checked on the host first (start at 0,
   // non-decreasing, within the tensors, no sequence above the max lengths): a violation is an
-  // error and nothing is launched. The host arrays must stay valid during the call only and hold
+  // error and nothing is launched. The host arrays need to stay valid during the call only; they hold
   // cu_seqlens_q_host_count / cu_seqlens_k_host_count entries (version 5; for a caller of an
   // older header, cu_seqlens_q.sizes[0] / cu_seqlens_k.sizes[0]); the library reads no more, and
   // refuses more than 65536 before reading any.
