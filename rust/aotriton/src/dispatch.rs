@@ -361,7 +361,7 @@ impl Launcher {
                 out.strides = encode.strides;
             }
         }
-        let dims = LaunchDims { grid: grid(meta), threads: meta.num_warps * meta.warp_size, shared: meta.shared };
+        let dims = LaunchDims { grid: grid(meta), threads: kernel.threads, shared: meta.shared };
         Ok(Prepared { kernel, args: request.args, dims, descs })
     }
 
@@ -531,6 +531,8 @@ struct LoadedKernel {
     plan: OnceLock<Result<Plan>>,
     /// Copied once at load, so a launch reads it without cloning.
     meta: KernelMeta,
+    /// Threads per block (`num_warps` × warp size), checked at load.
+    threads: u32,
 }
 
 /// Where a loaded kernel lives and which one it is: the driver's module scope (the CUDA context
@@ -588,6 +590,15 @@ fn load(
 /// image through the stream's driver.
 fn load_kernel(context: &StreamContext, loaded: &LoadedArchive, functional: usize, kernel: usize) -> Result<LoadedKernel> {
     let meta = &loaded.archive.functionals()[functional].kernels[kernel];
+    let threads = launch_threads(meta, &context.device)?;
+    let images = loaded.images(functional)?;
+    let function = context.load_function(&images[kernel], &meta.symbol, meta.shared, &meta.id)?;
+    Ok(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone(), threads })
+}
+
+/// Whether the runtime can launch the kernel `meta` describes on `device`, and with how many
+/// threads per block.
+fn launch_threads(meta: &KernelMeta, device: &DeviceInfo) -> Result<u32> {
     if meta.global_scratch_size > 0 || meta.profile_scratch_size > 0 {
         return Err(Error::new(
             ErrorKind::KernelNotFound,
@@ -597,7 +608,6 @@ fn load_kernel(context: &StreamContext, loaded: &LoadedArchive, functional: usiz
             ),
         ));
     }
-    let device = &context.device;
     if meta.warp_size != device.warp_size {
         return Err(Error::new(
             ErrorKind::UnsupportedGpu,
@@ -612,10 +622,26 @@ fn load_kernel(context: &StreamContext, loaded: &LoadedArchive, functional: usiz
         // argument types the plan cannot size is refused (CUDA's TMA descriptors have none).
         kernarg_layout(meta)?;
     }
-    let images = loaded.images(functional)?;
-    let function = context.load_function(&images[kernel], &meta.symbol, meta.shared, &meta.id)?;
-    Ok(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone() })
+    // Metadata is checked for layout when the archive is read, not for sense: the product must
+    // fit a launch's block, and the launch has no cluster dims, so only single-CTA kernels run.
+    let bad = |message: String| Error::new(ErrorKind::BadArchive, message);
+    if meta.num_ctas != 1 {
+        return Err(bad(format!(
+            "kernel {} is compiled for num_ctas = {} (thread block clusters); this runtime launches single-CTA kernels only",
+            meta.id, meta.num_ctas
+        )));
+    }
+    match meta.num_warps.checked_mul(meta.warp_size) {
+        Some(threads) if threads > 0 && threads <= MAX_BLOCK_THREADS => Ok(threads),
+        _ => Err(bad(format!(
+            "kernel {} takes {} warps of {} threads, not a block of 1 to {MAX_BLOCK_THREADS} threads",
+            meta.id, meta.num_warps, meta.warp_size
+        ))),
+    }
 }
+
+/// The most threads one block may have on every GPU this runtime launches on (NVIDIA and AMD).
+const MAX_BLOCK_THREADS: u32 = 1024;
 
 /// One explicit kernel argument in the kernarg segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -645,6 +671,13 @@ pub struct KernargLayout {
 
 /// See [`KernargLayout`].
 pub fn kernarg_layout(meta: &KernelMeta) -> Result<KernargLayout> {
+    // Bounds the offsets below (at most 8 bytes per argument) far inside u32.
+    if meta.args.len() > MAX_PARAMS {
+        return Err(Error::new(
+            ErrorKind::BadArchive,
+            format!("kernel {} takes {} arguments, more than the {MAX_PARAMS} a launch passes", meta.id, meta.args.len()),
+        ));
+    }
     let mut slots = Vec::with_capacity(meta.args.len() + 2);
     let mut offset = 0u32;
     let mut place = |name: &str, size: u32, pointer: bool| {
@@ -774,6 +807,8 @@ mod tests {
         assert_eq!(layout.size, 48);
         let e = kernarg_layout(&meta(vec![arg("desc_q", "tensordesc<bf16[64, 64]>", 1, desc(&[64, 64], 2))])).unwrap_err();
         assert!(e.message().contains("desc_q") && e.message().contains("no kernarg layout"), "{e}");
+        let many = (0..=MAX_PARAMS).map(|_| arg("x", "i64", 1, None)).collect();
+        assert_eq!(kernarg_layout(&meta(many)).unwrap_err().kind(), ErrorKind::BadArchive);
     }
 
     fn key(kernel: usize) -> KernelKey {
@@ -861,6 +896,46 @@ mod tests {
             cache.get_or_load(key(0), || Ok(2)).unwrap();
         }
         assert_eq!(crate::alloc_count::allocations(), before);
+    }
+
+    fn device(runtime: Runtime, warp_size: u32) -> DeviceInfo {
+        DeviceInfo {
+            runtime,
+            ordinal: 0,
+            arch: "sm_90".into(),
+            target_id: "sm_90".into(),
+            multiprocessors: 132,
+            max_shared: 232_448,
+            warp_size,
+        }
+    }
+
+    /// The launch geometry comes from archive metadata, which is checked for layout, not sense:
+    /// a product that does not fit, a block above the hardware's limit or a cluster launch this
+    /// runtime does not make is refused before anything is loaded.
+    #[test]
+    fn launch_metadata_is_checked() {
+        let cuda = device(Runtime::Cuda, 32);
+        assert_eq!(launch_threads(&meta(vec![]), &cuda).unwrap(), 12 * 32);
+        for num_warps in [1 << 31, u32::MAX, 33, 0] {
+            let e = launch_threads(&KernelMeta::for_tests("k", vec![], num_warps), &cuda).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::BadArchive, "{num_warps} warps: {e}");
+            assert!(e.message().contains("warps"), "{e}");
+        }
+        assert_eq!(launch_threads(&KernelMeta::for_tests("k", vec![], 32), &cuda).unwrap(), 1024);
+        for num_ctas in [0, 2, u32::MAX] {
+            let mut m = meta(vec![]);
+            m.num_ctas = num_ctas;
+            let e = launch_threads(&m, &cuda).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::BadArchive, "num_ctas {num_ctas}: {e}");
+            assert!(e.message().contains("num_ctas"), "{e}");
+        }
+        let mut m = meta(vec![]);
+        m.warp_size = 64;
+        assert_eq!(launch_threads(&m, &cuda).unwrap_err().kind(), ErrorKind::UnsupportedGpu);
+        let mut m = meta(vec![]);
+        m.global_scratch_size = 16;
+        assert_eq!(launch_threads(&m, &cuda).unwrap_err().kind(), ErrorKind::KernelNotFound);
     }
 
     #[test]
