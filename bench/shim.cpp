@@ -154,9 +154,14 @@ __attribute__((visibility("default"))) int aotriton_shim_debug_dropout_mask(uint
       reinterpret_cast<const void*>(static_cast<uintptr_t>(philox_offset)), philox_offset_base, make_stream(stream)));
 }
 
+// The Philox counters one call consumes; 0 when the count overflows (such calls are refused).
 __attribute__((visibility("default"))) uint64_t aotriton_shim_dropout_offsets_consumed(uint64_t b, uint64_t h,
                                                                                       uint64_t sq, uint64_t sk) {
-  return aotriton::v2::flash::dropout_offsets_consumed(b, h, sq, sk);
+  uint64_t count = 0;
+  if (aotriton::v2::flash::dropout_offsets_consumed(b, h, sq, sk, &count) != aotriton::v2::Status::kSuccess) {
+    return 0;
+  }
+  return count;
 }
 
 // The calling thread's last error message (empty after a success).

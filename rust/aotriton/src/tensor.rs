@@ -61,7 +61,8 @@ impl<const RANK: usize> TensorView<RANK> {
         let mut step = 1i64;
         for d in (0..RANK).rev() {
             strides[d] = step;
-            step = step.saturating_mul(sizes[d] as i64);
+            // Saturates (sizes above i64::MAX too), as the C++ TensorView::contiguous does.
+            step = step.saturating_mul(i64::try_from(sizes[d]).unwrap_or(i64::MAX));
         }
         TensorView { ptr, sizes, strides, dtype }
     }
