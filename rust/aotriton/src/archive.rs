@@ -102,6 +102,14 @@ const MIN_DICT_SIZE: u32 = 4096;
 /// Decoder memory limit: enough for the largest dictionary the writer produces plus decoder
 /// state, so a corrupt or hostile stream header cannot make the decoder allocate without bound.
 const DECODER_MEMLIMIT: u64 = 128 << 20;
+/// Caps on the sizes an archive declares, checked before anything of that size is allocated or
+/// read, so a crafted file cannot make the reader take gigabytes. Each is far above what the
+/// build writes (sm_90: a 1.8 MB index, a 9.6 MB payload, functionals of at most 1.1 MB that
+/// compress at most 7:1).
+pub const MAX_INDEX_LEN: u32 = 64 << 20;
+pub const MAX_PAYLOAD_SIZE: u64 = 1 << 30;
+pub const MAX_UNCOMPRESSED_SIZE: u64 = 1 << 30;
+pub const MAX_COMPRESSION_RATIO: u64 = 1000;
 
 /// Anything wrong with an archive or with the packer's input. `file` names the file at fault,
 /// `problem` says what is wrong with it.
@@ -297,78 +305,48 @@ impl fmt::Debug for Archive {
 }
 
 impl Archive {
-    /// Checks the header (magic, version, length, index CRC) and the whole index (schema and
-    /// layout). Payload CRCs are checked later, per functional, by [`Archive::load_images`].
+    /// Checks the header (magic, version, length, index CRC) and the whole index (schema, layout
+    /// and size caps). Payload CRCs are checked later, per functional, by [`Archive::load_images`].
     pub fn parse(name: &str, bytes: Cow<'static, [u8]>) -> Result<Archive, ArchiveError> {
-        let err = |problem: String| ArchiveError::new(name, problem);
-        let len = bytes.len();
+        let len = bytes.len() as u64;
+        let header = check_header(name, &bytes[..bytes.len().min(HEADER_LEN)], len)?;
+        // check_header proved the file holds the whole index.
+        let index_bytes = &bytes[HEADER_LEN..header.payload_start];
+        let parsed = check_index(name, &header, index_bytes, len)?;
+        Ok(Archive::from_parts(name, bytes, header.payload_start, parsed))
+    }
 
-        // Magic first, even on a short file: a short file that starts like an archive is
-        // truncated, anything else is not an archive at all.
-        let magic_len = len.min(MAGIC.len());
-        if bytes[..magic_len] != MAGIC[..magic_len] {
-            return Err(err("bad magic (not an aotriton archive)".into()));
-        }
-        // The version is checked before the rest of the header, so a future format with a
-        // different header still gets the clearer message.
-        if let Some(version) = read_u32(&bytes, 8) {
-            if version > FORMAT_VERSION {
-                return Err(err(format!(
-                    "format version {version} is newer than this runtime reads ({FORMAT_VERSION})"
-                )));
-            }
-            if version == 0 {
-                return Err(err("format version 0 is not valid".into()));
-            }
-        }
-        let (Some(index_len), Some(index_crc)) = (read_u32(&bytes, 12), read_u32(&bytes, 16))
-        else {
-            return Err(err(format!(
-                "truncated: expected at least {HEADER_LEN} bytes, file has {len}"
-            )));
-        };
-        let payload_start = HEADER_LEN
-            .checked_add(index_len as usize)
-            .ok_or_else(|| err(format!("index length {index_len} is impossible")))?;
-        let Some(index_bytes) = bytes.get(HEADER_LEN..payload_start) else {
-            return Err(err(format!(
-                "truncated: expected at least {payload_start} bytes, file has {len}"
-            )));
-        };
-        let computed = crc32fast::hash(index_bytes);
-        if computed != index_crc {
-            return Err(err(format!(
-                "index checksum mismatch (stored {index_crc:#010x}, computed {computed:#010x})"
-            )));
-        }
-        let index: Value = serde_json::from_slice(index_bytes)
-            .map_err(|e| err(format!("index is not valid JSON: {e}")))?;
-        let header_version = read_u32(&bytes, 8).unwrap_or(0);
-        let parsed =
-            parse_index(&index, header_version).map_err(|p| err(format!("index: {p}")))?;
+    /// Reads and parses the archive at `path`; its name in errors is the path. The header is
+    /// checked against the file's size before anything else is read, and the index before the
+    /// payload, so a file that is not an archive, or whose size disagrees with what it declares,
+    /// is refused having read at most its header and index.
+    pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
+        let name = path.display().to_string();
+        let cannot = |e: std::io::Error| ArchiveError::new(&name, format!("cannot read: {e}"));
+        let mut file = std::fs::File::open(path).map_err(cannot)?;
+        let len = file.metadata().map_err(cannot)?.len();
+        Archive::read_from(&name, &mut file, len)
+    }
 
-        let expected = (payload_start as u64).checked_add(parsed.payload_size);
-        match expected {
-            Some(expected) if expected == len as u64 => {}
-            Some(expected) if expected > len as u64 => {
-                return Err(err(format!(
-                    "truncated: expected {expected} bytes, file has {len}"
-                )));
-            }
-            Some(expected) => {
-                return Err(err(format!(
-                    "trailing garbage: expected {expected} bytes, file has {len}"
-                )));
-            }
-            None => {
-                return Err(err(format!(
-                    "index: payload_size {} is impossible",
-                    parsed.payload_size
-                )));
-            }
-        }
+    /// [`Archive::open`] on any reader of `len` bytes (the file's size as `fstat` reports it).
+    fn read_from(name: &str, reader: &mut impl std::io::Read, len: u64) -> Result<Archive, ArchiveError> {
+        let cannot = |e: std::io::Error| ArchiveError::new(name, format!("cannot read: {e}"));
+        let mut bytes = vec![0u8; len.min(HEADER_LEN as u64) as usize];
+        reader.read_exact(&mut bytes).map_err(cannot)?;
+        let header = check_header(name, &bytes, len)?;
+        bytes.resize(header.payload_start, 0);
+        reader.read_exact(&mut bytes[HEADER_LEN..]).map_err(cannot)?;
+        let parsed = check_index(name, &header, &bytes[HEADER_LEN..], len)?;
+        // check_index proved `len` is exactly header + index + payload, and check_header that it
+        // is within the caps.
+        let total = usize::try_from(len).map_err(|_| ArchiveError::new(name, format!("file of {len} bytes is too large")))?;
+        bytes.resize(total, 0);
+        reader.read_exact(&mut bytes[header.payload_start..]).map_err(cannot)?;
+        Ok(Archive::from_parts(name, Cow::Owned(bytes), header.payload_start, parsed))
+    }
 
-        Ok(Archive {
+    fn from_parts(name: &str, bytes: Cow<'static, [u8]>, payload_start: usize, parsed: ParsedIndex) -> Archive {
+        Archive {
             name: name.to_string(),
             bytes,
             payload_start,
@@ -376,15 +354,12 @@ impl Archive {
             triton_version: parsed.triton_version,
             target: parsed.target,
             functionals: parsed.functionals,
-        })
+        }
     }
 
-    /// Reads and parses the archive at `path`; its name in errors is the path.
-    pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
-        let name = path.display().to_string();
-        let bytes = std::fs::read(path)
-            .map_err(|e| ArchiveError::new(&name, format!("cannot read: {e}")))?;
-        Archive::parse(&name, Cow::Owned(bytes))
+    /// The whole archive file, as read or embedded (what its digest is computed over).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 
     pub fn name(&self) -> &str {
@@ -497,19 +472,98 @@ fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b))
 }
 
+/// The fixed header, checked.
+struct Header {
+    version: u32,
+    index_crc: u32,
+    /// `HEADER_LEN` + index length: where the payload starts.
+    payload_start: usize,
+}
+
+/// Checks the header (`head`: the file's first `HEADER_LEN` bytes, or all of a shorter file)
+/// against the file's length `len`: magic, version, an index length within [`MAX_INDEX_LEN`]
+/// that the file can hold, and a file no larger than the caps allow.
+fn check_header(name: &str, head: &[u8], len: u64) -> Result<Header, ArchiveError> {
+    let err = |problem: String| ArchiveError::new(name, problem);
+    // Magic first, even on a short file: a short file that starts like an archive is
+    // truncated, anything else is not an archive at all.
+    let magic_len = head.len().min(MAGIC.len());
+    if head[..magic_len] != MAGIC[..magic_len] {
+        return Err(err("bad magic (not an aotriton archive)".into()));
+    }
+    // The version is checked before the rest of the header, so a future format with a
+    // different header still gets the clearer message.
+    if let Some(version) = read_u32(head, 8) {
+        if version > FORMAT_VERSION {
+            return Err(err(format!("format version {version} is newer than this runtime reads ({FORMAT_VERSION})")));
+        }
+        if version == 0 {
+            return Err(err("format version 0 is not valid".into()));
+        }
+    }
+    let (Some(version), Some(index_len), Some(index_crc)) = (read_u32(head, 8), read_u32(head, 12), read_u32(head, 16))
+    else {
+        return Err(err(format!("truncated: expected at least {HEADER_LEN} bytes, file has {len}")));
+    };
+    if index_len > MAX_INDEX_LEN {
+        return Err(err(format!("index length {index_len} exceeds the limit of {MAX_INDEX_LEN} bytes")));
+    }
+    // Both terms are capped, so neither sum can overflow.
+    let payload_start = HEADER_LEN + index_len as usize;
+    if len < payload_start as u64 {
+        return Err(err(format!("truncated: expected at least {payload_start} bytes, file has {len}")));
+    }
+    let largest = payload_start as u64 + MAX_PAYLOAD_SIZE;
+    if len > largest {
+        return Err(err(format!(
+            "file of {len} bytes is larger than an archive can be ({largest} bytes with this index: payloads are at most {MAX_PAYLOAD_SIZE})"
+        )));
+    }
+    Ok(Header { version, index_crc, payload_start })
+}
+
+/// Checks the index bytes (CRC, JSON, schema, layout, caps) and that header, index and payload
+/// add up to exactly `len` bytes.
+fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Result<ParsedIndex, ArchiveError> {
+    let err = |problem: String| ArchiveError::new(name, problem);
+    let computed = crc32fast::hash(index_bytes);
+    if computed != header.index_crc {
+        return Err(err(format!("index checksum mismatch (stored {:#010x}, computed {computed:#010x})", header.index_crc)));
+    }
+    let index: Value = serde_json::from_slice(index_bytes).map_err(|e| err(format!("index is not valid JSON: {e}")))?;
+    let parsed = parse_index(&index, header.version).map_err(|p| err(format!("index: {p}")))?;
+    // parse_index capped the payload, so this cannot overflow.
+    let expected = header.payload_start as u64 + parsed.payload_size;
+    if expected > len {
+        return Err(err(format!("truncated: expected {expected} bytes, file has {len}")));
+    }
+    if expected < len {
+        return Err(err(format!("trailing garbage: expected {expected} bytes, file has {len}")));
+    }
+    Ok(parsed)
+}
+
 /// Decompresses one xz stream that must yield exactly `expected` bytes and use all its input.
 /// Returns the problem as text; the caller adds which functional it was.
 fn decompress(input: &[u8], expected: u64) -> Result<Vec<u8>, String> {
     let expected = usize::try_from(expected).map_err(|_| format!("size {expected} too large"))?;
     // Room for one byte more than expected, so an oversized stream shows up as such instead of
-    // as "no progress".
+    // as "no progress". The buffer grows with what the stream really yields (starting at a
+    // generous guess from its compressed size), so a declared size the stream does not back
+    // is never allocated whole.
     let capacity = expected.checked_add(1).ok_or("size too large")?;
     let mut out = Vec::new();
-    out.try_reserve_exact(capacity)
-        .map_err(|e| format!("cannot allocate {expected} bytes: {e}"))?;
+    let first = capacity.min(input.len().saturating_mul(8).max(1 << 16));
+    out.try_reserve_exact(first)
+        .map_err(|e| format!("cannot allocate {first} bytes: {e}"))?;
     // No CONCATENATED flag: one functional is exactly one stream.
     let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
     loop {
+        if out.len() == out.capacity() && out.capacity() < capacity {
+            let more = out.capacity().min(capacity - out.capacity());
+            out.try_reserve_exact(more)
+                .map_err(|e| format!("cannot allocate {} bytes: {e}", out.capacity() + more))?;
+        }
         let consumed = usize::try_from(stream.total_in()).map_err(|e| e.to_string())?;
         let rest = input.get(consumed..).ok_or("decoder overran its input")?;
         let before = (consumed, out.len());
@@ -776,6 +830,9 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
     let triton_version = get_str(top, "triton_version")?;
     let target = get_obj(top, "target")?.clone();
     let payload_size = get_u64(top, "payload_size")?;
+    if payload_size > MAX_PAYLOAD_SIZE {
+        return Err(format!("payload_size {payload_size} exceeds the limit of {MAX_PAYLOAD_SIZE} bytes"));
+    }
 
     let mut functionals: Vec<Functional> = Vec::new();
     let mut ids = BTreeSet::new();
@@ -798,6 +855,16 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
         let compressed_size = get_u64(fo, "compressed_size").map_err(at)?;
         let uncompressed_size = get_u64(fo, "uncompressed_size").map_err(at)?;
         let crc32 = get_u32(fo, "crc32").map_err(at)?;
+        // The decoder's output buffer grows to this size, so it is bounded by an absolute cap and
+        // by what the stream can plausibly hold.
+        if uncompressed_size > MAX_UNCOMPRESSED_SIZE {
+            return Err(at(format!("uncompressed_size {uncompressed_size} exceeds the limit of {MAX_UNCOMPRESSED_SIZE} bytes")));
+        }
+        if uncompressed_size > compressed_size.saturating_mul(MAX_COMPRESSION_RATIO) {
+            return Err(at(format!(
+                "uncompressed_size {uncompressed_size} is more than {MAX_COMPRESSION_RATIO} times its compressed size {compressed_size}"
+            )));
+        }
         if offset != next_offset {
             return Err(at(format!(
                 "offset {offset} should be {next_offset} (streams are contiguous)"
@@ -1147,12 +1214,16 @@ pub struct PackSummary {
 }
 
 /// The packer: reads a compile-driver output dir and writes its archive. Checks every kernel's
-/// arch and triton_version equal the manifest's, that files exist, and that fields have the
-/// right types; errors name the file.
+/// arch and triton_version equal the manifest's, that files exist, that fields have the right
+/// types, and that every file named (kernel JSON, image) lies inside `kernel_dir`; errors name
+/// the file.
 pub fn pack_dir(kernel_dir: &Path, out: &Path) -> Result<PackSummary, ArchiveError> {
     let manifest_path = kernel_dir.join("manifest.json");
     let manifest = read_json(&manifest_path)?;
     let merr = |p: String| ArchiveError::new(manifest_path.display().to_string(), p);
+    let root = kernel_dir
+        .canonicalize()
+        .map_err(|e| ArchiveError::new(kernel_dir.display().to_string(), format!("cannot resolve: {e}")))?;
     let m = as_obj(&manifest, "the manifest").map_err(merr)?;
     let arch = get_str(m, "arch").map_err(merr)?;
     let triton_version = get_str(m, "triton_version").map_err(merr)?;
@@ -1171,7 +1242,7 @@ pub fn pack_dir(kernel_dir: &Path, out: &Path) -> Result<PackSummary, ArchiveErr
                 "kernels[{i}] must be a string (a kernel JSON file name)"
             ))
         })?;
-        let json_path = kernel_dir.join(rel);
+        let json_path = inside(&root, kernel_dir, Path::new(rel)).map_err(|p| merr(format!("kernels[{i}]: {p}")))?;
         let kerr = |p: String| ArchiveError::new(json_path.display().to_string(), p);
         let kv = read_json(&json_path)?;
         let k = as_obj(&kv, "a kernel file").map_err(kerr)?;
@@ -1200,7 +1271,8 @@ pub fn pack_dir(kernel_dir: &Path, out: &Path) -> Result<PackSummary, ArchiveErr
         }
         let image_name = get_str(k, "image").map_err(kerr)?;
         // Images sit beside their JSON.
-        let image_path = json_path.parent().unwrap_or(kernel_dir).join(&image_name);
+        let json_dir = json_path.parent().unwrap_or(kernel_dir);
+        let image_path = inside(&root, json_dir, Path::new(&image_name)).map_err(|p| kerr(format!("image: {p}")))?;
         let image = std::fs::read(&image_path).map_err(|e| {
             kerr(format!(
                 "cannot read image file {}: {e}",
@@ -1240,6 +1312,31 @@ pub fn pack_dir(kernel_dir: &Path, out: &Path) -> Result<PackSummary, ArchiveErr
         raw_bytes,
         archive_bytes,
     })
+}
+
+/// `base/rel`, refused when it leaves the kernel directory (canonical path `root`): `rel` must be
+/// relative without `..`, and the file it names, once symlinks are resolved, must lie under
+/// `root`. A file that does not exist is left for the caller's read to report.
+fn inside(root: &Path, base: &Path, rel: &Path) -> Result<PathBuf, String> {
+    use std::path::Component;
+    if !rel.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) {
+        return Err(format!(
+            "{} leaves the kernel directory (names must be relative, without `..`)",
+            rel.display()
+        ));
+    }
+    let path = base.join(rel);
+    if let Ok(real) = path.canonicalize()
+        && !real.starts_with(root)
+    {
+        return Err(format!(
+            "{} resolves outside the kernel directory {} (to {})",
+            rel.display(),
+            root.display(),
+            real.display()
+        ));
+    }
+    Ok(path)
 }
 
 fn read_json(path: &Path) -> Result<Value, ArchiveError> {
@@ -2068,7 +2165,11 @@ mod tests {
                 "runs past uncompressed_size",
             ),
             (
-                |v| v["functionals"][0]["uncompressed_size"] = json!(u64::MAX),
+                // One byte more than the images cover (u64::MAX is refused by the size cap).
+                |v| {
+                    let u = v["functionals"][0]["uncompressed_size"].as_u64().unwrap();
+                    v["functionals"][0]["uncompressed_size"] = json!(u + 1)
+                },
                 "images cover",
             ),
             (
@@ -2360,6 +2461,165 @@ mod tests {
             edit_json(&path, edit);
             pack_err(&t, &path, want);
         }
+    }
+
+    /// A kernel dir `kernels/` with the standard specs and, beside it, `outside/` holding a valid
+    /// kernel JSON and image that the manifest must not be able to reach.
+    fn dir_with_outside(tag: &str) -> (TempDir, PathBuf, PathBuf) {
+        let t = TempDir::new(tag);
+        let kdir = t.0.join("kernels");
+        let outside = t.0.join("outside");
+        std::fs::create_dir(&kdir).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        write_dir(&kdir, &specs());
+        let s = &specs()[0];
+        for ext in ["json", "cubin"] {
+            std::fs::rename(kdir.join(format!("{}.{ext}", s.id())), outside.join(format!("{}.{ext}", s.id()))).unwrap();
+        }
+        (t, kdir, outside)
+    }
+
+    fn list_in_manifest(kdir: &Path, entry: &str) {
+        let id = specs()[0].id();
+        edit_json(&kdir.join("manifest.json"), |m| {
+            for k in m["kernels"].as_array_mut().unwrap() {
+                if k.as_str() == Some(&format!("{id}.json")) {
+                    *k = json!(entry);
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn pack_refuses_manifest_entries_outside_the_kernel_dir() {
+        let id = specs()[0].id();
+        let (t, kdir, outside) = dir_with_outside("contain-abs");
+        let absolute = outside.join(format!("{id}.json"));
+        list_in_manifest(&kdir, absolute.to_str().unwrap());
+        let e = pack_dir(&kdir, &t.0.join("out.images")).unwrap_err();
+        assert!(e.problem.contains("leaves the kernel directory") && e.problem.contains(&id), "{e}");
+
+        let (t, kdir, _) = dir_with_outside("contain-dotdot");
+        list_in_manifest(&kdir, &format!("../outside/{id}.json"));
+        let e = pack_dir(&kdir, &t.0.join("out.images")).unwrap_err();
+        assert!(e.problem.contains("leaves the kernel directory"), "{e}");
+
+        // A symlink inside the kernel dir that points out of it.
+        let (t, kdir, outside) = dir_with_outside("contain-link");
+        std::os::unix::fs::symlink(outside.join(format!("{id}.json")), kdir.join(format!("{id}.json"))).unwrap();
+        let e = pack_dir(&kdir, &t.0.join("out.images")).unwrap_err();
+        assert!(e.problem.contains("resolves outside the kernel directory"), "{e}");
+
+        // An image name that climbs out, from a kernel JSON inside.
+        let (t, kdir, outside) = dir_with_outside("contain-image");
+        std::fs::rename(outside.join(format!("{id}.json")), kdir.join(format!("{id}.json"))).unwrap();
+        edit_json(&kdir.join(format!("{id}.json")), |v| v["image"] = json!(format!("../outside/{id}.cubin")));
+        let e = pack_dir(&kdir, &t.0.join("out.images")).unwrap_err();
+        assert!(e.problem.contains("leaves the kernel directory"), "{e}");
+        assert!(!t.0.join("out.images").exists());
+
+        // A symlink that stays inside is fine.
+        let (t, kdir, outside) = dir_with_outside("contain-inner-link");
+        std::fs::create_dir(kdir.join("sub")).unwrap();
+        for ext in ["json", "cubin"] {
+            std::fs::rename(outside.join(format!("{id}.{ext}")), kdir.join("sub").join(format!("{id}.{ext}"))).unwrap();
+        }
+        std::os::unix::fs::symlink(kdir.join("sub"), kdir.join("link")).unwrap();
+        list_in_manifest(&kdir, &format!("link/{id}.json"));
+        pack_dir(&kdir, &t.0.join("out.images")).unwrap();
+    }
+
+    /// Stands in for an open file: `data` plus a length as `fstat` would report it, counting the
+    /// bytes the reader asked for.
+    struct CountingReader<'a> {
+        data: &'a [u8],
+        read: usize,
+    }
+
+    impl std::io::Read for CountingReader<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let rest = &self.data[self.read.min(self.data.len())..];
+            let n = rest.len().min(buf.len());
+            buf[..n].copy_from_slice(&rest[..n]);
+            self.read += n;
+            Ok(n)
+        }
+    }
+
+    /// Reads `data` as a file of `len` bytes; returns the result and how many bytes were read.
+    fn read_as_file(data: &[u8], len: u64) -> (Result<Archive, ArchiveError>, usize) {
+        let mut reader = CountingReader { data, read: 0 };
+        let result = Archive::read_from("test.images", &mut reader, len);
+        (result, reader.read)
+    }
+
+    #[test]
+    fn a_file_of_the_wrong_size_is_refused_before_its_payload_is_read() {
+        let bytes = archive_bytes("file-size");
+        let index_end = HEADER_LEN + index_len(&bytes);
+        let (ok, read) = read_as_file(&bytes, bytes.len() as u64);
+        assert!(ok.is_ok() && read == bytes.len());
+        // Bigger than header and index say, by a little and by 8 GiB.
+        for extra in [1u64, 8 << 30] {
+            let (e, read) = read_as_file(&bytes, bytes.len() as u64 + extra);
+            let e = e.unwrap_err();
+            assert!(e.problem.contains("trailing garbage") || e.problem.contains("larger than"), "{e}");
+            assert!(read <= index_end, "read {read} bytes of a bad file (header and index: {index_end})");
+        }
+        // Smaller than the index says: only the header is read.
+        let (e, read) = read_as_file(&bytes, (index_end - 1) as u64);
+        assert!(e.unwrap_err().problem.contains("truncated"));
+        assert!(read <= HEADER_LEN, "read {read} bytes of a truncated file");
+        // Smaller than the payload needs: header and index only.
+        let (e, read) = read_as_file(&bytes, bytes.len() as u64 - 1);
+        assert!(e.unwrap_err().problem.contains("truncated"));
+        assert!(read <= index_end, "read {read} bytes of a truncated file");
+        // A header declaring a 4 GiB index in an 8 GiB file: refused after the header.
+        let mut huge = bytes[..HEADER_LEN].to_vec();
+        huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        let (e, read) = read_as_file(&huge, 8 << 30);
+        let e = e.unwrap_err();
+        assert!(e.problem.contains("index length 4294967295 exceeds"), "{e}");
+        assert!(read <= HEADER_LEN, "read {read} bytes");
+    }
+
+    #[test]
+    fn open_refuses_an_oversized_file_without_reading_it() {
+        let (_t, path) = packed("sparse");
+        let len = std::fs::metadata(&path).unwrap().len();
+        // Sparse: 8 GiB on paper, nothing on disk.
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len + (8 << 30)).unwrap();
+        let start = std::time::Instant::now();
+        let e = Archive::open(&path).unwrap_err();
+        assert!(e.problem.contains("larger than"), "{e}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(2), "took {:?}", start.elapsed());
+    }
+
+    #[test]
+    fn huge_declared_sizes_are_refused() {
+        let bytes = archive_bytes("huge");
+        let a = parse(bytes.clone()).unwrap();
+        let f = &a.functionals()[0];
+        let last = f.kernels.len() - 1;
+        // Grows functional 0's declared size (and its last image, so the layout stays consistent).
+        let declare = |total: u64| {
+            with_index(&bytes, |v| {
+                let fj = &mut v["functionals"][0];
+                let grow = total - fj["uncompressed_size"].as_u64().unwrap();
+                fj["uncompressed_size"] = json!(total);
+                let s = fj["kernels"][last]["image_size"].as_u64().unwrap() + grow;
+                fj["kernels"][last]["image_size"] = json!(s);
+            })
+        };
+        parse_err(
+            with_index(&bytes, |v| v["functionals"][0]["uncompressed_size"] = json!(u64::MAX)),
+            "uncompressed_size 18446744073709551615 exceeds",
+        );
+        parse_err(with_index(&bytes, |v| v["payload_size"] = json!(2u64 << 30)), "payload_size 2147483648 exceeds");
+        let e = parse_err(declare(3 << 30), "uncompressed_size 3221225472 exceeds");
+        assert!(e.problem.contains(&f.display_name()), "{e}");
+        parse_err(declare(f.compressed_size() * 1000 + 1), "more than 1000 times its compressed size");
+        assert!(parse(declare(f.uncompressed_size() + 1)).is_ok(), "a small excess is the decoder's to find");
     }
 
     #[test]
