@@ -15,14 +15,14 @@
 //! `attn_bwd_dq` kernel instead of the reduce-adds.
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, Workspace, axes, bias_args, blocks, broadcast_strides,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, Workspace, axes, bias_args, broadcast_strides,
     check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, mask_args, strides3, strides4,
 };
-use crate::archive::Functional;
-use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Request, preferred_variant};
+use crate::archive::{Functional, KernelMeta};
+use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Prepared, Request, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
-use crate::error::{Result, bail};
+use crate::error::{Result, bail, checked_product};
 use crate::tensor::{DType, TensorView};
 
 /// Parameters of [`attn_bwd`]. Non-exhaustive: build it with [`BwdParams::new`].
@@ -51,7 +51,9 @@ pub struct BwdParams<'a> {
     pub mask: Mask,
     pub bias: Option<TensorView<4>>,
     /// The bias gradient, overwritten; same sizes as `bias` (summed over its broadcast
-    /// dimensions). Needs `bias`.
+    /// dimensions). Needs `bias`. Its kernel runs one program per bias batch and head, and per
+    /// block of at least 16 keys, on grid axes limited to 65535: `sizes[0]·sizes[1]` ≤ 65535
+    /// and Sk ≤ 65535·16 = 1,048,560 (else `TooLarge`).
     pub dbias: Option<TensorView<4>>,
     pub dropout: Option<Dropout>,
     pub varlen: Option<Varlen<'a>>,
@@ -120,7 +122,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
     let main_axes = axes(dtype, tf32, &shape, &features);
     let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
-    let preprocess_args = preprocess_args(params, &shape);
+    let preprocess_args = preprocess_args(params, &shape)?;
     let args = kernel_args(params, &shape, &mask)?;
     let args = args.args()?;
     let main_axes = main_axes.as_slice()?;
@@ -135,7 +137,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
 
     let launcher = Launcher::new(stream)?;
     if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
-        let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace);
+        let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
         let [pre, main, convert] = call.requests()?;
         let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels);
@@ -143,20 +145,13 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic);
         }
     }
-    let (b, hq, hk) = (shape.batch as u32, shape.heads_q as u32, shape.heads_k as u32);
     let kernels = [
-        launcher.prepare(&preprocess, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
-        launcher.prepare(&dkdv, choose_kernel, |m| [blocks(shape.seqlen_k, m, "BLOCK_N"), hk, b])?,
-        launcher.prepare(&dq, choose_kernel, |m| [blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?,
+        prepare_checked(&launcher, &preprocess, choose_kernel, |m| Ok(preprocess_grid(&shape, kernel_blocks(m))))?,
+        prepare_checked(&launcher, &dkdv, choose_kernel, |m| Ok(dkdv_grid(&shape, kernel_blocks(m))))?,
+        prepare_checked(&launcher, &dq, choose_kernel, |m| Ok(dq_grid(&shape, kernel_blocks(m))))?,
     ];
     let dbias_kernel = match &params.dbias {
-        Some(db) => {
-            let rows = if db.sizes[2] == 1 { 1 } else { shape.seqlen_q };
-            let programs = (db.sizes[0] * db.sizes[1]) as u32;
-            Some(launcher.prepare(&dbias, choose_kernel, |m| {
-                [blocks(rows, m, "BLOCK_M"), blocks(shape.seqlen_k, m, "BLOCK_N"), programs]
-            })?)
-        }
+        Some(db) => Some(prepare_checked(&launcher, &dbias, choose_kernel, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
         None => None,
     };
     for kernel in kernels.iter().chain(&dbias_kernel) {
@@ -168,11 +163,13 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
 /// The workspace bytes [`attn_bwd`] needs for `params` on `stream`'s device: 0 when the call
 /// would run the portable kernels (`Backend::Portable`, or `Auto` on inputs or a device the
 /// Gluon backend does not serve), else `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` with `SQ_PAD` = Sq
-/// rounded up to 128 and `HEAD_DIM` = the head dim rounded up to 64 or 128. The workspace
-/// itself is ignored. Errors: those `attn_bwd` reports before launching (validation, a forced
-/// backend that cannot serve the call, no driver, an invalid stream).
+/// rounded up to 128 and `HEAD_DIM` = the head dim rounded up to 64 or 128. The Gluon backend
+/// does not serve calls whose workspace TMA cannot address (`B·Hq·SQ_PAD` ≥ 2^32 rows). The
+/// workspace itself is ignored. Errors: those `attn_bwd` reports before launching (validation,
+/// a forced backend that cannot serve the call, no driver, an invalid stream).
 pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u64> {
     let (shape, mask) = validate(params)?;
+    preprocess_args(params, &shape)?;
     kernel_args(params, &shape, &mask)?;
     let Some(g) = gluon::select_by_inputs(params.backend, || gluon::bwd_inputs(params, &shape))
         .map_err(|why| why.error("attn_bwd", None))?
@@ -183,7 +180,7 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     // Whether the kernels would serve the call depends on the workspace only through its
     // alignment: any 16-byte aligned stand-in answers it.
     let stand_in = Workspace { ptr: 1 << 20, bytes: g.workspace_bytes };
-    let call = gluon::BwdCall::new(params, &shape, &mask, &g, &stand_in);
+    let call = gluon::BwdCall::new(params, &shape, &mask, &g, &stand_in)?;
     let [pre, main, convert] = call.requests()?;
     let portable_args = kernel_args(params, &shape, &mask)?;
     let features = [("dropout", false), ("bias", false)];
@@ -194,28 +191,117 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 
+/// The launch limits of CUDA and HIP: up to 2^31 − 1 blocks along x, 65535 along y and z.
+const GRID_LIMITS: [u64; 3] = [(1 << 31) - 1, 65535, 65535];
+
+/// The smallest BLOCK_M or BLOCK_N of any compiled attention kernel (`tl.dot` tiles are at least
+/// 16 wide): grids computed with it bound every device's real ones from above.
+const MIN_BLOCK: u64 = 16;
+
+/// `grid` as launch dimensions, or `TooLarge` naming `kernel` and the extent above its limit.
+pub(crate) fn check_grid(kernel: &str, grid: [u64; 3]) -> Result<[u32; 3]> {
+    for (axis, (&extent, &limit)) in ["x", "y", "z"].into_iter().zip(grid.iter().zip(&GRID_LIMITS)) {
+        if extent > limit {
+            bail!(TooLarge, "{kernel}: launch grid {grid:?}: {axis} = {extent} is above the limit of {limit} blocks");
+        }
+    }
+    Ok(grid.map(|extent| extent as u32))
+}
+
+/// [`Launcher::prepare`] with the launch grid that `grid` computes from the chosen kernel's
+/// config, checked by [`check_grid`]: an operator prepares all its kernels before the first launch, so
+/// a grid over the limits stops the call before anything is enqueued.
+pub(crate) fn prepare_checked<'a>(
+    launcher: &Launcher,
+    request: &Request<'a>,
+    choose: impl FnOnce(&Functional, KernelSet, &DeviceInfo) -> usize,
+    grid: impl FnOnce(&KernelMeta) -> Result<[u64; 3]>,
+) -> Result<Prepared<'a>> {
+    let mut checked = Ok([0; 3]);
+    let prepared = launcher.prepare(request, choose, |meta| {
+        checked = grid(meta).and_then(|grid| check_grid(request.family, grid));
+        *checked.as_ref().unwrap_or(&[0; 3])
+    })?;
+    checked.map(|_| prepared)
+}
+
+/// Blocks of a portable kernel's `key` (BLOCK_M, BLOCK_N; 64 where its config does not say)
+/// covering `len` rows.
+pub(crate) fn kernel_blocks(meta: &KernelMeta) -> impl Fn(u64, &str) -> u64 + '_ {
+    move |len, key| len.div_ceil(crate::dispatch::config(meta, key, 64).max(1) as u64)
+}
+
+/// Grids of the portable backward kernels (kernels/flash/bwd_*.py), from `blocks(len, key)`.
+fn preprocess_grid(shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> [u64; 3] {
+    [blocks(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]
+}
+
+fn dkdv_grid(shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> [u64; 3] {
+    [blocks(shape.seqlen_k, "BLOCK_N"), shape.heads_k, shape.batch]
+}
+
+pub(crate) fn dq_grid(shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> [u64; 3] {
+    [blocks(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]
+}
+
+/// One program per query block (one in all when the bias is broadcast over rows), key block,
+/// and bias batch × head.
+fn dbias_grid(dbias: &TensorView<4>, shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> Result<[u64; 3]> {
+    let rows = if dbias.sizes[2] == 1 { 1 } else { shape.seqlen_q };
+    let programs = checked_product("dbias programs (its batches · heads)", &dbias.sizes[..2])?;
+    Ok([blocks(rows, "BLOCK_M"), blocks(shape.seqlen_k, "BLOCK_N"), programs])
+}
+
+/// Checks before the driver is touched that the portable kernels' grids fit the launch limits
+/// with any compiled block sizes (each at least [`MIN_BLOCK`]), so that whether a call is
+/// refused does not depend on the device; [`prepare_checked`] checks the real grids.
+fn check_grids(p: &BwdParams, shape: &AttnShape) -> Result<()> {
+    let floor = |len: u64, _: &str| len.div_ceil(MIN_BLOCK);
+    check_grid("attn_bwd_preprocess", preprocess_grid(shape, floor))?;
+    check_grid("attn_bwd_dkdv", dkdv_grid(shape, floor))?;
+    check_grid("attn_bwd_dq", dq_grid(shape, floor))?;
+    if let Some(db) = &p.dbias {
+        check_grid("attn_bwd_dbias", dbias_grid(db, shape, floor)?)?;
+    }
+    Ok(())
+}
+
+/// Size arguments the kernels take as int32, or `TooLarge` naming the first that does not fit.
+pub(crate) fn int32_args<T: Copy + TryInto<i32> + std::fmt::Display, const N: usize>(
+    sizes: [(&'static str, T); N],
+) -> Result<[(&'static str, ArgValue); N]> {
+    let mut args = [("", ArgValue::I32(0)); N];
+    for (arg, (name, value)) in args.iter_mut().zip(sizes) {
+        let Ok(int) = value.try_into() else {
+            bail!(TooLarge, "{name} = {value} does not fit the kernels' int32 argument");
+        };
+        *arg = (name, ArgValue::I32(int));
+    }
+    Ok(args)
+}
+
 /// The portable backward families compile one config per variant: the aligned one when its
 /// hints fit.
 pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, _device: &DeviceInfo) -> usize {
     preferred_variant(functional, fitting).first().unwrap_or(0)
 }
 
-pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> ArgList {
-    use ArgValue::{I32, Ptr};
+pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Result<ArgList> {
+    use ArgValue::Ptr;
     let mut args = ArgList::new();
     args.extend([("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr)), ("DELTA", Ptr(p.delta.ptr))]);
     args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
     args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
     args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
-    args.extend([("N_CTX_Q", I32(shape.seqlen_q as i32)), ("D_HEAD", I32(shape.head_dim as i32))]);
+    args.extend(int32_args([("N_CTX_Q", shape.seqlen_q), ("D_HEAD", shape.head_dim)])?);
     args.extend(super::varlen_args(shape));
-    args
+    Ok(args)
 }
 
 /// Arguments of `attn_bwd_dkdv`, `attn_bwd_dq` and `attn_bwd_dbias` by name (each takes the ones
 /// it declares).
 pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
-    use ArgValue::{F32, I32, I64, Ptr};
+    use ArgValue::{F32, I64, Ptr};
     let mut args = ArgList::new();
     args.extend([
         ("Q", Ptr(p.q.ptr)),
@@ -243,17 +329,14 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         Some(db) => (db.ptr, broadcast_strides(db), db.sizes),
         None => (0, [0; 3], [1; 4]),
     };
-    args.extend([
-        ("DBIAS", Ptr(dbias)),
-        ("stride_dbz", I64(dbz)),
-        ("stride_dbh", I64(dbh)),
-        ("stride_dbm", I64(dbm)),
-        ("N_BATCH", I32(shape.batch as i32)),
-        ("BIAS_BATCHES", I32(sizes[0] as i32)),
-        ("BIAS_HEADS", I32(sizes[1] as i32)),
-        ("BIAS_ROWS", I32(sizes[2] as i32)),
-        ("N_HEADS_Q", I32(shape.heads_q as i32)),
-    ]);
+    args.extend([("DBIAS", Ptr(dbias)), ("stride_dbz", I64(dbz)), ("stride_dbh", I64(dbh)), ("stride_dbm", I64(dbm))]);
+    args.extend(int32_args([
+        ("N_BATCH", shape.batch),
+        ("BIAS_BATCHES", sizes[0]),
+        ("BIAS_HEADS", sizes[1]),
+        ("BIAS_ROWS", sizes[2]),
+        ("N_HEADS_Q", shape.heads_q),
+    ])?);
     args.extend(common_args(shape, mask));
     dropout_args(&mut args, p.dropout.as_ref(), false)?;
     Ok(args)
@@ -299,6 +382,55 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
             bail!(ShapeMismatch, "dbias.sizes is {:?}, expected the bias's {:?}", db.sizes, bias.sizes);
         }
     }
+    check_grids(p, &shape)?;
     super::check_bwd_aliasing(p)?;
     Ok((shape, mask_args(&p.mask, &shape)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    /// A backward call B×Hq×Sq×64 fp16 (Hk = 1) with a bias and its gradient of `bias_sizes`,
+    /// each tensor at its own fake device address 2^32 bytes apart.
+    fn with_dbias(b: u64, hq: u64, sq: u64, sk: u64, bias_sizes: [u64; 4]) -> BwdParams<'static> {
+        let at = |i: u64| i << 32;
+        let t = |i, h, s| TensorView::contiguous(at(i), [b, h, s, 64], DType::F16);
+        let rows = |i| TensorView::contiguous(at(i), [b, hq, sq], DType::F32);
+        let (q, kv) = (|i| t(i, hq, sq), |i| t(i, 1, sk));
+        let mut p = BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(6), rows(7), q(8), kv(9), kv(10));
+        p.bias = Some(TensorView::contiguous(at(11), bias_sizes, DType::F16));
+        p.dbias = Some(TensorView::contiguous(at(12), bias_sizes, DType::F16));
+        p
+    }
+
+    #[test]
+    fn dbias_grids_above_the_launch_limits_are_refused_before_anything_is_launched() {
+        // z = B·Hq = 65536 dBias programs.
+        let full = with_dbias(256, 256, 16, 16, [256, 256, 16, 16]);
+        // y = ⌈Sk / BLOCK_N⌉ = 2^23 / 64 or more.
+        let keys = with_dbias(1, 1, 16, 1 << 23, [1, 1, 1, 1 << 23]);
+        for (p, axis, extent) in [(full, "z", "65536"), (keys, "y", "")] {
+            for err in [attn_bwd(&p, Stream::null()).unwrap_err(), attn_bwd_workspace_bytes(&p, Stream::null()).unwrap_err()] {
+                assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
+                let message = err.message();
+                assert!(message.contains("attn_bwd_dbias") && message.contains(&format!("{axis} = {extent}")), "{err}");
+            }
+        }
+        // The same calls with the bias broadcast over batch and heads stay within the grid.
+        let p = with_dbias(256, 256, 16, 16, [1, 256, 16, 16]);
+        assert!(validate(&p).is_ok());
+    }
+
+    #[test]
+    fn grids_are_checked_against_the_launch_limits() {
+        assert_eq!(check_grid("k", [(1 << 31) - 1, 65535, 65535]), Ok([(1 << 31) - 1, 65535, 65535]));
+        for (grid, axis) in [([1 << 31, 1, 1], "x"), ([1, 65536, 1], "y"), ([1, 1, 65536], "z"), ([1, 1, u64::MAX], "z")] {
+            let err = check_grid("attn_bwd_dq", grid).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::TooLarge);
+            let message = err.message();
+            assert!(message.starts_with("attn_bwd_dq: launch grid") && message.contains(&format!("{axis} = ")), "{err}");
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! tests and for frameworks that check their RNG bookkeeping (like the seed's
 //! `debug_simulate_encoded_softmax`). The kernel shares its Philox helper with the attention
 //! kernels, so the two cannot drift apart.
+use super::bwd::{int32_args, kernel_blocks, prepare_checked};
 use super::{Dropout, dropout_args};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, first_preferred};
 use crate::driver::Stream;
@@ -28,19 +29,14 @@ pub fn debug_dropout_mask(out: &TensorView<4>, dropout: &Dropout, stream: Stream
         ("OUT", ArgValue::Ptr(out.ptr)),
         ("stride_oz", ArgValue::I64(out.strides[0])),
         ("stride_oh", ArgValue::I64(out.strides[1])),
-        ("stride_om", ArgValue::I32(out.strides[2] as i32)),
-        ("N_CTX_Q", ArgValue::I32(seqlen_q as i32)),
-        ("N_CTX_K", ArgValue::I32(seqlen_k as i32)),
-        ("N_HEADS", ArgValue::I32(heads as i32)),
     ]);
+    args.extend(int32_args([("stride_om", out.strides[2])])?);
+    args.extend(int32_args([("N_CTX_Q", seqlen_q), ("N_CTX_K", seqlen_k), ("N_HEADS", heads)])?);
     dropout_args(&mut args, Some(dropout), false)?;
     let axes = Axes::of(&[("dtype", "fp32")]);
     let request = Request { family: "debug_dropout_mask", axes: axes.as_slice()?, args: args.args()? };
     let launcher = Launcher::new(stream)?;
-    let kernel = launcher.prepare(
-        &request,
-        first_preferred,
-        |meta| [super::blocks(seqlen_q, meta, "BLOCK_M"), heads as u32, batch as u32],
-    )?;
+    let grid = |meta: &_| Ok([kernel_blocks(meta)(seqlen_q, "BLOCK_M"), heads, batch]);
+    let kernel = prepare_checked(&launcher, &request, first_preferred, grid)?;
     launcher.launch(&kernel)
 }

@@ -8,7 +8,8 @@ use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_m
 use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
-use crate::error::{Error, ErrorKind, Result};
+use super::bwd::{dq_grid, int32_args, kernel_blocks, prepare_checked};
+use crate::error::{Error, ErrorKind, Result, checked_product, checked_sum};
 use crate::tensor::DType;
 use crate::tma::{self, TensorArg, TmaProblem};
 
@@ -43,6 +44,8 @@ pub(crate) enum Unsupported {
     Misaligned { tensor: &'static str, ptr: u64 },
     NoWorkspace { needed: u64 },
     WorkspaceTooSmall { needed: u64, given: u64 },
+    /// The workspace's size does not fit 64 bits.
+    WorkspaceTooLarge,
     /// The device is not sm_90 (the error message names the device).
     Arch,
     /// The device's archive lacks a functional the call needs.
@@ -69,6 +72,9 @@ impl fmt::Display for Unsupported {
             }
             Unsupported::WorkspaceTooSmall { needed, given } => {
                 write!(f, "the backward needs a workspace of {needed} bytes (attn_bwd_workspace_bytes); {given} were given")
+            }
+            Unsupported::WorkspaceTooLarge => {
+                write!(f, "its workspace (B·Hq·SQ_PAD·(HEAD_DIM + 2)·4 bytes) overflows 64 bits")
             }
             Unsupported::Arch => write!(f, "its kernels run on {ARCH} only"),
             Unsupported::NotCompiled { family } => {
@@ -99,18 +105,16 @@ pub(crate) struct GluonShape {
     /// The `head_dim` bucket (`HEAD_DIM` of the kernels) and its axis value.
     pub bucket: u64,
     pub bucket_axis: &'static str,
-    /// Backward: `SQ_PAD` = Sq rounded up to 128, and the workspace it needs.
+    /// Backward: `SQ_PAD` = Sq rounded up to 128, the rows of the workspace's dQ accumulator
+    /// (`B·Hq·SQ_PAD`), and the workspace's size.
     pub sq_pad: u64,
+    pub workspace_rows: u64,
     pub workspace_bytes: u64,
 }
 
 impl GluonShape {
     fn axes(&self) -> Axes {
         Axes::of(&[("dtype", self.dtype.triton_name()), ("head_dim", self.bucket_axis)])
-    }
-    /// `B·Hq·SQ_PAD`: rows of the workspace's dQ accumulator.
-    fn workspace_rows(&self, shape: &AttnShape) -> u64 {
-        shape.batch * shape.heads_q * self.sq_pad
     }
 }
 
@@ -136,7 +140,7 @@ fn common_inputs(
     for &(tensor, t) in tensors {
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor, problem })?;
     }
-    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_bytes: 0 })
+    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0 })
 }
 
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
@@ -177,19 +181,26 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
     let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, features, &tensors)?;
     aligned16(&[("lse", p.lse.ptr), ("delta", p.delta.ptr)])?;
     g.sq_pad = sq_pad(shape.seqlen_q);
-    g.workspace_bytes = workspace_bytes(shape, g.bucket);
+    g.workspace_rows = workspace_rows(shape)?;
     // The workspace views must be addressable by TMA too (their rows below 2^32).
-    let rows = g.workspace_rows(shape);
+    let rows = g.workspace_rows;
     for t in [TensorArg::matrix(0, rows, g.bucket, DType::F32), TensorArg::matrix(0, rows / STAT_ROW, STAT_ROW, DType::F32)] {
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor: "workspace", problem })?;
     }
+    g.workspace_bytes = workspace_bytes(shape, g.bucket)?;
     Ok(g)
+}
+
+/// `B·Hq·SQ_PAD`: rows of the workspace's dQ accumulator.
+fn workspace_rows(shape: &AttnShape) -> Result<u64, Unsupported> {
+    checked_product("workspace rows", &[shape.batch, shape.heads_q, sq_pad(shape.seqlen_q)])
+        .map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
 /// The backward's workspace: `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
 /// `SQ_PAD` = Sq rounded up to 128, `HEAD_DIM` the Gluon bucket.
-pub(crate) fn workspace_bytes(shape: &AttnShape, bucket: u64) -> u64 {
-    shape.batch * shape.heads_q * sq_pad(shape.seqlen_q) * (bucket + 2) * 4
+pub(crate) fn workspace_bytes(shape: &AttnShape, bucket: u64) -> Result<u64, Unsupported> {
+    checked_product("workspace bytes", &[workspace_rows(shape)?, bucket + 2, 4]).map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
 /// `SQ_PAD`: the query rows of one head in the workspace, Sq rounded up to 128.
@@ -246,8 +257,8 @@ pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request]) -> Result
 }
 
 /// `cdiv(len, config[key])`, with the contract's block size when the config does not say.
-fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str, default: i64) -> u32 {
-    len.div_ceil(config(meta, key, default).max(1) as u64) as u32
+fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str, default: i64) -> u64 {
+    len.div_ceil(config(meta, key, default).max(1) as u64)
 }
 
 fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
@@ -298,24 +309,32 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
 /// one CTA per tile, `(tiles_per_head, heads, batch)`; or, for a persistent kernel (config
 /// `PERSISTENT` ≠ 0), one CTA per SM slot, `(min(tiles, SMs · CTAS_PER_SM), 1, 1)`, each walking
 /// the tiles `pid, pid + grid, …` (ABI.md).
-pub(crate) fn tile_grid(meta: &KernelMeta, tiles_per_head: u32, heads: u64, batch: u64, multiprocessors: u32) -> [u32; 3] {
+pub(crate) fn tile_grid(
+    meta: &KernelMeta,
+    tiles_per_head: u64,
+    heads: u64,
+    batch: u64,
+    multiprocessors: u32,
+) -> Result<[u64; 3]> {
     if config(meta, "PERSISTENT", 0) == 0 {
-        return [tiles_per_head, heads as u32, batch as u32];
+        return Ok([tiles_per_head, heads, batch]);
     }
-    let tiles = tiles_per_head as u64 * heads * batch;
-    let slots = multiprocessors as u64 * config(meta, "CTAS_PER_SM", 1).max(1) as u64;
-    [tiles.min(slots).max(1) as u32, 1, 1]
+    let tiles = checked_product("tiles (blocks · heads · batch)", &[tiles_per_head, heads, batch])?;
+    // CTAS_PER_SM is archive metadata: slots past u64 are still more slots than tiles.
+    let slots = u64::from(multiprocessors).saturating_mul(config(meta, "CTAS_PER_SM", 1).max(1) as u64);
+    Ok([tiles.min(slots).max(1), 1, 1])
 }
 
 /// The Gluon forward's grid: query blocks of `BLOCK_M` rows per query head ([`tile_grid`]).
-pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u32) -> [u32; 3] {
+pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u32) -> Result<[u64; 3]> {
     tile_grid(meta, blocks(shape.seqlen_q, meta, "BLOCK_M", 128), shape.heads_q, shape.batch, multiprocessors)
 }
 
 /// Enqueues the Gluon forward (grid: [`fwd_grid`]).
 pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape) -> Result<()> {
     let multiprocessors = launcher.device().multiprocessors;
-    let kernel = launcher.prepare(
+    let kernel = prepare_checked(
+        launcher,
         request,
         |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, device),
         |meta| fwd_grid(meta, shape, multiprocessors),
@@ -332,19 +351,26 @@ pub(crate) fn bwd_axes(g: &GluonShape, deterministic: bool) -> (Axes, Axes) {
 }
 
 /// Device addresses of the workspace's three arrays (ABI.md): dq_acc, lse2, delta2.
-fn workspace_views(ws: &Workspace, shape: &AttnShape, g: &GluonShape) -> (u64, u64, u64) {
-    let rows = g.workspace_rows(shape);
+fn workspace_views(ws: &Workspace, g: &GluonShape) -> Result<(u64, u64, u64)> {
+    let rows = g.workspace_rows;
     let dq_acc = ws.ptr;
-    let lse2 = dq_acc + rows * g.bucket * 4;
-    (dq_acc, lse2, lse2 + rows * 4)
+    let lse2 = checked_sum("workspace lse2", dq_acc, checked_product("workspace dq_acc bytes", &[rows, g.bucket, 4])?)?;
+    Ok((dq_acc, lse2, checked_sum("workspace delta2", lse2, checked_product("workspace lse2 bytes", &[rows, 4])?)?))
 }
 
 /// Arguments of the three Gluon backward kernels (each takes the ones it declares).
-fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, ws: &Workspace) -> (ArgList, ArgList, ArgList) {
-    use ArgValue::{F32, I32, Ptr, Tensor};
-    let (dq_acc, lse2, delta2) = workspace_views(ws, shape, g);
-    let rows = g.workspace_rows(shape);
-    let (seqlen_q, sq_pad, head_dim) = (I32(shape.seqlen_q as i32), I32(g.sq_pad as i32), I32(shape.head_dim as i32));
+fn bwd_args(
+    p: &BwdParams,
+    shape: &AttnShape,
+    mask: &MaskArgs,
+    g: &GluonShape,
+    ws: &Workspace,
+) -> Result<(ArgList, ArgList, ArgList)> {
+    use ArgValue::{F32, Ptr, Tensor};
+    let (dq_acc, lse2, delta2) = workspace_views(ws, g)?;
+    let rows = g.workspace_rows;
+    let [seqlen_q, sq_pad, head_dim, heads_q] =
+        int32_args([("N_CTX_Q", shape.seqlen_q), ("SQ_PAD", g.sq_pad), ("D_HEAD", shape.head_dim), ("N_HEADS_Q", shape.heads_q)])?;
 
     let mut pre = ArgList::new();
     pre.extend([("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr))]);
@@ -358,10 +384,10 @@ fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, w
         ("LSE2", Ptr(lse2)),
         ("DELTA2", Ptr(delta2)),
         ("DQ_ACC", Ptr(dq_acc)),
-        ("N_CTX_Q", seqlen_q),
-        ("SQ_PAD", sq_pad),
-        ("D_HEAD", head_dim),
-        ("ZERO_DQ_ACC", I32(!p.deterministic as i32)),
+        seqlen_q,
+        sq_pad,
+        head_dim,
+        ("ZERO_DQ_ACC", ArgValue::I32(!p.deterministic as i32)),
     ]);
 
     let mut main = ArgList::new();
@@ -376,22 +402,16 @@ fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, w
         ("desc_lse2", Tensor(TensorArg::matrix(lse2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("desc_delta2", Tensor(TensorArg::matrix(delta2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("sm_scale", F32(p.sm_scale)),
-        ("SQ_PAD", sq_pad),
-        ("N_HEADS_Q", I32(shape.heads_q as i32)),
+        sq_pad,
+        heads_q,
     ]);
     main.extend(seq_mask_args(shape, mask));
 
     let mut convert = ArgList::new();
     convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);
     convert.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq, shape));
-    convert.extend([
-        ("sm_scale", F32(p.sm_scale)),
-        ("N_CTX_Q", seqlen_q),
-        ("SQ_PAD", sq_pad),
-        ("D_HEAD", head_dim),
-        ("N_HEADS_Q", I32(shape.heads_q as i32)),
-    ]);
-    (pre, main, convert)
+    convert.extend([("sm_scale", F32(p.sm_scale)), seqlen_q, sq_pad, head_dim, heads_q]);
+    Ok((pre, main, convert))
 }
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
@@ -406,10 +426,10 @@ pub(crate) struct BwdCall {
 impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
-    pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> BwdCall {
+    pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
         let (common, main_axes) = bwd_axes(g, p.deterministic);
-        let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace);
-        BwdCall { common, main_axes, pre, main, convert }
+        let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
+        Ok(BwdCall { common, main_axes, pre, main, convert })
     }
 
     /// The requests of the preprocess, the main kernel and the dQ conversion.
@@ -426,7 +446,7 @@ impl BwdCall {
 /// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
 /// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
 /// B)`), or when deterministic the portable `attn_bwd_dq` request. All kernels are chosen,
-/// loaded and their descriptors encoded before the first launch.
+/// loaded, their descriptors encoded and their grids checked before the first launch.
 pub(crate) fn launch_bwd(
     launcher: &Launcher,
     [pre, main, dq]: [&Request; 3],
@@ -434,18 +454,18 @@ pub(crate) fn launch_bwd(
     g: &GluonShape,
     deterministic: bool,
 ) -> Result<()> {
-    let (b, hq) = (shape.batch as u32, shape.heads_q as u32);
+    let (b, hq) = (shape.batch, shape.heads_q);
     let multiprocessors = launcher.device().multiprocessors;
     let kernels = [
-        launcher.prepare(pre, first_preferred, |m| [blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b])?,
+        prepare_checked(launcher, pre, first_preferred, |m| Ok([blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b]))?,
         // Key blocks of BLOCK_N keys per K/V head.
-        launcher.prepare(main, first_preferred, |m| {
+        prepare_checked(launcher, main, first_preferred, |m| {
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
         if deterministic {
-            launcher.prepare(dq, super::bwd::choose_kernel, |m| [super::blocks(shape.seqlen_q, m, "BLOCK_M"), hq, b])?
+            prepare_checked(launcher, dq, super::bwd::choose_kernel, |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         } else {
-            launcher.prepare(dq, first_preferred, |m| [blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b])?
+            prepare_checked(launcher, dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
         },
     ];
     for kernel in &kernels {
@@ -457,8 +477,9 @@ pub(crate) fn launch_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flash::bwd::check_grid;
 
-    fn grid_of(config: &[(&str, i64)], sq: u64, heads_q: u64, batch: u64) -> [u32; 3] {
+    fn grid_of(config: &[(&str, i64)], sq: u64, heads_q: u64, batch: u64) -> Result<[u32; 3]> {
         let meta = KernelMeta {
             config: config.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
             ..KernelMeta::for_tests("k", Vec::new(), 12)
@@ -474,18 +495,18 @@ mod tests {
             head_dim_axis: "128",
             varlen: None,
         };
-        fwd_grid(&meta, &shape, 132)
+        fwd_grid(&meta, &shape, 132).and_then(|grid| check_grid(FWD_FAMILY, grid))
     }
 
     #[test]
     fn forward_grid_per_tile_or_persistent() {
-        assert_eq!(grid_of(&[("BLOCK_M", 128)], 1000, 16, 4), [8, 16, 4]);
+        assert_eq!(grid_of(&[("BLOCK_M", 128)], 1000, 16, 4), Ok([8, 16, 4]));
         // Persistent: one CTA per SM slot, never more CTAs than tiles, never none.
         let pers = [("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 1)];
-        assert_eq!(grid_of(&pers, 4096, 16, 4), [132, 1, 1]);
-        assert_eq!(grid_of(&pers, 100, 2, 1), [2, 1, 1]);
-        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 2)], 4096, 16, 4), [264, 1, 1]);
-        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 2)], 4096, 16, 4), [132, 1, 1], "any PERSISTENT mode");
+        assert_eq!(grid_of(&pers, 4096, 16, 4), Ok([132, 1, 1]));
+        assert_eq!(grid_of(&pers, 100, 2, 1), Ok([2, 1, 1]));
+        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", 2)], 4096, 16, 4), Ok([264, 1, 1]));
+        assert_eq!(grid_of(&[("BLOCK_M", 128), ("PERSISTENT", 2)], 4096, 16, 4), Ok([132, 1, 1]), "any PERSISTENT mode");
     }
     use crate::driver::Runtime;
     use crate::flash::{Dropout, Mask, MaskAlign, Varlen};
@@ -497,27 +518,22 @@ mod tests {
     const SQ: u64 = 300;
     const SK: u64 = 500;
 
+    /// Fake device address `i`: tensors 2^32 bytes apart never overlap.
+    const fn at(i: u64) -> u64 {
+        i << 32
+    }
+
     fn fwd(d: u64, dtype: DType) -> FwdParams<'static> {
-        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, d], dtype);
-        let lse = TensorView::contiguous(0x500000, [B, HQ, SQ], DType::F32);
-        FwdParams::new(t(0x100000, HQ, SQ), t(0x200000, HK, SK), t(0x300000, HK, SK), t(0x400000, HQ, SQ), Some(lse))
+        let t = |i, h, s| TensorView::contiguous(at(i), [B, h, s, d], dtype);
+        let lse = TensorView::contiguous(at(5), [B, HQ, SQ], DType::F32);
+        FwdParams::new(t(1, HQ, SQ), t(2, HK, SK), t(3, HK, SK), t(4, HQ, SQ), Some(lse))
     }
 
     fn bwd(d: u64, dtype: DType) -> BwdParams<'static> {
-        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, d], dtype);
-        let rows = |ptr| TensorView::contiguous(ptr, [B, HQ, SQ], DType::F32);
-        BwdParams::new(
-            t(0x100000, HQ, SQ),
-            t(0x200000, HK, SK),
-            t(0x300000, HK, SK),
-            t(0x400000, HQ, SQ),
-            t(0x500000, HQ, SQ),
-            rows(0x600000),
-            rows(0x700000),
-            t(0x800000, HQ, SQ),
-            t(0x900000, HK, SK),
-            t(0xa00000, HK, SK),
-        )
+        let t = |i, h, s| TensorView::contiguous(at(i), [B, h, s, d], dtype);
+        let rows = |i| TensorView::contiguous(at(i), [B, HQ, SQ], DType::F32);
+        let (q, kv) = (|i| t(i, HQ, SQ), |i| t(i, HK, SK));
+        BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(6), rows(7), q(8), kv(9), kv(10))
     }
 
     fn fwd_check(p: &FwdParams) -> Result<GluonShape, Unsupported> {
@@ -546,8 +562,8 @@ mod tests {
         let bshd = |ptr, h: u64, s: u64| {
             TensorView::new(ptr, [B, h, s, 128], [(s * h * 128) as i64, 128, (h * 128) as i64, 1], DType::BF16)
         };
-        p.q = bshd(0x100000, HQ, SQ);
-        p.k = bshd(0x200000, HK, SK);
+        p.q = bshd(at(1), HQ, SQ);
+        p.k = bshd(at(2), HK, SK);
         assert!(fwd_check(&p).is_ok());
     }
 
@@ -561,17 +577,17 @@ mod tests {
         assert_eq!(fwd_check(&fwd(64, DType::F32)), Err(Unsupported::DType(DType::F32)));
         assert_eq!(reason(&|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000))), Unsupported::Dropout);
         assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
-        assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: 0x500004 });
+        assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: at(5) + 4 });
         assert_eq!(reason(&|p| p.sm_scale = -0.125), Unsupported::NonPositiveScale);
         assert_eq!(reason(&|p| p.sm_scale = 0.0), Unsupported::NonPositiveScale);
         assert_eq!(
             reason(&|p| p.q.ptr += 8),
-            Unsupported::Tma { tensor: "q", problem: TmaProblem::BaseMisaligned { ptr: 0x100008 } }
+            Unsupported::Tma { tensor: "q", problem: TmaProblem::BaseMisaligned { ptr: at(1) + 8 } }
         );
         // A head dim of 40 with rows 40 elements apart (80 bytes) is fine; a row stride of 44
         // elements (88 bytes) is not.
         let mut p = fwd(40, DType::F16);
-        p.v = TensorView::new(0x300000, [B, HK, SK, 40], [(HK * SK * 44) as i64, (SK * 44) as i64, 44, 1], DType::F16);
+        p.v = TensorView::new(at(3), [B, HK, SK, 40], [(HK * SK * 44) as i64, (SK * 44) as i64, 44, 1], DType::F16);
         assert_eq!(
             fwd_check(&p),
             Err(Unsupported::Tma { tensor: "v", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 88 } })
@@ -583,7 +599,7 @@ mod tests {
         let t = |ptr, h| TensorView::new(ptr, [1, h, 17, 64], [0, 64, (h * 64) as i64, 1], DType::F16);
         let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
         let mut p = FwdParams::new(t(0x10000, HQ), t(0x20000, HK), t(0x30000, HK), t(0x40000, HQ), None);
-        p.varlen = Some(Varlen { cu_seqlens_q: cu(0x60000), cu_seqlens_k: cu(0x61000), max_seqlen_q: 12, max_seqlen_k: 9, host_cu_seqlens: None });
+        p.varlen = Some(Varlen::new(cu(0x60000), cu(0x61000), 12, 9));
         assert_eq!(fwd_check(&p), Err(Unsupported::Varlen));
     }
 
@@ -595,7 +611,8 @@ mod tests {
         // SQ_PAD = 384; B·Hq·SQ_PAD·(128 + 2)·4.
         assert_eq!(g.sq_pad, 384);
         assert_eq!(g.workspace_bytes, B * HQ * 384 * 130 * 4);
-        assert_eq!(workspace_bytes(&shape, 64), B * HQ * 384 * 66 * 4);
+        assert_eq!(g.workspace_rows, B * HQ * 384);
+        assert_eq!(workspace_bytes(&shape, 64), Ok(B * HQ * 384 * 66 * 4));
         assert_eq!(bwd_check(&p), Err(Unsupported::NoWorkspace { needed: g.workspace_bytes }));
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes - 1 });
         assert_eq!(bwd_check(&p), Err(Unsupported::WorkspaceTooSmall { needed: g.workspace_bytes, given: g.workspace_bytes - 1 }));
@@ -604,7 +621,7 @@ mod tests {
         // The workspace layout: dq_acc, then lse2, then delta2.
         let ws = p.workspace.unwrap();
         let rows = B * HQ * 384;
-        assert_eq!(workspace_views(&ws, &shape, &g), (ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4));
+        assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4)));
         // Head dims above 128 are forward-only.
         let mut p = bwd(256, DType::BF16);
         p.workspace = Some(ws);
@@ -623,11 +640,75 @@ mod tests {
         let mut p = bwd(64, DType::F16);
         p.delta.ptr += 4;
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
-        assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Misaligned { tensor: "delta", ptr: 0x700004 }));
+        assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Misaligned { tensor: "delta", ptr: at(7) + 4 }));
         let mut p = bwd(64, DType::F16);
         p.dropout = Some(Dropout::new(0.2, 0x1000, 0x2000));
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
         assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Dropout));
+    }
+
+    /// The review's F5 call: B = Hq = 65535, Sq = 2^24, 16-byte strides; every tensor TMA can
+    /// address, the workspace cannot.
+    fn huge_workspace() -> BwdParams<'static> {
+        let (b, hq, sq, sk) = (65535, 65535, 1 << 24, 128);
+        let t = |i, h, s| TensorView::new(at(i), [b, h, s, 8], [8, 8, 8, 1], DType::F16);
+        let rows = |i| TensorView::new(at(i), [b, hq, sq], [4, 4, 1], DType::F32);
+        let (q, kv) = (|i| t(i, hq, sq), |i| t(i, 1, sk));
+        BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(6), rows(7), q(8), kv(9), kv(10))
+    }
+
+    #[test]
+    fn a_workspace_too_large_to_size_is_a_reason_not_a_panic() {
+        use crate::driver::Stream;
+        use crate::flash::{attn_bwd, attn_bwd_workspace_bytes};
+        // Through the API (validation may refuse these overlapping outputs first; either way
+        // an error, no panic; forced, so that nothing could be launched).
+        let mut p = huge_workspace();
+        p.backend = Backend::Gluon;
+        assert!(attn_bwd(&p, Stream::null()).is_err());
+        assert!(attn_bwd_workspace_bytes(&p, Stream::null()).is_err());
+        // The same sizes given to the backend rule directly.
+        let p = bwd(64, DType::F16);
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        let huge = AttnShape { batch: 65535, heads_q: 65535, seqlen_q: 1 << 24, ..shape };
+        assert!(matches!(bwd_inputs(&p, &huge), Err(Unsupported::Tma { tensor: "workspace", .. })));
+        let err = select_by_inputs(Backend::Gluon, || bwd_inputs(&p, &huge)).unwrap_err().error("attn_bwd", None);
+        assert_eq!(err.kind(), ErrorKind::UnsupportedByBackend);
+        assert_eq!(select_by_inputs(Backend::Auto, || bwd_inputs(&p, &huge)), Ok(None), "Auto falls back");
+        // Past the rows' TMA bound, the size itself overflows 64 bits.
+        assert_eq!(workspace_bytes(&huge, 64), Err(Unsupported::WorkspaceTooLarge));
+        let end = AttnShape { batch: 65535, heads_q: 65535, seqlen_q: 1 << 29, ..shape };
+        assert_eq!(workspace_bytes(&end, 128), Err(Unsupported::WorkspaceTooLarge));
+    }
+
+    #[test]
+    fn a_workspace_that_wraps_the_address_space_is_refused() {
+        use crate::driver::Stream;
+        use crate::flash::attn_bwd;
+        let mut p = bwd(64, DType::F16);
+        p.backend = Backend::Gluon;
+        p.workspace = Some(Workspace { ptr: u64::MAX - 15, bytes: 1 << 30 });
+        let err = attn_bwd(&p, Stream::null()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
+        assert!(err.message().starts_with("workspace"), "{err}");
+        // The views' addresses, should a workspace reach them unvalidated.
+        let (shape, _) = super::super::bwd::validate(&bwd(64, DType::F16)).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        let err = workspace_views(&Workspace { ptr: u64::MAX - 15, bytes: g.workspace_bytes }, &g).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge, "{err}");
+    }
+
+    #[test]
+    fn kernel_metadata_cannot_overflow_a_grid() {
+        // CTAS_PER_SM is archive metadata: SMs × CTAS_PER_SM saturates (more slots than tiles).
+        let greedy = [("BLOCK_M", 128), ("PERSISTENT", 1), ("CTAS_PER_SM", i64::MAX)];
+        assert_eq!(grid_of(&greedy, 4096, 16, 4), Ok([2048, 1, 1]));
+        // One-row blocks over 2^30 rows of 65535 × 65535 heads: 2^62 tiles, past the x limit.
+        let err = grid_of(&[("BLOCK_M", 1), ("PERSISTENT", 1), ("CTAS_PER_SM", i64::MAX)], 1 << 30, 65535, 65535).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::TooLarge);
+        assert!(err.message().starts_with("attn_fwd_gluon: launch grid"), "{err}");
+        let err = grid_of(&[("BLOCK_M", 1)], 1 << 30, 65536, 1).unwrap_err();
+        assert!(err.message().contains("y = 65536"), "{err}");
     }
 
     #[test]
@@ -741,7 +822,7 @@ mod tests {
         let (shape, mask) = super::super::bwd::validate(&p).unwrap();
         let g = bwd_inputs(&p, &shape).unwrap();
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
-        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         let names = |l: &ArgList| l.args().unwrap().iter().map(|(n, _)| *n).collect::<Vec<_>>();
         assert_eq!(names(&main)[..9], ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2"]);
         let value = |l: &ArgList, n: &str| l.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
@@ -754,7 +835,7 @@ mod tests {
         assert_eq!(value(&pre, "SQ_PAD"), ArgValue::I32(384));
         assert_eq!(value(&convert, "DQ"), ArgValue::Ptr(p.dq.ptr));
         p.deterministic = true;
-        let (pre, ..) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        let (pre, ..) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(0));
         let f = fwd(128, DType::BF16);
         let (shape, mask) = super::super::fwd::validate(&f).unwrap();
@@ -794,7 +875,7 @@ mod tests {
         let mut p = bwd(64, DType::F16);
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: 1 << 30 });
         let (shape, mask) = super::super::bwd::validate(&p).unwrap();
-        super::super::bwd::preprocess_args(&p, &shape).args().unwrap();
+        super::super::bwd::preprocess_args(&p, &shape).unwrap().args().unwrap();
         let args = super::super::bwd::kernel_args(&p, &shape, &mask).unwrap();
         let features = [("dropout", false), ("bias", false)];
         let axes = crate::flash::axes(p.q.dtype, false, &shape, &features);
@@ -803,7 +884,7 @@ mod tests {
         super::super::bwd::choose_kernel(functional, fitting_kernels(functional, request.args).unwrap(), &device);
         let g = bwd_inputs(&p, &shape).unwrap();
         check_workspace(p.workspace, &g).unwrap();
-        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap());
+        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         for list in [&pre, &main, &convert] {
             list.args().unwrap();
         }
@@ -868,7 +949,7 @@ mod tests {
                 let g = bwd_inputs(&bp, &shape).unwrap();
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
                 bp.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
-                let (pre, main, convert) = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap());
+                let (pre, main, convert) = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
                 match f.family.as_str() {
                     BWD_PREPROCESS_FAMILY => pre,
                     BWD_FAMILY => main,
