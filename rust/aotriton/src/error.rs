@@ -96,6 +96,9 @@ pub(crate) use bail;
 /// The product of caller-given sizes (`what` names it in the error), or `TooLarge`: the one helper
 /// for every product of caller sizes, so none wraps in release or panics with overflow checks.
 pub(crate) fn checked_product(what: &str, factors: &[u64]) -> Result<u64> {
+    if factors.contains(&0) {
+        return Ok(0); // even where a partial product of the others would overflow
+    }
     factors
         .iter()
         .try_fold(1u64, |acc, &f| acc.checked_mul(f))

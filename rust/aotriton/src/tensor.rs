@@ -105,13 +105,25 @@ impl<const RANK: usize> TensorView<RANK> {
         if self.sizes.contains(&0) {
             return Ok((self.ptr, self.ptr));
         }
-        // i128: (size − 1) · stride of up to 2^64 · 2^63 per dim, summed over ≤ 4 dims, fits.
-        let last: i128 = (0..RANK).map(|d| (self.sizes[d] as i128 - 1) * self.strides[d] as i128).sum();
-        let end = self.ptr as i128 + (last + 1) * self.dtype.size_bytes() as i128;
-        if last < 0 || end > u64::MAX as i128 {
-            bail!(TooLarge, "{name}: sizes {:?} × strides {:?} from address {:#x} run past the end of the address space", self.sizes, self.strides, self.ptr);
+        if let Some(d) = self.strides.iter().position(|&s| s < 0) {
+            bail!(BadStrides, "{name}: strides[{d}]={} is negative", self.strides[d]);
         }
-        Ok((self.ptr, end as u64))
+        // In i128 with checks: one (size − 1) · stride fits, a sum of several may not.
+        let end = (0..RANK)
+            .try_fold(0i128, |last, d| last.checked_add((self.sizes[d] as i128 - 1).checked_mul(self.strides[d] as i128)?))
+            .and_then(|last| (last + 1).checked_mul(self.dtype.size_bytes() as i128))
+            .and_then(|bytes| bytes.checked_add(self.ptr as i128))
+            .filter(|&end| end <= u64::MAX as i128);
+        match end {
+            Some(end) => Ok((self.ptr, end as u64)),
+            None => bail!(
+                TooLarge,
+                "{name}: sizes {:?} × strides {:?} from address {:#x} run past the end of the address space",
+                self.sizes,
+                self.strides,
+                self.ptr
+            ),
+        }
     }
 
     /// Checks that no two elements of the view share an address (an output written by several
@@ -132,7 +144,11 @@ impl<const RANK: usize> TensorView<RANK> {
             if stride <= span {
                 bail!(BadStrides, "{name}: strides {:?} with sizes {:?} make elements overlap (an output needs distinct addresses)", self.strides, self.sizes);
             }
-            span += (size - 1) * stride;
+            // A span past i128 cannot be addressed anyway (byte_range refuses it too).
+            span = match (size - 1).checked_mul(stride).and_then(|step| span.checked_add(step)) {
+                Some(span) => span,
+                None => bail!(TooLarge, "{name}: sizes {:?} × strides {:?} overflow", self.sizes, self.strides),
+            };
         }
         Ok(())
     }

@@ -187,9 +187,10 @@ pub(crate) mod tests {
 
     /// A well-formed GQA call on fake, aligned device addresses (never dereferenced here).
     fn valid() -> FwdParams<'static> {
-        let t = |ptr, h, s| TensorView::contiguous(ptr, [B, h, s, D], DType::F16);
-        let lse = TensorView::contiguous(0x50000, [B, HQ, SQ], DType::F32);
-        FwdParams::new(t(0x10000, HQ, SQ), t(0x20000, HK, SK), t(0x30000, HK, SK), t(0x40000, HQ, SQ), Some(lse))
+        // 2^32 bytes apart: no two overlap whatever sizes a test gives them.
+        let t = |i: u64, h, s| TensorView::contiguous(i << 32, [B, h, s, D], DType::F16);
+        let lse = TensorView::contiguous(5 << 32, [B, HQ, SQ], DType::F32);
+        FwdParams::new(t(1, HQ, SQ), t(2, HK, SK), t(3, HK, SK), t(4, HQ, SQ), Some(lse))
     }
 
     /// Gives every tensor head dim `d` (contiguous strides), keeping the call consistent.
@@ -433,7 +434,7 @@ pub(crate) mod tests {
             ),
             (
                 "offset_out inside o",
-                Box::new(|p| p.dropout = Some(Dropout { seed_out: 0x3000, offset_out: 0x40008, ..Dropout::new(0.1, 0x1000, 0x2000) })),
+                Box::new(|p| p.dropout = Some(Dropout { seed_out: 0x3000, offset_out: p.o.ptr + 8, ..Dropout::new(0.1, 0x1000, 0x2000) })),
                 ErrorKind::InvalidArgument,
             ),
             ("o with a zero head stride", Box::new(|p| p.o.strides[1] = 0), ErrorKind::BadStrides),
@@ -451,16 +452,9 @@ pub(crate) mod tests {
         }
         // Inputs may share memory and repeat elements: q = k = v (self-attention on one tensor,
         // Hq = Hk here) and a k broadcast over heads with a zero stride.
-        let mut p = valid();
-        set_outer_size(&mut p, 1, HK);
-        p.k = p.q;
-        p.k.sizes[2] = SK;
-        p.q.sizes[2] = SK;
-        p.o.sizes[2] = SK;
-        p.lse.as_mut().unwrap().sizes[2] = SK;
-        p.o.ptr = 0x90000;
-        p.v = p.k;
-        check(&p).unwrap();
+        let qkv = TensorView::contiguous(1 << 32, [B, HK, SK, D], DType::F16);
+        let o = TensorView::contiguous(2 << 32, [B, HK, SK, D], DType::F16);
+        check(&FwdParams::new(qkv, qkv, qkv, o, Some(TensorView::contiguous(3 << 32, [B, HK, SK], DType::F32)))).unwrap();
         let mut p = valid();
         p.k.strides[1] = 0;
         check(&p).unwrap();
@@ -575,9 +569,9 @@ pub(crate) mod tests {
     }
 
     fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams<'static> {
-        let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
-        let lse = TensorView::contiguous(0x500000, [b, h, s], DType::F32);
-        FwdParams::new(t(0x100000), t(0x200000), t(0x300000), t(0x400000), Some(lse))
+        let t = |i: u64| TensorView::contiguous(i << 36, [b, h, s, d], DType::BF16);
+        let lse = TensorView::contiguous(5 << 36, [b, h, s], DType::F32);
+        FwdParams::new(t(1), t(2), t(3), t(4), Some(lse))
     }
 
     #[test]
