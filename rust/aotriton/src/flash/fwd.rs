@@ -1,7 +1,7 @@
 //! `attn_fwd`: O = dropout(softmax(sm_scale · Q·Kᵀ + bias + mask)) · V, and optionally the LSE.
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, blocks, check_qkv, check_rows, check_scalars,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, check_qkv, check_rows, check_scalars,
     check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
@@ -84,10 +84,11 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
             return gluon::launch_fwd(&launcher, &gluon_request, &shape);
         }
     }
-    let kernel = launcher.prepare(
+    let kernel = super::bwd::prepare_checked(
+        &launcher,
         &request,
         |functional, fitting, device| choose_kernel(functional, fitting, &shape, device),
-        |meta| [blocks(shape.seqlen_q, meta, "BLOCK_M"), shape.heads_q as u32, shape.batch as u32],
+        |meta| Ok([super::bwd::kernel_blocks(meta)(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]),
     )?;
     launcher.launch(&kernel)
 }

@@ -667,8 +667,3 @@ pub(crate) fn varlen_args(shape: &AttnShape) -> [(&'static str, ArgValue); 7] {
         ("STORE_VARLEN_STATUS", I32((p.status != 0) as i32)),
     ]
 }
-
-/// Blocks of `key` (BLOCK_M, BLOCK_N) rows covering `len` rows, for a launch grid.
-pub(crate) fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str) -> u32 {
-    len.div_ceil(dispatch::config(meta, key, 64).max(1) as u64) as u32
-}
