@@ -71,7 +71,7 @@ pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 
-use crate::dispatch::{self, ArgList, ArgValue, Axes, bool_axis};
+use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
 use crate::error::{Result, bail, checked_product};
 use crate::images;
 use crate::tensor::{DType, Region, TensorView, check_no_aliasing};
