@@ -372,7 +372,7 @@ fn views4(c: &mut Case) -> [(&'static str, &mut TensorView<4>); 9] {
 
 /// Applies one random mutation to `c` and records what it did.
 fn mutate(c: &mut Case, rng: &mut Rng) {
-    let what = match rng.below(17) {
+    let what = match rng.below(18) {
         0 => {
             // One size of one tensor.
             let (dim, size) = (rng.index(4), edge_size(rng));
@@ -398,6 +398,7 @@ fn mutate(c: &mut Case, rng: &mut Rng) {
             }
         }
         1 | 2 => resize_consistently(c, rng),
+        17 => resize_large(c, rng),
         3 => {
             let (dim, stride) = (rng.index(4), edge_stride(rng));
             match rng.below(11) {
@@ -583,6 +584,14 @@ fn resize_consistently(c: &mut Case, rng: &mut Rng) -> String {
     let size = edge_size(rng);
     let restride = rng.one_in(2);
     let dim = rng.below(5);
+    set_dimension(c, dim, size, restride);
+    let name = ["batch", "heads", "Sq", "Sk", "head dim"][dim as usize];
+    format!("{name} = {size} everywhere{}", if restride { ", contiguous strides" } else { "" })
+}
+
+/// Sets dimension `dim` (0 batch, 1 query heads, 2 Sq, 3 Sk, 4 head dim, 5 K/V heads) to `size`
+/// in every tensor that has it (a broadcast bias dimension of 1 stays 1).
+fn set_dimension(c: &mut Case, dim: u64, size: u64, restride: bool) {
     let set = |t: &mut TensorView<4>, d: usize| {
         t.sizes[d] = size;
         if restride {
@@ -598,32 +607,46 @@ fn resize_consistently(c: &mut Case, rng: &mut Rng) -> String {
             3 if is_k(name) => set(t, 2),
             3 if name == "debug_out" => set(t, 3),
             4 if is_q(name) || is_k(name) => set(t, 3),
+            5 if is_k(name) => set(t, 1),
             _ => {}
         }
     }
-    let rows = |t: &mut TensorView<3>| match dim {
-        0 | 1 | 2 => {
+    let rows = |t: &mut TensorView<3>| {
+        if dim < 3 {
             t.sizes[dim as usize] = size;
             if restride {
                 *t = TensorView::contiguous(t.ptr, t.sizes, t.dtype);
             }
         }
-        _ => {}
     };
     rows(&mut c.delta);
     if let Some(lse) = c.lse.as_mut() {
         rows(lse);
     }
     for b in [c.bias.as_mut(), c.dbias.as_mut()].into_iter().flatten() {
-        let d = [Some(0), Some(1), Some(2), Some(3), None][dim as usize];
-        if let Some(d) = d
-            && (d == 3 || b.sizes[d] != 1)
-        {
-            set(b, d);
+        if dim < 4 && (dim == 3 || b.sizes[dim as usize] != 1) {
+            set(b, dim as usize);
         }
     }
-    let name = ["batch", "heads", "Sq", "Sk", "head dim"][dim as usize];
-    format!("{name} = {size} everywhere{}", if restride { ", contiguous strides" } else { "" })
+}
+
+/// Batch, heads and Sq set large together with the strides kept (small, so every tensor stays
+/// TMA-addressable, overlapping): the shapes where products of sizes overflow. F5 needed
+/// B = Hq = 65535 and Sq = 2^24 at once, which single-dimension edits almost never reach.
+fn resize_large(c: &mut Case, rng: &mut Rng) -> String {
+    let mut done = Vec::new();
+    for (dim, name) in [(0, "batch"), (1, "heads"), (2, "Sq"), (3, "Sk")] {
+        if !rng.one_in(4) {
+            let size = rng.pick(&[65535, 65536, 1 << 24, (1 << 24) + 1, 1 << 28]);
+            set_dimension(c, dim, size, false);
+            done.push(format!("{name} = {size}"));
+        }
+    }
+    if rng.one_in(2) {
+        set_dimension(c, 5, 1, false);
+        done.push("Hk = 1".into());
+    }
+    format!("{} everywhere, strides kept", done.join(", "))
 }
 
 /// Packed-batch edits: max lengths, malformed host copies, offset tensors, packing turned on.
@@ -798,10 +821,12 @@ fn check_offsets_consumed(args: [u64; 4]) -> Result<(), String> {
     let [b, h, sq, sk] = args;
     let text = no_panic(|| debug_text(flash::dropout_offsets_consumed(b, h, sq, sk)))
         .map_err(|panic| format!("dropout_offsets_consumed{args:?} panicked: {panic}"))?;
-    let exact = [h as u128, sq as u128, sk.div_ceil(4) as u128]
-        .iter()
-        .try_fold(b as u128, |acc, &f| acc.checked_mul(f))
-        .filter(|&n| n <= u64::MAX as u128);
+    let factors = [b as u128, h as u128, sq as u128, sk.div_ceil(4) as u128];
+    let exact = if factors.contains(&0) {
+        Some(0)
+    } else {
+        factors.iter().try_fold(1u128, |acc, &f| acc.checked_mul(f)).filter(|&n| n <= u64::MAX as u128)
+    };
     let number = text.trim_start_matches("Some(").trim_start_matches("Ok(").trim_end_matches(')').parse::<u64>().ok();
     match (exact, number) {
         (Some(exact), Some(n)) if n as u128 == exact => Ok(()),

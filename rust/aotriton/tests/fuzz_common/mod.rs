@@ -154,6 +154,10 @@ thread_local! {
 /// The case the fuzz loop is running, for the watchdog's message.
 static CURRENT: Mutex<Option<(u64, String)>> = Mutex::new(None);
 static CASE_STARTED_MS: AtomicU64 = AtomicU64::new(0);
+/// The seed and case number running now (readable without locking or allocating, e.g. from a
+/// global allocator that wants to say where it refused a request).
+static RUNNING_SEED: AtomicU64 = AtomicU64::new(0);
+static RUNNING_CASE: AtomicU64 = AtomicU64::new(u64::MAX);
 static LOOP_RUNNING: AtomicBool = AtomicBool::new(false);
 
 fn millis_since(start: Instant) -> u64 {
@@ -196,10 +200,13 @@ pub fn fuzz_loop(target: &str, config: &FuzzConfig, mut case: impl FnMut(u64, &m
         }
         let case_start = Instant::now();
         *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some((n, String::new()));
+        RUNNING_SEED.store(config.seed, Ordering::SeqCst);
+        RUNNING_CASE.store(n, Ordering::SeqCst);
         CASE_STARTED_MS.store(millis_since(start).max(1), Ordering::SeqCst);
         let mut rng = config.case_rng(n);
         let outcome = catch_unwind(AssertUnwindSafe(|| case(n, &mut rng)));
         CASE_STARTED_MS.store(0, Ordering::SeqCst);
+        RUNNING_CASE.store(u64::MAX, Ordering::SeqCst);
         report.slowest = report.slowest.max(case_start.elapsed());
         report.cases += 1;
         match outcome {
@@ -233,6 +240,12 @@ pub fn fuzz_loop(target: &str, config: &FuzzConfig, mut case: impl FnMut(u64, &m
         report.slowest.as_secs_f64()
     );
     report
+}
+
+/// (seed, case number) of the case running now, if any. Allocation-free.
+pub fn running_case() -> Option<(u64, u64)> {
+    let case = RUNNING_CASE.load(Ordering::SeqCst);
+    (case != u64::MAX).then(|| (RUNNING_SEED.load(Ordering::SeqCst), case))
 }
 
 /// Records the case text for the watchdog (call at the start of a case, once it is generated).
