@@ -18,10 +18,19 @@
 #                             torch SDPA's FA2 and cuDNN backends and FlexAttention, plus a GQA row;
 #                             then the feature rows: dropout, bias, varlen)
 #   5. the PyTorch tests     (test/torch/run.sh; TORCH=0 skips; BENCH=0 skips step 4)
+# and, when asked (off by default; each adds its summary lines):
+#   STRESS=1                 the stress modes of the Rust test binary after step 1, each its own
+#                            process: --stress concurrency (64 threads x 8 streams, cold start,
+#                            bitwise vs single-threaded runs), large (> 2^32-element tensors vs a
+#                            float64 reference on slices), memory (10^5 calls, no host/device growth);
+#                            about 5 min together. STRESS="large memory" runs the ones named.
+#   SANITIZE=1               test/gpu/sanitize.sh after those: compute-sanitizer memcheck, synccheck
+#                            and racecheck over the suite's --quick list per backend (~8 min at most).
+# BASE=0 skips steps 1-3 (with GLUON_CHECKS=0 BENCH=0 TORCH=0, only what STRESS / SANITIZE ask runs).
 # keeps going when one part fails, prints a short summary last (pass/fail lines and the
 # benchmark tables) and exits 1 if anything failed. Files in $OUT: <suite>-<backend>.log,
-# gluon-*.log, bench_attn.log, bench_attn.json, torch-*.log, and build-<name>.log only for a failed
-# build. BACKENDS (default "portable gluon") picks the backends; BENCH_ARGS adds options to
+# gluon-*.log, bench_attn.log, bench_attn.json, torch-*.log, stress-<mode>.log, sanitize-<tool>.log,
+# and build-<name>.log only for a failed build. BACKENDS (default "portable gluon") picks the backends; BENCH_ARGS adds options to
 # bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens 4096 --dtypes bf16").
 set -u
 cd "$(dirname "$0")/../.."
@@ -85,7 +94,7 @@ result_line() {
 }
 
 rm -f "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/build-*.log "$BUILD"/*.failures
+  "$OUT"/bench_attn.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
@@ -112,24 +121,59 @@ if [ ${#checks[@]} -gt 0 ]; then
 fi
 
 # 1. Rust API test, per backend (forced)
-for backend in ${BACKENDS:-portable gluon}; do
-  run_test rust-api "$STAGE/bin/aotriton-gpu-tests" --backend "$backend"
+if [ "${BASE:-1}" = 1 ]; then
+  for backend in ${BACKENDS:-portable gluon}; do
+    run_test rust-api "$STAGE/bin/aotriton-gpu-tests" --backend "$backend"
+  done
+fi
+
+# 1b. Stress modes (STRESS=1: all three; or a list of them), each in its own process: the
+#     concurrency mode needs a process that has loaded no kernel yet.
+stress_modes=${STRESS:-0}
+[ "$stress_modes" = 1 ] && stress_modes="concurrency large memory"
+[ "$stress_modes" = 0 ] && stress_modes=""
+for mode in $stress_modes; do
+  step "stress $mode"
+  out=$BUILD/stress-$mode.out
+  "$STAGE/bin/aotriton-gpu-tests" --stress "$mode" --require-gpu --log "$OUT/stress-$mode.log" >"$out" 2>&1
+  rc=$?
+  [ -s "$OUT/stress-$mode.log" ] || cp "$out" "$OUT/stress-$mode.log"
+  [ $rc -eq 0 ] || failed=1
+  note "$(result_line "stress-$mode" "$out" $rc)"
+  while IFS= read -r line; do note "    $line"; done < <(grep -E "FAIL|panicked" "$out" | head -n 10 | cut -c1-600)
 done
 
+# 1c. compute-sanitizer over the --quick suite (SANITIZE=1).
+if [ "${SANITIZE:-0}" = 1 ]; then
+  step "compute-sanitizer"
+  out=$BUILD/sanitize.out
+  OUT=$OUT BIN=$STAGE/bin/aotriton-gpu-tests BACKENDS="${BACKENDS:-portable gluon}" PYTHON=$PYTHON \
+    test/gpu/sanitize.sh >"$out" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  while IFS= read -r line; do note "$line"; done < <(grep -E "^(sanitize|compute-sanitizer)|^    " "$out")
+  grep -qE "^sanitize: " "$out" || note "sanitize: did not finish (exit $rc): $(tail -n 1 "$out")"
+fi
+
 # 2. C++ API test, per backend (forced)
-if build cpp test/gpu/cpp; then
-  for backend in ${BACKENDS:-portable gluon}; do
-    run_test cpp-api "$BUILD/cpp/aotriton_gpu_test_cpp" --backend "$backend"
-  done
-else
-  failed=1
-  note "cpp-api: build failed (see $OUT/build-cpp.log)"
+if [ "${BASE:-1}" = 1 ]; then
+  if build cpp test/gpu/cpp; then
+    for backend in ${BACKENDS:-portable gluon}; do
+      run_test cpp-api "$BUILD/cpp/aotriton_gpu_test_cpp" --backend "$backend"
+    done
+  else
+    failed=1
+    note "cpp-api: build failed (see $OUT/build-cpp.log)"
+  fi
 fi
 
 # 3. Gradient check and 4. benchmark, both through the shim.
 bench_ok=0
 SHIM=$BUILD/bench/libaotriton_shim.so
-if build bench bench; then
+if [ "${BASE:-1}" != 1 ] && [ "${BENCH:-1}" != 1 ]; then
+  :  # neither needs the shim
+elif build bench bench; then
+  if [ "${BASE:-1}" = 1 ]; then
   for backend in ${BACKENDS:-portable gluon}; do
     step "grad check (backend $backend)"
     log=$OUT/grad-check-$backend.log
@@ -139,6 +183,7 @@ if build bench bench; then
     note "[$backend] $(result_line grad-check "$log" $rc)"
     grep -E "FAIL|Error" "$log" | head -n 20 | sed 's/^/    /' > "$BUILD/grad-check-$backend.failures"
   done
+  fi
 
   if [ "${BENCH:-1}" = 1 ]; then
   step "benchmark"
@@ -151,8 +196,8 @@ if build bench bench; then
   fi
 else
   failed=1
-  note "grad-check: not run (shim build failed, see $OUT/build-bench.log)"
-  note "bench: shim build failed (see $OUT/build-bench.log)"
+  [ "${BASE:-1}" = 1 ] && note "grad-check: not run (shim build failed, see $OUT/build-bench.log)"
+  [ "${BENCH:-1}" = 1 ] && note "bench: shim build failed (see $OUT/build-bench.log)"
 fi
 
 # 5. PyTorch integration (its own summary is folded into ours).

@@ -22,6 +22,11 @@ pub(crate) fn get() -> Backend {
     BACKEND.get().copied().unwrap_or(Backend::Auto)
 }
 
+/// The backend `--backend` named, if it was given.
+pub(crate) fn explicit() -> Option<Backend> {
+    BACKEND.get().copied()
+}
+
 pub(crate) fn forced_gluon() -> bool {
     get() == Backend::Gluon
 }

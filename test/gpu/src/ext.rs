@@ -310,6 +310,29 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
     ]
 }
 
+/// `--quick`: the cheapest case of each feature: dropout, bias, bias with dropout, a packed
+/// batch, fp32, TF32, the deterministic backward.
+pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
+    let half = |c: &Ext| matches!(c.prec, Precision::Half(_));
+    let plain = |c: &Ext| half(c) && c.varlen.is_none() && !c.deterministic;
+    let picks: [&dyn Fn(&Ext) -> bool; 7] = [
+        &|c| plain(c) && c.dropout.is_some() && c.bias.is_none(),
+        &|c| plain(c) && c.bias.is_some() && c.dropout.is_none(),
+        &|c| plain(c) && c.bias.is_some() && c.dropout.is_some(),
+        &|c| c.varlen.is_some() && !c.deterministic,
+        &|c| c.prec == Precision::F32 && c.varlen.is_none(),
+        &|c| c.prec == Precision::Tf32,
+        &|c| c.deterministic,
+    ];
+    let mut chosen: Vec<usize> = picks
+        .iter()
+        .filter_map(|pick| (0..all.len()).filter(|&i| pick(&all[i])).min_by_key(|&i| all[i].cost()))
+        .collect();
+    chosen.sort_unstable();
+    chosen.dedup();
+    chosen.into_iter().map(|i| all[i].clone()).collect()
+}
+
 /// Where the tensors of a case live.
 struct Places {
     q: Placement<4>,

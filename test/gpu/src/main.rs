@@ -34,17 +34,25 @@
 //! (IEEE) and TF32, the deterministic backward (10 runs + a second stream), CUDA-graph replay
 //! with a new dropout offset, and invalid calls for the new validations.
 //!
-//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend B]
+//! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend B] [--quick]
+//!        aotriton-gpu-tests --stress concurrency|large|memory [--log PATH] [--seed N] [--require-gpu] [--backend B]
 //! `--backend auto|portable|gluon` forces every call onto one backend (backend.rs: a case the
 //! Gluon backend does not serve must then be refused with `UnsupportedByBackend`).
 //! Without a driver or a device it prints `skipped: no GPU` and exits 0 (2 with --require-gpu).
-//! `--seed` changes the input values, not the case list.
+//! `--seed` changes the input values, not the case list. `--quick` runs a reduced list for slow
+//! tools such as compute-sanitizer (`quick_cases`, `ext::quick`; no stability case).
+//! `--stress` runs one of the stress modes instead (stress.rs); `--backend` limits the large and
+//! memory modes to one backend (concurrency mixes all three by case).
 mod backend;
+mod concurrency;
 mod ext;
+mod growth;
+mod large;
 mod lowp;
 mod philox;
 mod reference;
 mod stability;
+mod stress;
 
 /// Counts host allocations (stability.rs checks the launch path makes none after warm-up).
 #[global_allocator]
@@ -347,6 +355,65 @@ fn cases() -> Vec<Case> {
     out.push(special(BF16, 224, 4, 4, 1, 1, 1021, m(-1, 0, true), Padded, false));
     out.push(special(BF16, 256, 2, 1, 1, 509, 509, m(-1, -1, false), Padded, false));
     out
+}
+
+/// Largest B·Hq·Sq·Sk·D of a `--quick` case.
+const QUICK_MAX_COST: usize = 30_000_000;
+
+/// The head-dim bucket a case's kernels are compiled for.
+fn bucket(head_dim: usize) -> usize {
+    head_dim.next_power_of_two().max(16)
+}
+
+/// `--quick`: among the cases whose lengths both span several blocks (≥ 97) and that cost at
+/// most `QUICK_MAX_COST`, cheapest first, a case is kept when it brings a head-dim bucket, mask
+/// kind, alignment, layout, dtype or GQA ratio (MQA apart) not covered yet; then the cheapest
+/// cases with Sq = 1, with Sk = 1, and of head-dim bucket 256 in a layout the Gluon forward
+/// serves. The backward ×10 determinism cases are left out.
+fn quick_cases(all: &[Case]) -> Vec<Case> {
+    let eligible = |i: &usize| !all[*i].repeat_bwd && all[*i].cost() <= QUICK_MAX_COST;
+    let mut order: Vec<usize> = (0..all.len())
+        .filter(eligible)
+        .filter(|&i| all[i].seqlen_q.min(all[i].seqlen_k) >= 97)
+        .collect();
+    order.sort_by_key(|&i| all[i].cost());
+    let mut seen = std::collections::BTreeSet::new();
+    let mut chosen = Vec::new();
+    for &i in &order {
+        let c = &all[i];
+        let keys = [
+            format!("bucket {}", bucket(c.head_dim)),
+            format!("mask {}", mask_kind(&c.mask, c.seqlen_q, c.seqlen_k)),
+            format!("align {}", c.mask.bottom_right),
+            format!("layout {}", c.layout.name()),
+            format!("dtype {}", c.dtype.name()),
+            format!("ratio {} {}", c.group(), c.heads_k == 1 && c.heads_q > 1),
+        ];
+        let mut new = false;
+        for k in keys {
+            new |= seen.insert(k);
+        }
+        if new {
+            chosen.push(i);
+        }
+    }
+    let cheapest = |f: &dyn Fn(&Case) -> bool| {
+        (0..all.len()).filter(eligible).filter(|&i| f(&all[i])).min_by_key(|&i| all[i].cost())
+    };
+    let tma = |c: &Case| matches!(c.layout, Layout::Bhsd | Layout::Bshd);
+    for edge in [
+        cheapest(&|c| c.seqlen_q == 1 && c.seqlen_k > 1),
+        cheapest(&|c| c.seqlen_k == 1 && c.seqlen_q > 1),
+        cheapest(&|c| bucket(c.head_dim) == 256 && tma(c) && c.seqlen_q.min(c.seqlen_k) >= 97),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if !chosen.contains(&edge) {
+            chosen.push(edge);
+        }
+    }
+    chosen.into_iter().map(|i| all[i]).collect()
 }
 
 /// Counts per axis value, as printed at the start of the log and by `--list`.
@@ -1260,6 +1327,8 @@ struct Args {
     seed: u64,
     require_gpu: bool,
     list: bool,
+    quick: bool,
+    stress: Option<String>,
 }
 
 fn parse_args() -> Args {
@@ -1268,6 +1337,8 @@ fn parse_args() -> Args {
         seed: 0x5EED_A07E,
         require_gpu: false,
         list: false,
+        quick: false,
+        stress: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -1276,6 +1347,8 @@ fn parse_args() -> Args {
             "--seed" => args.seed = it.next().and_then(|s| parse_u64(&s)).unwrap_or_else(|| usage()),
             "--require-gpu" => args.require_gpu = true,
             "--list" => args.list = true,
+            "--quick" => args.quick = true,
+            "--stress" => args.stress = Some(it.next().unwrap_or_else(|| usage())),
             "--backend" => backend::set(it.next().as_deref().and_then(backend::parse).unwrap_or_else(|| usage())),
             _ => usage(),
         }
@@ -1291,7 +1364,10 @@ fn parse_u64(s: &str) -> Option<u64> {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend auto|portable|gluon]");
+    eprintln!(
+        "usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend auto|portable|gluon] [--quick]\n       \
+         aotriton-gpu-tests --stress concurrency|large|memory [--log PATH] [--seed N] [--require-gpu] [--backend B]"
+    );
     std::process::exit(2)
 }
 
@@ -1329,8 +1405,14 @@ fp32: floor 1e-5 x max(1,max|ref|) on every tensor, LSE 1e-5; tf32: naive with T
 
 fn main() {
     let args = parse_args();
-    let all = cases();
-    let ext_all = ext::ext_cases();
+    if let Some(mode) = &args.stress {
+        std::process::exit(stress::run(mode, &args));
+    }
+    let all = if args.quick { quick_cases(&cases()) } else { cases() };
+    let ext_all = if args.quick { ext::quick(ext::ext_cases()) } else { ext::ext_cases() };
+    let debug_masks = if args.quick { ext::debug_mask_cases()[1..2].to_vec() } else { ext::debug_mask_cases() };
+    let keep_rates: &[f32] = if args.quick { &[0.5] } else { &[0.1, 0.5, 0.9] };
+    let reveals = if args.quick { ext::reveal_cases()[..1].to_vec() } else { ext::reveal_cases() };
     if args.list {
         for (i, c) in all.iter().enumerate() {
             println!(
@@ -1346,10 +1428,13 @@ fn main() {
             println!("[ext {:2}] {}  cost {:.1e}", i + 1, c.describe(), c.cost() as f64);
         }
         println!(
-            "plus {} debug-mask shapes, 3 keep-rate checks, {} mask-reveal cases, 1 CUDA-graph case, {} invalid calls",
-            ext::debug_mask_cases().len(),
-            ext::reveal_cases().len(),
-            invalid_calls().len()
+            "plus {} debug-mask shapes, {} keep-rate checks, {} mask-reveal cases, 1 CUDA-graph case, \
+             {} invalid calls{}",
+            debug_masks.len(),
+            keep_rates.len(),
+            reveals.len(),
+            invalid_calls().len(),
+            if args.quick { " (--quick: no stability case)" } else { ", 1 stability case" }
         );
         return;
     }
@@ -1376,10 +1461,11 @@ fn main() {
     };
     emit(
         format!(
-            "aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, backend {}, built archs {:?}",
+            "aotriton Rust API GPU test: device 0 = {name}, seed {:#x}, backend {}, built archs {:?}{}",
             args.seed,
             backend::name(backend::get()),
-            aotriton::built_archs()
+            aotriton::built_archs(),
+            if args.quick { ", --quick (reduced case list)" } else { "" }
         ),
         &mut log,
     );
@@ -1412,25 +1498,27 @@ fn main() {
             line: format!("{what}  driver error: {e}  FAIL"),
         })
     };
-    record(
-        guarded("stability".into(), stability::stability_case(&mut rng, stream)),
-        &mut log,
-    );
+    if !args.quick {
+        record(
+            guarded("stability".into(), stability::stability_case(&mut rng, stream)),
+            &mut log,
+        );
+    }
     // The third milestone: debug mask vs host Philox, keep rates, mask reveal, feature cases,
     // CUDA graph replay.
-    for case in ext::debug_mask_cases() {
+    for case in debug_masks {
         record(
             guarded(format!("debug mask {:?}", case.0), ext::debug_mask_case(case, stream)),
             &mut log,
         );
     }
-    for p in [0.1, 0.5, 0.9] {
+    for &p in keep_rates {
         record(
             guarded(format!("keep rate p={p}"), ext::keep_rate_case(p, stream)),
             &mut log,
         );
     }
-    for case in ext::reveal_cases() {
+    for case in reveals {
         record(
             guarded(
                 format!("mask reveal {case:?}"),
@@ -1514,6 +1602,30 @@ mod tests {
             all.iter()
                 .all(|c| c.cost() <= MAX_COST && c.heads_q % c.heads_k == 0 && c.head_dim % 8 == 0)
         );
+    }
+
+    /// `--quick` keeps a short list that still meets every head-dim bucket, both dtypes, every
+    /// layout, lengths of 1 on either side, and a Gluon-served case of each Gluon bucket.
+    #[test]
+    fn quick_list_covers_the_kernels() {
+        let quick = quick_cases(&cases());
+        assert!(quick.len() <= 20, "{}", quick.len());
+        for b in [16, 32, 64, 128, 256] {
+            assert!(quick.iter().any(|c| bucket(c.head_dim) == b), "bucket {b}");
+        }
+        for l in [Layout::Bhsd, Layout::Bshd, Layout::Padded, Layout::QMisaligned] {
+            assert!(quick.iter().any(|c| c.layout == l), "{l:?}");
+        }
+        assert!(quick.iter().any(|c| c.dtype == Lowp::F16) && quick.iter().any(|c| c.dtype == Lowp::BF16));
+        assert!(quick.iter().any(|c| c.seqlen_q == 1) && quick.iter().any(|c| c.seqlen_k == 1));
+        assert!(quick.iter().any(|c| c.empty_rows() > 0));
+        for b in [64, 128, 256] {
+            let served = |c: &Case| c.traits().gluon_serves(false) && bucket(c.head_dim).max(64) == b;
+            assert!(quick.iter().any(served), "gluon {b}");
+        }
+        assert!(quick.iter().all(|c| !c.repeat_bwd));
+        let ext = ext::quick(ext::ext_cases());
+        assert!(ext.len() >= 6 && ext.iter().all(|c| c.cost() <= MAX_COST / 4));
     }
 
     /// Time of the CPU reference over the whole list (run with --ignored --nocapture, release).

@@ -9,31 +9,55 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
 
-/// The suite's global allocator: `System`, counting every allocation.
+/// The suite's global allocator: `System`, counting every allocation and the bytes allocated
+/// and freed (growth.rs reads the live bytes).
 pub(crate) struct CountingAlloc;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static BYTES_ALLOCATED: AtomicU64 = AtomicU64::new(0);
+static BYTES_FREED: AtomicU64 = AtomicU64::new(0);
 
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
+        let ptr = unsafe { System.alloc(layout) };
+        if !ptr.is_null() {
+            BYTES_ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        ptr
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        BYTES_FREED.fetch_add(layout.size() as u64, Ordering::Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: AllocLayout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc_zeroed(layout) }
+        let ptr = unsafe { System.alloc_zeroed(layout) };
+        if !ptr.is_null() {
+            BYTES_ALLOCATED.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        }
+        ptr
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        if !new.is_null() {
+            BYTES_FREED.fetch_add(layout.size() as u64, Ordering::Relaxed);
+            BYTES_ALLOCATED.fetch_add(new_size as u64, Ordering::Relaxed);
+        }
+        new
     }
 }
 
 fn allocations() -> u64 {
     ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Bytes of Rust heap allocated and not yet freed, process-wide.
+pub(crate) fn live_heap_bytes() -> i64 {
+    // Freed first: a concurrent allocation then only makes the figure larger, never negative.
+    let freed = BYTES_FREED.load(Ordering::Relaxed);
+    BYTES_ALLOCATED.load(Ordering::Relaxed) as i64 - freed as i64
 }
 
 const LAUNCHES: usize = 100;
