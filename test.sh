@@ -1,6 +1,7 @@
 #!/bin/sh
 # The test command: builds and installs (build.sh), then runs every test that needs no GPU:
-#   cargo test   the Rust runtime (archive, dispatch, validation, no-driver behaviour), the bridge,
+#   cargo test   the Rust runtime (archive, dispatch, validation, no-driver behaviour, fuzzing of
+#                the archive reader and the validation for a fixed time), the bridge,
 #                and the AMD checks (test/amd: the real HIP runtime without a device, every hsaco
 #                against the code-object manager's metadata, launches recorded by a HIP double)
 #   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree,
@@ -20,6 +21,9 @@ export AOTRITON_KERNEL_DIR="$(pwd)/$BUILD_DIR/kernels"
 # The AMD checks read the packed archives and the installed C++ API from here.
 export AOTRITON_ARCHIVE_DIR="$(pwd)/$BUILD_DIR/images"
 export AOTRITON_INSTALL_DIR="${PREFIX:-$(pwd)/install}"
+# The fuzz targets (rust/aotriton/tests/fuzz_*.rs: archive reader, parameter validation) run for a
+# fixed budget each; the seed is printed, AOTRITON_FUZZ_SEED replays it.
+export AOTRITON_FUZZ_SECONDS="${AOTRITON_FUZZ_SECONDS:-90}"
 cargo test --locked --workspace
 "$TOOLS/ctest" --test-dir "$BUILD_DIR" --output-on-failure
 cargo run --locked --quiet -p aotriton-gpu-tests
