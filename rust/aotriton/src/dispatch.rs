@@ -11,7 +11,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::archive::{Functional, KernelArg, KernelMeta};
-use crate::driver::{DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, Runtime, Stream, StreamContext, TensorMap};
+use crate::driver::{
+    DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, ModuleScope, Runtime, Stream, StreamContext, TensorMap,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::images::{self, LoadedArchive};
 use crate::lock;
@@ -300,12 +302,17 @@ impl Launcher {
     }
 
     /// Whether the device's archive holds the functional of `request` (false too when the
-    /// device has no archive), and whether one of its kernels fits the arguments.
+    /// device has no archive), and whether one of its kernels fits the arguments (a kernel that
+    /// takes TMA descriptors fits only where the driver can encode them).
     pub fn serves(&self, request: &Request) -> Serves {
         let Ok(loaded) = images::archive_for_device(&self.context.device) else { return Serves::NotCompiled };
         let Some(index) = loaded.archive.find(request.family, request.axes) else { return Serves::NotCompiled };
-        match fitting_kernels(&loaded.archive.functionals()[index], request.args) {
-            Ok(fitting) if !fitting.is_empty() => Serves::Yes,
+        let functional = &loaded.archive.functionals()[index];
+        let encodable = |kernel: usize| {
+            self.context.tensor_maps_available() || functional.kernels[kernel].args.iter().all(|a| a.tensordesc.is_none())
+        };
+        match fitting_kernels(functional, request.args) {
+            Ok(fitting) if fitting.iter().any(encodable) => Serves::Yes,
             _ => Serves::NoKernelFits,
         }
     }
@@ -538,7 +545,7 @@ struct LoadedKernel {
 /// Where a loaded kernel lives and which one it is: the driver's module scope (the CUDA context
 /// or the HIP device), the archive (its address stands for its arch: archives are cached for the
 /// life of the process), the functional and the kernel. Building one allocates nothing.
-type KernelKey = ((Runtime, usize), usize, usize, usize);
+type KernelKey = (ModuleScope, usize, usize, usize);
 
 /// One kernel's slot in a [`LoadCache`]: empty until its first load succeeds.
 type CacheSlot<V> = Arc<Mutex<Option<Arc<V>>>>;
@@ -812,7 +819,7 @@ mod tests {
     }
 
     fn key(kernel: usize) -> KernelKey {
-        ((Runtime::Cuda, 0x1000), 0x2000, 3, kernel)
+        (ModuleScope::CudaContextId(1), 0x2000, 3, kernel)
     }
 
     /// While kernel A's first load is under way (slow: decompression and the driver's module
@@ -875,6 +882,18 @@ mod tests {
         });
         assert_eq!(loads.load(Ordering::SeqCst), 1);
         assert!(results.iter().all(|r| Arc::ptr_eq(r, &results[0])));
+    }
+
+    /// The same kernel in two module scopes (two CUDA contexts) is two loads.
+    #[test]
+    fn each_module_scope_loads_its_own_kernels() {
+        let cache = LoadCache::<u32>::new();
+        let (mut a, mut b) = (key(0), key(0));
+        a.0 = ModuleScope::CudaContextId(1);
+        b.0 = ModuleScope::CudaContextId(2);
+        assert_eq!(*cache.get_or_load(a, || Ok(1)).unwrap(), 1);
+        assert_eq!(*cache.get_or_load(b, || Ok(2)).unwrap(), 2);
+        assert_eq!(*cache.get_or_load(a, || Ok(3)).unwrap(), 1);
     }
 
     /// A failed load is not remembered: the next call tries again (the environment may have

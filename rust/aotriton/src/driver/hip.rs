@@ -17,6 +17,12 @@
 //!   launched with `hipModuleLaunchKernel` and a kernelParams array (the runtime lays the
 //!   arguments out from the code object's own kernarg metadata), as Triton's own AMD launcher does.
 //!   Dynamic LDS needs no opt-in on AMD: any launch may use up to the device's per-block limit.
+//! - Loaded modules are cached per device ordinal for the life of the process. HIP has no
+//!   counterpart of CUDA's `cuCtxGetId`: nothing names one lifetime of a device's primary context
+//!   (`hipDevicePrimaryCtxGetState` gives only its flags and whether it is active), so the cache
+//!   cannot tell that a `hipDeviceReset` (or `hipDevicePrimaryCtxReset`) unloaded the device's
+//!   modules, and later calls would launch the stale `hipFunction_t`s. A program must not reset a
+//!   device that aotriton has launched on (see `driver/mod.rs`, loaded modules and their lifetime).
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -4,17 +4,36 @@
 //! it belongs to, the [`StreamContext`] of a call (the stream's device made current, its
 //! [`DeviceInfo`] and a module-cache key), and the context's four operations: load a kernel from
 //! an image (with its dynamic shared memory set up), launch it with a parameter array, encode a
-//! TMA descriptor (CUDA only), and nothing else. Each vendor lives in its own module, layered like
-//! cudarc (raw entry points → checked results naming the call → this safe surface):
+//! TMA descriptor (CUDA only), and nothing else. Each vendor lives in its own module, layered as
+//! raw entry points → checked results naming the call → this safe surface:
 //!
-//! - [`cuda`]: the CUDA driver API through cudarc, loaded at run time (`libcuda.so.1`).
+//! - [`cuda`]: the CUDA driver API through libloading (`libcuda.so.1`; cudarc provides the types).
 //! - [`hip`]: the HIP runtime through libloading (`libamdhip64.so`, `.so.7`, `.so.6`, `.so.5`, or
 //!   the file named by `AOTRITON_HIP_LIBRARY`).
 //!
 //! No CUDA or HIP name appears outside those two files. Neither library is needed to build the
 //! crate; without one, every call on a stream of that runtime returns
 //! [`ErrorKind::NoDriver`](crate::ErrorKind::NoDriver), and with the library but no device,
-//! [`ErrorKind::NoDevice`](crate::ErrorKind::NoDevice).
+//! [`ErrorKind::NoDevice`](crate::ErrorKind::NoDevice). Each library is opened once per process
+//! and every entry point the runtime calls is resolved then: a missing required one is `NoDriver`
+//! naming it (never a panic on first use); a missing optional one disables only what needs it
+//! (CUDA before 12.0: no TMA descriptors, hence no Gluon kernels; no context ids, see below).
+//!
+//! Loaded modules and their lifetime: a kernel is loaded once per [`ModuleScope`] and kept for
+//! the life of the process (modules are never unloaded; aotriton has no reset API).
+//! - CUDA: the scope is the stream's context, named by `cuCtxGetId` (CUDA 12.0+), an id the
+//!   driver never hands out twice in a process. A context destroyed and re-created (a
+//!   `cudaDeviceReset`, `cuDevicePrimaryCtxReset`, `cuCtxDestroy` + `cuCtxCreate`) is a new scope
+//!   and its kernels are loaded again, even when it gets the old context's address. The entries of
+//!   destroyed contexts stay in the cache (a few hundred bytes per kernel), never used again.
+//!   Drivers before 12.0 have no context id: there the scope is the context's address, which the
+//!   driver may reuse for a new context, and the cached functions of the destroyed one would be
+//!   launched in it (an error at best). Do not destroy and re-create contexts that aotriton has
+//!   launched in on such drivers.
+//! - HIP: the scope is the device ordinal. HIP exposes nothing that identifies a lifetime of a
+//!   device's primary context (`hipDevicePrimaryCtxGetState` says only whether it is active), so
+//!   a `hipDeviceReset` (or `hipDevicePrimaryCtxReset`), which unloads the device's modules,
+//!   leaves stale functions in the cache: do not reset a device that aotriton has launched on.
 mod cuda;
 mod hip;
 
@@ -56,6 +75,23 @@ impl Runtime {
 /// A caller's GPU stream, passed through untouched, with the runtime it belongs to. The null
 /// handle means that runtime's default (null) stream on the calling thread's current device or
 /// context. The device is always taken from the stream.
+///
+/// # Safety contract
+///
+/// The constructors are safe functions, but the handle is given to the driver as it is and the
+/// operators write through the device addresses in their parameters, which the runtime cannot
+/// check. The caller guarantees, for every call that takes the stream:
+/// - the handle is 0 or a live stream of that runtime (a `CUstream` / `cudaStream_t` for
+///   [`Stream::cuda`] and [`Stream::from_raw`], a `hipStream_t` for [`Stream::hip`]), not destroyed
+///   before the call returns; a dangling or foreign handle may crash the driver rather than
+///   give an error;
+/// - every pointer in the parameters is a device address of that stream's device (or one it can
+///   access), valid for the whole extent the tensor views describe until the enqueued kernels
+///   have finished; with unified or HMM memory a wrong address can be host memory, and the
+///   kernels will write it.
+///
+/// Everything else (shapes, strides, dtypes, alignment, sizes against the kernels' limits) is
+/// validated, and a bad value is an error before anything is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stream {
     runtime: Runtime,
@@ -142,13 +178,24 @@ enum Current {
     Hip { _device: hip::CurrentDevice },
 }
 
+/// Where a loaded module lives, as the module cache keys it (see the module docs: loaded
+/// modules and their lifetime).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum ModuleScope {
+    /// A CUDA context by its `cuCtxGetId` id (CUDA 12.0+), never reused in a process.
+    CudaContextId(u64),
+    /// A CUDA context by its address, on drivers without `cuCtxGetId`.
+    CudaContextAddress(usize),
+    /// A HIP device by ordinal.
+    HipDevice(i32),
+}
+
 /// The stream's device made current for the guard's lifetime, so that module loads and launches
 /// happen on the stream's device whatever the calling thread had current.
 pub(crate) struct StreamContext {
     pub device: Arc<DeviceInfo>,
     stream: Stream,
-    /// Identifies where loaded modules live: the CUDA context, or the HIP device.
-    module_scope: usize,
+    module_scope: ModuleScope,
     _current: Current,
 }
 
@@ -156,17 +203,17 @@ impl StreamContext {
     pub fn enter(stream: Stream) -> Result<StreamContext> {
         match stream.runtime {
             Runtime::Cuda => {
-                let (current, context, device) = cuda::enter(stream.raw)?;
+                let (current, scope, device) = cuda::enter(stream.raw)?;
                 Ok(StreamContext {
                     device,
                     stream,
-                    module_scope: context,
+                    module_scope: scope,
                     _current: Current::Cuda { _pushed: current },
                 })
             }
             Runtime::Hip => {
                 let (current, device) = hip::enter(stream.raw)?;
-                let scope = device.ordinal as usize;
+                let scope = ModuleScope::HipDevice(device.ordinal);
                 Ok(StreamContext {
                     device,
                     stream,
@@ -179,8 +226,14 @@ impl StreamContext {
 
     /// A key under which a kernel loaded in this context can be found again by later calls on
     /// the same device (CUDA: per context; HIP: per device).
-    pub fn cache_key(&self) -> (Runtime, usize) {
-        (self.stream.runtime, self.module_scope)
+    pub fn cache_key(&self) -> ModuleScope {
+        self.module_scope
+    }
+
+    /// Whether [`encode_tensor_map`](Self::encode_tensor_map) can work here: a CUDA driver with
+    /// `cuTensorMapEncodeTiled` (12.0+). Kernels that take TMA descriptors need it.
+    pub fn tensor_maps_available(&self) -> bool {
+        self.stream.runtime == Runtime::Cuda && cuda::tensor_maps_available()
     }
 
     /// Loads `image` (a cubin or hsaco) onto the stream's device, finds `symbol` in it and makes
