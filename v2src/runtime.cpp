@@ -56,6 +56,7 @@ const char* status_name(Status status) noexcept {
     case Status::kKernelNotFound: return "kKernelNotFound";
     case Status::kBadArchive: return "kBadArchive";
     case Status::kNoDevice: return "kNoDevice";
+    case Status::kUntrustedImages: return "kUntrustedImages";
     case Status::kInternal: return "kInternal";
   }
   return "unknown status";

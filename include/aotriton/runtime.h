@@ -36,6 +36,7 @@ enum class Status : int32_t {
   kKernelNotFound = 23,     // no compiled kernel serves these inputs
   kBadArchive = 24,         // a kernel archive is corrupt or mismatched
   kNoDevice = 25,           // the stream's runtime library is present but reports no GPU
+  kUntrustedImages = 26,    // AOTRITON_IMAGE_DIR or an archive in it is not trusted (permissions, digest)
   kInternal = 99,           // a bug in aotriton; please report it with the message
 };
 

@@ -79,6 +79,9 @@ use std::path::{Path, PathBuf};
 use liblzma::stream::{Action, Check, Filters, LzmaOptions, Status, Stream};
 use serde_json::{Map, Value, json};
 
+/// The SHA-256 manifest installed beside the archives (sha256sum format: `<hex>  <file name>` per
+/// line): the build writes it, the runtime trusts the archives it lists (src/images.rs).
+pub const DIGEST_MANIFEST: &str = "aotriton-images.sha256";
 /// First eight bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"AOTRIMG\0";
 /// The newest format version this code reads and writes (see "Versions" above).
@@ -322,10 +325,15 @@ impl Archive {
     /// is refused having read at most its header and index.
     pub fn open(path: &Path) -> Result<Archive, ArchiveError> {
         let name = path.display().to_string();
-        let cannot = |e: std::io::Error| ArchiveError::new(&name, format!("cannot read: {e}"));
-        let mut file = std::fs::File::open(path).map_err(cannot)?;
-        let len = file.metadata().map_err(cannot)?.len();
-        Archive::read_from(&name, &mut file, len)
+        let file = std::fs::File::open(path).map_err(|e| ArchiveError::new(&name, format!("cannot read: {e}")))?;
+        Archive::from_file(&name, file)
+    }
+
+    /// [`Archive::open`] on a file already open (whose metadata the caller may have checked):
+    /// its size is taken from the open file, not from a path that could have changed since.
+    pub fn from_file(name: &str, mut file: std::fs::File) -> Result<Archive, ArchiveError> {
+        let len = file.metadata().map_err(|e| ArchiveError::new(name, format!("cannot read: {e}")))?.len();
+        Archive::read_from(name, &mut file, len)
     }
 
     /// [`Archive::open`] on any reader of `len` bytes (the file's size as `fstat` reports it).

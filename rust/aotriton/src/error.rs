@@ -46,6 +46,10 @@ pub enum ErrorKind {
     BadArchive = 24,
     /// The stream's runtime library is present but reports no GPU.
     NoDevice = 25,
+    /// The images `AOTRITON_IMAGE_DIR` names are not trusted: the path is not absolute or not a
+    /// directory, it or a file in it can be changed by other users, or an archive's SHA-256 is not
+    /// one the library trusts. The message names the path and the reason.
+    UntrustedImages = 26,
     /// A bug in aotriton (e.g. a caught panic). Please report it.
     Internal = 99,
 }
