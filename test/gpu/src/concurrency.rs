@@ -539,8 +539,8 @@ pub(crate) fn run(args: &Args, log: &mut Log, tally: &mut Tally) -> Result<(), S
         handles.into_iter().map(|h| h.join().expect("a worker thread panicked")).collect()
     });
     let concurrent_s = started.elapsed().as_secs_f64();
-    // When each thread's first forward, and its first backward, returned: a first load that
-    // blocked callers of other kernels shows as a median near the maximum.
+    // When each thread's first forward, and its first backward, returned after the barrier: how
+    // long the first callers waited for the archive read and the first loads (reported, not checked).
     let spread = |times: Vec<f64>| {
         let mut times: Vec<f64> = times.into_iter().map(|x| x * 1e3).collect();
         times.sort_by(f64::total_cmp);

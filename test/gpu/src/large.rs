@@ -185,16 +185,48 @@ fn par_count<T: Sync>(xs: &[T], bad: impl Fn(&T) -> bool + Sync) -> usize {
     })
 }
 
+/// Page-locked host memory for the chunked copies: pageable copies go through the driver's
+/// staging buffers at a fraction of the bandwidth, and the full scans move ~100 GB per case.
+struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+}
+
+impl Pinned {
+    fn new(bytes: usize) -> Result<Self, String> {
+        let ptr = unsafe { result::malloc_host(bytes, 0) }.map_err(|e| format!("cuMemHostAlloc({bytes}): {e:?}"))?;
+        // Zeroed once, so the slices handed out never view uninitialized memory.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, bytes) };
+        Ok(Pinned { ptr: ptr as *mut u8, bytes })
+    }
+    /// The first `n` elements of type `T` (u16 or u32: the allocation is page-aligned).
+    fn slice<T: Copy>(&mut self, n: usize) -> &mut [T] {
+        assert!(n * size_of::<T>() <= self.bytes, "pinned buffer of {} bytes", self.bytes);
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut T, n) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+    }
+}
+
 /// Poisons the whole buffer, then uploads the data region [GUARD, len − GUARD) in chunks.
-fn fill(buf: &DevBuf, len: usize, t: Lowp, seed: u64, tag: u64, stream: sys::CUstream) -> Result<(), String> {
+fn fill(
+    buf: &DevBuf,
+    len: usize,
+    (t, seed, tag): (Lowp, u64, u64),
+    staging: &mut Pinned,
+    stream: sys::CUstream,
+) -> Result<(), String> {
     poison(buf.0, len * 2, stream)?;
     let n = len - 2 * GUARD;
-    let mut host = vec![0u16; CHUNK.min(n)];
     for start in (0..n).step_by(CHUNK) {
-        let part = &mut host[..CHUNK.min(n - start)];
+        let part = staging.slice::<u16>(CHUNK.min(n - start));
         par_fill(part, |i| value(t, seed, tag, (start + i) as u64));
         upload(buf.0 + ((GUARD + start) * 2) as u64, part, stream)?;
-        sync(stream)?; // the host chunk is refilled next
+        sync(stream)?; // the staging chunk is refilled next
     }
     Ok(())
 }
@@ -203,22 +235,17 @@ fn fill(buf: &DevBuf, len: usize, t: Lowp, seed: u64, tag: u64, stream: sys::CUs
 fn scan<T: Copy + Default + PartialEq + Send + Sync>(
     buf: &DevBuf,
     len: usize,
-    poison: T,
-    bad: impl Fn(&T) -> bool + Sync,
+    (poison, bad): (T, impl Fn(&T) -> bool + Sync),
+    staging: &mut Pinned,
     stream: sys::CUstream,
 ) -> Result<(usize, usize), String> {
     let size = size_of::<T>();
     let n = len - 2 * GUARD;
-    let (mut front, mut back) = (vec![T::default(); GUARD], vec![T::default(); GUARD]);
-    download_into(&mut front, buf.0, stream)?;
-    download_into(&mut back, buf.0 + ((GUARD + n) * size) as u64, stream)?;
-    sync(stream)?;
-    let guards = front.iter().chain(&back).filter(|&&x| x != poison).count();
+    let guards = guard_damage(buf, len, poison, stream)?;
     let step = CHUNK * 2 / size;
-    let mut host = vec![T::default(); step.min(n)];
     let mut bad_count = 0;
     for start in (0..n).step_by(step) {
-        let part = &mut host[..step.min(n - start)];
+        let part = staging.slice::<T>(step.min(n - start));
         download_into(part, buf.0 + ((GUARD + start) * size) as u64, stream)?;
         sync(stream)?;
         bad_count += par_count(part, &bad);
@@ -338,6 +365,7 @@ fn run_case(c: &LCase, seed: u64, stream: sys::CUstream, log: &mut Log, tally: &
         return Ok(());
     }
     let started = Instant::now();
+    let mut staging = Pinned::new(CHUNK * 2)?;
     let bufs = Bufs {
         q: DevBuf::new(pq.len * 2)?,
         k: DevBuf::new(pk.len * 2)?,
@@ -353,7 +381,7 @@ fn run_case(c: &LCase, seed: u64, stream: sys::CUstream, log: &mut Log, tally: &
     for (buf, len, tag) in
         [(&bufs.q, pq.len, TAG_Q), (&bufs.k, pk.len, TAG_K), (&bufs.v, pk.len, TAG_V), (&bufs.d_o, pq.len, TAG_DO)]
     {
-        fill(buf, len, c.dtype, seed, tag, stream)?;
+        fill(buf, len, (c.dtype, seed, tag), &mut staging, stream)?;
     }
     log.line(format!("  inputs generated and uploaded in {:.1} s", started.elapsed().as_secs_f64()));
     // The reference runs on the host while the GPU works.
@@ -365,7 +393,7 @@ fn run_case(c: &LCase, seed: u64, stream: sys::CUstream, log: &mut Log, tally: &
         });
         let mut runs = Vec::new();
         for &backend in &backends {
-            runs.push((backend, run_backend(c, &bufs, backend, stream)?));
+            runs.push((backend, run_backend(c, &bufs, backend, &mut staging, stream)?));
         }
         let refs = handle.join().map_err(|_| "the reference thread panicked".to_string())?;
         Ok((runs, refs))
@@ -404,8 +432,8 @@ fn run_case(c: &LCase, seed: u64, stream: sys::CUstream, log: &mut Log, tally: &
         let (lse_ok, lse_text) = check_lse(&got.lse, &exact.lse, &naive.lse);
         let _ = write!(
             line,
-            ": fwd+bwd {:.2} s; full scan: {} NaN in O/dQ/dK/dV, {} LSE not finite, {} guard elements written \
-             (scan {:.1} s); groups {:?} (all rows): {}  {lse_text}",
+            ": fwd+bwd {:.2} s (workspace setup included); full scan: {} NaN in O/dQ/dK/dV, {} LSE not finite, \
+             {} guard elements written (scan {:.1} s); groups {:?} (all rows): {}  {lse_text}",
             got.gpu_s,
             got.nan,
             got.lse_bad,
@@ -447,6 +475,7 @@ fn run_backend(
     c: &LCase,
     bufs: &Bufs,
     backend: flash::Backend,
+    staging: &mut Pinned,
     stream: sys::CUstream,
 ) -> Result<Result<Got, String>, String> {
     let (pq, pk, rows) = (c.place(c.hq, c.sq), c.place(c.hk, c.sk), c.rows());
@@ -507,7 +536,7 @@ fn run_backend(
     let st = Stream::cuda(stream as usize);
     match flash::attn_fwd(&fp, st) {
         Ok(()) => {}
-        Err(e) if c.may_refuse && e.kind() == ErrorKind::TooLarge => return refused(c, bufs, &bp, e, stream),
+        Err(e) if c.may_refuse && e.kind() == ErrorKind::TooLarge => return refused(c, bufs, &bp, e, staging, stream),
         Err(e) => return Ok(Err(format!("attn_fwd: {e}"))),
     }
     // After the forward: a case that may be refused asks for a workspace only once accepted.
@@ -525,11 +554,12 @@ fn run_backend(
     let t = c.dtype;
     let (mut nan, mut guards) = (0, 0);
     for (buf, len) in [(&bufs.o, pq.len), (&bufs.dq, pq.len), (&bufs.dk, pk.len), (&bufs.dv, pk.len)] {
-        let (n, g) = scan(buf, len, POISON16, |&x| stress::is_nan16(t, x), stream)?;
+        let (n, g) = scan(buf, len, (POISON16, |&x: &u16| stress::is_nan16(t, x)), staging, stream)?;
         nan += n;
         guards += g;
     }
-    let (lse_bad, g) = scan(&bufs.lse, rows.len, POISON32, |&x| !f32::from_bits(x).is_finite(), stream)?;
+    let not_finite = |&x: &u32| !f32::from_bits(x).is_finite();
+    let (lse_bad, g) = scan(&bufs.lse, rows.len, (POISON32, not_finite), staging, stream)?;
     guards += g;
     // The inputs' and delta's guards too (the data of delta is the backward's scratch).
     for (buf, len) in [(&bufs.q, pq.len), (&bufs.k, pk.len), (&bufs.v, pk.len), (&bufs.d_o, pq.len)] {
@@ -577,6 +607,7 @@ fn refused(
     bufs: &Bufs,
     bp: &flash::BwdParams,
     fwd_error: aotriton::Error,
+    staging: &mut Pinned,
     stream: sys::CUstream,
 ) -> Result<Result<Got, String>, String> {
     match flash::attn_bwd(bp, Stream::cuda(stream as usize)) {
@@ -588,12 +619,12 @@ fn refused(
     let (pq, pk, rows) = (c.place(c.hq, c.sq), c.place(c.hk, c.sk), c.rows());
     let (mut written, mut guards) = (0, 0);
     for (buf, len) in [(&bufs.o, pq.len), (&bufs.dq, pq.len), (&bufs.dk, pk.len), (&bufs.dv, pk.len)] {
-        let (n, g) = scan(buf, len, POISON16, |&x| x != POISON16, stream)?;
+        let (n, g) = scan(buf, len, (POISON16, |&x: &u16| x != POISON16), staging, stream)?;
         written += n;
         guards += g;
     }
     for buf in [&bufs.lse, &bufs.delta] {
-        let (n, g) = scan(buf, rows.len, POISON32, |&x| x != POISON32, stream)?;
+        let (n, g) = scan(buf, rows.len, (POISON32, |&x: &u32| x != POISON32), staging, stream)?;
         written += n;
         guards += g;
     }
