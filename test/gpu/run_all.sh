@@ -30,8 +30,9 @@
 # keeps going when one part fails, prints a short summary last (pass/fail lines and the
 # benchmark tables) and exits 1 if anything failed. Files in $OUT: <suite>-<backend>.log,
 # gluon-*.log, bench_attn.log, bench_attn.json, torch-*.log, stress-<mode>.log, sanitize-<tool>.log,
-# and build-<name>.log only for a failed build. BACKENDS (default "portable gluon") picks the backends; BENCH_ARGS adds options to
-# bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens 4096 --dtypes bf16").
+# and build-<name>.log only for a failed build. BACKENDS (default "portable gluon") picks the
+# backends; BENCH_ARGS adds options to bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens
+# 4096 --dtypes bf16").
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
