@@ -488,6 +488,50 @@ mod tests {
         eprintln!("cuTensorMapEncodeTiled + parameter computation: {per:.0} ns per descriptor");
     }
 
+    /// F4 on a real driver: a primary context reset and retained again is a new module scope,
+    /// whatever address the driver gives it. Needs a GPU, and resets device 0's primary context,
+    /// so run it alone: `cargo test -p aotriton --lib -- --ignored a_reset_context --nocapture`.
+    #[test]
+    #[ignore = "needs the CUDA driver and a GPU; resets device 0's primary context"]
+    fn a_reset_context_is_a_new_module_scope() {
+        let (api, version) = match api() {
+            Ok(found) => found,
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+        };
+        type Retain = unsafe extern "C" fn(*mut sys::CUcontext, sys::CUdevice) -> CuResult;
+        type OnDevice = unsafe extern "C" fn(sys::CUdevice) -> CuResult;
+        // SAFETY: `cuda.h`'s declarations of these entry points.
+        let (retain, release, reset) = unsafe {
+            let retain: Retain = *api._library.get(b"cuDevicePrimaryCtxRetain\0").unwrap();
+            let release: OnDevice = *api._library.get(b"cuDevicePrimaryCtxRelease_v2\0").unwrap();
+            let reset: OnDevice = *api._library.get(b"cuDevicePrimaryCtxReset_v2\0").unwrap();
+            (retain, release, reset)
+        };
+        let scope_of_a_fresh_primary_context = || {
+            let mut context: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; device 0.
+            unsafe { api.check(retain(&mut context, 0), || "cuDevicePrimaryCtxRetain".into()).unwrap() };
+            let pushed = PushedContext::push(api, context).unwrap();
+            let (entered, scope, _) = enter(0).unwrap();
+            drop((entered, pushed));
+            // SAFETY: releases the retain above, then destroys the context.
+            unsafe {
+                api.check(release(0), || "cuDevicePrimaryCtxRelease".into()).unwrap();
+                api.check(reset(0), || "cuDevicePrimaryCtxReset".into()).unwrap();
+            }
+            (context as usize, scope)
+        };
+        let (first_address, first) = scope_of_a_fresh_primary_context();
+        let (second_address, second) = scope_of_a_fresh_primary_context();
+        eprintln!("driver API {version}: {first_address:#x} -> {first:?}, then {second_address:#x} -> {second:?}");
+        if api.ctx_get_id.is_some() {
+            assert_ne!(first, second, "a re-created context kept its module scope");
+        }
+    }
+
     /// A stand-in for libcuda with the entry points this module resolves, built with the system C
     /// compiler: `REQUIRED_BUT_LAUNCH` leaves out cuLaunchKernel, `CUDA_12` adds the 12.0 entry
     /// points. None when no C compiler is found (the tests then say they are skipped).
