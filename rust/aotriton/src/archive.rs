@@ -18,7 +18,11 @@
 //! 20+L    P     payload: one xz stream per functional, back to back, in index order
 //! ```
 //!
-//! The file ends exactly at `20 + L + P`, where `P` is the index's `payload_size`.
+//! The file ends exactly at `20 + L + P`, where `P` is the index's `payload_size`. The reader
+//! caps what an archive may declare ([`MAX_INDEX_LEN`], [`MAX_PAYLOAD_SIZE`],
+//! [`MAX_UNCOMPRESSED_SIZE`] and [`MAX_COMPRESSION_RATIO`] per functional), and [`Archive::open`]
+//! checks the header against the file's size before reading on, so a crafted file cannot make
+//! it read or allocate more than the caps.
 //!
 //! The index:
 //!

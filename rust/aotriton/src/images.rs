@@ -530,6 +530,10 @@ mod tests {
         let loose = TempDir::new("loose", 0o755);
         loose.write(&file, built, 0o666);
         untrusted(&run(dir_env(&loose.0)), "writable by group or others");
+        // An archive that is a symlink into a directory others can write.
+        let linked = TempDir::new("linked", 0o755);
+        std::os::unix::fs::symlink(open.0.join(&file), linked.0.join(&file)).unwrap();
+        untrusted(&run(dir_env(&linked.0)), "is a link into directory");
 
         // Images the library was not built with: refused naming both digests, unless opted out
         // or listed in a private manifest.
