@@ -158,7 +158,7 @@ __attribute__((visibility("default"))) int aotriton_shim_debug_dropout_mask(uint
 __attribute__((visibility("default"))) uint64_t aotriton_shim_dropout_offsets_consumed(uint64_t b, uint64_t h,
                                                                                       uint64_t sq, uint64_t sk) {
   uint64_t count = 0;
-  if (aotriton::v2::flash::dropout_offsets_consumed(b, h, sq, sk, &count) != aotriton::v2::Status::kSuccess) {
+  if (aotriton::v2::flash::dropout_offsets_consumed(b, h, sq, sk, &count) != aotriton::Status::kSuccess) {
     return 0;
   }
   return count;
