@@ -399,10 +399,12 @@ def nan_fenced(total, h, d, pad=64):
 
 def fenced_allocations(fn):
     """Runs fn() with its allocations (the op's outputs and workspaces) carved from a private memory
-    pool whose memory was filled with POISON, right after a POISON guard; returns (fn's result, ok,
-    detail), ok meaning the guard and the pool memory after fn's allocations still hold the poison
-    (a write past an output changes them). Only this thread's allocations go to the pool: fn calls
-    the ops itself (autograd's backward would run on its device thread)."""
+    pool whose memory was filled with POISON, right after a POISON guard; returns (fn's result,
+    the number of changed guard words, a bool mask of the pool words after fn's allocations that
+    lost the poison). A write past an output changes them; so do fn's own temporaries, freed and
+    then reused by the tail: compare the mask with a valid call's (`same_tail`). Only this
+    thread's allocations go to the pool: fn calls the ops itself (autograd's backward would run on
+    its device thread)."""
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         # Two 1 MiB requests fill one 2 MiB segment; freed, it stays in the pool, poisoned.
@@ -413,8 +415,8 @@ def fenced_allocations(fn):
         tail = torch.empty((1 << 17,), device=DEV, dtype=torch.int32)  # the pool memory after fn's
         torch.cuda.synchronize()
         bad_guard = int((guard != POISON).sum())
-        bad_tail = int((tail != POISON).sum())
-    return result, bad_guard == 0 and bad_tail == 0, f"changed words: guard {bad_guard}, after the outputs {bad_tail}"
+        changed_tail = tail != POISON
+    return result, bad_guard, changed_tail
 
 
 def test_varlen_offsets():
@@ -465,12 +467,16 @@ def test_varlen_offsets():
 
         def clamped():
             status = torch.zeros(1, device=DEV, dtype=torch.int32)
-            (got, ok, detail) = fenced_allocations(lambda: ops(cu_q, cu_k, max_q, max_k, status))
-            want = ops(*same_as)
+            (got, bad_guard, changed) = fenced_allocations(lambda: ops(cu_q, cu_k, max_q, max_k, status))
+            # The valid call with the clamped offsets: same shapes, so the same temporaries.
+            (want, valid_guard, valid_changed) = fenced_allocations(lambda: ops(*same_as))
+            extra = int((changed & ~valid_changed).sum())
             differ = [what for what, a, b in zip(("out", "dq", "dk", "dv"), got, want) if not torch.equal(a, b)]
             R.check(f"{label}: clamped, status {bits}, nothing touched outside the tensors",
-                    ok and not differ and int(status.item()) == bits,
-                    f"{detail}; differ from the clamped offsets' call: {differ or 'none'}; status {int(status.item())}")
+                    bad_guard == 0 and extra == 0 and not differ and int(status.item()) == bits,
+                    f"changed words: guard {bad_guard}, after the outputs {int(changed.sum())} of which {extra} "
+                    f"not also changed by the valid call's temporaries ({int(valid_changed.sum())}); "
+                    f"differ from the clamped offsets' call: {differ or 'none'}; status {int(status.item())}")
 
         R.run(label, clamped)
         status = torch.zeros(1, device=DEV, dtype=torch.int32)
