@@ -36,6 +36,7 @@
 // graph capture the kernels read the generator's graph-safe seed/offset device slots, so every
 // replay uses fresh numbers; the forward writes the (seed, offset) it used into rng_state, which
 // the backward reads, so forward and backward always agree.
+#include <cstdio>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -206,8 +207,12 @@ uint64_t philox_increment(const Problem& p) {
 }
 
 void check_dropout_p(double dropout_p) {
-  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, "aotriton: dropout_p must be in [0, 1), got ",
-                    dropout_p);
+  if (dropout_p >= 0.0 && dropout_p < 1.0) return;
+  // Formatted here: handing the double to TORCH_CHECK_VALUE's message builder crashed (SIGSEGV)
+  // with torch 2.11 on the H200 machine, while preformatted messages raise as they should.
+  char value[48];
+  std::snprintf(value, sizeof value, "%g", dropout_p);
+  TORCH_CHECK_VALUE(false, std::string("aotriton: dropout_p must be in [0, 1), got ") + value);
 }
 
 // The packed batch's offsets, host copies and status word, set on FwdParams or BwdParams.
