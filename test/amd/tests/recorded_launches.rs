@@ -547,6 +547,12 @@ fn put_attention(e: &mut Expect, c: &Case) {
     e.insert("IS_VARLEN", int(c.varlen.is_some() as i64));
     e.insert("CU_SEQLENS_Q", Val::Ptr(if c.varlen.is_some() { addr::CU_Q } else { 0 }));
     e.insert("CU_SEQLENS_K", Val::Ptr(if c.varlen.is_some() { addr::CU_K } else { 0 }));
+    // What bounds the offsets (varlen.py): the packed token counts; no status word is given.
+    let tokens = |cu: Option<&[i32]>| int(cu.map_or(0, |cu| *cu.last().unwrap() as i64));
+    e.insert("N_TOKENS_Q", tokens(c.varlen.map(|p| p.cu_q)));
+    e.insert("N_TOKENS_K", tokens(c.varlen.map(|p| p.cu_k)));
+    e.insert("VARLEN_STATUS", Val::Ptr(0));
+    e.insert("STORE_VARLEN_STATUS", int(0));
 }
 
 /// The dropout group (dropout.py): kept iff the Philox word ≥ ⌊p·2³²⌋, scale 1/(1−p) rounded to
