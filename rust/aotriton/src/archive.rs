@@ -114,15 +114,20 @@ const DECODER_MEMLIMIT: u64 = 128 << 20;
 /// build writes (sm_90: a 1.8 MB index, a 9.6 MB payload, functionals of at most 1.1 MB that
 /// compress at most 7:1).
 pub const MAX_INDEX_LEN: u32 = 64 << 20;
+/// The largest payload (all compressed streams together) an archive may declare.
 pub const MAX_PAYLOAD_SIZE: u64 = 1 << 30;
+/// The largest total an archive's functionals may declare uncompressed.
 pub const MAX_UNCOMPRESSED_SIZE: u64 = 1 << 30;
+/// The largest uncompressed : compressed ratio one stream may declare.
 pub const MAX_COMPRESSION_RATIO: u64 = 1000;
 
 /// Anything wrong with an archive or with the packer's input. `file` names the file at fault,
 /// `problem` says what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArchiveError {
+    /// The file at fault (an archive, or a file of the packer's input).
     pub file: String,
+    /// What is wrong with it.
     pub problem: String,
 }
 
@@ -146,9 +151,12 @@ impl std::error::Error for ArchiveError {}
 /// One kernel argument as Triton compiled it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelArg {
+    /// The parameter's name in the kernel's signature.
     pub name: String,
     /// Triton type string: `*fp16`, `fp32`, `i32`, ...
     pub ty: String,
+    /// The divisibility Triton assumed when compiling (16 for `aligned` pointers and strides, 1
+    /// for none): the runtime checks the caller's value against it.
     pub divisibility: u32,
     /// Set for a host-side TMA descriptor argument (format version 2).
     pub tensordesc: Option<TensorDescMeta>,
@@ -166,10 +174,12 @@ pub struct TensorDescMeta {
     pub elem_type: u32,
     /// Bytes per element.
     pub elem_size: u32,
+    /// Triton's `fp4_padded` flag (packed fp4 data; never set by aotriton's kernels).
     pub fp4_padded: bool,
 }
 
 impl TensorDescMeta {
+    /// The descriptor's rank (dimensions of the TMA box).
     pub fn rank(&self) -> usize {
         self.block_size.len()
     }
@@ -178,19 +188,31 @@ impl TensorDescMeta {
 /// Everything the runtime needs to launch one compiled kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelMeta {
+    /// Unique name of the kernel within its archive (family, functional, config, variant).
     pub id: String,
+    /// The entry point's symbol in the image.
     pub symbol: String,
+    /// The divisibility variant: `aligned` or `generic` (ARCHITECTURE.md, "Divisibility variants").
     pub variant: String,
     /// BLOCK_M, BLOCK_N, num_warps, num_stages.
     pub config: BTreeMap<String, i64>,
+    /// The runtime arguments, in the kernel's order.
     pub args: Vec<KernelArg>,
+    /// Dynamic shared memory (LDS on AMD) in bytes.
     pub shared: u32,
+    /// Warps (wavefronts on AMD) per program.
     pub num_warps: u32,
+    /// Threads per warp the image was compiled for (32 NVIDIA, 64 CDNA).
     pub warp_size: u32,
+    /// CTAs per cluster (1: no clusters).
     pub num_ctas: u32,
+    /// Bytes of global scratch memory per program Triton asked for (0: none).
     pub global_scratch_size: u32,
+    /// Alignment of that scratch memory.
     pub global_scratch_align: u32,
+    /// Bytes of Triton's profiling scratch memory per program (0: none).
     pub profile_scratch_size: u32,
+    /// Alignment of the profiling scratch memory.
     pub profile_scratch_align: u32,
 }
 
@@ -228,9 +250,11 @@ struct ImageSlot {
 /// A kernel family at fixed functional axes, with all its compiled kernels (configs × variants).
 #[derive(Debug, Clone)]
 pub struct Functional {
+    /// The kernel family: `attn_fwd`, `attn_bwd_dkdv`, ...
     pub family: String,
     /// Canonical text of each axis value (see [`canonical_axis_value`]).
     pub axes: BTreeMap<String, String>,
+    /// Its compiled kernels, one per (config, variant).
     pub kernels: Vec<KernelMeta>,
     /// Offset of the xz stream, relative to the payload start.
     offset: u64,
@@ -374,12 +398,15 @@ impl Archive {
         &self.bytes
     }
 
+    /// The name the archive was opened under: its file's path, or its file name when embedded.
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// The GPU arch of its kernels: `sm_90`, `gfx942`, ...
     pub fn arch(&self) -> &str {
         &self.arch
     }
+    /// The Triton version that compiled its kernels.
     pub fn triton_version(&self) -> &str {
         &self.triton_version
     }
@@ -993,6 +1020,8 @@ pub struct ArchiveWriter {
 }
 
 impl ArchiveWriter {
+    /// An empty archive for `arch`'s kernels, compiled by Triton `triton_version` for `target`
+    /// (the manifest's `backend`, `arch`, `warp_size` and optional `features`).
     pub fn new(arch: &str, triton_version: &str, target: Value) -> Self {
         ArchiveWriter {
             arch: arch.to_string(),
@@ -1216,8 +1245,11 @@ fn parallel_map<T: Sync, R: Send>(
 /// What [`pack_dir`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackSummary {
+    /// The arch of the packed kernels.
     pub arch: String,
+    /// Functionals written.
     pub functionals: usize,
+    /// Kernels written.
     pub kernels: usize,
     /// Total size of the images.
     pub raw_bytes: u64,

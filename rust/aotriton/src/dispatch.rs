@@ -14,7 +14,7 @@ use crate::archive::{Functional, KernelArg, KernelMeta};
 use crate::driver::{
     DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, ModuleScope, Runtime, Stream, StreamContext, TensorMap,
 };
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, bail};
 use crate::images::{self, LoadedArchive};
 use crate::lock;
 use crate::tma::{self, MAX_RANK, TensorArg};
@@ -189,6 +189,15 @@ impl KernelSet {
     pub fn first(&self) -> Option<usize> {
         (self.0 != 0).then(|| self.0.trailing_zeros() as usize)
     }
+    /// Keeps the indices `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(usize) -> bool) {
+        let bits = self.0;
+        for index in (0..Self::CAPACITY).filter(|&i| bits & (1 << i) != 0) {
+            if !keep(index) {
+                self.0 &= !(1 << index);
+            }
+        }
+    }
     /// Indices in increasing order.
     pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         let bits = self.0;
@@ -249,6 +258,12 @@ pub(crate) fn fitting_kernels(functional: &Functional, args: Args) -> Result<Ker
     Ok(fitting)
 }
 
+/// Whether `kernel` can launch on `device`: its shared memory fits (a binary-compatible arch's
+/// images, e.g. sm_80's on an sm_86, may need more than it has).
+fn fits_device(kernel: &KernelMeta, device: &DeviceInfo) -> bool {
+    kernel.shared <= device.max_shared
+}
+
 fn lookup(args: Args, name: &str, kernel: &KernelMeta) -> Result<ArgValue> {
     args.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(|| {
         Error::new(
@@ -256,6 +271,25 @@ fn lookup(args: Args, name: &str, kernel: &KernelMeta) -> Result<ArgValue> {
             format!("kernel {} takes an argument '{name}' that this runtime does not provide", kernel.id),
         )
     })
+}
+
+/// The launch limits of CUDA and HIP: up to 2^31 − 1 blocks along x, 65535 along y and z.
+const GRID_LIMITS: [u64; 3] = [(1 << 31) - 1, 65535, 65535];
+
+/// `grid` as launch dimensions, or `TooLarge` naming `kernel` and the extent above its limit.
+pub(crate) fn check_grid(kernel: &str, grid: [u64; 3]) -> Result<[u32; 3]> {
+    for (axis, (&extent, &limit)) in ["x", "y", "z"].into_iter().zip(grid.iter().zip(&GRID_LIMITS)) {
+        if extent > limit {
+            bail!(TooLarge, "{kernel}: launch grid {grid:?}: {axis} = {extent} is above the limit of {limit} blocks");
+        }
+    }
+    Ok(grid.map(|extent| extent as u32))
+}
+
+/// Blocks of `key` (BLOCK_M, BLOCK_N; `default` where the kernel's config does not say) covering
+/// `len` rows.
+pub(crate) fn blocks(len: u64, meta: &KernelMeta, key: &str, default: i64) -> u64 {
+    len.div_ceil(config(meta, key, default).max(1) as u64)
 }
 
 /// Most kernel parameters of one launch (a descriptor argument of rank r takes 1 + 2r), with
@@ -312,7 +346,9 @@ impl Launcher {
             self.context.tensor_maps_available() || functional.kernels[kernel].args.iter().all(|a| a.tensordesc.is_none())
         };
         match fitting_kernels(functional, request.args) {
-            Ok(fitting) if fitting.iter().any(encodable) => Serves::Yes,
+            Ok(fitting) if fitting.iter().any(|k| encodable(k) && fits_device(&functional.kernels[k], &self.context.device)) => {
+                Serves::Yes
+            }
             _ => Serves::NoKernelFits,
         }
     }
@@ -320,23 +356,38 @@ impl Launcher {
     /// Finds the functional of `request` in the device's archive, keeps the kernels whose
     /// compiled hints fit the arguments, lets `choose` pick one (given the set of fitting
     /// kernels, never empty), loads it once per context, encodes its TMA descriptors and lays
-    /// out its launch.
+    /// out its launch with the grid that `grid` computes from the kernel's config, checked by
+    /// [`check_grid`]: operators prepare all their kernels before the first launch, so a grid
+    /// over the limits stops the call before anything is enqueued.
     pub fn prepare<'a>(
         &self,
         request: &Request<'a>,
         choose: impl FnOnce(&Functional, KernelSet, &DeviceInfo) -> usize,
-        grid: impl FnOnce(&KernelMeta) -> [u32; 3],
+        grid: impl FnOnce(&KernelMeta) -> Result<[u64; 3]>,
     ) -> Result<Prepared<'a>> {
         let loaded = images::archive_for_device(&self.context.device)?;
         let functional_index = find_functional(&loaded, request)?;
         let functional = &loaded.archive.functionals()[functional_index];
-        let fitting = fitting_kernels(functional, request.args)?;
+        let mut fitting = fitting_kernels(functional, request.args)?;
         if fitting.is_empty() {
             return Err(Error::new(
                 ErrorKind::KernelNotFound,
                 format!(
                     "no compiled variant of {} accepts these pointer alignments and strides",
                     request.describe()
+                ),
+            ));
+        }
+        fitting.retain(|k| fits_device(&functional.kernels[k], &self.context.device));
+        if fitting.is_empty() {
+            return Err(Error::new(
+                ErrorKind::KernelNotFound,
+                format!(
+                    "every compiled kernel of {} needs more shared memory than device {} ({}) has: {} bytes",
+                    request.describe(),
+                    self.context.device.ordinal,
+                    self.context.device.arch,
+                    self.context.device.max_shared
                 ),
             ));
         }
@@ -368,7 +419,8 @@ impl Launcher {
                 out.strides = encode.strides;
             }
         }
-        let dims = LaunchDims { grid: grid(meta), threads: kernel.threads, shared: meta.shared };
+        let grid = check_grid(request.family, grid(meta)?)?;
+        let dims = LaunchDims { grid, threads: kernel.threads, shared: meta.shared };
         Ok(Prepared { kernel, args: request.args, dims, descs })
     }
 
@@ -672,7 +724,9 @@ pub struct KernargSlot {
 /// TMA descriptor, which exists on NVIDIA only) has no layout: such a kernel is not loaded on AMD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernargLayout {
+    /// One slot per argument, then the two scratch pointers.
     pub slots: Vec<KernargSlot>,
+    /// Bytes up to the end of the last slot.
     pub size: u32,
 }
 
@@ -979,5 +1033,32 @@ mod tests {
         }
         assert_eq!(set.iter().collect::<Vec<_>>(), [3, 64, 127]);
         assert_eq!(set.first(), Some(3));
+    }
+
+    #[test]
+    fn kernels_needing_more_shared_memory_than_the_device_are_dropped() {
+        // sm_80 images on an sm_86 (99 KiB per block): a 160 KiB config cannot launch there.
+        let mut ampere = device(Runtime::Cuda, 32);
+        ampere.max_shared = 101_376;
+        let mut big = meta(vec![]);
+        big.shared = 163_840;
+        let mut small = meta(vec![]);
+        small.shared = 98_304;
+        assert!(!fits_device(&big, &ampere) && fits_device(&small, &ampere));
+        let mut set = KernelSet::default();
+        [0, 3, 5, 127].into_iter().for_each(|i| set.insert(i));
+        set.retain(|i| i != 3 && i != 127);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 5]);
+    }
+
+    #[test]
+    fn grids_are_checked_against_the_launch_limits() {
+        assert_eq!(check_grid("k", [(1 << 31) - 1, 65535, 65535]), Ok([(1 << 31) - 1, 65535, 65535]));
+        for (grid, axis) in [([1 << 31, 1, 1], "x"), ([1, 65536, 1], "y"), ([1, 1, 65536], "z"), ([1, 1, u64::MAX], "z")] {
+            let err = check_grid("attn_bwd_dq", grid).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::TooLarge);
+            let message = err.message();
+            assert!(message.starts_with("attn_bwd_dq: launch grid") && message.contains(&format!("{axis} = ")), "{err}");
+        }
     }
 }

@@ -62,12 +62,15 @@ pub struct Error {
 }
 
 impl Error {
+    /// An error of `kind` with `message` (which names the argument, kernel, file or driver call).
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error { kind, message: message.into() }
     }
+    /// The cause, one per C++ `Status` value.
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
+    /// What went wrong, naming the argument, kernel, archive file or driver call.
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -87,6 +90,7 @@ impl From<crate::archive::ArchiveError> for Error {
     }
 }
 
+/// The result of every fallible call of the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Shorthand used by validation code: `bail!(ShapeMismatch, "k.sizes[0]={} ...", x)`.

@@ -1,18 +1,23 @@
 //! Views of caller-owned device memory. The runtime never allocates or frees tensors.
 use crate::error::{Result, bail};
 
-/// Element type of a tensor.
+/// Element type of a tensor. The discriminants are the C API's `aotriton::DType` values, which
+/// follow ROCm/aotriton's numbering (`include/aotriton/dtypes.h`).
 #[repr(i32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
-    F16 = 1,
-    BF16 = 2,
-    F32 = 3,
+    /// IEEE single precision.
+    F32 = 1,
+    /// IEEE half precision.
+    F16 = 2,
+    /// bfloat16.
+    BF16 = 3,
     /// 32-bit signed integers (sequence offsets such as `cu_seqlens`).
-    I32 = 4,
+    I32 = 12,
 }
 
 impl DType {
+    /// Bytes per element.
     pub fn size_bytes(self) -> u64 {
         match self {
             DType::F16 | DType::BF16 => 2,
@@ -28,14 +33,10 @@ impl DType {
             DType::I32 => "i32",
         }
     }
+    /// The dtype of a C API `aotriton::DType` value (1 F32, 2 F16, 3 BF16, 12 I32), `None` for
+    /// every other value (including types the C header names but no operator takes).
     pub fn from_raw(raw: i32) -> Option<DType> {
-        match raw {
-            1 => Some(DType::F16),
-            2 => Some(DType::BF16),
-            3 => Some(DType::F32),
-            4 => Some(DType::I32),
-            _ => None,
-        }
+        [DType::F32, DType::F16, DType::BF16, DType::I32].into_iter().find(|d| *d as i32 == raw)
     }
 }
 
@@ -45,12 +46,16 @@ impl DType {
 pub struct TensorView<const RANK: usize> {
     /// Device address of element [0, 0, ...].
     pub ptr: u64,
+    /// Elements per dimension, outermost first.
     pub sizes: [u64; RANK],
+    /// Elements between neighbours in each dimension, outermost first.
     pub strides: [i64; RANK],
+    /// Element type.
     pub dtype: DType,
 }
 
 impl<const RANK: usize> TensorView<RANK> {
+    /// A view of `ptr` with the given sizes and strides (in elements).
     pub fn new(ptr: u64, sizes: [u64; RANK], strides: [i64; RANK], dtype: DType) -> Self {
         TensorView { ptr, sizes, strides, dtype }
     }
@@ -67,6 +72,7 @@ impl<const RANK: usize> TensorView<RANK> {
         TensorView { ptr, sizes, strides, dtype }
     }
 
+    /// Whether the view is absent (null pointer).
     pub fn is_null(&self) -> bool {
         self.ptr == 0
     }
@@ -111,7 +117,7 @@ impl<const RANK: usize> TensorView<RANK> {
         // In i128 with checks: one (size − 1) · stride fits, a sum of several may not.
         let end = (0..RANK)
             .try_fold(0i128, |last, d| last.checked_add((self.sizes[d] as i128 - 1).checked_mul(self.strides[d] as i128)?))
-            .and_then(|last| (last + 1).checked_mul(self.dtype.size_bytes() as i128))
+            .and_then(|last| last.checked_add(1)?.checked_mul(self.dtype.size_bytes() as i128))
             .and_then(|bytes| bytes.checked_add(self.ptr as i128))
             .filter(|&end| end <= u64::MAX as i128);
         match end {
@@ -178,10 +184,9 @@ impl<'a> Region<'a> {
 
     /// `bytes` bytes at device address `ptr` (a u64 of the dropout state, a workspace).
     pub fn raw(name: &'a str, ptr: u64, bytes: u64) -> Result<Region<'a>> {
-        match ptr.checked_add(bytes) {
-            Some(end) => Ok(Region { name, bytes: (ptr, end) }),
-            None => bail!(TooLarge, "{name}: {bytes} bytes from address {ptr:#x} run past the end of the address space"),
-        }
+        // Named without formatting: the launch path allocates nothing.
+        let end = crate::error::checked_sum(name, ptr, bytes)?;
+        Ok(Region { name, bytes: (ptr, end) })
     }
 
     fn overlaps(&self, other: &Region) -> bool {

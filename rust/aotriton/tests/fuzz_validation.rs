@@ -1044,6 +1044,10 @@ fn regression_fuzz_extent_of_huge_views() {
         TensorView::new(region(10), [u64::MAX, 1, 1, 8], [i64::MAX, 8, 8, 1], DType::F16),
         TensorView::new(region(10), [u64::MAX, 1, 1 << 62, 3], [i64::MAX, i64::MAX, 3, 1], DType::F32),
         TensorView::new(region(10), [u64::MAX; 4], [i64::MAX, i64::MAX, i64::MAX, 1], DType::F16),
+        // Found by the CI fuzz run (seed 0x18ed79574ab88901, case 2027540): the offset of the
+        // last element is exactly i128::MAX, so "+ 1 element" overflowed (a panic in checked
+        // builds, a wrap in release).
+        TensorView::new(region(10), [u64::MAX, u64::MAX, 2, 1], [i64::MAX, 2, 1, 1], DType::F16),
     ];
     on_usable_streams(|stream| {
         for bias in biases {

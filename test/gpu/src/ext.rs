@@ -393,14 +393,6 @@ fn places(c: &Ext) -> Places {
     }
 }
 
-fn contiguous<const R: usize>(sizes: [usize; R]) -> Placement<R> {
-    let mut strides = [1usize; R];
-    for d in (0..R.saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * sizes[d + 1];
-    }
-    Placement::new(sizes, strides, 0)
-}
-
 /// Seed and offset buffers of a dropout (u64 each), plus the seed_out/offset_out pair.
 struct DropoutBufs {
     p: f32,
@@ -1164,44 +1156,17 @@ fn reveal_typed<E: Elem>(case: RevealCase, rng: &mut SplitMix64, stream: sys::CU
         })
         .collect();
     let enc = |x: &[f32]| x.iter().map(|&y| E::enc(prec, y)).collect::<Vec<E>>();
-    let t4 = |h: usize, s: usize| contiguous([b, h, s, d]);
-    let q_dev = DevTensor::new(t4(hq, sq), Some(&enc(&q)), E::POISON, stream)?;
-    let k_dev = DevTensor::new(t4(hk, sk), Some(&enc(&k)), E::POISON, stream)?;
-    let v_dev = DevTensor::new(t4(hk, sk), Some(&enc(&v)), E::POISON, stream)?;
-    let do_dev = DevTensor::new(t4(hq, sq), Some(&enc(&d_o)), E::POISON, stream)?;
-    let o_dev = DevTensor::new(t4(hq, sq), None, E::POISON, stream)?;
-    let dq_dev = DevTensor::new(t4(hq, sq), None, E::POISON, stream)?;
-    let dk_dev = DevTensor::new(t4(hk, sk), None, E::POISON, stream)?;
-    let dv_dev = DevTensor::new(t4(hk, sk), None, E::POISON, stream)?;
-    let lse_dev = DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?;
-    let delta_dev = DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?;
+    let dev = StepTensors::contiguous([b, hq, hk, sq, sk, d], [&enc(&q), &enc(&k), &enc(&v), &enc(&d_o)], E::POISON, stream)?;
     let drop = DropoutBufs::new(p, rng, stream)?;
     let s = Stream::from_raw(stream as usize);
-    let mut fp = flash::FwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        Some(lse_dev.view(DType::F32)),
-    );
+    let mut fp = dev.fwd_params(dtype);
     fp.dropout = Some(drop.api(false));
-    let mut bp = flash::BwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        do_dev.view(dtype),
-        lse_dev.view(DType::F32),
-        delta_dev.view(DType::F32),
-        dq_dev.view(dtype),
-        dk_dev.view(dtype),
-        dv_dev.view(dtype),
-    );
+    let mut bp = dev.bwd_params(dtype);
     bp.dropout = fp.dropout;
     if backend::forced_gluon() {
         fp.backend = backend::get();
         bp.backend = backend::get();
-        let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
+        let untouched = || Ok(dev.o.read(stream)? == dev.o.host && dev.dq.read(stream)? == dev.dq.host);
         return gluon_refusal(&label, &fp, &bp, s, untouched);
     }
     let fail = |what: String| {
@@ -1216,8 +1181,8 @@ fn reveal_typed<E: Elem>(case: RevealCase, rng: &mut SplitMix64, stream: sys::CU
     if let Err(e) = flash::attn_bwd(&bp, s) {
         return fail(format!("attn_bwd returned {e}"));
     }
-    let o = o_dev.logical(&o_dev.read(stream)?);
-    let dv = dv_dev.logical(&dv_dev.read(stream)?);
+    let o = dev.o.logical(&dev.o.read(stream)?);
+    let dv = dev.dv.logical(&dev.dv.read(stream)?);
     let (gpu, bad, _) = gpu_mask(&drop.api(false), [b, hq, sq, sk], 0, stream)?;
     let host = drop.host().mask(b, hq, sq, sk);
     // Nonzero and written (NaN poison counts as a mismatch either way).
@@ -1271,43 +1236,17 @@ pub(crate) fn graph_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<
             .map(|_| <u16 as Elem>::enc(prec, draw(prec, rng)))
             .collect::<Vec<u16>>()
     };
-    let t4 = |h: usize, s: usize| contiguous([b, h, s, d]);
-    let q_dev = DevTensor::new(t4(hq, sq), Some(&make(b * hq * sq * d)), POISON16, stream)?;
-    let k_dev = DevTensor::new(t4(hk, sk), Some(&make(b * hk * sk * d)), POISON16, stream)?;
-    let v_dev = DevTensor::new(t4(hk, sk), Some(&make(b * hk * sk * d)), POISON16, stream)?;
-    let do_dev = DevTensor::new(t4(hq, sq), Some(&make(b * hq * sq * d)), POISON16, stream)?;
+    let (nq, nk) = (b * hq * sq * d, b * hk * sk * d);
+    let dev = StepTensors::contiguous([b, hq, hk, sq, sk, d], [&make(nq), &make(nk), &make(nk), &make(nq)], POISON16, stream)?;
     let bias_dev = DevTensor::new(contiguous([b, 1, 1, sk]), Some(&make(b * sk)), POISON16, stream)?;
-    let o_dev = DevTensor::new(t4(hq, sq), None, POISON16, stream)?;
-    let dq_dev = DevTensor::new(t4(hq, sq), None, POISON16, stream)?;
-    let dk_dev = DevTensor::new(t4(hk, sk), None, POISON16, stream)?;
-    let dv_dev = DevTensor::new(t4(hk, sk), None, POISON16, stream)?;
     let dbias_dev = DevTensor::new(contiguous([b, 1, 1, sk]), None, POISON16, stream)?;
-    let lse_dev = DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?;
-    let delta_dev = DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?;
     let drop = DropoutBufs::new(0.3, rng, stream)?;
     let s = Stream::from_raw(stream as usize);
-    let mut fp = flash::FwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        Some(lse_dev.view(DType::F32)),
-    );
+    let mut fp = dev.fwd_params(dtype);
     fp.mask = Mask::causal(MaskAlign::BottomRight);
     fp.bias = Some(bias_dev.view(dtype));
     fp.dropout = Some(drop.api(false));
-    let mut bp = flash::BwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        do_dev.view(dtype),
-        lse_dev.view(DType::F32),
-        delta_dev.view(DType::F32),
-        dq_dev.view(dtype),
-        dk_dev.view(dtype),
-        dv_dev.view(dtype),
-    );
+    let mut bp = dev.bwd_params(dtype);
     bp.mask = fp.mask;
     bp.bias = fp.bias;
     bp.dbias = Some(dbias_dev.view(dtype));
@@ -1315,7 +1254,7 @@ pub(crate) fn graph_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<
     if backend::forced_gluon() {
         fp.backend = backend::get();
         bp.backend = backend::get();
-        let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
+        let untouched = || Ok(dev.o.read(stream)? == dev.o.host && dev.dq.read(stream)? == dev.dq.host);
         return gluon_refusal(&label, &fp, &bp, s, untouched);
     }
     let fail = |what: String| {
@@ -1325,21 +1264,21 @@ pub(crate) fn graph_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Result<
         })
     };
     let poison = || -> Result<(), String> {
-        for t in [&o_dev, &dq_dev, &dk_dev, &dv_dev, &dbias_dev] {
+        for t in [&dev.o, &dev.dq, &dev.dk, &dev.dv, &dbias_dev] {
             t.restore(stream)?;
         }
-        lse_dev.restore(stream)?;
-        delta_dev.restore(stream)?;
+        dev.lse.restore(stream)?;
+        dev.delta.restore(stream)?;
         sync(stream)
     };
     type Snap = (Vec<u16>, Vec<u32>, Vec<u16>, Vec<u16>, Vec<u16>, Vec<u16>);
     let snapshot = || -> Result<Snap, String> {
         Ok((
-            o_dev.read(stream)?,
-            lse_dev.read(stream)?,
-            dq_dev.read(stream)?,
-            dk_dev.read(stream)?,
-            dv_dev.read(stream)?,
+            dev.o.read(stream)?,
+            dev.lse.read(stream)?,
+            dev.dq.read(stream)?,
+            dev.dk.read(stream)?,
+            dev.dv.read(stream)?,
             dbias_dev.read(stream)?,
         ))
     };

@@ -87,42 +87,15 @@ fn run_backend(backend: flash::Backend, stream: sys::CUstream, log: &mut Log, ta
     let dtype = dtype_of(t);
     let (b, hq, hk, s, d) = (1usize, 4usize, 2usize, 197usize, 64usize);
     let label = format!("memory [{}] bf16 B={b} Hq={hq} Hk={hk} S={s} D={d} causal-TL", backend::name(backend));
-    let four = |h: usize| Placement::new([b, h, s, d], [h * s * d, s * d, d, 1], 0);
-    let rows = Placement::new([b, hq, s], [hq * s, s, 1], 0);
     let mut rng = SplitMix64::new(0x3E3_0000 + backend as u64);
     let mut draw = |n: usize| (0..n).map(|_| t.encode(rng.normal_in(t))).collect::<Vec<u16>>();
-    let q_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
-    let k_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
-    let v_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
-    let do_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
-    let o_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
-    let dq_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
-    let dk_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
-    let dv_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
-    let lse_dev = DevTensor::new(rows.clone(), None, POISON32, stream)?;
-    let delta_dev = DevTensor::new(rows, None, POISON32, stream)?;
+    let (nq, nk) = (b * hq * s * d, b * hk * s * d);
+    let dev = StepTensors::contiguous([b, hq, hk, s, s, d], [&draw(nq), &draw(nk), &draw(nk), &draw(nq)], POISON16, stream)?;
     let st = Stream::cuda(stream as usize);
-    let mut fp = flash::FwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        Some(lse_dev.view(DType::F32)),
-    );
+    let mut fp = dev.fwd_params(dtype);
     fp.mask = Mask::causal(MaskAlign::TopLeft);
     fp.backend = backend;
-    let mut bp = flash::BwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        do_dev.view(dtype),
-        lse_dev.view(DType::F32),
-        delta_dev.view(DType::F32),
-        dq_dev.view(dtype),
-        dk_dev.view(dtype),
-        dv_dev.view(dtype),
-    );
+    let mut bp = dev.bwd_params(dtype);
     bp.mask = fp.mask;
     bp.backend = backend;
     let _workspace = backend::attach_workspace(&mut bp, stream)?;
@@ -156,9 +129,7 @@ fn run_backend(backend: flash::Backend, stream: sys::CUstream, log: &mut Log, ta
         Ok(())
     };
     let outputs = || -> Result<_, String> {
-        let o = o_dev.read(stream)?;
-        let lse = lse_dev.read(stream)?;
-        Ok((o, lse, dq_dev.read(stream)?, dk_dev.read(stream)?, dv_dev.read(stream)?))
+        dev.outputs(stream)
     };
 
     // Warm-up, then the first outputs and the baseline.
@@ -188,7 +159,7 @@ fn run_backend(backend: flash::Backend, stream: sys::CUstream, log: &mut Log, ta
     if exact_dq {
         same &= first.2 == last.2;
     } else {
-        let (a, z) = (dq_dev.logical(&first.2), dq_dev.logical(&last.2));
+        let (a, z) = (dev.dq.logical(&first.2), dev.dq.logical(&last.2));
         let scale = a.iter().map(|&x| t.decode(x).abs()).fold(0f32, f32::max);
         let worst = a.iter().zip(&z).map(|(&x, &y)| (t.decode(x) - t.decode(y)).abs()).fold(0f32, |m, x| {
             if m.is_nan() || x.is_nan() { f32::NAN } else { m.max(x) }

@@ -617,6 +617,89 @@ impl<T: Copy + PartialEq, const R: usize> DevTensor<T, R> {
     }
 }
 
+/// A contiguous (row-major) placement of `sizes`, no offset.
+fn contiguous<const R: usize>(sizes: [usize; R]) -> Placement<R> {
+    let mut strides = [1usize; R];
+    for d in (0..R.saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * sizes[d + 1];
+    }
+    Placement::new(sizes, strides, 0)
+}
+
+/// The ten device tensors of one forward + backward call pair: q, k, v and dO uploaded,
+/// O, dQ, dK, dV, LSE and delta all poison.
+struct StepTensors<E: Copy + PartialEq> {
+    q: DevTensor<E, 4>,
+    k: DevTensor<E, 4>,
+    v: DevTensor<E, 4>,
+    d_o: DevTensor<E, 4>,
+    o: DevTensor<E, 4>,
+    dq: DevTensor<E, 4>,
+    dk: DevTensor<E, 4>,
+    dv: DevTensor<E, 4>,
+    lse: DevTensor<u32, 3>,
+    delta: DevTensor<u32, 3>,
+}
+
+impl<E: Copy + PartialEq> StepTensors<E> {
+    /// Contiguous B×H×S×D tensors (Hq, Sq for q-shaped ones, Hk, Sk for k-shaped ones) and
+    /// B×Hq×Sq rows; `[q, k, v, d_o]` in logical order.
+    fn contiguous(
+        [b, hq, hk, sq, sk, d]: [usize; 6],
+        [q, k, v, d_o]: [&[E]; 4],
+        poison: E,
+        stream: sys::CUstream,
+    ) -> Result<Self, String> {
+        let (qs, ks) = (contiguous([b, hq, sq, d]), contiguous([b, hk, sk, d]));
+        let upload = |place: &Placement<4>, values| DevTensor::new(place.clone(), values, poison, stream);
+        Ok(StepTensors {
+            q: upload(&qs, Some(q))?,
+            k: upload(&ks, Some(k))?,
+            v: upload(&ks, Some(v))?,
+            d_o: upload(&qs, Some(d_o))?,
+            o: upload(&qs, None)?,
+            dq: upload(&qs, None)?,
+            dk: upload(&ks, None)?,
+            dv: upload(&ks, None)?,
+            lse: DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?,
+            delta: DevTensor::new(contiguous([b, hq, sq]), None, POISON32, stream)?,
+        })
+    }
+
+    /// Forward parameters over these tensors (LSE stored), every option at its default.
+    fn fwd_params(&self, dtype: DType) -> flash::FwdParams<'_> {
+        flash::FwdParams::new(
+            self.q.view(dtype),
+            self.k.view(dtype),
+            self.v.view(dtype),
+            self.o.view(dtype),
+            Some(self.lse.view(DType::F32)),
+        )
+    }
+
+    /// Backward parameters over these tensors, every option at its default.
+    fn bwd_params(&self, dtype: DType) -> flash::BwdParams<'_> {
+        flash::BwdParams::new(
+            self.q.view(dtype),
+            self.k.view(dtype),
+            self.v.view(dtype),
+            self.o.view(dtype),
+            self.d_o.view(dtype),
+            self.lse.view(DType::F32),
+            self.delta.view(DType::F32),
+            self.dq.view(dtype),
+            self.dk.view(dtype),
+            self.dv.view(dtype),
+        )
+    }
+
+    /// The whole buffers of O, LSE, dQ, dK and dV after everything queued on `stream`.
+    #[allow(clippy::type_complexity)]
+    fn outputs(&self, stream: sys::CUstream) -> Result<(Vec<E>, Vec<u32>, Vec<E>, Vec<E>, Vec<E>), String> {
+        Ok((self.o.read(stream)?, self.lse.read(stream)?, self.dq.read(stream)?, self.dk.read(stream)?, self.dv.read(stream)?))
+    }
+}
+
 fn dtype_of(t: Lowp) -> DType {
     match t {
         Lowp::F16 => DType::F16,
@@ -1403,6 +1486,41 @@ f64 reference using the host Philox mask and the expanded bias (dBias k=5, scale
 fp32: floor 1e-5 x max(1,max|ref|) on every tensor, LSE 1e-5; tf32: naive with TF32-truncated product inputs, k=6 (O, LSE) / \
 10 (grads), floor 1e-5";
 
+/// `aotriton::device_support` on the test's stream: the device's arch as the driver names it, and
+/// the archive serving it (this build's own arch on an sm_90 machine).
+fn device_support_case(stream: sys::CUstream) -> Outcome {
+    let expected = result::device::get(0)
+        .and_then(|d| {
+            use sys::CUdevice_attribute::*;
+            // SAFETY: a device handle from cuDeviceGet and attributes every device has.
+            let major = unsafe { result::device::get_attribute(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) }?;
+            let minor = unsafe { result::device::get_attribute(d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR) }?;
+            Ok(format!("sm_{major}{minor}"))
+        })
+        .unwrap_or_default();
+    match aotriton::device_support(Stream::cuda(stream as usize)) {
+        Ok(s) => {
+            let served = s.served_by.as_deref();
+            let pass = s.arch == expected
+                && s.runtime == aotriton::Runtime::Cuda
+                && s.multiprocessors > 0
+                && (served == Some(s.arch.as_str()) || !aotriton::built_archs().contains(&s.arch.as_str()))
+                && served.is_some() == s.unsupported.is_none();
+            Outcome {
+                pass,
+                line: format!(
+                    "device_support: arch {} (driver says {expected}), {} SMs, served by {served:?}{}  {}",
+                    s.arch,
+                    s.multiprocessors,
+                    s.unsupported.as_deref().map(|u| format!(" ({u})")).unwrap_or_default(),
+                    if pass { "PASS" } else { "FAIL" }
+                ),
+            }
+        }
+        Err(e) => Outcome { pass: false, line: format!("device_support: {e}  FAIL") },
+    }
+}
+
 fn main() {
     let args = parse_args();
     if let Some(mode) = &args.stress {
@@ -1485,6 +1603,7 @@ fn main() {
         n += 1;
         emit(format!("[{n:3}] {}", outcome.line), log);
     };
+    record(device_support_case(stream), &mut log);
     for c in &all {
         let outcome = run_case(c, &mut rng, stream).unwrap_or_else(|e| Outcome {
             pass: false,

@@ -73,41 +73,14 @@ pub(crate) fn stability_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Res
         "stability [{}] bf16 D={d} B={b} Hq={hq} Hk={hk} S={s} causal-TL x{LAUNCHES}",
         backend::name(backend::get())
     );
-    let four = |h: usize| Placement::new([b, h, s, d], [h * s * d, s * d, d, 1], 0);
-    let rows = Placement::new([b, hq, s], [hq * s, s, 1], 0);
     let mut draw = |n: usize| (0..n).map(|_| t.encode(rng.normal_in(t))).collect::<Vec<u16>>();
-    let q_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
-    let k_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
-    let v_dev = DevTensor::new(four(hk), Some(&draw(b * hk * s * d)), POISON16, stream)?;
-    let do_dev = DevTensor::new(four(hq), Some(&draw(b * hq * s * d)), POISON16, stream)?;
-    let o_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
-    let dq_dev = DevTensor::new(four(hq), None, POISON16, stream)?;
-    let dk_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
-    let dv_dev = DevTensor::new(four(hk), None, POISON16, stream)?;
-    let lse_dev = DevTensor::new(rows.clone(), None, POISON32, stream)?;
-    let delta_dev = DevTensor::new(rows, None, POISON32, stream)?;
+    let (nq, nk) = (b * hq * s * d, b * hk * s * d);
+    let dev = StepTensors::contiguous([b, hq, hk, s, s, d], [&draw(nq), &draw(nk), &draw(nk), &draw(nq)], POISON16, stream)?;
     let st = Stream::from_raw(stream as usize);
-    let mut fp = flash::FwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        Some(lse_dev.view(DType::F32)),
-    );
+    let mut fp = dev.fwd_params(dtype);
     fp.mask = Mask::causal(MaskAlign::TopLeft);
     fp.backend = backend::get();
-    let mut bp = flash::BwdParams::new(
-        q_dev.view(dtype),
-        k_dev.view(dtype),
-        v_dev.view(dtype),
-        o_dev.view(dtype),
-        do_dev.view(dtype),
-        lse_dev.view(DType::F32),
-        delta_dev.view(DType::F32),
-        dq_dev.view(dtype),
-        dk_dev.view(dtype),
-        dv_dev.view(dtype),
-    );
+    let mut bp = dev.bwd_params(dtype);
     bp.mask = fp.mask;
     bp.backend = backend::get();
     let _workspace = backend::attach_workspace(&mut bp, stream)?;
@@ -118,13 +91,13 @@ pub(crate) fn stability_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Res
     if let Err(e) = flash::attn_fwd(&fp, st).and_then(|_| flash::attn_bwd(&bp, st)) {
         return fail(format!("warm-up returned {e}"));
     }
-    let first = (o_dev.read(stream)?, lse_dev.read(stream)?, dq_dev.read(stream)?, dk_dev.read(stream)?, dv_dev.read(stream)?);
+    let first = dev.outputs(stream)?;
     let (mut differing, mut dq_far, mut allocated) = (0usize, 0usize, 0u64);
     // Host time of the two API calls (validation, dispatch, descriptor encoding, cuLaunchKernel),
     // measured after a sync so the launch queue is empty.
     let mut host = std::time::Duration::ZERO;
     // The view's elements only: the buffer's guard holds NaN poison.
-    let dq_first = dq_dev.logical(&first.2);
+    let dq_first = dev.dq.logical(&first.2);
     let dq_scale = dq_first.iter().map(|&x| t.decode(x).abs()).fold(0f32, f32::max);
     let dq_tol = dq_scale / 128.0;
     let mut dq_worst = 0f32;
@@ -137,16 +110,12 @@ pub(crate) fn stability_case(rng: &mut SplitMix64, stream: sys::CUstream) -> Res
         if let Err(e) = launched {
             return fail(format!("launch returned {e}"));
         }
-        let o = o_dev.read(stream)?;
-        let lse = lse_dev.read(stream)?;
-        let dq = dq_dev.read(stream)?;
-        let dk = dk_dev.read(stream)?;
-        let dv = dv_dev.read(stream)?;
+        let (o, lse, dq, dk, dv) = dev.outputs(stream)?;
         differing += (o != first.0 || lse != first.1 || dk != first.3 || dv != first.4) as usize;
         if exact_dq {
             differing += (dq != first.2) as usize;
         } else {
-            let worst = dq_dev.logical(&dq).iter().zip(&dq_first).map(|(&x, &y)| (t.decode(x) - t.decode(y)).abs()).fold(0f32, |a, b| {
+            let worst = dev.dq.logical(&dq).iter().zip(&dq_first).map(|(&x, &y)| (t.decode(x) - t.decode(y)).abs()).fold(0f32, |a, b| {
                 if b.is_nan() || a.is_nan() { f32::NAN } else { a.max(b) }
             });
             dq_far += (worst.is_nan() || worst > dq_tol) as usize;

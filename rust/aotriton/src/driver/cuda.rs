@@ -107,24 +107,16 @@ fn load_api(path: &str) -> Result<Api> {
             format!("the CUDA driver library ({path}) was not found: this machine has no NVIDIA driver ({e})"),
         )
     })?;
+    let symbols = super::Symbols { library: &library, path: path, expected: "the NVIDIA driver" };
+    // SAFETY (every entry point below): the field's type is the vendor header's declaration.
     macro_rules! symbol {
         ($name:literal) => {
-            // SAFETY: the type is `cuda.h`'s declaration of that entry point.
-            match unsafe { library.get(concat!($name, "\0").as_bytes()) } {
-                Ok(symbol) => *symbol,
-                Err(e) => {
-                    return Err(Error::new(
-                        ErrorKind::NoDriver,
-                        format!("{path} lacks {} (not the NVIDIA driver, or an older one): {e}", $name),
-                    ));
-                }
-            }
+            unsafe { symbols.required($name) }?
         };
     }
     macro_rules! optional {
         ($name:literal) => {
-            // SAFETY: as above.
-            unsafe { library.get(concat!($name, "\0").as_bytes()) }.ok().map(|symbol| *symbol)
+            unsafe { symbols.optional($name) }
         };
     }
     Ok(Api {

@@ -144,29 +144,16 @@ fn load_api() -> Result<Api> {
         };
         return Err(Error::new(ErrorKind::NoDriver, message));
     };
+    let symbols = super::Symbols { library: &library, path: &path, expected: "a HIP runtime" };
+    // SAFETY (every entry point below): the field's type is the vendor header's declaration.
     macro_rules! symbol {
         ($name:literal) => {
-            // SAFETY: the type is the HIP API's declaration of that entry point.
-            match unsafe { library.get(concat!($name, "\0").as_bytes()) } {
-                Ok(symbol) => *symbol,
-                Err(e) => {
-                    return Err(Error::new(
-                        ErrorKind::NoDriver,
-                        format!(
-                            "{path} lacks {} (not a HIP runtime, or an older one): {e}",
-                            $name
-                        ),
-                    ));
-                }
-            }
+            unsafe { symbols.required($name) }?
         };
     }
     macro_rules! optional {
         ($name:literal) => {
-            // SAFETY: as above.
-            unsafe { library.get(concat!($name, "\0").as_bytes()) }
-                .ok()
-                .map(|symbol| *symbol)
+            unsafe { symbols.optional($name) }
         };
     }
     let (get_device_properties, props_layout) = match optional!("hipGetDevicePropertiesR0600") {

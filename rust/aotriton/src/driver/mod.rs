@@ -11,7 +11,10 @@
 //! - [`hip`]: the HIP runtime through libloading (`libamdhip64.so`, `.so.7`, `.so.6`, `.so.5`, or
 //!   the file named by `AOTRITON_HIP_LIBRARY`).
 //!
-//! No CUDA or HIP name appears outside those two files. Neither library is needed to build the
+//! - [`cudarc_interop`] (feature `cudarc-adapters`, public as `aotriton::interop`): cudarc's
+//!   streams and device memory as [`Stream`] and [`TensorView`](crate::TensorView).
+//!
+//! No CUDA or HIP name appears outside these files. Neither library is needed to build the
 //! crate; without one, every call on a stream of that runtime returns
 //! [`ErrorKind::NoDriver`](crate::ErrorKind::NoDriver), and with the library but no device,
 //! [`ErrorKind::NoDevice`](crate::ErrorKind::NoDevice). Each library is opened once per process
@@ -35,6 +38,8 @@
 //!   a `hipDeviceReset` (or `hipDevicePrimaryCtxReset`), which unloads the device's modules,
 //!   leaves stale functions in the cache: do not reset a device that aotriton has launched on.
 mod cuda;
+#[cfg(feature = "cudarc-adapters")]
+pub mod cudarc_interop;
 mod hip;
 
 use std::ffi::c_void;
@@ -42,6 +47,41 @@ use std::sync::Arc;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::tma::TmaEncode;
+
+/// The entry points of a vendor library opened at `path`: a missing required one is `NoDriver`
+/// naming the library, the entry point and what the library should have been (`expected`, e.g.
+/// "the NVIDIA driver").
+struct Symbols<'a> {
+    library: &'a libloading::Library,
+    path: &'a str,
+    expected: &'static str,
+}
+
+impl Symbols<'_> {
+    /// Entry point `name` as the function type `F`.
+    ///
+    /// # Safety
+    /// `F` must be the vendor header's declaration of `name`.
+    unsafe fn required<F: Copy>(&self, name: &str) -> Result<F> {
+        // SAFETY: the caller vouches for the type; libloading appends the NUL.
+        match unsafe { self.library.get::<F>(name.as_bytes()) } {
+            Ok(symbol) => Ok(*symbol),
+            Err(e) => Err(Error::new(
+                ErrorKind::NoDriver,
+                format!("{} lacks {name} (not {}, or an older one): {e}", self.path, self.expected),
+            )),
+        }
+    }
+
+    /// Entry point `name` as `F`, or `None` where this version of the library lacks it.
+    ///
+    /// # Safety
+    /// As [`Symbols::required`].
+    unsafe fn optional<F: Copy>(&self, name: &str) -> Option<F> {
+        // SAFETY: as above.
+        unsafe { self.library.get::<F>(name.as_bytes()) }.ok().map(|symbol| *symbol)
+    }
+}
 
 /// Which GPU runtime a stream belongs to.
 #[repr(i32)]
@@ -55,6 +95,7 @@ pub enum Runtime {
 }
 
 impl Runtime {
+    /// The runtime of a C API value (`0` CUDA, `1` HIP), `None` for any other.
     pub fn from_raw(raw: i32) -> Option<Runtime> {
         match raw {
             0 => Some(Runtime::Cuda),
@@ -121,9 +162,11 @@ impl Stream {
     pub fn null() -> Self {
         Stream::cuda(0)
     }
+    /// The stream handle as given (`CUstream`/`cudaStream_t` or `hipStream_t`).
     pub fn raw(self) -> usize {
         self.raw
     }
+    /// The runtime the handle belongs to.
     pub fn runtime(self) -> Runtime {
         self.runtime
     }

@@ -16,14 +16,15 @@
 use super::gluon;
 use super::{
     AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, Workspace, axes, bias_args, broadcast_strides,
-    check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, mask_args, strides3, strides4,
+    check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, dropout_regions, mask_args,
+    optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::{Functional, KernelMeta};
-use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Prepared, Request, preferred_variant};
+use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Request, blocks, check_grid, preferred_variant};
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
 use crate::error::{Result, bail, checked_product};
-use crate::tensor::{DType, TensorView};
+use crate::tensor::{DType, Region, TensorView, check_no_aliasing};
 
 /// Parameters of [`attn_bwd`]. Non-exhaustive: build it with [`BwdParams::new`].
 #[derive(Debug, Clone, Copy)]
@@ -31,7 +32,9 @@ use crate::tensor::{DType, TensorView};
 pub struct BwdParams<'a> {
     /// The forward's inputs: q B×Hq×Sq×D, k and v B×Hk×Sk×D.
     pub q: TensorView<4>,
+    /// The forward's keys, B×Hk×Sk×D.
     pub k: TensorView<4>,
+    /// The forward's values, B×Hk×Sk×D.
     pub v: TensorView<4>,
     /// The forward's output, B×Hq×Sq×D.
     pub o: TensorView<4>,
@@ -44,19 +47,26 @@ pub struct BwdParams<'a> {
     pub delta: TensorView<3>,
     /// Gradient outputs, overwritten: dq like q, dk like k, dv like v.
     pub dq: TensorView<4>,
+    /// The gradient of k, overwritten.
     pub dk: TensorView<4>,
+    /// The gradient of v, overwritten.
     pub dv: TensorView<4>,
     /// The forward's scale, mask, bias, dropout (same seed and offset), packing and TF32 choice.
     pub sm_scale: f32,
+    /// The forward's mask.
     pub mask: Mask,
+    /// The forward's bias, if it had one.
     pub bias: Option<TensorView<4>>,
     /// The bias gradient, overwritten; same sizes as `bias` (summed over its broadcast
     /// dimensions). Needs `bias`. Its kernel runs one program per bias batch and head, and per
     /// block of at least 16 keys, on grid axes limited to 65535: `sizes[0]·sizes[1]` ≤ 65535
     /// and Sk ≤ 65535·16 = 1,048,560 (else `TooLarge`).
     pub dbias: Option<TensorView<4>>,
+    /// The forward's dropout, with the seed and offset it used (its `seed_out`/`offset_out`).
     pub dropout: Option<Dropout>,
+    /// The forward's packing of variable-length sequences.
     pub varlen: Option<Varlen<'a>>,
+    /// fp32 only: the forward's TF32 choice.
     pub allow_tf32: bool,
     /// Require bitwise-reproducible gradients. The portable kernels are deterministic in both
     /// settings (no atomics); the Gluon backend accumulates dQ with reduce-adds (summation
@@ -73,6 +83,10 @@ pub struct BwdParams<'a> {
 }
 
 impl<'a> BwdParams<'a> {
+    /// The backward of a forward over `q`, `k`, `v` that wrote `o` and `lse`, given `d_o`:
+    /// writes `dq`, `dk`, `dv` (and `delta`). The scale is 1/√D, and no mask, bias, dropout,
+    /// packing, TF32, workspace; `Backend::Auto`, not deterministic. Set the fields the forward
+    /// used.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         q: TensorView<4>,
@@ -115,6 +129,29 @@ impl<'a> BwdParams<'a> {
 /// Enqueues the backward pass on `stream`. All kernels are chosen and loaded before the first
 /// is enqueued, so an error leaves nothing half-done. After the first call with a given
 /// configuration, a call allocates no host memory and never waits on the device.
+///
+/// With a workspace of [`attn_bwd_workspace_bytes`] (0 where the portable kernels serve), so
+/// that `Backend::Auto` can take the sm_90 Gluon kernels (a whole program:
+/// `examples/attn_bwd.rs`):
+///
+/// ```no_run
+/// use aotriton::flash::{self, BwdParams, Workspace};
+/// use aotriton::{DType, Stream, TensorView};
+/// # let (q, k, v, o, d_o, lse, delta, dq, dk, dv) = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+/// # let allocate = |bytes: u64| 0u64;
+/// let (b, h, s, d) = (2, 16, 4096, 128);
+/// let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
+/// let rows = |ptr| TensorView::contiguous(ptr, [b, h, s], DType::F32);
+/// let stream = Stream::null();
+/// let mut params =
+///     BwdParams::new(t(q), t(k), t(v), t(o), t(d_o), rows(lse), rows(delta), t(dq), t(dk), t(dv));
+/// let bytes = flash::attn_bwd_workspace_bytes(&params, stream)?;
+/// if bytes > 0 {
+///     params.workspace = Some(Workspace { ptr: allocate(bytes), bytes }); // 16-byte aligned
+/// }
+/// flash::attn_bwd(&params, stream)?;
+/// # Ok::<(), aotriton::Error>(())
+/// ```
 pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
     let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
@@ -146,12 +183,12 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         }
     }
     let kernels = [
-        prepare_checked(&launcher, &preprocess, choose_kernel, |m| Ok(preprocess_grid(&shape, kernel_blocks(m))))?,
-        prepare_checked(&launcher, &dkdv, choose_kernel, |m| Ok(dkdv_grid(&shape, kernel_blocks(m))))?,
-        prepare_checked(&launcher, &dq, choose_kernel, |m| Ok(dq_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&preprocess, choose_kernel, |m| Ok(preprocess_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&dkdv, choose_kernel, |m| Ok(dkdv_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&dq, choose_kernel, |m| Ok(dq_grid(&shape, kernel_blocks(m))))?,
     ];
     let dbias_kernel = match &params.dbias {
-        Some(db) => Some(prepare_checked(&launcher, &dbias, choose_kernel, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
+        Some(db) => Some(launcher.prepare(&dbias, choose_kernel, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
         None => None,
     };
     for kernel in kernels.iter().chain(&dbias_kernel) {
@@ -191,44 +228,14 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 
-/// The launch limits of CUDA and HIP: up to 2^31 − 1 blocks along x, 65535 along y and z.
-const GRID_LIMITS: [u64; 3] = [(1 << 31) - 1, 65535, 65535];
-
 /// The smallest BLOCK_M or BLOCK_N of any compiled attention kernel (`tl.dot` tiles are at least
 /// 16 wide): grids computed with it bound every device's real ones from above.
 const MIN_BLOCK: u64 = 16;
 
-/// `grid` as launch dimensions, or `TooLarge` naming `kernel` and the extent above its limit.
-pub(crate) fn check_grid(kernel: &str, grid: [u64; 3]) -> Result<[u32; 3]> {
-    for (axis, (&extent, &limit)) in ["x", "y", "z"].into_iter().zip(grid.iter().zip(&GRID_LIMITS)) {
-        if extent > limit {
-            bail!(TooLarge, "{kernel}: launch grid {grid:?}: {axis} = {extent} is above the limit of {limit} blocks");
-        }
-    }
-    Ok(grid.map(|extent| extent as u32))
-}
-
-/// [`Launcher::prepare`] with the launch grid that `grid` computes from the chosen kernel's
-/// config, checked by [`check_grid`]: an operator prepares all its kernels before the first launch, so
-/// a grid over the limits stops the call before anything is enqueued.
-pub(crate) fn prepare_checked<'a>(
-    launcher: &Launcher,
-    request: &Request<'a>,
-    choose: impl FnOnce(&Functional, KernelSet, &DeviceInfo) -> usize,
-    grid: impl FnOnce(&KernelMeta) -> Result<[u64; 3]>,
-) -> Result<Prepared<'a>> {
-    let mut checked = Ok([0; 3]);
-    let prepared = launcher.prepare(request, choose, |meta| {
-        checked = grid(meta).and_then(|grid| check_grid(request.family, grid));
-        *checked.as_ref().unwrap_or(&[0; 3])
-    })?;
-    checked.map(|_| prepared)
-}
-
 /// Blocks of a portable kernel's `key` (BLOCK_M, BLOCK_N; 64 where its config does not say)
 /// covering `len` rows.
 pub(crate) fn kernel_blocks(meta: &KernelMeta) -> impl Fn(u64, &str) -> u64 + '_ {
-    move |len, key| len.div_ceil(crate::dispatch::config(meta, key, 64).max(1) as u64)
+    move |len, key| blocks(len, meta, key, 64)
 }
 
 /// Grids of the portable backward kernels (kernels/flash/bwd_*.py), from `blocks(len, key)`.
@@ -254,7 +261,7 @@ fn dbias_grid(dbias: &TensorView<4>, shape: &AttnShape, blocks: impl Fn(u64, &st
 
 /// Checks before the driver is touched that the portable kernels' grids fit the launch limits
 /// with any compiled block sizes (each at least [`MIN_BLOCK`]), so that whether a call is
-/// refused does not depend on the device; [`prepare_checked`] checks the real grids.
+/// refused does not depend on the device; [`Launcher::prepare`] checks the real grids.
 fn check_grids(p: &BwdParams, shape: &AttnShape) -> Result<()> {
     let floor = |len: u64, _: &str| len.div_ceil(MIN_BLOCK);
     check_grid("attn_bwd_preprocess", preprocess_grid(shape, floor))?;
@@ -264,6 +271,45 @@ fn check_grids(p: &BwdParams, shape: &AttnShape) -> Result<()> {
         check_grid("attn_bwd_dbias", dbias_grid(db, shape, floor)?)?;
     }
     Ok(())
+}
+
+/// The backward's aliasing check: dq, dk, dv, delta, dbias and the workspace are written, so
+/// none may overlap another of them or any input.
+fn check_aliasing(p: &BwdParams) -> Result<()> {
+    let ([seed, offset], _) = dropout_regions(p.dropout.as_ref())?;
+    let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
+    let dbias = match &p.dbias {
+        Some(db) => Region::output("dbias", db)?,
+        None => Region::NONE,
+    };
+    let workspace = match &p.workspace {
+        Some(ws) => Region::raw("workspace", ws.ptr, ws.bytes)?,
+        None => Region::NONE,
+    };
+    check_no_aliasing(
+        &[
+            Region::output("dq", &p.dq)?,
+            Region::output("dk", &p.dk)?,
+            Region::output("dv", &p.dv)?,
+            Region::output("delta", &p.delta)?,
+            dbias,
+            workspace,
+            status,
+        ],
+        &[
+            Region::input("q", &p.q)?,
+            Region::input("k", &p.k)?,
+            Region::input("v", &p.v)?,
+            Region::input("o", &p.o)?,
+            Region::input("d_o", &p.d_o)?,
+            Region::input("lse", &p.lse)?,
+            optional_input("bias", p.bias.as_ref())?,
+            seed,
+            offset,
+            cu_q,
+            cu_k,
+        ],
+    )
 }
 
 /// Size arguments the kernels take as int32, or `TooLarge` naming the first that does not fit.
@@ -383,7 +429,7 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
         }
     }
     check_grids(p, &shape)?;
-    super::check_bwd_aliasing(p)?;
+    check_aliasing(p)?;
     Ok((shape, mask_args(&p.mask, &shape)?))
 }
 
@@ -421,16 +467,5 @@ mod tests {
         // The same calls with the bias broadcast over batch and heads stay within the grid.
         let p = with_dbias(256, 256, 16, 16, [1, 256, 16, 16]);
         assert!(validate(&p).is_ok());
-    }
-
-    #[test]
-    fn grids_are_checked_against_the_launch_limits() {
-        assert_eq!(check_grid("k", [(1 << 31) - 1, 65535, 65535]), Ok([(1 << 31) - 1, 65535, 65535]));
-        for (grid, axis) in [([1 << 31, 1, 1], "x"), ([1, 65536, 1], "y"), ([1, 1, 65536], "z"), ([1, 1, u64::MAX], "z")] {
-            let err = check_grid("attn_bwd_dq", grid).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::TooLarge);
-            let message = err.message();
-            assert!(message.starts_with("attn_bwd_dq: launch grid") && message.contains(&format!("{axis} = ")), "{err}");
-        }
     }
 }

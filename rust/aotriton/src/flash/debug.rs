@@ -2,7 +2,7 @@
 //! tests and for frameworks that check their RNG bookkeeping (like the seed's
 //! `debug_simulate_encoded_softmax`). The kernel shares its Philox helper with the attention
 //! kernels, so the two cannot drift apart.
-use super::bwd::{int32_args, kernel_blocks, prepare_checked};
+use super::bwd::{int32_args, kernel_blocks};
 use super::{Dropout, dropout_args};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, first_preferred};
 use crate::driver::Stream;
@@ -37,6 +37,6 @@ pub fn debug_dropout_mask(out: &TensorView<4>, dropout: &Dropout, stream: Stream
     let request = Request { family: "debug_dropout_mask", axes: axes.as_slice()?, args: args.args()? };
     let launcher = Launcher::new(stream)?;
     let grid = |meta: &_| Ok([kernel_blocks(meta)(seqlen_q, "BLOCK_M"), heads, batch]);
-    let kernel = prepare_checked(&launcher, &request, first_preferred, grid)?;
+    let kernel = launcher.prepare(&request, first_preferred, grid)?;
     launcher.launch(&kernel)
 }

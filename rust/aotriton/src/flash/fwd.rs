@@ -34,6 +34,7 @@ pub struct FwdParams<'a> {
     /// Additive attention bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk]: a size
     /// of 1 broadcasts that dimension.
     pub bias: Option<TensorView<4>>,
+    /// Dropout on the attention probabilities; the backward needs the same.
     pub dropout: Option<Dropout>,
     /// A packed batch of variable-length sequences.
     pub varlen: Option<Varlen<'a>>,
@@ -45,6 +46,8 @@ pub struct FwdParams<'a> {
 }
 
 impl<'a> FwdParams<'a> {
+    /// Attention of `q` over `k`, `v` into `o` (and `lse` when given), with scale 1/√D, no mask,
+    /// bias, dropout or packing, TF32 off and `Backend::Auto`.
     pub fn new(q: TensorView<4>, k: TensorView<4>, v: TensorView<4>, o: TensorView<4>, lse: Option<TensorView<3>>) -> Self {
         let head_dim = q.sizes[3].max(1) as f32;
         FwdParams {
@@ -84,8 +87,7 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
             return gluon::launch_fwd(&launcher, &gluon_request, &shape);
         }
     }
-    let kernel = super::bwd::prepare_checked(
-        &launcher,
+    let kernel = launcher.prepare(
         &request,
         |functional, fitting, device| choose_kernel(functional, fitting, &shape, device),
         |meta| Ok([super::bwd::kernel_blocks(meta)(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]),

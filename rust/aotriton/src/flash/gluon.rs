@@ -6,9 +6,9 @@ use std::fmt;
 
 use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4};
 use crate::archive::KernelMeta;
-use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, bool_axis, config, first_preferred};
+use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
-use super::bwd::{dq_grid, int32_args, kernel_blocks, prepare_checked};
+use super::bwd::{dq_grid, int32_args, kernel_blocks};
 use crate::error::{Error, ErrorKind, Result, checked_product, checked_sum};
 use crate::tensor::DType;
 use crate::tma::{self, TensorArg, TmaProblem};
@@ -256,11 +256,6 @@ pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request]) -> Result
     Ok(())
 }
 
-/// `cdiv(len, config[key])`, with the contract's block size when the config does not say.
-fn blocks(len: u64, meta: &crate::archive::KernelMeta, key: &str, default: i64) -> u64 {
-    len.div_ceil(config(meta, key, default).max(1) as u64)
-}
-
 fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
     ArgValue::Tensor(TensorArg::from_view(t))
 }
@@ -333,8 +328,7 @@ pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u3
 /// Enqueues the Gluon forward (grid: [`fwd_grid`]).
 pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape) -> Result<()> {
     let multiprocessors = launcher.device().multiprocessors;
-    let kernel = prepare_checked(
-        launcher,
+    let kernel = launcher.prepare(
         request,
         |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, device),
         |meta| fwd_grid(meta, shape, multiprocessors),
@@ -457,15 +451,15 @@ pub(crate) fn launch_bwd(
     let (b, hq) = (shape.batch, shape.heads_q);
     let multiprocessors = launcher.device().multiprocessors;
     let kernels = [
-        prepare_checked(launcher, pre, first_preferred, |m| Ok([blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b]))?,
+        launcher.prepare(pre, first_preferred, |m| Ok([blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b]))?,
         // Key blocks of BLOCK_N keys per K/V head.
-        prepare_checked(launcher, main, first_preferred, |m| {
+        launcher.prepare(main, first_preferred, |m| {
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
         if deterministic {
-            prepare_checked(launcher, dq, super::bwd::choose_kernel, |m| Ok(dq_grid(shape, kernel_blocks(m))))?
+            launcher.prepare(dq, super::bwd::choose_kernel, |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         } else {
-            prepare_checked(launcher, dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
+            launcher.prepare(dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
         },
     ];
     for kernel in &kernels {
@@ -477,7 +471,7 @@ pub(crate) fn launch_bwd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flash::bwd::check_grid;
+    use crate::dispatch::check_grid;
 
     fn grid_of(config: &[(&str, i64)], sq: u64, heads_q: u64, batch: u64) -> Result<[u32; 3]> {
         let meta = KernelMeta {

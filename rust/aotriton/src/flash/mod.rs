@@ -74,7 +74,7 @@ pub use fwd::{FwdParams, attn_fwd};
 use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
 use crate::error::{Result, bail, checked_product};
 use crate::images;
-use crate::tensor::{DType, Region, TensorView, check_no_aliasing};
+use crate::tensor::{DType, Region, TensorView};
 
 /// Which kernel family serves a call (see the module docs for the rule `Auto` follows).
 #[repr(i32)]
@@ -91,6 +91,7 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The backend of a C API value (`0` Auto, `1` Portable, `2` Gluon), `None` for any other.
     pub fn from_raw(raw: i32) -> Option<Backend> {
         match raw {
             0 => Some(Backend::Auto),
@@ -109,6 +110,7 @@ impl Backend {
 pub struct Workspace {
     /// Device address.
     pub ptr: u64,
+    /// Its size in bytes.
     pub bytes: u64,
 }
 
@@ -130,6 +132,7 @@ pub struct Mask {
     pub window_left: i32,
     /// Keys more than `window_right` after the diagonal are hidden; −1 = unbounded.
     pub window_right: i32,
+    /// Where the diagonal sits when the query and key lengths differ.
     pub align: MaskAlign,
 }
 
@@ -147,6 +150,7 @@ impl Mask {
         Mask { window_left: left, window_right: right, align }
     }
 
+    /// Whether every query sees every key (both sides unbounded).
     pub fn is_none(&self) -> bool {
         self.window_left < 0 && self.window_right < 0
     }
@@ -160,6 +164,30 @@ impl Default for Mask {
 
 /// Dropout with drop probability `p` (kept values are scaled by 1/(1−p)). The seed and offset
 /// live in device memory (8-byte aligned u64 each) so graphs can be replayed with new values.
+///
+/// Successive calls advance the offset by [`dropout_offsets_consumed`]; the seed and offset a
+/// forward used are written back for its backward (a whole program: `examples/dropout.rs`):
+///
+/// ```no_run
+/// use aotriton::flash::{self, Dropout, FwdParams};
+/// use aotriton::{DType, Stream, TensorView};
+/// # let (q, k, v, o, lse, philox, used) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+/// let (b, h, s, d) = (4, 16, 1024, 64);
+/// let t = |ptr| TensorView::contiguous(ptr, [b, h, s, d], DType::BF16);
+/// let lse = TensorView::contiguous(lse, [b, h, s], DType::F32);
+/// let mut host_offset = 0;
+/// for _step in 0..10 {
+///     // `philox` holds the u64 seed, then the u64 offset; `used` receives the pair used.
+///     let mut dropout = Dropout::new(0.1, philox, philox + 8);
+///     dropout.offset_base = host_offset;
+///     (dropout.seed_out, dropout.offset_out) = (used, used + 8);
+///     let mut params = FwdParams::new(t(q), t(k), t(v), t(o), Some(lse));
+///     params.dropout = Some(dropout);
+///     flash::attn_fwd(&params, Stream::null())?;
+///     host_offset += flash::dropout_offsets_consumed(b, h, s, s)?;
+/// }
+/// # Ok::<(), aotriton::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     /// Drop probability, in [0, 1).
@@ -173,10 +201,14 @@ pub struct Dropout {
     /// Forward only: device addresses where the seed and offset used are written (0 = not
     /// wanted), so a framework can hand them to the backward.
     pub seed_out: u64,
+    /// Forward only: device address where the offset used (`*offset + offset_base`) is written
+    /// (0 = not wanted).
     pub offset_out: u64,
 }
 
 impl Dropout {
+    /// Drop probability `p` with the device addresses of the seed and offset; no offset base,
+    /// nothing written back.
     pub fn new(p: f32, seed: u64, offset: u64) -> Dropout {
         Dropout { p, seed, offset, offset_base: 0, seed_out: 0, offset_out: 0 }
     }
@@ -199,13 +231,35 @@ pub const VARLEN_DECREASING: i32 = 2;
 pub const VARLEN_TOO_LONG: i32 = 4;
 
 /// A packed batch of variable-length sequences (see the module docs for the layouts).
+///
+/// Three sequences of 100, 256 and 44 tokens stored token-major (`total × H × D`), the offsets
+/// on the device and, to have them checked before launching, on the host (a whole program:
+/// `examples/varlen.rs`):
+///
+/// ```no_run
+/// use aotriton::flash::{self, FwdParams, Varlen};
+/// use aotriton::{DType, Stream, TensorView};
+/// # let (q, k, v, o, cu_seqlens_device) = (0u64, 0u64, 0u64, 0u64, 0u64);
+/// let cu_seqlens = [0, 100, 356, 400];
+/// let (h, d, total) = (8, 64, 400);
+/// let packed = |ptr| TensorView::new(ptr, [1, h, total, d], [0, d as i64, (h * d) as i64, 1], DType::F16);
+/// let offsets = TensorView::contiguous(cu_seqlens_device, [4], DType::I32);
+/// let mut varlen = Varlen::new(offsets, offsets, 256, 256);
+/// varlen.host_cu_seqlens = Some((&cu_seqlens, &cu_seqlens));
+/// let mut params = FwdParams::new(packed(q), packed(k), packed(v), packed(o), None);
+/// params.varlen = Some(varlen);
+/// flash::attn_fwd(&params, Stream::null())?;
+/// # Ok::<(), aotriton::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct Varlen<'a> {
     /// int32 device tensors of B+1 offsets: sequence b's tokens are `cu[b] .. cu[b+1]`.
     pub cu_seqlens_q: TensorView<1>,
+    /// As `cu_seqlens_q`, for the keys and values.
     pub cu_seqlens_k: TensorView<1>,
     /// The longest query and key sequence: the launch grid covers them.
     pub max_seqlen_q: u64,
+    /// The longest key sequence.
     pub max_seqlen_k: u64,
     /// Host copies of the two offset arrays, when the caller has them: then the offsets are
     /// checked (start at 0, non-decreasing, within the tensors, no sequence longer than the
@@ -476,45 +530,6 @@ pub(crate) fn varlen_regions(varlen: Option<&Varlen>) -> Result<([Region<'static
             if v.status == 0 { Region::NONE } else { Region::raw("varlen status", v.status, 4)? },
         ),
     })
-}
-
-/// The backward's aliasing check: dq, dk, dv, delta, dbias and the workspace are written, so
-/// none may overlap another of them or any input.
-pub(crate) fn check_bwd_aliasing(p: &BwdParams) -> Result<()> {
-    let ([seed, offset], _) = dropout_regions(p.dropout.as_ref())?;
-    let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
-    let dbias = match &p.dbias {
-        Some(db) => Region::output("dbias", db)?,
-        None => Region::NONE,
-    };
-    let workspace = match &p.workspace {
-        Some(ws) => Region::raw("workspace", ws.ptr, ws.bytes)?,
-        None => Region::NONE,
-    };
-    check_no_aliasing(
-        &[
-            Region::output("dq", &p.dq)?,
-            Region::output("dk", &p.dk)?,
-            Region::output("dv", &p.dv)?,
-            Region::output("delta", &p.delta)?,
-            dbias,
-            workspace,
-            status,
-        ],
-        &[
-            Region::input("q", &p.q)?,
-            Region::input("k", &p.k)?,
-            Region::input("v", &p.v)?,
-            Region::input("o", &p.o)?,
-            Region::input("d_o", &p.d_o)?,
-            Region::input("lse", &p.lse)?,
-            optional_input("bias", p.bias.as_ref())?,
-            seed,
-            offset,
-            cu_q,
-            cu_k,
-        ],
-    )
 }
 
 /// An optional input tensor's memory (`Region::NONE` when absent).
