@@ -4,8 +4,11 @@
 #                the archive reader and the validation for a fixed time), the bridge,
 #                and the AMD checks (test/amd: the real HIP runtime without a device, every hsaco
 #                against the code-object manager's metadata, launches recorded by a HIP double)
-#   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree,
-#                and the Python tests (rules, compile driver, kernel numerics in the interpreter)
+#   cli          aotriton-info / aotriton-pack as a user runs them
+#   crates       the runtime and image crates packaged and built offline by a fresh consumer
+#   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree, the
+#                seed-compatible API (on the recording HIP double) and PyTorch's ExternalProject
+#                flow, and the Python tests (rules, compile driver, kernel numerics in the interpreter)
 #   GPU tests    run only where a GPU is; here they print "skipped: no GPU" (test/gpu/README.md)
 # The images of every arch are built (AOTRITON_TARGET_ARCH overrides), so that the AMD checks have
 # archives to check. The AMD checks need Debian's ROCm 5.2 libraries (.ci/run installs them);
@@ -25,5 +28,10 @@ export AOTRITON_INSTALL_DIR="${PREFIX:-$(pwd)/install}"
 # fixed budget each; the seed is printed, AOTRITON_FUZZ_SEED replays it.
 export AOTRITON_FUZZ_SECONDS="${AOTRITON_FUZZ_SECONDS:-90}"
 cargo test --locked --workspace
+# aotriton-info and aotriton-pack as a user runs them (feature cli).
+cargo test --locked -p aotriton --features cli --test cli
+# The crates as crates.io would serve them: packaged (each <= 10 MiB) and built offline by a
+# fresh consumer with no Python (scripts/package-crates.sh; about 2 minutes).
+scripts/package-crates.sh "$BUILD_DIR/images"
 "$TOOLS/ctest" --test-dir "$BUILD_DIR" --output-on-failure
 cargo run --locked --quiet -p aotriton-gpu-tests

@@ -53,6 +53,17 @@ extern "C" {
 //   backend                               0 auto, 1 portable, 2 gluon (aotriton::v2::flash::Backend)
 //   (bwd) workspace, workspace_bytes      the backward's workspace (0 = none)
 //   (bwd) query_bytes                     when not null: store attn_bwd_workspace_bytes() there, launch nothing
+// The shim's own dtype codes (1 fp16, 2 bf16, 3 fp32: aotriton_shim.py), mapped by name: the
+// library's DType values follow the seed's numbering and must not be assumed.
+static aotriton::DType shim_dtype(int code) {
+  switch (code) {
+    case 1: return aotriton::DType::kFloat16;
+    case 2: return aotriton::DType::kBFloat16;
+    case 3: return aotriton::DType::kFloat32;
+    default: return aotriton::DType::kUnknown;
+  }
+}
+
 // dtype: 1 fp16, 2 bf16, 3 fp32.
 __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
     uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t lse, const int64_t* sizes4,
@@ -62,7 +73,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
     uint64_t philox_offset, uint64_t philox_offset_base, uint64_t philox_seed_out, uint64_t philox_offset_out,
     uint64_t cu_seqlens_q, uint64_t cu_seqlens_k, int64_t n_cu, uint64_t max_seqlen_q, uint64_t max_seqlen_k,
     int allow_tf32, int backend, uint64_t stream) {
-  const auto dt = static_cast<aotriton::DType>(dtype);
+  const auto dt = shim_dtype(dtype);
   aotriton::v2::flash::FwdParams p;
   p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
   p.k = make_view<4>(k, sizes4 + 4, strides4 + 4, dt);
@@ -102,7 +113,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_bwd_ex(
     uint64_t cu_seqlens_q, uint64_t cu_seqlens_k, int64_t n_cu, uint64_t max_seqlen_q, uint64_t max_seqlen_k,
     int allow_tf32, int deterministic, int backend, uint64_t workspace, uint64_t workspace_bytes,
     uint64_t* query_bytes, uint64_t stream) {
-  const auto dt = static_cast<aotriton::DType>(dtype);
+  const auto dt = shim_dtype(dtype);
   aotriton::v2::flash::BwdParams p;
   p.q = make_view<4>(q, sizes4 + 0, strides4 + 0, dt);
   p.k = make_view<4>(k, sizes4 + 4, strides4 + 4, dt);

@@ -5,12 +5,24 @@
 
 namespace aotriton {
 
-// Values are part of the ABI (mirrored by the Rust runtime's DType); never renumber.
+// Values are part of the ABI and are the seed's (ROCm/aotriton) numbering, so a program written
+// against the seed's headers passes the same values. The operators take kFloat16, kBFloat16 and
+// kFloat32 tensors and kInt32 sequence offsets; the 64-bit integer types are accepted for the
+// seed's scalar arguments (the dropout seed and offset); everything else is refused by the call
+// that receives it.
 enum class DType : int32_t {
-  kFloat16 = 1,
-  kBFloat16 = 2,
-  kFloat32 = 3,
-  kInt32 = 4,  // sequence offsets (cu_seqlens)
+  kUnknown = 0,
+  kFloat32 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt8 = 10,
+  kInt16 = 11,
+  kInt32 = 12,  // sequence offsets (cu_seqlens)
+  kInt64 = 13,
+  kUInt8 = 20,
+  kUInt16 = 21,
+  kUInt32 = 22,
+  kUInt64 = 23,
 };
 
 }  // namespace aotriton

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "aotriton/config.h"
 #include "aotriton/dtypes.h"
+#include "aotriton/hip_error.h"
 #include "aotriton/runtime.h"
 #include "aotriton/util.h"
 
@@ -211,4 +213,203 @@ AOTRITON_API Status debug_dropout_mask(TensorView<4> out, float dropout_p, const
 
 }  // namespace flash
 }  // namespace v2
+}  // namespace aotriton
+
+// ---------------------------------------------------------------------------------------------
+// The seed's API (ROCm/aotriton 0.10, the level AOTRITON_VERSION_MAJOR/MINOR in config.h name),
+// for programs written against it, PyTorch's ROCm adapter first. A thin layer over the functions
+// above: the same validation, kernels and errors, with the seed's argument forms.
+//
+// Conventions (as in the seed):
+// - q, k, v, Out (and dq, dk, dv, dout, out): B x H x S x D views (BSHD memory permuted works),
+//   last stride 1. Compact varlen: 1 x H x total x D views plus int32 cu_seqlens (B+1).
+// - softmax_lse / delta (T2, fp32): (B * Hq, Sq), row b * Hq + h, any row stride, last stride 1.
+//   Compact varlen: (Hq, total_q); a contiguous (B * Hq, max_seqlen_q) buffer (what the seed's
+//   0.10 callers allocate) is accepted too and holds the (Hq, total_q) layout in its first
+//   Hq * total_q elements (read back the same way by the backward).
+// - philox_seed, philox_offset1: device addresses of one 64-bit integer each (kUInt64 or
+//   kInt64); the offset used is *philox_offset1 + philox_offset2. philox_seed_output and
+//   philox_offset_output (both or neither) receive the seed and offset used.
+// - encoded_softmax: a non-empty view gets the dropout keep-mask of the call (as
+//   debug_simulate_encoded_softmax writes it); it must be fp32. Empty or null: not wanted.
+// - is_causal (v2) is top-left aligned. atomic_for_causal / persistent_atomic_counter are
+//   accepted and ignored: no kernel here needs a counter. b / db (bias) may be null (absent).
+// - The tuning arguments: extargs carry nothing here (empty structs; any pointer is fine);
+//   attn_options::force_backend_index other than -1 is refused (hipErrorNotSupported).
+// Returns: hipSuccess; hipErrorInvalidValue (an argument is wrong: dtype, shape, stride,
+// pointer, size limit; aotriton::last_error_message() names it), hipErrorInvalidSymbol (unknown
+// params_version), hipErrorNotSupported (a seed feature this library does not have: padded or
+// strided varlen, ALiBi, attn_bwd_fused), hipErrorNoBinaryForGpu (no kernels for the device),
+// hipErrorInsufficientDriver (no driver library), hipErrorNoDevice (no GPU behind the stream),
+// hipErrorInvalidImage (a kernel archive is corrupt or untrusted),
+// hipErrorSharedObjectSymbolNotFound (no compiled kernel fits), hipErrorUnknown (a driver call
+// failed or an internal error; the message says which). Nothing is launched on any error.
+// The Stream may be a hipStream_t (implicitly) or a CUDA stream (aotriton::Stream{cuda_stream}).
+namespace aotriton {
+namespace v2 {
+namespace flash {
+
+using T4 = TensorView<4>;
+using T2 = TensorView<2>;
+using T1 = TensorView<1>;
+using T0 = TensorView<0>;
+
+// The seed's tuning hooks; nothing to tune here, so they carry nothing.
+struct FwdExtraArguments {};
+struct BwdExtraArguments {};
+struct FusedBwdExtraArguments {};
+
+// hipSuccess when this build has kernels for the stream's device (its arch, or a binary
+// compatible one), hipErrorNoBinaryForGpu when not, else the error of reaching the device.
+AOTRITON_API hipError_t check_gpu(Stream stream) noexcept;
+
+AOTRITON_API hipError_t attn_fwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T2 softmax_lse, T4 Out,
+                                 float dropout_p, T0 philox_seed, T0 philox_offset1,
+                                 int64_t philox_offset2, T0 philox_seed_output,
+                                 T0 philox_offset_output, T4 encoded_softmax, bool is_causal,
+                                 T0 atomic_for_causal, Stream stream,
+                                 FwdExtraArguments* extargs = nullptr) noexcept;
+
+AOTRITON_API hipError_t attn_fwd_compact_varlen(
+    T4 q, T4 k, T4 v, T4 b, T1 cu_seqlens_q, T1 cu_seqlens_k, int32_t max_seqlen_q,
+    int32_t max_seqlen_k, float sm_scale, T2 softmax_lse, T4 Out, float dropout_p, T0 philox_seed,
+    T0 philox_offset1, int64_t philox_offset2, T0 philox_seed_output, T0 philox_offset_output,
+    T4 encoded_softmax, bool is_causal, T0 atomic_for_causal, Stream stream,
+    FwdExtraArguments* extargs = nullptr) noexcept;
+
+// delta: a (B * Hq, Sq) fp32 workspace, overwritten.
+AOTRITON_API hipError_t attn_bwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 dq,
+                                 T4 dk, T4 dv, T4 db, T2 softmax_lse, T2 delta, float dropout_p,
+                                 T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
+                                 bool is_causal, Stream stream,
+                                 BwdExtraArguments* extargs = nullptr) noexcept;
+
+// The seed's backward without a delta workspace. The kernels here need one, and the library
+// never allocates device memory: returns hipErrorNotSupported (callers use attn_bwd).
+AOTRITON_API hipError_t attn_bwd_fused(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout,
+                                       T4 dq, T4 dk, T4 dv, T4 db, T2 softmax_lse, float dropout_p,
+                                       T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
+                                       bool is_causal, Stream stream,
+                                       FusedBwdExtraArguments* extargs = nullptr) noexcept;
+
+AOTRITON_API hipError_t attn_bwd_compact_varlen(
+    T4 q, T4 k, T4 v, T1 cu_seqlens_q, T1 cu_seqlens_k, int32_t max_seqlen_q,
+    int32_t max_seqlen_k, T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db,
+    T2 softmax_lse, T2 delta, float dropout_p, T0 philox_seed, T0 philox_offset1,
+    int64_t philox_offset2, bool is_causal, Stream stream,
+    BwdExtraArguments* extargs = nullptr) noexcept;
+
+// r (fp32, B x H x Sq x Sk) gets 1.0 where dropout with this seed and offset keeps an element,
+// 0.0 where it drops it (the seed writes sign-encoded random values instead: test r > 0).
+AOTRITON_API hipError_t debug_simulate_encoded_softmax(T4 r, float dropout_p, T0 philox_seed,
+                                                       T0 philox_offset1, uint64_t philox_offset2,
+                                                       Stream stream) noexcept;
+
+}  // namespace flash
+}  // namespace v2
+
+namespace v3 {
+namespace flash {
+
+using T4 = TensorView<4>;
+using T2 = TensorView<2>;
+using T1 = TensorView<1>;
+using T0 = TensorView<0>;
+
+// force_backend_index: -1 (automatic) only. deterministic: the results are bitwise reproducible
+// whatever it says (the automatic choice on a seed call never takes reduce-adds).
+struct attn_options {
+  int force_backend_index = -1;
+  bool deterministic = false;
+};
+
+// int8_t constants in structs, as the seed has them (its fields are plain integers).
+struct CausalType {
+  static constexpr int8_t None = 0;
+  static constexpr int8_t WindowedAttention = 3;  // window_left / window_right below
+};
+
+// Windows: query i sees key j iff i - window_left <= j <= i + window_right (top-left aligned;
+// values >= 0). The sentinels make a side follow the diagonal instead: TopLeftAligned on both
+// sides is causal top-left, BottomRightAligned on both causal bottom-right (off = Sk - Sq, per
+// sequence when packed); one sentinel with a number on the other side keeps that number as the
+// window on its side, aligned as the sentinel says. The two sentinels together are refused.
+struct WindowValue {
+  static constexpr int32_t TopLeftAligned = -2147483647;
+  static constexpr int32_t BottomRightAligned = -2147483646;
+};
+
+struct VarlenType {
+  static constexpr int8_t None = 0;
+  static constexpr int8_t CompactVarlen = 1;  // 1 x H x total x D views + cu_seqlens
+  static constexpr int8_t PaddedVarlen = 2;   // not supported here (hipErrorNotSupported)
+};
+
+struct attn_fwd_params {
+  T4 Q;
+  T4 K;
+  T4 V;
+  T4 B;       // additive bias, null = none
+  T2 A;       // ALiBi slopes: must be null
+  float Sm_scale = 0.0f;
+  T2 L;       // null = not wanted; layouts as the v2 softmax_lse
+  T4 Out;
+  T1 cu_seqlens_q;
+  T1 cu_seqlens_k;
+  int32_t Max_seqlen_q = 0;
+  int32_t Max_seqlen_k = 0;
+  float dropout_p = 0.0f;
+  T0 philox_seed_ptr;
+  T0 philox_offset1;
+  uint64_t philox_offset2 = 0;
+  T0 philox_seed_output;
+  T0 philox_offset_output;
+  T4 encoded_softmax;
+  T0 persistent_atomic_counter;  // ignored
+  int8_t causal_type = CausalType::None;
+  int8_t varlen_type = VarlenType::None;
+  int32_t window_left = 0;
+  int32_t window_right = 0;
+
+  static constexpr int32_t kVersion = 1;
+};
+
+AOTRITON_API hipError_t attn_fwd(const attn_fwd_params& params, int32_t params_version,
+                                 Stream stream, const attn_options* options = nullptr) noexcept;
+
+struct attn_bwd_params {
+  T4 Q;
+  T4 K;
+  T4 V;
+  T4 B;
+  float Sm_scale = 0.0f;
+  T4 Out;
+  T4 DO;
+  T4 DK;
+  T4 DV;
+  T4 DQ;
+  T4 DB;
+  T2 L;
+  T2 D;  // delta workspace, like L, overwritten
+  T1 cu_seqlens_q;
+  T1 cu_seqlens_k;
+  int32_t Max_seqlen_q = 0;
+  int32_t Max_seqlen_k = 0;
+  float dropout_p = 0.0f;
+  T0 philox_seed_ptr;
+  T0 philox_offset1;
+  uint64_t philox_offset2 = 0;
+  int8_t causal_type = CausalType::None;
+  int8_t varlen_type = VarlenType::None;
+  int32_t window_left = 0;
+  int32_t window_right = 0;
+
+  static constexpr int32_t kVersion = 1;
+};
+
+AOTRITON_API hipError_t attn_bwd(const attn_bwd_params& params, int32_t params_version,
+                                 Stream stream, const attn_options* options = nullptr) noexcept;
+
+}  // namespace flash
+}  // namespace v3
 }  // namespace aotriton

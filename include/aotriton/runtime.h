@@ -1,10 +1,13 @@
 // Status codes, streams and library information.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 // Marks the exported API; everything else in libaotriton is hidden.
+#ifndef AOTRITON_API
 #define AOTRITON_API __attribute__((visibility("default")))
+#endif
 
 // The stream types of the two runtimes, declared here so that no CUDA or HIP header is needed:
 // cudaStream_t and CUstream are `CUstream_st*`, hipStream_t is `ihipStream_t*`.
@@ -49,7 +52,7 @@ enum class GpuRuntime : int32_t {
 // A GPU stream of either runtime. The constructors take each runtime's own stream type, so a
 // CUDA stream cannot be passed as a HIP one or the other way round:
 //   aotriton::Stream{cuda_stream}        // cudaStream_t or CUstream
-//   aotriton::Stream{hip_stream}         // hipStream_t
+//   aotriton::Stream{hip_stream}         // hipStream_t (also implicitly, as the seed's API takes it)
 //   aotriton::Stream::hip()              // HIP's null stream
 //   aotriton::Stream{} / Stream::cuda()  // CUDA's legacy default stream
 // The device is always the stream's device (HIP before ROCm 6, which cannot say which device a
@@ -62,7 +65,11 @@ struct Stream {
 
   constexpr Stream() = default;
   constexpr explicit Stream(CUstream_st* cuda_stream) : handle(cuda_stream), runtime(GpuRuntime::kCuda) {}
-  constexpr explicit Stream(ihipStream_t* hip_stream) : handle(hip_stream), runtime(GpuRuntime::kHip) {}
+  // Implicit, as in the seed (ROCm/aotriton), whose callers pass a hipStream_t where a Stream is
+  // expected. The CUDA one stays explicit, and a bare nullptr is refused at compile time (it
+  // would otherwise silently mean HIP's null stream).
+  constexpr Stream(ihipStream_t* hip_stream) : handle(hip_stream), runtime(GpuRuntime::kHip) {}
+  Stream(std::nullptr_t) = delete;
   static constexpr Stream cuda(CUstream_st* stream = nullptr) { return Stream(stream); }
   static constexpr Stream hip(ihipStream_t* stream = nullptr) { return Stream(stream); }
 };

@@ -116,6 +116,92 @@ mod ffi {
         message: String,
     }
 
+    /// The seed's TensorView<2> (softmax_lse, delta: (B·Hq, Sq) rows).
+    struct TensorView2 {
+        ptr: u64,
+        sizes: [u64; 2],
+        strides: [i64; 2],
+        dtype: i32,
+    }
+
+    /// The seed's TensorView<0>: a device scalar's address and dtype.
+    struct Scalar {
+        ptr: u64,
+        dtype: i32,
+    }
+
+    /// The seed's dropout arguments (p = 0: off; the rest is then not read).
+    struct SeedDropout {
+        p: f32,
+        seed: Scalar,
+        offset1: Scalar,
+        /// The bits of the seed's philox_offset2 (an int64_t in v2, a uint64_t in v3).
+        offset2: u64,
+        /// offset2 came from a signed argument: a negative value is refused.
+        offset2_signed: bool,
+    }
+
+    /// The seed's mask and packing selectors (aotriton::v3::flash CausalType, VarlenType,
+    /// WindowValue; a v2 call is is_causal → both windows TopLeftAligned).
+    struct SeedShape {
+        causal_type: i32,
+        window_left: i32,
+        window_right: i32,
+        varlen_type: i32,
+        cu_seqlens_q: TensorView1,
+        cu_seqlens_k: TensorView1,
+        max_seqlen_q: i32,
+        max_seqlen_k: i32,
+    }
+
+    /// aotriton::v3::flash::attn_fwd_params (and the v2 positional forms).
+    struct SeedFwdArgs {
+        q: TensorView4,
+        k: TensorView4,
+        v: TensorView4,
+        bias: TensorView4,
+        /// ALiBi slopes: refused unless null.
+        alibi: TensorView2,
+        sm_scale: f32,
+        lse: TensorView2,
+        out: TensorView4,
+        shape: SeedShape,
+        dropout: SeedDropout,
+        seed_output: Scalar,
+        offset_output: Scalar,
+        encoded_softmax: TensorView4,
+        /// attn_options::force_backend_index (-1: automatic); 1 when a v2 call's extargs asked for tuning.
+        force_backend_index: i32,
+    }
+
+    /// aotriton::v3::flash::attn_bwd_params (and the v2 positional forms).
+    struct SeedBwdArgs {
+        q: TensorView4,
+        k: TensorView4,
+        v: TensorView4,
+        bias: TensorView4,
+        sm_scale: f32,
+        out: TensorView4,
+        d_o: TensorView4,
+        dk: TensorView4,
+        dv: TensorView4,
+        dq: TensorView4,
+        dbias: TensorView4,
+        lse: TensorView2,
+        delta: TensorView2,
+        shape: SeedShape,
+        dropout: SeedDropout,
+        force_backend_index: i32,
+    }
+
+    /// A seed call's result: the hipError_t value, and the aotriton::Status and message kept for
+    /// last_error_message().
+    struct SeedOutcome {
+        hip: i32,
+        code: i32,
+        message: String,
+    }
+
     extern "Rust" {
         fn version(text: &mut String) -> Outcome;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
@@ -132,23 +218,45 @@ mod ffi {
         /// Writes the counter count into `count` (0 on error: the product overflows u64).
         fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome;
         fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: &StreamSpec) -> Outcome;
+
+        // The seed-compatible API (v2src/seed.cpp; include/aotriton/flash.h documents it).
+        fn seed_check_gpu(stream: &StreamSpec) -> SeedOutcome;
+        /// `params_version`: the caller's; `known`: the header's kVersion the library was built with.
+        fn seed_attn_fwd(args: &SeedFwdArgs, params_version: i32, known: i32, stream: &StreamSpec) -> SeedOutcome;
+        fn seed_attn_bwd(args: &SeedBwdArgs, params_version: i32, known: i32, stream: &StreamSpec) -> SeedOutcome;
+        fn seed_debug_simulate_encoded_softmax(r: &TensorView4, dropout: &SeedDropout, stream: &StreamSpec) -> SeedOutcome;
+        /// The answer to a seed function this library does not implement (named in the message).
+        fn seed_not_supported(what: &str) -> SeedOutcome;
+        /// Whether the stream's device runs kernels not yet validated on hardware (see seed.rs).
+        fn seed_arch_experimental(stream: &StreamSpec, experimental: &mut bool) -> SeedOutcome;
+        fn seed_multiprocessors(stream: &StreamSpec, count: &mut i32) -> SeedOutcome;
     }
 }
 
+mod seed;
+use seed::{
+    seed_arch_experimental, seed_attn_bwd, seed_attn_fwd, seed_check_gpu, seed_debug_simulate_encoded_softmax, seed_multiprocessors,
+    seed_not_supported,
+};
+
 use ffi::Outcome;
 
-/// Runs `f`, turning its error or a panic into an Outcome. A panic's message is kept: it is the
-/// only trace of the bug the caller can report (the default hook only prints it to stderr).
+/// Runs `f`, turning a panic into an `Internal` error. A panic's message is kept: it is the only
+/// trace of the bug the caller can report (the default hook only prints it to stderr).
+fn caught(f: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        let message = format!("panic in the aotriton runtime: {}", panic_text(payload.as_ref()));
+        // The payload's own drop could panic again, outside any guard: never drop it.
+        std::mem::forget(payload);
+        Err(Error::new(ErrorKind::Internal, message))
+    })
+}
+
+/// Runs `f`, turning its error or a panic ([`caught`]) into an Outcome.
 fn guard(f: impl FnOnce() -> Result<(), Error>) -> Outcome {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => Outcome { code: 0, message: String::new() },
-        Ok(Err(e)) => Outcome { code: e.kind() as i32, message: e.message().to_string() },
-        Err(payload) => {
-            let message = format!("panic in the aotriton runtime: {}", panic_text(payload.as_ref()));
-            // The payload's own drop could panic again, outside any guard: never drop it.
-            std::mem::forget(payload);
-            Outcome { code: ErrorKind::Internal as i32, message }
-        }
+    match caught(f) {
+        Ok(()) => Outcome { code: 0, message: String::new() },
+        Err(e) => Outcome { code: e.kind() as i32, message: e.message().to_string() },
     }
 }
 
@@ -167,8 +275,37 @@ fn version(text: &mut String) -> Outcome {
     })
 }
 
+/// aotriton::DType (the seed's numbering, include/aotriton/dtypes.h) to the runtime's DType.
 fn dtype(raw: i32, name: &str) -> Result<DType, Error> {
-    DType::from_raw(raw).ok_or_else(|| Error::new(ErrorKind::InvalidArgument, format!("{name}: unknown dtype value {raw}")))
+    if let Some(dtype) = DType::from_raw(raw) {
+        return Ok(dtype);
+    }
+    match raw {
+        0 | 10 | 11 | 13 | 20..=23 => Err(Error::new(
+            ErrorKind::UnsupportedDType,
+            format!("{name}: dtype {} is not one aotriton's operators take (fp16, bf16, fp32; int32 offsets)", dtype_name(raw)),
+        )),
+        _ => Err(Error::new(ErrorKind::InvalidArgument, format!("{name}: unknown dtype value {raw}"))),
+    }
+}
+
+/// The C++ name of an aotriton::DType value.
+fn dtype_name(raw: i32) -> &'static str {
+    match raw {
+        0 => "kUnknown",
+        1 => "kFloat32",
+        2 => "kFloat16",
+        3 => "kBFloat16",
+        10 => "kInt8",
+        11 => "kInt16",
+        12 => "kInt32",
+        13 => "kInt64",
+        20 => "kUInt8",
+        21 => "kUInt16",
+        22 => "kUInt32",
+        23 => "kUInt64",
+        _ => "unknown",
+    }
 }
 
 macro_rules! view {
@@ -311,7 +448,7 @@ mod tests {
     use super::*;
 
     fn t4() -> ffi::TensorView4 {
-        ffi::TensorView4 { ptr: 0, sizes: [1, 1, 1, 64], strides: [64, 64, 64, 1], dtype: 1 }
+        ffi::TensorView4 { ptr: 0, sizes: [1, 1, 1, 64], strides: [64, 64, 64, 1], dtype: 2 }
     }
 
     fn no_mask() -> ffi::MaskSpec {
@@ -325,14 +462,14 @@ mod tests {
             k: t4(),
             v: t4(),
             o: t4(),
-            lse: ffi::TensorView3 { ptr: 0, sizes: [1, 1, 1], strides: [1, 1, 1], dtype: 3 },
+            lse: ffi::TensorView3 { ptr: 0, sizes: [1, 1, 1], strides: [1, 1, 1], dtype: 1 },
             sm_scale: 0.125,
             mask: no_mask(),
             bias: t4(),
             dropout: ffi::DropoutSpec { p: 0.0, seed: 0, offset: 0, offset_base: 0, seed_out: 0, offset_out: 0 },
             varlen: ffi::VarlenSpec {
-                cu_seqlens_q: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 4 },
-                cu_seqlens_k: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 4 },
+                cu_seqlens_q: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 12 },
+                cu_seqlens_k: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [1], dtype: 12 },
                 max_seqlen_q: 0,
                 max_seqlen_k: 0,
                 status: 0,
@@ -347,7 +484,7 @@ mod tests {
         let mut bad = p;
         bad.q.dtype = 42;
         assert_eq!(attn_fwd(&bad, &[], &[], &null).code, ErrorKind::InvalidArgument as i32);
-        bad.q.dtype = 1;
+        bad.q.dtype = 2;
         bad.backend = 7;
         let out = attn_fwd(&bad, &[], &[], &null);
         assert_eq!(out.code, ErrorKind::InvalidArgument as i32, "{}", out.message);

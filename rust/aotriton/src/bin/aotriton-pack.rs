@@ -4,6 +4,7 @@
 //! aotriton-pack pack <kernel-dir> <out-file>   pack a compile-driver output directory
 //! aotriton-pack list <archive>                 show the functionals and kernels inside
 //! aotriton-pack verify <archive>               decompress and check everything
+//! aotriton-pack --version                      the version of aotriton it belongs to
 //! ```
 //!
 //! Errors go to stderr with exit status 1; usage errors exit with 2. Output that cannot be
@@ -19,7 +20,8 @@ use aotriton::archive::{Archive, ArchiveError, pack_dir};
 const USAGE: &str = "usage:
   aotriton-pack pack <kernel-dir> <out-file>
   aotriton-pack list <archive>
-  aotriton-pack verify <archive>";
+  aotriton-pack verify <archive>
+  aotriton-pack --version";
 
 /// Why a command stopped.
 #[derive(Debug)]
@@ -74,6 +76,7 @@ fn command(args: &[&str], out: &mut impl Write) -> Result<(), Failure> {
         ["list", archive] => list(Path::new(archive), out)?,
         ["verify", archive] => verify(Path::new(archive), out)?,
         ["-h" | "--help" | "help"] => writeln!(out, "{USAGE}")?,
+        ["-V" | "--version"] => writeln!(out, "aotriton-pack {}", env!("CARGO_PKG_VERSION"))?,
         _ => return Err(Failure::Usage),
     }
     Ok(out.flush()?)
