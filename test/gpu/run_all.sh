@@ -11,13 +11,19 @@
 #   1. the Rust API test     (.stage/bin/aotriton-gpu-tests: forward + backward, >= 100 cases,
 #                             dropout / bias / varlen / fp32 / deterministic / CUDA-graph cases,
 #                             100-launch stability with a host-allocation count), once per
-#                             backend forced (--backend portable, --backend gluon)
-#   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so), per backend
+#                             backend forced (--backend portable, --backend gluon); then the
+#                             crate's unit tests that need a GPU (.stage/bin/aotriton-unit-tests
+#                             --ignored, each alone in its own process: one resets the context)
+#   2. the C++ API test      (test/gpu/cpp, linked to .stage/install/lib/libaotriton.so), per backend;
+#                             then the seed-compatible API (test/seed, -laotriton_v2) vs float64
 #   3. the gradient check    (bench/grad_check.py: aotriton vs torch autograd in float64), per backend
 #   4. the benchmark         (bench/bench_attn.py: the FlashAttention-3 grid, bf16 and fp16, beside
 #                             torch SDPA's FA2 and cuDNN backends and FlexAttention, plus a GQA row;
 #                             then the feature rows: dropout, bias, varlen)
 #   5. the PyTorch tests     (test/torch/run.sh; TORCH=0 skips; BENCH=0 skips step 4)
+#   6. the PyTorch benchmark (bench/bench_torch.py: aotriton.torch with autograd vs SDPA's cuDNN
+#                             and FA2, (B,H,S,D) and (B,S,H,D) inputs; needs steps 4 and 5 on;
+#                             BENCH_TORCH_ARGS adds options, e.g. --quick)
 # and, when asked (off by default; each adds its summary lines):
 #   STRESS=1                 the stress modes of the Rust test binary after step 1, each its own
 #                            process: --stress concurrency (64 threads x 8 streams, cold start,
@@ -94,8 +100,8 @@ result_line() {
   if [ -n "$line" ]; then echo "$line"; else echo "$api: did not finish (exit $rc): $(tail -n 1 "$out")"; fi
 }
 
-rm -f "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
+rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
+  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
@@ -125,6 +131,36 @@ fi
 if [ "${BASE:-1}" = 1 ]; then
   for backend in ${BACKENDS:-portable gluon}; do
     run_test rust-api "$STAGE/bin/aotriton-gpu-tests" --backend "$backend"
+  done
+fi
+
+# 1a. The crate's `#[ignore]`d unit tests, which need the driver and a GPU, one process each.
+if [ "${BASE:-1}" = 1 ]; then
+  # (Only the driver's: the other ignored tests are helpers that tests start in child processes.)
+  for test in $("$STAGE/bin/aotriton-unit-tests" --list --ignored 2>/dev/null | sed -n 's/^\(driver::.*\): test$/\1/p'); do
+    step "unit test $test"
+    out=$BUILD/unit-$test.out
+    "$STAGE/bin/aotriton-unit-tests" --ignored --exact "$test" --nocapture >"$out" 2>&1
+    rc=$?
+    cat "$out" >>"$OUT/unit-tests.log"
+    [ $rc -eq 0 ] || failed=1
+    # Each test prints what it measured (or "skipped: ...") on stderr; keep its last such line.
+    detail=$(grep -vE "^(running|test |$|test result|successes|failures)" "$out" | tail -n 1 | cut -c1-300)
+    note "unit $test: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")${detail:+  ($detail)}"
+  done
+fi
+
+# 1a'. The crate's examples and aotriton-info (runtime-only builds reading .stage/images, checked
+#     against its digest manifest), run as a user runs them: each must exit 0.
+if [ "${BASE:-1}" = 1 ] && [ -d "$STAGE/bin/examples" ]; then
+  for exe in "$STAGE"/bin/examples/*; do
+    name=$(basename "$exe")
+    step "example $name"
+    AOTRITON_IMAGE_DIR=$STAGE/images "$exe" >"$BUILD/example-$name.out" 2>&1
+    rc=$?
+    { echo "== $name (exit $rc)"; cat "$BUILD/example-$name.out"; } >>"$OUT/examples.log"
+    [ $rc -eq 0 ] || failed=1
+    note "example $name: $([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")  ($(grep -v '^$' "$BUILD/example-$name.out" | tail -n 1 | cut -c1-200))"
   done
 fi
 
@@ -165,6 +201,22 @@ if [ "${BASE:-1}" = 1 ]; then
   else
     failed=1
     note "cpp-api: build failed (see $OUT/build-cpp.log)"
+  fi
+fi
+
+# 2b. The seed-compatible API (ROCm/aotriton's v2/v3 functions) on CUDA against float64:
+#     test/seed/seed_api.cpp built against the staged install as the seed's consumers link it.
+if [ "${BASE:-1}" = 1 ]; then
+  step "seed API"
+  if cmake -S test/seed -B "$BUILD/seed" "${generator[@]}" -DAOTRITON_PREFIX="$PREFIX" >"$BUILD/build-seed.log" 2>&1 \
+     && cmake --build "$BUILD/seed" >>"$BUILD/build-seed.log" 2>&1; then
+    "$BUILD/seed/seed_api" --require-gpu >"$OUT/seed-api.log" 2>&1 || failed=1
+    note "seed-api: $(tail -n 1 "$OUT/seed-api.log")"
+    while IFS= read -r line; do note "    $line"; done < <(grep -E "FAIL" "$OUT/seed-api.log" | head -n 10 | cut -c1-300)
+  else
+    failed=1
+    cp "$BUILD/build-seed.log" "$OUT/build-seed.log"
+    note "seed-api: build failed (see $OUT/build-seed.log)"
   fi
 fi
 
@@ -209,6 +261,17 @@ if [ "${TORCH:-1}" = 1 ]; then
   while IFS= read -r line; do note "$line"; done < <(sed -n '/^================ torch summary/,$p' "$BUILD/torch.out" | tail -n +3)
 fi
 
+# 6. The benchmark through the PyTorch binding built by step 5.
+if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
+  step "torch benchmark"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/bench_torch.py \
+    --json "$OUT/bench_torch.json" ${BENCH_TORCH_ARGS:-} >"$OUT/bench_torch.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  note "bench-torch: exit $rc (full log $OUT/bench_torch.log)"
+fi
+
 echo
 echo "================ summary (logs in $OUT) ================"
 echo "$gpu"
@@ -225,6 +288,9 @@ if [ -f "$OUT/bench_attn.log" ]; then
   grep -E "WRONG|Error|error" "$OUT/bench_attn.log" | head -n 20
   sed -n '/^forward, \|^backward, /,$p' "$OUT/bench_attn.log"
   [ $bench_ok -eq 1 ] || tail -n 15 "$OUT/bench_attn.log"
+fi
+if [ -f "$OUT/bench_torch.log" ]; then
+  sed -n '/^torch /,$p' "$OUT/bench_torch.log" | tail -n 40
 fi
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
 exit $failed

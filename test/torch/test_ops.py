@@ -155,6 +155,23 @@ def test_layouts():
             ["q", "k", "v"])
 
 
+def test_caller_layouts():
+    """Outputs and gradients come back in the caller's layout, so autograd copies nothing: out
+    like q, dq/dk/dv like q/k/v, for (B, H, S, D) and (B, S, H, D) leaves alike."""
+    b, hq, hk, s, d = 2, 4, 2, 64, 64
+    for layout in ("bhsd", "bshd"):
+        shape = (lambda h: (b, h, s, d)) if layout == "bhsd" else (lambda h: (b, s, h, d))
+        q, k, v = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16).requires_grad_() for h in (hq, hk, hk))
+        out = R.run(f"caller layout {layout}", A.flash_attention, q, k, v, causal=True, layout=layout)
+        if out is None:
+            continue
+        out.backward(torch.randn_like(out))
+        same = [(name, t.stride(), t.grad.stride()) for name, t in (("q", q), ("k", k), ("v", v))]
+        ok = out.stride() == q.stride() and all(st == gst for _, st, gst in same)
+        R.check(f"caller layout {layout}: out and dq/dk/dv keep the inputs' strides", ok,
+                f"out {out.stride()} q {q.stride()}; " + ", ".join(f"{n} {st} grad {gst}" for n, st, gst in same))
+
+
 def test_masks():
     b, hq, hk, sq, sk, d = 2, 4, 2, 61, 83, 64
     sc = 1.0 / math.sqrt(d)
@@ -598,6 +615,7 @@ def main():
     print("torch", torch.__version__, "| aotriton", A.version(), "|", torch.cuda.get_device_name())
     MASK32 = torch.randn(2, 1, 61, 83, device=DEV, dtype=torch.float32)
     for test in (test_reference_vs_torch_math, test_dtypes_and_head_dims, test_causal_scale_gqa, test_layouts,
+                 test_caller_layouts,
                  test_masks, test_windows, test_dropout, test_varlen, test_varlen_offsets, test_errors,
                  test_readme_example):
         R.run(test.__name__, test)

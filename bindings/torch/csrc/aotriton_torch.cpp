@@ -23,7 +23,8 @@
 // the library checks them there: invalid offsets raise ValueError naming the problem and nothing
 // is launched. dropout_p must be in [0, 1) (NaN and negative values are refused, never taken as
 // "no dropout"). Outputs are allocated with
-// torch's allocator: out/dq as B x S x Hq x D memory viewed as B x Hq x S x D (dk, dv likewise),
+// torch's allocator: out and dq laid out like q, dk like k, dv like v where those are dense with a
+// unit last stride (else B x S x H x D memory viewed as B x H x S x D),
 // lse fp32 B x Hq x S, rng_state int64[2] = (seed, offset) the dropout used.
 //
 // Backend: AOTRITON_BACKEND=auto|portable|gluon in the environment (read once; default auto, the
@@ -149,9 +150,17 @@ int32_t window_of(int64_t w, const char* name) {
   return static_cast<int32_t>(w);
 }
 
-// B x S x H x D memory viewed as B x H x S x D.
-Tensor alloc_bhsd(int64_t b, int64_t h, int64_t s, int64_t d, const at::TensorOptions& opts,
-                  bool zero) {
+// An output with the sizes of `like` (B x H x S x D) laid out as `like` is when that is dense
+// with a unit last stride (out like q, dq/dk/dv like q/k/v: autograd then hands each gradient to
+// its input without a layout copy, whichever of (B,H,S,D) or (B,S,H,D) memory the caller has);
+// otherwise B x S x H x D memory viewed as B x H x S x D.
+Tensor alloc_like(const Tensor& like, bool zero) {
+  if (like.is_non_overlapping_and_dense() && like.stride(-1) == 1) {
+    Tensor t = at::empty_like(like, at::MemoryFormat::Preserve);
+    return zero ? t.zero_() : t;
+  }
+  const auto opts = like.options();
+  const auto b = like.size(0), h = like.size(1), s = like.size(2), d = like.size(3);
   Tensor t = zero ? at::zeros({b, s, h, d}, opts) : at::empty({b, s, h, d}, opts);
   return t.transpose(1, 2);
 }
@@ -267,7 +276,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
   const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
 
   // Rows of a packed tensor past the last sequence are not written by the kernels: zero them.
-  Tensor out = alloc_bhsd(q.size(0), q.size(1), q.size(2), q.size(3), q.options(), pr.varlen);
+  Tensor out = alloc_like(q, pr.varlen);
   Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
 
@@ -339,9 +348,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
 
   // Packed batches: rows past the last sequence get no gradient from the kernels; zero them.
-  Tensor dq = alloc_bhsd(q.size(0), q.size(1), q.size(2), q.size(3), q.options(), pr.varlen);
-  Tensor dk = alloc_bhsd(k.size(0), k.size(1), k.size(2), k.size(3), k.options(), pr.varlen);
-  Tensor dv = alloc_bhsd(v.size(0), v.size(1), v.size(2), v.size(3), v.options(), pr.varlen);
+  Tensor dq = alloc_like(q, pr.varlen);
+  Tensor dk = alloc_like(k, pr.varlen);
+  Tensor dv = alloc_like(v, pr.varlen);
   Tensor delta = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   Tensor dbias = bias_requires_grad ? at::empty(bias->sizes(), bias->options())
                                     : at::empty({0}, q.options());

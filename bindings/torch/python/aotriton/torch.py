@@ -68,14 +68,25 @@ def _load():
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
-    def bhsd(t, b, h, s, d):  # B x S x H x D memory viewed as B x H x S x D, like the C++ side
+    def dense(t):  # c10's is_non_overlapping_and_dense (FakeTensor has no such method)
+        expected = 1
+        for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz >= 2):
+            if stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def like(t):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
+        if dense(t) and t.stride(-1) == 1:
+            return t.new_empty_strided(t.shape, t.stride())
+        b, h, s, d = t.shape
         return t.new_empty((b, s, h, d)).transpose(1, 2)
 
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
                   window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None):
         b, h, s, d = q.shape
-        out = bhsd(q, b, h, s, d)
+        out = like(q)
         lse = q.new_empty((b, h, s), dtype=torch.float32)
         rng_state = q.new_empty((2,), dtype=torch.int64)
         return out, lse, rng_state
@@ -84,9 +95,9 @@ def _register_fakes():
     def _bwd_fake(dout, q, k, v, out, lse, bias, bias_requires_grad, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p, rng_state,
                   allow_tf32, deterministic, check_cu_seqlens=False, varlen_status=None):
-        dq = bhsd(q, *q.shape)
-        dk = bhsd(k, *k.shape)
-        dv = bhsd(v, *v.shape)
+        dq = like(q)
+        dk = like(k)
+        dv = like(v)
         dbias = bias.new_empty(bias.shape) if bias_requires_grad else q.new_empty((0,))
         return dq, dk, dv, dbias
 

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Attention through the PyTorch binding, where users call it: aotriton.torch.flash_attention with
+autograd vs torch SDPA (cuDNN and FA2 backends) on the same tensors, same process, same timer.
+
+Each implementation is timed twice with triton.testing.do_bench (CUDA events, median):
+  fwd        the training forward: inputs require grad, so autograd records the graph
+             (aotriton: its custom op and autograd.Function; torch: SDPA's);
+  fwd+bwd    out = attention(q, k, v); out.backward(dO), with q.grad = k.grad = v.grad = None
+             before every call (do_bench's grad_to_none, outside the timed region).
+Both layouts users have: "bhsd" tensors (B, H, S, D) contiguous, and "bshd" tensors (B, S, H, D)
+contiguous (flash-attn's and most models' layout) passed as aotriton's layout="bshd" and to SDPA
+as the (B, H, S, D) transposed views a model passes. Before timing, each shape's aotriton O and
+dQ/dK/dV are compared with cuDNN's (max abs difference printed; a difference above 5e-2 x
+max|ref| marks the row WRONG and the exit status 1).
+FLOPs: forward 4*B*Hq*Sq*Sk*D (x0.5 causal); forward + backward 3.5x that.
+
+    PYTHONPATH=bindings/torch/python python3 bench/bench_torch.py [--json out.json] [--quick]
+"""
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import aotriton.torch as aot
+
+PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
+# (name, B, Hq, Hk, S, D, causal)
+SHAPES = [
+    ("hd64 S4096", 4, 32, 32, 4096, 64, False),
+    ("hd64 S4096 causal", 4, 32, 32, 4096, 64, True),
+    ("hd128 S4096", 4, 16, 16, 4096, 128, False),
+    ("hd128 S4096 causal", 4, 16, 16, 4096, 128, True),
+    ("hd128 S16384 causal", 1, 16, 16, 16384, 128, True),
+    ("GQA 64/8 hd128 S16384 causal", 1, 64, 8, 16384, 128, True),
+]
+QUICK = {"hd128 S4096", "hd128 S4096 causal"}
+
+
+def make(b, h, s, d, layout, dtype, gen):
+    """A (B, H, S, D) view of `layout`-contiguous random values (never zeros), requiring grad."""
+    shape = (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+    t = torch.randn(shape, dtype=torch.float32, device="cuda", generator=gen).add_(0.01).to(dtype)
+    t.requires_grad_(True)
+    return t
+
+
+def call_aotriton(q, k, v, causal, layout):
+    return aot.flash_attention(q, k, v, causal=causal, layout=layout)
+
+
+def call_sdpa(backend):
+    def call(q, k, v, causal, layout):
+        if layout == "bshd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.size(1) != k.size(1))
+        return out.transpose(1, 2) if layout == "bshd" else out
+    return call
+
+
+def time_pair(fn, q, k, v, d_o, causal, layout, warmup, rep):
+    fwd = triton.testing.do_bench(lambda: fn(q, k, v, causal, layout), warmup=warmup, rep=rep, return_mode="median")
+    both = triton.testing.do_bench(lambda: fn(q, k, v, causal, layout).backward(d_o), warmup=warmup, rep=rep,
+                                   grad_to_none=[q, k, v], return_mode="median")
+    return fwd, both
+
+
+def run(args):
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    impls = {"aotriton": call_aotriton, **{name: call_sdpa(b) for name, b in PEERS.items()}}
+    rows, wrong = [], 0
+    for name, b, hq, hk, s, d, causal in SHAPES:
+        if args.quick and name not in QUICK:
+            continue
+        for layout in ("bhsd", "bshd"):
+            q = make(b, hq, s, d, layout, dtype, gen)
+            k = make(b, hk, s, d, layout, dtype, gen)
+            v = make(b, hk, s, d, layout, dtype, gen)
+            d_o = make(b, hq, s, d, layout, dtype, gen).detach()
+            flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
+            row = {"shape": name, "layout": layout, "B": b, "Hq": hq, "Hk": hk, "S": s, "D": d, "causal": causal}
+            # Agreement with cuDNN first (a yardstick, not the correctness test: test/torch does that).
+            outs = {}
+            for impl in ("aotriton", "cudnn"):
+                try:
+                    out = impls[impl](q, k, v, causal, layout)
+                    out.backward(d_o)
+                    outs[impl] = [out.detach().float()] + [t.grad.detach().float() for t in (q, k, v)]
+                except RuntimeError as e:
+                    outs[impl] = None
+                    row[f"{impl}_error"] = str(e).splitlines()[0][:200]
+                for t in (q, k, v):
+                    t.grad = None
+            if outs.get("aotriton") and outs.get("cudnn"):
+                diffs = [(a - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
+                         for a, r in zip(outs["aotriton"], outs["cudnn"])]
+                row["rel_diff_vs_cudnn"] = max(diffs)
+                if max(diffs) > 5e-2:
+                    row["wrong"] = True
+                    wrong += 1
+            for impl, fn in impls.items():
+                try:
+                    fwd, both = time_pair(fn, q, k, v, d_o, causal, layout, args.warmup, args.rep)
+                except RuntimeError as e:
+                    row[f"{impl}_error"] = str(e).splitlines()[0][:200]
+                    continue
+                row[f"{impl}_fwd_ms"], row[f"{impl}_fwdbwd_ms"] = fwd, both
+                row[f"{impl}_fwd_tflops"] = flops / fwd / 1e9
+                row[f"{impl}_fwdbwd_tflops"] = 3.5 * flops / both / 1e9
+            rows.append(row)
+            print_row(row, flush=True)
+            del q, k, v, d_o, outs
+            torch.cuda.empty_cache()
+    return rows, wrong
+
+
+def cell(row, impl, mode):
+    x = row.get(f"{impl}_{mode}_tflops")
+    if x is None:
+        return "n/a"
+    if impl == "aotriton":
+        peer = row.get(f"cudnn_{mode}_tflops")
+        return f"{x:.1f} ({x / peer:.2f}x)" if peer else f"{x:.1f}"
+    return f"{x:.1f}"
+
+
+def print_row(row, flush=False):
+    mark = "  WRONG" if row.get("wrong") else ""
+    diff = row.get("rel_diff_vs_cudnn")
+    print(f"| {row['shape']} | {row['layout']} | {cell(row, 'aotriton', 'fwd')} | {cell(row, 'cudnn', 'fwd')} | "
+          f"{cell(row, 'fa2', 'fwd')} | {cell(row, 'aotriton', 'fwdbwd')} | {cell(row, 'cudnn', 'fwdbwd')} | "
+          f"{cell(row, 'fa2', 'fwdbwd')} | {'' if diff is None else f'{diff:.1e}'}{mark} |", flush=flush)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--quick", action="store_true", help="only " + ", ".join(sorted(QUICK)))
+    ap.add_argument("--warmup", type=int, default=25)
+    ap.add_argument("--rep", type=int, default=100)
+    args = ap.parse_args()
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}, bf16; "
+          "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward")
+    print("| shape | layout | fwd aotriton | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | fwd+bwd cuDNN | fwd+bwd FA2 "
+          "| rel. diff vs cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows, wrong = run(args)
+    for mode in ("fwd", "fwdbwd"):
+        ratios = [r[f"aotriton_{mode}_tflops"] / r[f"cudnn_{mode}_tflops"] for r in rows
+                  if r.get(f"aotriton_{mode}_tflops") and r.get(f"cudnn_{mode}_tflops")]
+        if ratios:
+            geo = 1.0
+            for x in ratios:
+                geo *= x
+            geo **= 1 / len(ratios)
+            print(f"bench-torch {mode}: aotriton/cuDNN geomean {geo:.3f} over {len(ratios)} rows, "
+                  f"worst {min(ratios):.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"bench-torch: {len(rows)} rows, {wrong} with outputs far from cuDNN's")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
