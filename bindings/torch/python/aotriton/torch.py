@@ -23,6 +23,11 @@ kernel into an int64[2] ``rng_state`` tensor kept for the backward, which regene
 forward's mask. Under CUDA graph capture the kernels read the generator's graph-safe seed/offset
 slots (refreshed by every replay), so each replay draws a new mask and its backward still matches.
 
+Importing this module registers "aotriton" as one of torch's flash-attention implementations
+(torch >= 2.11; see :mod:`aotriton.flash_impl`): ``torch.nn.attention.activate_flash_attention_impl(
+"aotriton")`` (or :func:`activate`) then makes torch's own SDPA flash backend, ``varlen_attn`` and
+context parallel run aotriton, with no model change.
+
 Importing this module needs neither a GPU nor the compiled extension; calls raise a clear error
 when either is missing.
 """
@@ -41,6 +46,8 @@ __all__ = [
     "philox_increment",
     "is_available",
     "version",
+    "activate",
+    "deactivate",
 ]
 
 # Torch's own SDPA, kept before anyone can monkeypatch it (used for empty inputs).
@@ -172,7 +179,8 @@ class _FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
-                window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None):
+                window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
+                deterministic=False):
         out, lse, rng_state = _ops().fwd(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
                                          check_cu_seqlens, varlen_status)
@@ -180,6 +188,7 @@ class _FlashAttnFunction(torch.autograd.Function):
         ctx.args = (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
                     allow_tf32)
         ctx.varlen_status = varlen_status
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse, rng_state)
         return out, lse, rng_state
 
@@ -194,8 +203,9 @@ class _FlashAttnFunction(torch.autograd.Function):
         dq, dk, dv, dbias = _ops().bwd(dout, q, k, v, out, lse, bias, bias_grad, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right,
                                        align, dropout_p, rng_state, allow_tf32,
-                                       torch.are_deterministic_algorithms_enabled(), False, ctx.varlen_status)
-        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 13
+                                       ctx.deterministic or torch.are_deterministic_algorithms_enabled(), False,
+                                       ctx.varlen_status)
+        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 14
 
 
 def _unit_last_stride(t):
@@ -288,11 +298,12 @@ def _bias_from_mask(mask, shape, dtype, name):
 
 def _attention(q, k, v, bias, sm_scale, causal, window_left, window_right, align, dropout_p,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, check_cu_seqlens=False,
-               varlen_status=None):
+               varlen_status=None, deterministic=False):
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     return _FlashAttnFunction.apply(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                     float(sm_scale), bool(causal), int(window_left), int(window_right), int(align),
-                                    float(dropout_p), _allow_tf32(q.dtype), bool(check_cu_seqlens), varlen_status)
+                                    float(dropout_p), _allow_tf32(q.dtype), bool(check_cu_seqlens), varlen_status,
+                                    bool(deterministic))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -348,7 +359,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left", bias=None, dropout_p=0.0,
-                    scale=None, layout="bhsd", return_aux=False):
+                    scale=None, layout="bhsd", return_aux=False, deterministic=False):
     """Attention over padded batches with every aotriton option.
 
     ``layout="bhsd"``: q ``(B, Hq, Sq, D)``, k/v ``(B, Hk, Sk, D)``; ``"bshd"``: ``(B, S, H, D)``
@@ -360,6 +371,8 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     :func:`scaled_dot_product_attention`'s ``attn_mask`` (differentiable). ``scale`` default 1/sqrt(D).
     ``return_aux=True`` returns ``(out, lse, rng_state)``: the natural-log log-sum-exp fp32
     ``(B, Hq, Sq)`` (+inf for rows with no key) and the int64[2] (seed, offset) of the dropout.
+    ``deterministic=True``: the backward sums dq in a fixed order (as under
+    ``torch.use_deterministic_algorithms``).
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"aotriton: layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -384,7 +397,8 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
         raise ValueError(f"aotriton: empty input (B {b}, Hq {hq}, Sq {sq}, Sk {sk})")
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bias = _bias_from_mask(bias, (b, hq, sq, sk), q.dtype, "bias")
-    out, lse, rng_state = _attention(q, k, v, bias, sm_scale, causal, left, right, code, p)
+    out, lse, rng_state = _attention(q, k, v, bias, sm_scale, causal, left, right, code, p,
+                                     deterministic=deterministic)
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse, rng_state) if return_aux else out
@@ -392,7 +406,7 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                       softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False,
-                      check_cu_seqlens=False, varlen_status=None):
+                      check_cu_seqlens=False, varlen_status=None, deterministic=False):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
 
     q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``; sequence b owns query tokens
@@ -415,7 +429,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     device-to-host copy that waits for the stream: a sync per call, and not allowed under CUDA
     graph capture) and checks them (start at 0, non-decreasing, within the tensors, no sequence
     above the max lengths); invalid offsets raise ``ValueError`` naming the problem and nothing is
-    launched.
+    launched. ``deterministic=True``: the backward sums dq in a fixed order.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -449,6 +463,14 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                           varlen_status.dtype == torch.int32 and varlen_status.numel() == 1):
         raise ValueError("aotriton: varlen_status must be a one-element int32 CUDA tensor (zeroed by the caller)")
     out, lse, rng_state = _attention(q4, k4, v4, None, sm_scale, causal, left, right, code, p,
-                                     cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status)
+                                     cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status, deterministic)
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0), rng_state) if return_aux else out
+
+
+# torch's flash-attention registry (torch >= 2.11): registered at import, activated by the user.
+from aotriton import flash_impl as _flash_impl  # noqa: E402  (needs the helpers above)
+
+_flash_impl.register()
+activate = _flash_impl.activate
+deactivate = _flash_impl.deactivate

@@ -1,0 +1,127 @@
+"""FlashAttention-2's Python functions, computed by aotriton: swap the import and nothing else.
+
+    from aotriton.flash_attn import flash_attn_func, flash_attn_varlen_func   # was: from flash_attn import ...
+
+Names, argument order, defaults, layouts and results are FlashAttention-2's (``flash_attn``
+2.x, ``flash_attn_interface``): q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hk, D)`` (Hq a multiple of Hk);
+packed ``(total, H, D)`` with int32 ``cu_seqlens``; fp16 or bf16 (fp32 too); any head dim up to
+256 (dims that are not multiples of 8 are zero-padded, as FlashAttention does). ``causal`` and
+``window_size=(left, right)`` are aligned bottom-right (query i of Sq sees key j iff
+``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, -1 unbounded; ``causal`` sets right to 0).
+``softmax_scale`` defaults to ``1/sqrt(D)``; ``dropout_p`` draws from torch's CUDA generator;
+``deterministic=True`` makes the backward's dq summation order fixed.
+
+Results: ``out`` in q's layout. FlashAttention's ``return_attn_probs=True`` (out, softmax_lse,
+S_dmask) needs the attention probabilities, which these kernels never materialize: it raises
+``NotImplementedError`` naming it. ``return_softmax_lse=True`` (the name FlashAttention's
+``flash_attn_with_kvcache`` uses) returns ``(out, softmax_lse)``: fp32 natural-log LSE,
+``(B, Hq, Sq)`` or, packed, ``(Hq, total_q)``. Options aotriton does not have (``softcap`` != 0,
+``alibi_slopes``, ``block_table``) raise ``NotImplementedError`` naming them; nothing is launched.
+"""
+import math
+
+import torch  # the real torch (absolute import)
+
+from aotriton import torch as aot
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]
+
+
+def _refuse(softcap, alibi_slopes, return_attn_probs, block_table=None):
+    if return_attn_probs:
+        raise NotImplementedError("aotriton.flash_attn: return_attn_probs=True is not supported (the attention "
+                                  "probabilities are never materialized); return_softmax_lse=True returns "
+                                  "(out, softmax_lse)")
+    if softcap:
+        raise NotImplementedError(f"aotriton.flash_attn: softcap={softcap} is not supported")
+    if alibi_slopes is not None:
+        raise NotImplementedError("aotriton.flash_attn: alibi_slopes is not supported")
+    if block_table is not None:
+        raise NotImplementedError("aotriton.flash_attn: block_table (paged KV) is not supported")
+
+
+def _padded(q, k, v, softmax_scale):
+    """q, k, v with the head dim zero-padded to a multiple of 8 (the padded lanes add nothing to
+    q.k and give output lanes that are cut off again), the scale of the true head dim, and the
+    true head dim."""
+    d = q.size(-1)
+    scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
+    if d % 8 == 0 or d > 256:
+        return q, k, v, scale, d
+    pad = 8 - d % 8
+    return (*(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v)), scale, d)
+
+
+def _result(out, lse, d, return_softmax_lse):
+    if out.size(-1) != d:
+        out = out[..., :d]
+    return (out, lse) if return_softmax_lse else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False):
+    """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs)."""
+    _refuse(softcap, alibi_slopes, return_attn_probs)
+    q, k, v, scale, d = _padded(q, k, v, softmax_scale)
+    out, lse, _ = aot.flash_attention(q, k, v, causal=causal, window_size=window_size, align="bottom_right",
+                                      dropout_p=dropout_p, scale=scale, layout="bshd", return_aux=True,
+                                      deterministic=deterministic)
+    return _result(out, lse, d, return_softmax_lse)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             return_softmax_lse=False):
+    """q (B, Sq, Hq, D), kv (B, Sk, 2, Hk, D)."""
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, return_softmax_lse=return_softmax_lse)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              return_softmax_lse=False):
+    """qkv (B, S, 3, H, D)."""
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                           softcap, alibi_slopes, deterministic, return_attn_probs,
+                           return_softmax_lse=return_softmax_lse)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           return_softmax_lse=False):
+    """q (total_q, Hq, D), k/v (total_k, Hk, D), cu_seqlens int32 (B+1) -> out (total_q, Hq, D).
+    Offsets are read on the device and clamped to the tensors (aotriton.torch.flash_attn_varlen)."""
+    _refuse(softcap, alibi_slopes, return_attn_probs, block_table)
+    q, k, v, scale, d = _padded(q, k, v, softmax_scale)
+    out, lse, _ = aot.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        dropout_p=dropout_p, softmax_scale=scale, causal=causal,
+                                        window_size=window_size, align="bottom_right", return_aux=True,
+                                        deterministic=deterministic)
+    return _result(out, lse, d, return_softmax_lse)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    return_softmax_lse=False):
+    """q (total_q, Hq, D), kv (total_k, 2, Hk, D)."""
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_softmax_lse=return_softmax_lse)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, *, return_softmax_lse=False):
+    """qkv (total, 3, H, D)."""
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_softmax_lse=return_softmax_lse)
