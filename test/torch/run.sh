@@ -4,7 +4,8 @@
 # Env: OUT (logs, default /tmp/out), PYTHON (default python3), BUILD (scratch, default
 # /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py).
 # Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py (forced
-# portable backend, then the default dispatch, then forced onto Gluon) and the README's C++
+# portable backend, then the default dispatch, then forced onto Gluon), test_registered.py,
+# test_flash_attn_compat.py and test_flash_impl_plumbing.py (default dispatch) and the README's C++
 # consumer example; keeps going when one fails; logs go to $OUT/torch-*.log; prints a summary
 # last and exits 1 if anything failed.
 set -u
@@ -39,7 +40,11 @@ export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Gluon serves as usual and check that the others are refused (kUnsupportedByBackend; harness.py's
 # gluon_refusal is the rule); every call of the Llama model is one Gluon serves, so a refusal would
 # fail it.
-for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon; do
+# Then, with the default dispatch only: torch's registered flash-attention path (test_registered.py),
+# the FlashAttention-2-compatible functions (test_flash_attn_compat.py) and the registration's
+# plumbing on the CPU with a float64 stand-in for the kernels (test_flash_impl_plumbing.py).
+for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon \
+           registered:auto flash_attn_compat:auto flash_impl_plumbing:auto; do
   name=${run%%:*} backend=${run#*:}
   step "test_$name.py (backend $backend)"
   args=()

@@ -104,7 +104,7 @@ class StandIn:
 
 def main():
     torch.manual_seed(0)
-    run = Runner("flash-impl-plumbing")
+    run = Runner("flash_impl_plumbing")
     stand_in = StandIn()
     aot._ops = lambda: stand_in  # the extension ops -> the float64 stand-in (this process only)
 

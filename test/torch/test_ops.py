@@ -53,7 +53,7 @@ def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, gr
     then being checked."""
     if not wanted(name):
         return
-    head_dim = inputs["q"].shape[-1]
+    head_dim = next(iter(inputs.values())).shape[-1]
     why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale)
     why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale)
 

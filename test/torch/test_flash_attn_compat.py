@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""aotriton.flash_attn (FlashAttention-2's functions) on a CUDA GPU, against float64.
+
+Code written against flash_attn 2.x must work by swapping the import: (B, S, H, D) and packed
+(total, H, D) layouts, bottom-right causal and windows, GQA, softmax_scale, head dims that are not
+multiples of 8 (padded), deterministic backward, return_softmax_lse, the packed-qkv/kv variants,
+and refusals naming return_attn_probs, softcap, alibi_slopes and block_table. Bounds as
+test_ops.py (compare: aotriton's error at most a few times the plain input-dtype computation's).
+
+    PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_flash_attn_compat.py
+Last line: `torch-flash_attn_compat: N passed, M failed`.
+"""
+import argparse
+import math
+
+import torch
+
+from harness import Runner, attention_ref, lse_ref, max_err, visible
+
+import aotriton.flash_attn as FA
+import test_ops as T
+
+DEV = "cuda"
+F64 = torch.float64
+R = Runner("flash_attn_compat")
+T.R, T.ARGS = R, argparse.Namespace(k=None)
+
+
+def rnd(*shape):
+    return torch.randn(*shape, device=DEV, dtype=F64)
+
+
+def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1)):
+    """Plain attention over (B, S, H, D) tensors, bottom-right aligned masks."""
+    sq, sk = q.size(1), k.size(1)
+    vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
+    return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, vis=vis).transpose(1, 2)
+
+
+def test_dense():
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hk, sq, sk, d, causal, window, scale in (
+                (2, 8, 8, 512, 512, 128, True, (-1, -1), None),
+                (2, 8, 2, 200, 555, 64, True, (-1, -1), None),      # bottom-right causal, Sq < Sk
+                (1, 4, 4, 300, 300, 128, False, (64, 16), 0.1),     # sliding window both sides
+                (1, 4, 1, 257, 257, 80, True, (100, -1), None),     # MQA, window with causal
+                (2, 2, 2, 99, 131, 100, False, (-1, -1), None)):    # head dim 100: padded to 104
+            name = (f"flash_attn_func {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
+                    + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
+                    + (f" scale{scale}" if scale else ""))
+            sc = 1 / math.sqrt(d) if scale is None else scale
+            T.compare(name, dtype, dict(q=rnd(b, sq, hq, d), k=rnd(b, sk, hk, d), v=rnd(b, sk, hk, d)),
+                      lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                                         window_size=window),
+                      lambda q, k, v: bshd_ref(q, k, v, sc, causal, window), ["q", "k", "v"])
+
+
+def test_lse_and_deterministic():
+    b, h, s, d = 2, 4, 333, 64
+    q, k, v = (rnd(b, s, h, d).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    out, lse = FA.flash_attn_func(q, k, v, causal=True, return_softmax_lse=True)
+    want = lse_ref(q.transpose(1, 2), k.transpose(1, 2), 1 / math.sqrt(d), vis=visible(s, s, align=1, causal=True))
+    R.check("return_softmax_lse: (B, H, Sq) fp32 vs float64", lse.shape == (b, h, s) and lse.dtype == torch.float32
+            and max_err(lse, want) <= 1e-2, f"shape {tuple(lse.shape)} err {max_err(lse, want):.2e}")
+    g = torch.randn_like(out)
+    runs = []
+    for _ in range(2):
+        o = FA.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        runs.append(torch.autograd.grad(o, (q, k, v), g))
+    R.check("deterministic=True: two backwards are bitwise equal",
+            all(torch.equal(a, b_) for a, b_ in zip(runs[0], runs[1])))
+
+
+def test_packed_variants():
+    b, s, h, d = 2, 130, 4, 64
+    qkv = rnd(b, s, 3, h, d)
+    T.compare("flash_attn_qkvpacked_func bf16 causal", torch.bfloat16, dict(qkv=qkv),
+              lambda qkv: FA.flash_attn_qkvpacked_func(qkv, causal=True),
+              lambda qkv: bshd_ref(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 1 / math.sqrt(d), True), ["qkv"])
+    T.compare("flash_attn_kvpacked_func bf16 GQA", torch.bfloat16, dict(q=rnd(b, 70, 4, d), kv=rnd(b, s, 2, 2, d)),
+              lambda q, kv: FA.flash_attn_kvpacked_func(q, kv),
+              lambda q, kv: bshd_ref(q, kv[:, :, 0], kv[:, :, 1], 1 / math.sqrt(d)), ["q", "kv"])
+
+
+def test_varlen():
+    lens_q, lens_k = [17, 300, 1, 64], [40, 300, 5, 64]
+    hq, hk, d = 8, 2, 128
+    cq, ck = [0], [0]
+    for a, c in zip(lens_q, lens_k):
+        cq.append(cq[-1] + a)
+        ck.append(ck[-1] + c)
+    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
+
+    def ref(q, k, v, causal, window):
+        outs = []
+        for i, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+            outs.append(bshd_ref(q[cq[i]:cq[i + 1]].unsqueeze(0), k[ck[i]:ck[i + 1]].unsqueeze(0),
+                                 v[ck[i]:ck[i + 1]].unsqueeze(0), 1 / math.sqrt(d), causal, window).squeeze(0))
+        return torch.cat(outs, 0)
+
+    for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (32, -1))):
+        name = f"flash_attn_varlen_func bf16 q{lens_q} k{lens_k} Hq{hq} Hk{hk}" + (" causal" if causal else "") + (
+            f" window{window}" if window != (-1, -1) else "")
+        T.compare(name, torch.bfloat16, dict(q=rnd(cq[-1], hq, d), k=rnd(ck[-1], hk, d), v=rnd(ck[-1], hk, d)),
+                  lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                            causal=causal, window_size=window),
+                  lambda q, k, v: ref(q, k, v, causal, window), ["q", "k", "v"], varlen=True)
+    q, k, v = (rnd(cq[-1], hq, d).to(torch.bfloat16), rnd(ck[-1], hk, d).to(torch.bfloat16),
+               rnd(ck[-1], hk, d).to(torch.bfloat16))
+    out, lse = FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_softmax_lse=True)
+    R.check("flash_attn_varlen_func return_softmax_lse: (H, total_q)", lse.shape == (hq, cq[-1]), str(lse.shape))
+
+
+def test_refusals():
+    q = torch.randn(1, 16, 2, 64, device=DEV, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 16], device=DEV, dtype=torch.int32)
+    for name, fn in (
+            ("return_attn_probs", lambda: FA.flash_attn_func(q, q, q, return_attn_probs=True)),
+            ("softcap", lambda: FA.flash_attn_func(q, q, q, softcap=30.0)),
+            ("alibi_slopes", lambda: FA.flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, device=DEV))),
+            ("block_table", lambda: FA.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16,
+                                                              block_table=torch.zeros(1, 1, device=DEV,
+                                                                                      dtype=torch.int32)))):
+        try:
+            fn()
+            R.check(f"refuses {name}", False, "no error")
+        except NotImplementedError as e:
+            R.check(f"refuses {name}", name in str(e), str(e)[:160])
+
+
+def main():
+    if not torch.cuda.is_available():
+        R.check("CUDA device present", False)
+        R.finish()
+    torch.manual_seed(0)
+    for t in (test_dense, test_lse_and_deterministic, test_packed_variants, test_varlen, test_refusals):
+        R.run(t.__name__, t)
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
