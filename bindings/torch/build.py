@@ -5,7 +5,8 @@
 
 Then ``PYTHONPATH=bindings/torch/python python -c "import aotriton.torch"``.
 
-Default: setuptools ``build_ext --inplace`` (uses ninja when it is installed, plain g++ otherwise).
+Default: setuptools ``build_ext --inplace`` (plain g++), which also copies libaotriton beside the
+extension (``python/aotriton/libaotriton.so.<major>``, found through an ``$ORIGIN`` rpath).
 ``--jit``: ``torch.utils.cpp_extension.load`` instead (needs ninja), building into
 ``bindings/torch/build/jit`` and copying the library into the package.
 """
@@ -48,9 +49,13 @@ def main():
         ext = setup_py.extension()
         build_dir = os.path.join(HERE, "build", "jit")
         os.makedirs(build_dir, exist_ok=True)
+        # ninja runs the link through a shell: an rpath to the prefix instead of $ORIGIN.
+        ldflags = [f for f in ext.extra_link_args if "$ORIGIN" not in f]
+        if not setup_py.static_build():
+            ldflags.append(f"-Wl,-rpath,{os.path.join(setup_py.aotriton_prefix(), 'lib')}")
         load(name="_C", sources=ext.sources, extra_include_paths=ext.include_dirs,
              extra_cflags=ext.extra_compile_args,
-             extra_ldflags=ext.extra_link_args + [f"-L{d}" for d in ext.library_dirs] + [f"-l{l}" for l in ext.libraries],
+             extra_ldflags=ldflags + [f"-L{d}" for d in ext.library_dirs] + [f"-l{l}" for l in ext.libraries],
              build_directory=build_dir, verbose=True, is_python_module=True)
         shutil.copy(os.path.join(build_dir, "_C.so"), os.path.join(PKG, "_C.so"))
     built = glob.glob(os.path.join(PKG, "_C*.so"))

@@ -1,16 +1,25 @@
-"""Builds the aotriton PyTorch extension (``aotriton._C``) against an installed aotriton.
+"""Builds the aotriton PyTorch package (``aotriton.torch``, ``aotriton.flash_attn``, ``aotriton.hf``
+and the extension ``aotriton._C``) against an installed aotriton, as a wheel that carries the
+library:
 
+    ./build.sh && pip install --no-build-isolation ./bindings/torch        # uses ./install
     AOTRITON_PREFIX=/path/to/install pip install --no-build-isolation ./bindings/torch
-    AOTRITON_PREFIX=/path/to/install python bindings/torch/setup.py build_ext --inplace
+    pip wheel --no-build-isolation ./bindings/torch -w dist                 # the wheel alone
 
-The prefix holds ``include/aotriton/flash.h`` and ``lib/libaotriton.so`` (linked with an rpath to
-``<prefix>/lib``; ``AOTRITON_STATIC=1`` links ``lib/libaotriton.a`` instead). CUDA headers come
-from ``CUDA_HOME``/``CUDA_PATH``, ``/usr/local/cuda``, ``nvcc`` on ``PATH``, or the NVIDIA wheels
-torch depends on; no CUDA compiler is needed (the extension is plain C++).
-``build.py`` wraps this with a ``--prefix`` option.
+(``--no-build-isolation``: the extension compiles against the torch you have, as every torch
+extension does.) The prefix holds ``include/aotriton/flash.h`` and ``lib/libaotriton.so``
+(default: ``AOTRITON_PREFIX``, else ``.stage/install``, else ``install/`` of this checkout). The
+library's real file is copied beside the extension under its SONAME (``libaotriton.so.<major>``)
+and the extension finds it through an ``$ORIGIN`` rpath, so the installed package needs neither
+PYTHONPATH nor LD_LIBRARY_PATH; the package is versioned like the library
+(``AOTRITON_LIBRARY_VERSION_STRING`` of ``aotriton/config.h``). ``AOTRITON_STATIC=1`` links
+``lib/libaotriton.a`` into the extension instead. CUDA headers come from ``CUDA_HOME``/``CUDA_PATH``,
+``/usr/local/cuda``, ``nvcc`` on ``PATH``, or the NVIDIA wheels torch depends on; no CUDA compiler
+is needed (the extension is plain C++). ``build.py`` builds it in place for development.
 """
 import glob
 import os
+import re
 import shutil
 import site
 import sys
@@ -59,16 +68,38 @@ def cuda_include_dirs():
     sys.exit("aotriton setup: no CUDA runtime headers (cuda_runtime_api.h, crt/host_config.h) found; set CUDA_HOME")
 
 
+def config_macros(prefix):
+    """The #defines of the installed aotriton/config.h (version, archs, NOIMAGE mode)."""
+    with open(os.path.join(prefix, "include", "aotriton", "config.h")) as f:
+        return dict(re.findall(r"^#define (\w+) (.+)$", f.read(), re.M))
+
+
+def library_version(prefix):
+    return config_macros(prefix)["AOTRITON_LIBRARY_VERSION_STRING"].strip().strip('"')
+
+
+def static_build():
+    return os.environ.get("AOTRITON_STATIC", "0") not in ("", "0")
+
+
+def shared_library(prefix):
+    """(the real file behind lib/libaotriton.so, its SONAME libaotriton.so.<major>)."""
+    real = os.path.realpath(os.path.join(prefix, "lib", "libaotriton.so"))
+    if not os.path.isfile(real):
+        sys.exit(f"aotriton setup: no {prefix}/lib/libaotriton.so (AOTRITON_STATIC=1 links libaotriton.a)")
+    major = config_macros(prefix)["AOTRITON_LIBRARY_VERSION_MAJOR"].strip()
+    return real, f"libaotriton.so.{major}"
+
+
 def extension():
     from torch.utils.cpp_extension import CppExtension, library_paths
 
     prefix = aotriton_prefix()
     libdir = os.path.join(prefix, "lib")
-    static = os.environ.get("AOTRITON_STATIC", "0") not in ("", "0")
-    if static:
+    if static_build():
         link = [os.path.join(libdir, "libaotriton.a"), "-ldl", "-lpthread", "-lm"]
-    else:
-        link = [f"-L{libdir}", "-laotriton", f"-Wl,-rpath,{libdir}"]
+    else:  # the library travels beside the extension (BuildWithLibrary); plain exec, no shell: $ORIGIN stays
+        link = [f"-L{libdir}", "-laotriton", "-Wl,-rpath,$ORIGIN"]
     torch_libdir = library_paths()[0]
     return CppExtension(
         name="aotriton._C",
@@ -81,16 +112,39 @@ def extension():
     )
 
 
-if __name__ == "__main__":
+def build_ext_class():
     from torch.utils.cpp_extension import BuildExtension
 
+    # No ninja: it would run the link through a shell, which expands $ORIGIN.
+    base = BuildExtension.with_options(no_python_abi_suffix=False, use_ninja=False)
+
+    class BuildWithLibrary(base):
+        """Builds the extension, then copies libaotriton beside it under its SONAME."""
+
+        def run(self):
+            super().run()
+            if static_build():
+                return
+            real, soname = shared_library(aotriton_prefix())
+            for ext in self.extensions:
+                dest = os.path.join(os.path.dirname(self.get_ext_fullpath(ext.name)), soname)
+                shutil.copy2(real, dest)
+                print(f"aotriton setup: {real} -> {dest}")
+
+    return BuildWithLibrary
+
+
+if __name__ == "__main__":
     os.chdir(HERE)  # setuptools wants paths relative to this directory
     setup(
         name="aotriton-torch",
-        version="0.1.0",
-        description="PyTorch ops over aotriton's FlashAttention",
+        version=library_version(aotriton_prefix()),
+        description="aotriton's ahead-of-time compiled FlashAttention for PyTorch (torch ops, torch's "
+                    "flash-attention registry, FlashAttention-2-compatible functions)",
         package_dir={"": "python"},
         packages=["aotriton"],
         ext_modules=[extension()],
-        cmdclass={"build_ext": BuildExtension.with_options(no_python_abi_suffix=False)},
+        cmdclass={"build_ext": build_ext_class()},
+        python_requires=">=3.9",
+        zip_safe=False,
     )

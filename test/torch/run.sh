@@ -41,14 +41,15 @@ export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # gluon_refusal is the rule); every call of the Llama model is one Gluon serves, so a refusal would
 # fail it.
 # Then, with the default dispatch only: torch's registered flash-attention path (test_registered.py),
-# the FlashAttention-2-compatible functions (test_flash_attn_compat.py) and the registration's
-# plumbing on the CPU with a float64 stand-in for the kernels (test_flash_impl_plumbing.py).
+# the FlashAttention-2-compatible functions (test_flash_attn_compat.py), a sliding-window Mistral
+# (test_mistral.py), and on the CPU with float64 stand-ins for the kernels the plumbing of the
+# registration (test_flash_impl_plumbing.py) and of the transformers glue (test_hf_plumbing.py).
 for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon \
-           registered:auto flash_attn_compat:auto flash_impl_plumbing:auto; do
+           registered:auto flash_attn_compat:auto mistral:auto flash_impl_plumbing:auto hf_plumbing:auto; do
   name=${run%%:*} backend=${run#*:}
   step "test_$name.py (backend $backend)"
   args=()
-  [ "$name" = llama ] && args=(${LLAMA_ARGS:-})
+  case $name in llama|mistral) args=(${LLAMA_ARGS:-}) ;; esac
   log=$OUT/torch-$name-$backend.log
   AOTRITON_BACKEND=$backend "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$log" 2>&1
   rc=$?
@@ -99,7 +100,8 @@ for line in "${summary[@]}"; do
   esac
 done
 for b in portable auto gluon; do
-  grep -E "^worst tensor" "$OUT/torch-llama-$b.log" 2>/dev/null | sed "s/^/[$b] /"
+  grep -E "worst tensor" "$OUT/torch-llama-$b.log" 2>/dev/null | sed "s/^/[$b] llama /"
 done
+grep -E "worst tensor" "$OUT/torch-mistral-auto.log" 2>/dev/null | sed "s/^/[auto] mistral /"
 echo "torch overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
 exit $failed

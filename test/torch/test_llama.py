@@ -1,10 +1,17 @@
 #!/usr/bin/env python3
-"""A transformers Llama (random weights, no download) trained with aotriton attention vs torch SDPA.
+"""A transformers Llama or Mistral (random weights, no download) trained with aotriton attention vs
+torch SDPA.
 
-Model: LlamaConfig(vocab 32000, hidden 2048, 4 layers, 16 heads of dim 128, 4 KV heads (GQA),
-intermediate 5632), bf16, batch 2 x 512 tokens. Attention goes through aotriton via
-transformers' AttentionInterface (aotriton.hf.register; falls back to patching
-torch.nn.functional.scaled_dot_product_attention where the interface does not exist).
+Model (--arch llama): LlamaConfig(vocab 32000, hidden 2048, 4 layers, 16 heads of dim 128, 4 KV
+heads (GQA), intermediate 5632), bf16, batch 2 x 512 tokens; --arch mistral: the same sizes as a
+MistralConfig with sliding_window 128 (so the window cuts every row past 128). Attention goes
+through aotriton via transformers' AttentionInterface (aotriton.hf.register; falls back to
+patching torch.nn.functional.scaled_dot_product_attention where the interface does not exist);
+aotriton's use is counted at the extension's forward op (one call per layer).
+
+1b. (llama) The registered path, no model change: attn_implementation="sdpa" after
+   torch.nn.attention.activate_flash_attention_impl("aotriton"), with torch's flash backend:
+   one aotriton forward per layer, and the same bounds as 1.
 
 1. One forward + backward from the same weights with each backend. Tolerance: relative L2 error
    ||a - b|| / ||b|| <= 2e-2 per tensor (logits, loss, every parameter gradient). A tensor over it
@@ -15,8 +22,8 @@ torch.nn.functional.scaled_dot_product_attention where the interface does not ex
    weights with each backend: |loss_aot - loss_sdpa| <= 2e-2 * loss_sdpa at every step; both curves
    are printed.
 
-    PYTHONPATH=bindings/torch/python python test/torch/test_llama.py [--steps 20] [--layers 4]
-Last line: `torch-llama: N passed, M failed`.
+    PYTHONPATH=bindings/torch/python python test/torch/test_llama.py [--arch llama|mistral] [--steps 20]
+Last line: `torch-<arch>: N passed, M failed` (test_mistral.py runs --arch mistral).
 """
 import argparse
 
@@ -28,19 +35,25 @@ import aotriton.hf as H
 import aotriton.torch as A
 
 DEV = "cuda"
-R = Runner("llama")
+R = None  # the Runner, named after --arch
 CALLS = [0]
 
 
 def count_calls():
-    """Counts aotriton attention calls (to prove the aotriton run really used it)."""
-    original = A.scaled_dot_product_attention
+    """Counts aotriton's forward kernel calls at the extension op (to prove a run really used it,
+    whichever Python entry point led there)."""
+    ops = A._ops()
 
-    def counting(*args, **kwargs):
-        CALLS[0] += 1
-        return original(*args, **kwargs)
+    class Counting:
+        def fwd(self, *args):
+            CALLS[0] += 1
+            return ops.fwd(*args)
 
-    A.scaled_dot_product_attention = counting
+        def __getattr__(self, name):
+            return getattr(ops, name)
+
+    counting = Counting()
+    A._ops = lambda: counting
 
 
 class Backend:
@@ -82,31 +95,41 @@ def fwd_bwd(model, ids):
     return out.logits.detach().float(), out.loss.detach().float(), grads
 
 
-def main():
+def main(argv=None):
+    global R
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=("llama", "mistral"), default="llama")
+    ap.add_argument("--sliding-window", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    R = Runner(args.arch)
     if not torch.cuda.is_available():
         R.check("CUDA device present", False)
         R.finish()
     import transformers
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     backend = Backend()
     count_calls()
     print("torch", torch.__version__, "| transformers", transformers.__version__, "| aotriton", A.version(), "|",
           torch.cuda.get_device_name(), "| attention via", backend.mode, flush=True)
     heads, kv_heads = 16, 4
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
-                      num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=args.hidden // heads, max_position_embeddings=max(2048, args.seq),
-                      attention_dropout=0.0, tie_word_embeddings=False, attn_implementation="sdpa")
+    sizes = dict(vocab_size=32000, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.75),
+                 num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                 head_dim=args.hidden // heads, max_position_embeddings=max(2048, args.seq),
+                 attention_dropout=0.0, tie_word_embeddings=False, attn_implementation="sdpa")
+    if args.arch == "llama":
+        config_class, model_class = LlamaConfig, LlamaForCausalLM
+    else:
+        config_class, model_class = MistralConfig, MistralForCausalLM
+        sizes["sliding_window"] = args.sliding_window
+    cfg = config_class(**sizes)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(DEV, torch.bfloat16)
+    model = model_class(cfg).to(DEV, torch.bfloat16)
     model.train()
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -122,7 +145,17 @@ def main():
     got = fwd_bwd(model, batches[0])
     R.check("aotriton run calls aotriton once per layer", CALLS[0] == args.layers, f"{CALLS[0]} calls")
     backend.set(model, "sdpa")
-    model32 = LlamaForCausalLM(cfg).to(DEV, torch.float32)
+    registered = None
+    if args.arch == "llama" and hasattr(torch.nn.attention, "activate_flash_attention_impl"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        torch.nn.attention.activate_flash_attention_impl("aotriton")
+        CALLS[0] = 0
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            registered = fwd_bwd(model, batches[0])
+        torch.nn.attention.restore_flash_attention_impl()
+        R.check("registered path (sdpa + activated impl) calls aotriton once per layer", CALLS[0] == args.layers,
+                f"{CALLS[0]} calls")
+    model32 = model_class(cfg).to(DEV, torch.float32)
     model32.load_state_dict({k: v.float() for k, v in init.items()})
     model32.train()
     backend.set(model32, "sdpa")
@@ -130,18 +163,22 @@ def main():
     del model32
     torch.cuda.empty_cache()
 
-    pairs = [("logits", got[0], ref[0], truth[0]), ("loss", got[1], ref[1], truth[1])]
-    pairs += [(f"grad {n}", got[2][n], ref[2][n], truth[2][n]) for n in ref[2]]
-    R.check("same parameters have gradients", set(got[2]) == set(ref[2]), f"{len(got[2])} vs {len(ref[2])}")
-    worst = ("", 0.0)
-    for name, a, b, t in pairs:
-        e = rel_l2(a, b)
-        ea, es = rel_l2(a, t), rel_l2(b, t)
-        ok = e <= 2e-2 or ea <= 1.5 * es + 1e-3
-        if e > worst[1]:
-            worst = (name, e)
-        R.check(f"fwd/bwd {name}", ok, f"rel L2 vs sdpa {e:.2e}; vs fp32: aotriton {ea:.2e}, sdpa {es:.2e}")
-    print(f"worst tensor: {worst[0]} rel L2 {worst[1]:.3e}")
+    for label, run in (("", got), ("registered path: ", registered)):
+        if run is None:
+            continue
+        pairs = [("logits", run[0], ref[0], truth[0]), ("loss", run[1], ref[1], truth[1])]
+        pairs += [(f"grad {n}", run[2][n], ref[2][n], truth[2][n]) for n in ref[2]]
+        R.check(f"{label}same parameters have gradients", set(run[2]) == set(ref[2]),
+                f"{len(run[2])} vs {len(ref[2])}")
+        worst = ("", 0.0)
+        for name, a, b, t in pairs:
+            e = rel_l2(a, b)
+            ea, es = rel_l2(a, t), rel_l2(b, t)
+            ok = e <= 2e-2 or ea <= 1.5 * es + 1e-3
+            if e > worst[1]:
+                worst = (name, e)
+            R.check(f"{label}fwd/bwd {name}", ok, f"rel L2 vs sdpa {e:.2e}; vs fp32: aotriton {ea:.2e}, sdpa {es:.2e}")
+        print(f"{label}worst tensor: {worst[0]} rel L2 {worst[1]:.3e}")
 
     # 2. training curves
     curves = {}

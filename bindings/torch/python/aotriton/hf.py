@@ -6,40 +6,67 @@
     # or, for an existing model: aotriton.hf.use(model)
 
 ``register`` adds :func:`attention_forward` to transformers' ``AttentionInterface`` (transformers
->= 4.48; older versions expose the same table as ``modeling_utils.ALL_ATTENTION_FUNCTIONS``) and
-gives it the masks of the ``sdpa`` implementation. Where neither exists, :func:`patch_sdpa` swaps
+>= 4.48; older versions expose the same table as ``modeling_utils.ALL_ATTENTION_FUNCTIONS``) with
+the masks of the ``flash_attention_2`` implementation: none when no token is padding, else the 2-D
+padding mask. The attention then runs as FlashAttention-2 does under transformers, on aotriton's
+FlashAttention-2-compatible functions (:mod:`aotriton.flash_attn`): no padding -> one call over
+(B, S, H, D) views; padding -> the real tokens packed into a variable-length batch and the output
+scattered back (padding rows get zeros); ``is_causal`` bottom-right aligned (so decoding one
+token against a longer cache is causal too); ``sliding_window`` W (Mistral, Qwen2 with
+``use_sliding_window``, ...) as the window ``(W - 1, 0)``: query i sees keys i - W + 1 .. i, as
+transformers' sliding-window mask. Not served (``NotImplementedError`` naming them): ``softcap``,
+``s_aux`` (attention sinks), ``position_bias``, packed-sequence ``position_ids`` without a mask is
+treated as one sequence per row. Where transformers has no registry, :func:`patch_sdpa` swaps
 ``torch.nn.functional.scaled_dot_product_attention`` for aotriton's while a model runs.
 """
 import contextlib
 
 import torch  # the real torch (absolute import)
 
+from aotriton import flash_attn as fa
 from aotriton import torch as aot
 
 __all__ = ["attention_forward", "register", "use", "patch_sdpa"]
 
 
-def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                      **kwargs):
-    """transformers' attention-function signature: query (B, Hq, S, D), key/value (B, Hk, S, D);
-    returns ``(output (B, S, Hq, D), None)``. Mirrors transformers' ``sdpa_attention_forward``:
-    causal via ``is_causal`` when no mask is given (and more than one query), else the mask."""
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("aotriton: attention softcap is not supported")
-    if kwargs.get("position_bias") is not None:
-        raise NotImplementedError("aotriton: position_bias is not supported by this integration")
-    q_len = query.shape[2]
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)
-    is_causal = bool(q_len > 1 and attention_mask is None and is_causal)
+def _unpad(x, mask):
+    """x (B, S, H, D), mask (B, S) bool -> (the real tokens (total, H, D), int32 offsets (B+1), the
+    longest sequence). One host read of the longest length, as transformers' own unpadding does."""
+    lengths = mask.sum(dim=1, dtype=torch.int32)
+    cu = torch.nn.functional.pad(torch.cumsum(lengths, dim=0, dtype=torch.int32), (1, 0))
+    return x[mask], cu, int(lengths.max().item())
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
+                      softcap=None, is_causal=None, **kwargs):
+    """transformers' attention-function signature: query (B, Hq, Sq, D), key/value (B, Hk, Sk, D),
+    ``attention_mask`` None or the (B, Sk) padding mask (``flash_attention_mask``); returns
+    ``(output (B, Sq, Hq, D), None)``."""
+    if softcap:
+        raise NotImplementedError(f"aotriton.hf: attention softcap={softcap} is not supported")
+    for name in ("s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"aotriton.hf: {name} is not supported")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    window = (-1, -1) if not sliding_window else (int(sliding_window) - 1, -1)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views, no copy
     if attention_mask is not None and attention_mask.dim() == 4:
-        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
-    if is_causal and key.shape[2] > q_len:  # prefill into a longer static cache: keys past Sq are empty
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = aot.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                           scale=scaling, is_causal=is_causal,
-                                           enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2).contiguous(), None
+        raise NotImplementedError("aotriton.hf: a 4-D attention mask (register() gives transformers the "
+                                  "flash_attention_2 masks: none, or the 2-D padding mask)")
+    if attention_mask is None:  # flash_attention_mask: no padding token
+        out = fa.flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window)
+        return out, None
+    kv_mask = attention_mask[:, -k.shape[1]:].bool()
+    q_mask = kv_mask[:, -q.shape[1]:]
+    q_packed, cu_q, max_q = _unpad(q, q_mask)
+    k_packed, cu_k, max_k = _unpad(k, kv_mask)
+    v_packed = v[kv_mask]
+    out_packed = fa.flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max(max_q, 1), max(max_k, 1),
+                                           dropout_p=dropout, softmax_scale=scaling, causal=causal,
+                                           window_size=window)
+    out = out_packed.new_zeros(q.shape)
+    out[q_mask] = out_packed
+    return out, None
 
 
 def _interfaces():
@@ -82,8 +109,8 @@ def register(name="aotriton", fn=None):
         attn[name] = fn
     if mask is not None:
         try:
-            from transformers.masking_utils import sdpa_mask
-            mask.register(name, sdpa_mask)
+            from transformers.masking_utils import flash_attention_mask
+            mask.register(name, flash_attention_mask)
         except Exception:
             pass  # no mask registry: transformers then passes no mask (causal is still applied)
     return name

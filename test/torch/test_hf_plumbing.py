@@ -1,0 +1,95 @@
+"""aotriton.hf's transformers glue, on the CPU (no GPU, no extension): masks, padding, windows.
+
+A tiny Mistral (random weights, sliding window 8, GQA) runs with attn_implementation="aotriton"
+where aotriton.hf's two kernel entry points (aotriton.flash_attn's flash_attn_func and
+flash_attn_varlen_func) are replaced by float64 stand-ins with FlashAttention-2's semantics
+(bottom-right causal, windows, packed batches). Its logits, loss and gradients must equal
+transformers' own "sdpa" attention (which builds the causal, sliding-window and padding masks
+itself; its "eager" attention gives NaN on left-padded rows in float64) on batches without and with left padding: this checks what aotriton.hf sends
+(window W -> (W - 1, 0), the padding mask -> packed sequences and back). The kernels themselves are
+proven by test_llama.py on the GPU.
+
+    PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_hf_plumbing.py
+Last line: `torch-hf_plumbing: N passed, M failed`.
+"""
+import math
+
+import torch
+
+from harness import Runner, attention_ref, max_err, visible
+
+import aotriton.hf as H
+
+R = Runner("hf_plumbing")
+CALLS = {"dense": 0, "varlen": 0}
+
+
+def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1)):
+    CALLS["dense"] += 1
+    assert dropout_p == 0.0
+    d = q.size(-1)
+    scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    vis = visible(q.size(1), k.size(1), window_size[0], window_size[1], 1, causal, device="cpu")
+    out = attention_ref(*(t.transpose(1, 2).double() for t in (q, k, v)), scale, vis=vis)
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False,
+           window_size=(-1, -1)):
+    CALLS["varlen"] += 1
+    assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    assert max_q == max(b - a for a, b in zip(cq, cq[1:])) and max_k == max(b - a for a, b in zip(ck, ck[1:]))
+    outs = [dense(q[cq[i]:cq[i + 1]].unsqueeze(0), k[ck[i]:ck[i + 1]].unsqueeze(0), v[ck[i]:ck[i + 1]].unsqueeze(0),
+                  dropout_p, softmax_scale, causal, window_size).squeeze(0) for i in range(len(cq) - 1)]
+    return torch.cat(outs, 0)
+
+
+class StandIn:
+    flash_attn_func = staticmethod(dense)
+    flash_attn_varlen_func = staticmethod(varlen)
+
+
+def run(model, ids, mask):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+def main():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    H.fa = StandIn  # aotriton.hf's kernel entry points -> float64 stand-ins (this process only)
+    name = H.register("aotriton")
+    R.check("register() returns the name", name == "aotriton")
+    cfg = MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                        max_position_embeddings=64, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = MistralForCausalLM(cfg).double()
+    ids = torch.randint(0, cfg.vocab_size, (2, 24))
+    for label, mask in (("no padding", torch.ones(2, 24, dtype=torch.long)),
+                        ("left padding", torch.cat([torch.ones(1, 24, dtype=torch.long),
+                                                    torch.cat([torch.zeros(1, 5, dtype=torch.long),
+                                                               torch.ones(1, 19, dtype=torch.long)], 1)], 0))):
+        model.set_attn_implementation("sdpa")
+        ref = run(model, ids, mask)
+        model.set_attn_implementation("aotriton")
+        before = dict(CALLS)
+        got = run(model, ids, mask)
+        keep = mask.bool()
+        e_logits = max_err(got[0][keep], ref[0][keep])
+        e_grads = max(max_err(got[2][n], ref[2][n]) for n in ref[2])
+        R.check(f"mistral sliding window 8, {label}: logits, loss and grads equal sdpa attention (1e-6: the model's norms run in fp32)",
+                e_logits <= 1e-6 and abs(got[1].item() - ref[1].item()) <= 1e-6 and e_grads <= 1e-6,
+                f"logits {e_logits:.1e} loss {abs(got[1].item() - ref[1].item()):.1e} grads {e_grads:.1e}")
+        used = "varlen" if label == "left padding" else "dense"
+        R.check(f"{label}: aotriton.hf sent the {used} call once per layer",
+                CALLS[used] - before[used] == cfg.num_hidden_layers, str(CALLS))
+    R.finish()
+
+
+if __name__ == "__main__":
+    main()
