@@ -9,6 +9,10 @@
 #   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree, the
 #                seed-compatible API (on the recording HIP double) and PyTorch's ExternalProject
 #                flow, and the Python tests (rules, compile driver, kernel numerics in the interpreter)
+#   torch        the PyTorch glue on the CPU with float64 stand-ins for the kernels (registration,
+#                transformers), where a python3 with torch (and transformers) is found; PyPI has
+#                only torch's 4.7 GB CUDA build, so CI prints "skipped: ..." and the GPU machine
+#                runs them (test/torch/run.sh)
 #   GPU tests    run only where a GPU is; here they print "skipped: no GPU" (test/gpu/README.md)
 # The images of every arch are built (AOTRITON_TARGET_ARCH overrides), so that the AMD checks have
 # archives to check. The AMD checks need Debian's ROCm 5.2 libraries (.ci/run installs them);
@@ -35,3 +39,19 @@ cargo test --locked -p aotriton --features cli --test cli
 scripts/package-crates.sh "$BUILD_DIR/images"
 "$TOOLS/ctest" --test-dir "$BUILD_DIR" --output-on-failure
 cargo run --locked --quiet -p aotriton-gpu-tests
+# The PyTorch glue's CPU tests (TORCH_PYTHON: a python3 with torch; default python3).
+TORCH_PYTHON=${TORCH_PYTHON:-python3}
+if "$TORCH_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
+  log=$(mktemp)
+  for t in test_flash_impl_plumbing test_hf_plumbing; do
+    if ! PYTHONPATH="$(pwd)/bindings/torch/python:$(pwd)/test/torch" "$TORCH_PYTHON" "test/torch/$t.py" >"$log" 2>&1; then
+      grep -E "^FAIL|Error" "$log" | head -n 20
+      tail -n 1 "$log"
+      exit 1
+    fi
+    tail -n 1 "$log"
+  done
+  rm -f "$log"
+else
+  echo "skipped: PyTorch glue CPU tests (no torch + transformers for $TORCH_PYTHON; test/torch/run.sh runs them on the GPU machine)"
+fi
