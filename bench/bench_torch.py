@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Attention through the PyTorch binding, where users call it: aotriton.torch.flash_attention with
-autograd vs torch SDPA (cuDNN and FA2 backends) on the same tensors, same process, same timer.
+autograd, and torch's own F.scaled_dot_product_attention with aotriton activated as torch's flash
+implementation ("registered": torch.nn.attention.activate_flash_attention_impl("aotriton"),
+activated only around its own timings), vs torch SDPA (cuDNN and FA2 backends) on the same
+tensors, same process, same timer.
 
 Each implementation is timed twice with triton.testing.do_bench (CUDA events, median):
   fwd        the training forward: inputs require grad, so autograd records the graph
@@ -14,7 +17,10 @@ dQ/dK/dV are compared with cuDNN's (max abs difference printed; a difference abo
 max|ref| marks the row WRONG and the exit status 1).
 FLOPs: forward 4*B*Hq*Sq*Sk*D (x0.5 causal); forward + backward 3.5x that.
 
-    PYTHONPATH=bindings/torch/python python3 bench/bench_torch.py [--json out.json] [--quick]
+--grid fa3: FlashAttention-3's benchmark grid instead (bf16, B*S = 16k tokens, H*D = 2048, head
+dims 64/128/256, S 512..16k, causal and not).
+
+    PYTHONPATH=bindings/torch/python python3 bench/bench_torch.py [--json out.json] [--quick] [--grid fa3]
 """
 import argparse
 import json
@@ -38,6 +44,17 @@ SHAPES = [
     ("GQA 64/8 hd128 S16384 causal", 1, 64, 8, 16384, 128, True),
 ]
 QUICK = {"hd128 S4096", "hd128 S4096 causal"}
+
+
+def fa3_grid():
+    """FlashAttention-3's benchmark grid: 16k tokens per batch, hidden 2048."""
+    shapes = []
+    for d in (64, 128, 256):
+        for s in (512, 1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                h = 2048 // d
+                shapes.append((f"hd{d} S{s}" + (" causal" if causal else ""), 16384 // s, h, h, s, d, causal))
+    return shapes
 
 
 def make(b, h, s, d, layout, dtype, gen):
@@ -73,8 +90,10 @@ def run(args):
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(1234)
     impls = {"aotriton": call_aotriton, **{name: call_sdpa(b) for name, b in PEERS.items()}}
+    if hasattr(torch.nn.attention, "activate_flash_attention_impl"):
+        impls["registered"] = call_sdpa(SDPBackend.FLASH_ATTENTION)  # timed with aotriton activated
     rows, wrong = [], 0
-    for name, b, hq, hk, s, d, causal in SHAPES:
+    for name, b, hq, hk, s, d, causal in (fa3_grid() if args.grid == "fa3" else SHAPES):
         if args.quick and name not in QUICK:
             continue
         for layout in ("bhsd", "bshd"):
@@ -104,11 +123,16 @@ def run(args):
                     row["wrong"] = True
                     wrong += 1
             for impl, fn in impls.items():
+                if impl == "registered":
+                    aot.activate()
                 try:
                     fwd, both = time_pair(fn, q, k, v, d_o, causal, layout, args.warmup, args.rep)
                 except RuntimeError as e:
                     row[f"{impl}_error"] = str(e).splitlines()[0][:200]
                     continue
+                finally:
+                    if impl == "registered":
+                        aot.deactivate()
                 row[f"{impl}_fwd_ms"], row[f"{impl}_fwdbwd_ms"] = fwd, both
                 row[f"{impl}_fwd_tflops"] = flops / fwd / 1e9
                 row[f"{impl}_fwdbwd_tflops"] = 3.5 * flops / both / 1e9
@@ -123,7 +147,7 @@ def cell(row, impl, mode):
     x = row.get(f"{impl}_{mode}_tflops")
     if x is None:
         return "n/a"
-    if impl == "aotriton":
+    if impl in ("aotriton", "registered"):
         peer = row.get(f"cudnn_{mode}_tflops")
         return f"{x:.1f} ({x / peer:.2f}x)" if peer else f"{x:.1f}"
     return f"{x:.1f}"
@@ -132,8 +156,9 @@ def cell(row, impl, mode):
 def print_row(row, flush=False):
     mark = "  WRONG" if row.get("wrong") else ""
     diff = row.get("rel_diff_vs_cudnn")
-    print(f"| {row['shape']} | {row['layout']} | {cell(row, 'aotriton', 'fwd')} | {cell(row, 'cudnn', 'fwd')} | "
-          f"{cell(row, 'fa2', 'fwd')} | {cell(row, 'aotriton', 'fwdbwd')} | {cell(row, 'cudnn', 'fwdbwd')} | "
+    print(f"| {row['shape']} | {row['layout']} | {cell(row, 'aotriton', 'fwd')} | {cell(row, 'registered', 'fwd')} | "
+          f"{cell(row, 'cudnn', 'fwd')} | {cell(row, 'fa2', 'fwd')} | {cell(row, 'aotriton', 'fwdbwd')} | "
+          f"{cell(row, 'registered', 'fwdbwd')} | {cell(row, 'cudnn', 'fwdbwd')} | "
           f"{cell(row, 'fa2', 'fwdbwd')} | {'' if diff is None else f'{diff:.1e}'}{mark} |", flush=flush)
 
 
@@ -143,23 +168,26 @@ def main():
     ap.add_argument("--quick", action="store_true", help="only " + ", ".join(sorted(QUICK)))
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--grid", choices=("default", "fa3"), default="default",
+                    help="fa3: FlashAttention-3's benchmark grid (36 shapes x 2 layouts)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}, bf16; "
           "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward")
-    print("| shape | layout | fwd aotriton | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | fwd+bwd cuDNN | fwd+bwd FA2 "
-          "| rel. diff vs cuDNN |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | layout | fwd aotriton | fwd registered | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | "
+          "fwd+bwd registered | fwd+bwd cuDNN | fwd+bwd FA2 | rel. diff vs cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows, wrong = run(args)
-    for mode in ("fwd", "fwdbwd"):
-        ratios = [r[f"aotriton_{mode}_tflops"] / r[f"cudnn_{mode}_tflops"] for r in rows
-                  if r.get(f"aotriton_{mode}_tflops") and r.get(f"cudnn_{mode}_tflops")]
-        if ratios:
-            geo = 1.0
-            for x in ratios:
-                geo *= x
-            geo **= 1 / len(ratios)
-            print(f"bench-torch {mode}: aotriton/cuDNN geomean {geo:.3f} over {len(ratios)} rows, "
-                  f"worst {min(ratios):.3f}")
+    for impl in ("aotriton", "registered"):
+        for mode in ("fwd", "fwdbwd"):
+            ratios = [r[f"{impl}_{mode}_tflops"] / r[f"cudnn_{mode}_tflops"] for r in rows
+                      if r.get(f"{impl}_{mode}_tflops") and r.get(f"cudnn_{mode}_tflops")]
+            if ratios:
+                geo = 1.0
+                for x in ratios:
+                    geo *= x
+                geo **= 1 / len(ratios)
+                print(f"bench-torch {impl} {mode}: /cuDNN geomean {geo:.3f} over {len(ratios)} rows, "
+                      f"worst {min(ratios):.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
