@@ -26,6 +26,7 @@ Last line: `torch-registered: N passed, M failed`.
 import argparse
 import math
 import os
+import re
 import socket
 
 import torch
@@ -81,9 +82,13 @@ def tag(dtype):
 
 
 def test_activation():
+    """Activates through the README's one-line activation (its first ```python block), verbatim."""
     R.check("'aotriton' is listed by torch's registry", "aotriton" in torch.nn.attention.list_flash_attention_impls(),
             str(torch.nn.attention.list_flash_attention_impls()))
-    torch.nn.attention.activate_flash_attention_impl("aotriton")
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    line = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    R.check("README's first python block is the one-line activation", line.count("\n") == 1, repr(line))
+    exec(compile(line, "README.md", "exec"), {})
     R.check("activated", torch.nn.attention.current_flash_attention_impl() == "aotriton")
 
 
