@@ -53,21 +53,20 @@ class StandIn:
             lse[b:b + 1, :, sq] = lse_ref(q, k, sm_scale, vis=vis)
         return out, lse
 
-    def _backward64(self, dout, q4, k4, v4, cu_q, cu_k, sm_scale, causal, left, right, align):
-        """Attention's gradients written out (the kernels run below autograd, so no autograd here):
+    def _backward64(self, dout, q4, k4, v4, out4, lse, cu_q, cu_k, sm_scale, causal, left, right, align):
+        """Attention's gradients as a flash backward computes them, from the out and LSE it is
+        given (the kernels run below autograd, so no autograd here): P = exp(scale QK^T - LSE),
         dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q; GQA
         groups summed into their key head."""
         dq, dk, dv = (torch.zeros(t.shape, dtype=torch.float64) for t in (q4, k4, v4))
         g = q4.size(1) // k4.size(1)
         for b, sq, sk in self._segments(q4, k4, cu_q, cu_k):
-            q, k, v, do = (t[b, :, s].double() for t, s in ((q4, sq), (k4, sk), (v4, sk), (dout, sq)))
+            q, k, v, do, o = (t[b, :, s].double() for t, s in ((q4, sq), (k4, sk), (v4, sk), (dout, sq), (out4, sq)))
+            rows = lse[b, :, sq].double().unsqueeze(-1)
             k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)
             vis = visible(q.size(1), k.size(1), left, right, align, causal, device="cpu")
             s_ = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
-            s_ = s_.masked_fill(~vis, -math.inf)
-            has = vis.any(-1, keepdim=True)
-            p = torch.where(has, torch.softmax(torch.where(has, s_, torch.zeros_like(s_)), dim=-1), torch.zeros_like(s_))
-            o = torch.matmul(p, v)
+            p = torch.where(vis & torch.isfinite(rows), torch.exp(s_ - rows), torch.zeros_like(s_))
             dp = torch.matmul(do, v.transpose(-1, -2))
             ds = p * (dp - (do * o).sum(-1, keepdim=True))
             dq[b, :, sq] = sm_scale * torch.matmul(ds, k)
@@ -92,8 +91,9 @@ class StandIn:
             left, right, align, dropout_p, rng_state, allow_tf32, deterministic, check_cu_seqlens, varlen_status):
         self.calls.append(("bwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        rng=rng_state.tolist(), lse_shape=tuple(lse.shape), dout_stride=dout.stride())))
+        assert lse.dim() == 3 and lse.shape == q4.shape[:3], "LSE must be (B, Hq, Sq) ((1, Hq, total) packed)"
         assert rng_state.dtype == torch.int64 and dout.stride(-1) == 1 and lse.stride(-1) == 1
-        grads = self._backward64(dout, q4, k4, v4, cu_q, cu_k, sm_scale, causal, left, right, align)
+        grads = self._backward64(dout, q4, k4, v4, out, lse, cu_q, cu_k, sm_scale, causal, left, right, align)
         result = []
         for g, t in zip(grads, (q4, k4, v4)):
             r = alloc_like(t)
