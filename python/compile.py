@@ -1,7 +1,7 @@
 """Ahead-of-time compile every kernel of rules.py into GPU images.
 
     python -B python/compile.py --arch "sm_90;gfx942" --out build/kernels --cache build/kernel-cache \
-        [--jobs N] [--timeout SECONDS] [--only SUBSTRING]
+        [--jobs N] [--timeout SECONDS] [--only SUBSTRING] [--tuning-dir DIR] [--for-tuning]
 
 For each arch, ``<out>/<arch>/`` receives per kernel ``<id>.cubin`` (CUDA) or
 ``<id>.hsaco`` (AMD) plus ``<id>.json`` (the launch contract read by the Rust
@@ -22,6 +22,11 @@ Every kernel (compiled or cached) is checked before anything is written: its
 ``shared`` memory must fit its arch's limit (``rules.SHARED_MEMORY_LIMIT``, the LDS
 per workgroup on AMD), and an AMD kernel must need no scratch memory (no spilled
 VGPRs, no dynamic stack; read from the code object's ``amdhsa`` metadata).
+
+The tuning database of each arch (``tuning/<arch>.json``, ``--tuning-dir``; python/tuning.py)
+adds the configs it names to their functionals, each kernel's JSON listing the cells it won
+(``tuned_for``). ``--for-tuning`` builds every candidate config for the tuner (python/tune.py):
+there a candidate that does not fit its arch is dropped (listed) instead of failing the build.
 
 Exit status: 0 on success; 1 when a kernel fails, exceeds the per-kernel
 timeout or does not fit its arch (the message names the kernel and arch); 2 on
@@ -51,6 +56,7 @@ if PYTHON_DIR not in sys.path:
     sys.path.insert(0, PYTHON_DIR)
 
 import rules  # noqa: E402  (cheap: no Triton import)
+import tuning  # noqa: E402
 
 #: Bump when the cache entry format or the way options are derived changes.
 CACHE_FORMAT = 1
@@ -425,7 +431,18 @@ def kernel_json(spec: rules.KernelSpec, metadata: dict, version: str) -> dict:
         "global_scratch_align": metadata["global_scratch_align"],
         "profile_scratch_size": metadata["profile_scratch_size"],
         "profile_scratch_align": metadata["profile_scratch_align"],
+        **({"tuned_for": list(spec.tuned_for)} if spec.tuned_for else {}),
     }
+
+
+def _candidate_only(spec: rules.KernelSpec) -> list[dict]:
+    """The configs a tuning build adds for ``spec``'s functional beyond what a normal build ships
+    (its heuristic configs and the database's winners are never dropped)."""
+    fam = rules.family(spec.family)
+    if fam.candidates is None:
+        return []
+    shipped = fam.configs(spec.arch, spec.functional)
+    return [c for c in fam.candidates(spec.arch, spec.functional) if c not in shipped]
 
 
 def _write_arch_output(arch: str, specs: list[rules.KernelSpec], results: dict[str, tuple[bytes, dict]],
@@ -462,7 +479,8 @@ def _write_arch_output(arch: str, specs: list[rules.KernelSpec], results: dict[s
 
 def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = None,
           timeout: float = DEFAULT_TIMEOUT_S, only: str | None = None,
-          log: Callable[[str], None] = print) -> list[ArchStats]:
+          log: Callable[[str], None] = print, tuning_dir: str | None = None,
+          for_tuning: bool = False) -> list[ArchStats]:
     """Compile (or take from the cache) every kernel for ``archs``; returns per-arch stats.
 
     Raises BuildError (naming kernel and arch) on a failed or timed-out compile,
@@ -486,7 +504,10 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
     try:
         for arch in archs:
             t0 = time.monotonic()
-            specs = rules.enumerate_kernels(arch)
+            db = tuning.load_arch(arch, tuning_dir)
+            if db is not None:
+                log(f"{arch}: tuning database {db.source} ({len(db.entries)} cells)")
+            specs = rules.enumerate_kernels(arch, tuning=db, for_tuning=for_tuning)
             if only:
                 specs = [s for s in specs if only in s.id]
                 if not specs:
@@ -521,7 +542,16 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
                     log(f"[{done[0]:>{width}}/{len(todo)}] compiled {spec.id} {spec.arch} {seconds:.1f}s")
 
                 pool.run(todo, on_done)
-            failures += [why for why in (check_kernel(s, results[s.id][1]) for s in specs if s.id in results) if why]
+            misfits = [(s, why) for s, why in ((s, check_kernel(s, results[s.id][1])) for s in specs
+                                                if s.id in results) if why]
+            if for_tuning:  # a candidate that does not fit is not a candidate
+                dropped = {s.id for s, _ in misfits if s.config in _candidate_only(s)}
+                for s, why in misfits:
+                    if s.id in dropped:
+                        log(f"dropped candidate: {why}")
+                specs = [s for s in specs if s.id not in dropped]
+                misfits = [(s, why) for s, why in misfits if s.id not in dropped]
+            failures += [why for _, why in misfits]
             if failures:
                 raise BuildError("\n".join(failures))
             _write_arch_output(arch, specs, results, out_dir, version)
@@ -547,6 +577,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help=f"per-kernel compile timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
     ap.add_argument("--only", default=None, help="compile only kernels whose id contains SUBSTRING")
+    ap.add_argument("--tuning-dir", default=None,
+                    help=f"where <arch>.json tuning databases are read (default {tuning.TUNING_DIR})")
+    ap.add_argument("--for-tuning", action="store_true",
+                    help="also compile every tuning candidate (for python/tune.py)")
     args = ap.parse_args(argv)
     try:
         archs = rules.parse_arch_list(args.arch)
@@ -556,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--jobs must be >= 1")
     try:
         build(archs, args.out, args.cache, jobs=args.jobs, timeout=args.timeout, only=args.only,
-              log=lambda line: print(line, flush=True))
+              log=lambda line: print(line, flush=True), tuning_dir=args.tuning_dir, for_tuning=args.for_tuning)
     except (BuildError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1

@@ -556,6 +556,65 @@ def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     return [_amd(16, 16, e) if fp32 else _amd(16, 32, e)]
 
 
+# --------------------------------------------------------------------------
+# Tuning candidates (the tuner's search space; python/tuning.py has the database)
+# --------------------------------------------------------------------------
+# CUDA only: the configs around the region the hand-timed picks came from, pruned by a shared
+# memory estimate (the compile driver still checks the real figure; a tuning build drops what does
+# not fit instead of failing). AMD archs have no GPU here to tune on: their candidates are their
+# configs. Each list includes the heuristic's configs, so the fallback is always a candidate.
+
+def _fits(arch: str, functional: dict[str, Any], tiles: int, rows: int) -> bool:
+    """``tiles`` [rows, head_dim] tiles of the functional's dtype in shared memory fit the arch."""
+    return tiles * rows * functional["head_dim"] * ELEMENT_SIZE[functional["dtype"]] <= SHARED_MEMORY_LIMIT[arch]
+
+
+def _with_heuristic(arch, functional, configs, heuristic):
+    out = list(heuristic(arch, functional))
+    for c in configs:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def _attn_fwd_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """Forward: BLOCK_M 64/128 x BLOCK_N 32/64/128 with 4 or 8 warps and 2 or 3 stages (8 shapes);
+    K and V tiles of every stage plus the Q tile must fit shared memory."""
+    if TARGETS[arch][0] != "cuda":
+        return _attn_fwd_configs(arch, functional)
+    shapes = [(128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (128, 128, 4, 2),
+              (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2)]
+    if functional["dtype"] == "fp32":
+        shapes = [(64, 32, 4, 2), (64, 32, 4, 1), (32, 32, 4, 1), (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 8, 2)]
+    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bn) and
+            _fits(arch, functional, 1, bm)]
+    return _with_heuristic(arch, functional, keep, _attn_fwd_configs)
+
+
+def _attn_bwd_dkdv_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """dK/dV: BLOCK_M queries per step x BLOCK_N keys per program (8 shapes); Q and dO tiles of
+    every stage plus the K and V tiles must fit shared memory."""
+    if TARGETS[arch][0] != "cuda":
+        return _attn_bwd_dkdv_configs(arch, functional)
+    shapes = [(32, 128, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 32, 4, 1), (16, 64, 4, 2),
+              (64, 32, 4, 2), (32, 128, 8, 3)]
+    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bm) and
+            _fits(arch, functional, 2, bn)]
+    return _with_heuristic(arch, functional, keep, _attn_bwd_dkdv_configs)
+
+
+def _attn_bwd_dq_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """dQ: BLOCK_M queries per program x BLOCK_N keys per step (8 shapes); K and V tiles of every
+    stage plus the Q and dO tiles must fit shared memory."""
+    if TARGETS[arch][0] != "cuda":
+        return _attn_bwd_dq_configs(arch, functional)
+    shapes = [(128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 1), (128, 32, 8, 2), (64, 128, 4, 2), (32, 64, 4, 2),
+              (128, 128, 8, 2), (32, 32, 4, 1)]
+    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bn) and
+            _fits(arch, functional, 2, bm)]
+    return _with_heuristic(arch, functional, keep, _attn_bwd_dq_configs)
+
+
 def _gluon_cfg(bm, bn, stages, maxnreg=168, **knobs):
     """A Gluon config: 4 warps in the default partition (the workers add theirs), a register cap
     (it decides how many CTAs fit an SM: ``CTAS_PER_SM``, which sizes a persistent kernel's grid),
@@ -635,23 +694,27 @@ class Family:
     #: Packages under ``kernels/`` whose sources the family's kernels read: the compile cache
     #: key covers exactly these, so editing one backend does not recompile the other.
     sources: tuple[str, ...] = ("flash",)
+    #: (arch, functional) -> [config]: the tuner's search space (``tune.py``; compiled only by a
+    #: tuning build), or None: the family is not tuned and ships its ``configs`` alone.
+    candidates: Any = None
 
 
-def _family(name, module, args, axes, configs) -> Family:
+def _family(name, module, args, axes, configs, candidates=None) -> Family:
     constexprs = [a for a in args if a in _CONSTEXPRS]
     return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
-                  signature=_signature_of(list(args), constexprs), configs=configs)
+                  signature=_signature_of(list(args), constexprs), configs=configs, candidates=candidates)
 
 
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS}
 
-ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs)
+ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs,
+                   _attn_fwd_candidates)
 ATTN_BWD_PREPROCESS = _family("attn_bwd_preprocess", "kernels/flash/bwd_preprocess.py", ATTN_BWD_PREPROCESS_ARGS,
                               {"dtype": DTYPES, "head_dim": HEAD_DIMS}, _attn_bwd_preprocess_configs)
 ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS, dict(_ATTN_AXES),
-                        _attn_bwd_dkdv_configs)
+                        _attn_bwd_dkdv_configs, _attn_bwd_dkdv_candidates)
 ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS, dict(_ATTN_AXES),
-                      _attn_bwd_dq_configs)
+                      _attn_bwd_dq_configs, _attn_bwd_dq_candidates)
 ATTN_BWD_DBIAS = _family("attn_bwd_dbias", "kernels/flash/bwd_dbias.py", ATTN_BWD_DBIAS_ARGS,
                          {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT},
                          _attn_bwd_dbias_configs)
@@ -728,6 +791,9 @@ class KernelSpec:
     signature: dict[str, str]                   #: every argument -> type ("constexpr" for constexprs)
     constexprs: dict[str, Any]
     divisibility: dict[str, int]                #: runtime argument -> tt.divisibility (1 = no hint)
+    #: The tuning-database cells this kernel won (``tuning.Database.winners``): dispatch takes it
+    #: for calls in them. Not part of the image (not in ``to_json``, the cache key).
+    tuned_for: tuple = ()
 
     @property
     def args(self) -> list[dict[str, Any]]:
@@ -790,14 +856,19 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
             parts.append(f"{_AXIS_ABBREV.get(axis, axis)}{int(v)}")
         else:
             parts.append(f"{axis}{v}")
-    bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
-    if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
-        parts.append(f"m{config['BLOCK_M']}{bn}st{config['STAGES']}r{config['maxnreg']}")
-    else:
-        waves = f"e{config['waves_per_eu']}" if "waves_per_eu" in config else ""
-        parts.append(f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}{waves}")
+    parts.append(config_tag(config))
     parts.append(variant)
     return "-".join(parts)
+
+
+def config_tag(config: dict[str, int]) -> str:
+    """The config part of a kernel id, also the name the tuning database uses: ``m128n64w4s2``
+    (``e<waves_per_eu>`` appended on AMD; Gluon: ``m<BLOCK_M>n<BLOCK_N>st<STAGES>r<maxnreg>``)."""
+    bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
+    if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
+        return f"m{config['BLOCK_M']}{bn}st{config['STAGES']}r{config['maxnreg']}"
+    waves = f"e{config['waves_per_eu']}" if "waves_per_eu" in config else ""
+    return f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}{waves}"
 
 
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
@@ -824,19 +895,42 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
     )
 
 
-def enumerate_kernels(arch: str, families: list[Family] | None = None) -> list[KernelSpec]:
-    """Every kernel to compile for ``arch``, sorted by id (ids are unique)."""
+def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=None,
+                      for_tuning: bool = False) -> list[KernelSpec]:
+    """Every kernel to compile for ``arch``, sorted by id (ids are unique).
+
+    Per functional: the family's ``configs`` (the heuristic: dispatch's fallback), plus the configs
+    the tuning database ``tuning`` (a ``tuning.Database`` of this arch, or None) names as winners,
+    each ``aligned`` kernel carrying the cells it won; ``for_tuning``: plus every candidate of the
+    family (a tuning build, for tune.py). One ``generic`` kernel per functional (the smallest
+    config of the heuristic, so that tuning never moves it)."""
     target_of(arch)
+    if tuning is not None and tuning.arch != arch:
+        raise ValueError(f"tuning database {tuning.source} is for {tuning.arch}, not {arch}")
     specs = []
     for family in families or FAMILIES:
         if family.archs is not None and arch not in family.archs:
             continue
         for functional in functionals(family):
-            configs = family.configs(arch, functional)
+            heuristic = family.configs(arch, functional)
+            configs = list(heuristic)
+            offered = family.candidates(arch, functional) if family.candidates else list(configs)
+            by_tag = {config_tag(c): c for c in offered + configs}
+            won = tuning.winners(family.name, functional) if tuning is not None else {}
+            for tag in won:
+                if tag not in by_tag:
+                    raise ValueError(f"tuning database {tuning.source}: {family.name} {functional} names config "
+                                     f"{tag}, which rules.py does not offer (candidates: {sorted(by_tag)})")
+                if by_tag[tag] not in configs:
+                    configs.append(by_tag[tag])
+            if for_tuning:
+                configs += [c for c in offered if c not in configs]
             for config in configs:
-                specs.append(_spec(family, arch, functional, config, "aligned"))
+                spec = _spec(family, arch, functional, config, "aligned")
+                cells = won.get(config_tag(config))
+                specs.append(dataclasses.replace(spec, tuned_for=tuple(cells)) if cells else spec)
             if "generic" in family.variants:
-                smallest = min(configs, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
+                smallest = min(heuristic, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
                 specs.append(_spec(family, arch, functional, smallest, "generic"))
     specs.sort(key=lambda s: s.id)
     ids = [s.id for s in specs]

@@ -1,0 +1,157 @@
+"""The tuning database (python/tuning.py) and what rules.py builds from it (no Triton needed)."""
+import copy
+import io
+import json
+import os
+import tempfile
+import unittest
+from contextlib import redirect_stdout
+
+import _paths  # noqa: F401
+import rules
+import tuning
+
+BF16_128 = {"dtype": "bf16", "tf32": False, "head_dim": 128, "dropout": False, "bias": False}
+
+
+def entry(family="attn_fwd", functional=None, mask="none", q=2, k=2, winner="m128n64w4s2", ms=1.0, **extra):
+    e = {"family": family, "functional": dict(functional or BF16_128), "mask": mask, "seqlen_q_bin": q,
+         "seqlen_k_bin": k, "winner": winner, "winner_ms": ms}
+    e.update(extra)
+    return e
+
+
+def db(*entries, arch="sm_90"):
+    data = tuning.new(arch, {"device": "test"})
+    data["entries"] = list(entries)
+    return tuning.Database(data, "test.json")
+
+
+class GridTest(unittest.TestCase):
+    def test_bins_and_representatives(self):
+        edges = tuning.DEFAULT_EDGES
+        self.assertEqual(tuning.representative(edges), [256, 1024, 4096, 16384])
+        for rep, b in zip(tuning.representative(edges), range(4)):
+            self.assertEqual(tuning.bin_of(rep, edges), b)
+        self.assertEqual([tuning.bin_of(n, edges) for n in (1, 511, 512, 8191, 8192, 1 << 30)], [0, 0, 1, 2, 3, 3])
+        self.assertEqual(tuning.bin_range(3, edges), [8192, None])
+        self.assertEqual(tuning.bin_range(0, edges), [0, 512])
+
+
+class DatabaseTest(unittest.TestCase):
+    def test_rejects_bad_databases_by_name(self):
+        good = tuning.new("sm_90", {})
+        cases = [
+            (dict(good, format=2), "format 2"),
+            ({k: v for k, v in good.items() if k != "arch"}, "no 'arch'"),
+            (dict(good, grid={"seqlen_edges": [0, 512, 256]}), "increasing"),
+            (dict(good, entries=[entry(mask="sliding")]), "mask 'sliding'"),
+            (dict(good, entries=[entry(q=4)]), "seqlen_q_bin 4"),
+            (dict(good, entries=[entry(ms=0)]), "positive time"),
+            (dict(good, entries=[entry(), entry(winner="m64n64w4s2")]), "a second entry"),
+            (dict(good, entries=[{k: v for k, v in entry().items() if k != "winner"}]), "no 'winner'"),
+        ]
+        for data, needle in cases:
+            with self.subTest(needle=needle):
+                with self.assertRaises(tuning.TuningError) as cm:
+                    tuning.Database(data, "bad.json")
+                self.assertIn(needle, str(cm.exception))
+                self.assertIn("bad.json", str(cm.exception))
+
+    def test_winners_gives_cells(self):
+        d = db(entry(q=0, k=1, winner="m64n64w4s2"), entry(q=3, k=3, mask="causal"),
+               entry(functional=dict(BF16_128, head_dim=64), winner="m64n64w4s3"))
+        won = d.winners("attn_fwd", BF16_128)
+        self.assertEqual(set(won), {"m64n64w4s2", "m128n64w4s2"})
+        self.assertEqual(won["m64n64w4s2"], [{"mask": "none", "seqlen_q": [0, 512], "seqlen_k": [512, 2048]}])
+        self.assertEqual(won["m128n64w4s2"], [{"mask": "causal", "seqlen_q": [8192, None], "seqlen_k": [8192, None]}])
+        self.assertEqual(d.winners("attn_bwd_dq", BF16_128), {})
+
+    def test_canonical_text_and_diff(self):
+        a = db(entry(q=1, k=1), entry(q=2, k=2, winner="m64n64w4s2", ms=2.0))
+        b = db(entry(q=2, k=2, winner="m128n128w8s3", ms=1.5), entry(q=3, k=3))
+        text = a.to_json()
+        self.assertEqual(tuning.Database(json.loads(text)).to_json(), text)
+        self.assertEqual(len([ln for ln in text.splitlines() if ln.strip().startswith('{"family"')]), 2)
+        lines = tuning.diff(a, b)
+        self.assertEqual(len(lines), 3, lines)
+        self.assertTrue(any(ln.startswith("- ") and "bins (1, 1)" in ln for ln in lines))
+        self.assertTrue(any(ln.startswith("~ ") and "m64n64w4s2 2 ms -> m128n128w8s3 1.5 ms" in ln for ln in lines))
+        self.assertTrue(any(ln.startswith("+ ") and "bins (3, 3)" in ln for ln in lines))
+
+    def test_cli(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            old, new = os.path.join(tmp, "old.json"), os.path.join(tmp, "new.json")
+            with open(old, "w") as f:
+                f.write(db(entry()).to_json())
+            with open(new, "w") as f:
+                f.write(db(entry(winner="m64n64w4s2")).to_json())
+            out = io.StringIO()
+            with redirect_stdout(out):
+                self.assertEqual(tuning.main(["diff", old, new]), 0)
+                self.assertEqual(tuning.main(["show", new]), 0)
+            self.assertIn("m128n64w4s2 1 ms -> m64n64w4s2 1 ms", out.getvalue())
+            with open(new, "w") as f:
+                f.write("{")
+            self.assertEqual(tuning.main(["show", new]), 1)
+
+    def test_load_arch(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertIsNone(tuning.load_arch("sm_90", tmp))
+            with open(os.path.join(tmp, "sm_90.json"), "w") as f:
+                f.write(db(entry(), arch="sm_80").to_json())
+            with self.assertRaises(tuning.TuningError) as cm:
+                tuning.load_arch("sm_90", tmp)
+            self.assertIn("holds arch 'sm_80'", str(cm.exception))
+
+
+class RulesWithDatabaseTest(unittest.TestCase):
+    def fwd_specs(self, specs, functional):
+        return [s for s in specs if s.family == "attn_fwd" and s.functional == functional]
+
+    def test_winner_added_with_its_cells_and_fallback_kept(self):
+        base = rules.enumerate_kernels("sm_90", [rules.ATTN_FWD])
+        tuned = rules.enumerate_kernels("sm_90", [rules.ATTN_FWD],
+                                        tuning=db(entry(winner="m64n128w4s2"), entry(q=3, k=3, mask="causal")))
+        before, after = self.fwd_specs(base, BF16_128), self.fwd_specs(tuned, BF16_128)
+        self.assertEqual(len(after), len(before) + 2)  # two winners, neither a heuristic config
+        self.assertTrue({s.id for s in before} <= {s.id for s in after}, "the heuristic fallback stays")
+        (won,) = [s for s in after if rules.config_tag(s.config) == "m64n128w4s2"]
+        self.assertEqual(won.variant, "aligned")
+        self.assertEqual(list(won.tuned_for), [{"mask": "none", "seqlen_q": [2048, 8192], "seqlen_k": [2048, 8192]}])
+        (other,) = [s for s in after if rules.config_tag(s.config) == "m128n64w4s2" and s.variant == "aligned"]
+        self.assertEqual(other.tuned_for[0]["mask"], "causal")
+        self.assertEqual({s.id for s in before if s.variant == "generic"}, {s.id for s in after if s.variant == "generic"})
+        untouched = dict(BF16_128, head_dim=64)
+        self.assertEqual([s.id for s in self.fwd_specs(base, untouched)], [s.id for s in self.fwd_specs(tuned, untouched)])
+        self.assertFalse(any(s.tuned_for for s in self.fwd_specs(tuned, untouched)))
+
+    def test_unknown_config_and_other_arch_refused(self):
+        with self.assertRaises(ValueError) as cm:
+            rules.enumerate_kernels("sm_90", [rules.ATTN_FWD], tuning=db(entry(winner="m999n64w4s2")))
+        self.assertIn("m999n64w4s2", str(cm.exception))
+        with self.assertRaises(ValueError):
+            rules.enumerate_kernels("sm_90", [rules.ATTN_FWD], tuning=db(entry(), arch="sm_80"))
+
+    def test_tuning_build_has_every_candidate(self):
+        specs = rules.enumerate_kernels("sm_90", for_tuning=True)
+        for fam in (rules.ATTN_FWD, rules.ATTN_BWD_DKDV, rules.ATTN_BWD_DQ):
+            for functional in rules.functionals(fam):
+                tags = {rules.config_tag(s.config) for s in specs
+                        if s.family == fam.name and s.functional == functional and s.variant == "aligned"}
+                want = {rules.config_tag(c) for c in fam.candidates("sm_90", functional)}
+                self.assertEqual(tags, want, f"{fam.name} {functional}")
+                heuristic = {rules.config_tag(c) for c in fam.configs("sm_90", functional)}
+                self.assertTrue(heuristic <= want)
+        normal = rules.enumerate_kernels("sm_90")
+        self.assertEqual({s.id for s in normal if s.variant == "generic"}, {s.id for s in specs if s.variant == "generic"})
+        # AMD: no GPU to tune on, the candidates are the configs.
+        self.assertEqual(len(rules.enumerate_kernels("gfx942", for_tuning=True)), len(rules.enumerate_kernels("gfx942")))
+
+    def test_tags_match_kernel_ids(self):
+        for s in rules.enumerate_kernels("gfx942", [rules.ATTN_FWD])[:5] + rules.enumerate_kernels("sm_90")[:50]:
+            self.assertIn(f"-{rules.config_tag(s.config)}-{s.variant}", s.id)
+
+
+if __name__ == "__main__":
+    unittest.main()
