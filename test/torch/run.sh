@@ -32,8 +32,24 @@ else
   echo "torch-build: FAILED (see $OUT/torch-build.log)"
   exit 1
 fi
-export PYTHONPATH="$ROOT/bindings/torch/python:$ROOT/test/torch${PYTHONPATH:+:$PYTHONPATH}"
-export LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The wheel users install (bindings/torch/setup.py: libaotriton beside the extension, $ORIGIN
+# rpath), installed into this python; the suites marked "wheel" below run on it, with neither
+# PYTHONPATH (but for the tests' own helpers) nor LD_LIBRARY_PATH.
+step "build and install the wheel"
+rm -rf "$BUILD/wheel"
+if AOTRITON_PREFIX="$PREFIX" "$PYTHON" -m pip wheel --no-build-isolation --no-deps bindings/torch -w "$BUILD/wheel" \
+     >"$OUT/torch-wheel.log" 2>&1 &&
+   "$PYTHON" -m pip install --no-deps --force-reinstall "$BUILD"/wheel/*.whl >>"$OUT/torch-wheel.log" 2>&1 &&
+   (cd /tmp && env -u PYTHONPATH -u LD_LIBRARY_PATH "$PYTHON" -c \
+     'import aotriton.torch as t, sys; print("installed", t.__file__, t.version()); sys.exit(0 if t.is_available() else 1)') \
+     >>"$OUT/torch-wheel.log" 2>&1; then
+  summary+=("torch-wheel: ok ($(basename "$BUILD"/wheel/*.whl), $(du -h "$BUILD"/wheel/*.whl | cut -f1); $(grep '^installed' "$OUT/torch-wheel.log"))")
+else
+  failed=1
+  summary+=("torch-wheel: FAILED (see $OUT/torch-wheel.log)")
+fi
+TREE_PYTHONPATH="$ROOT/bindings/torch/python:$ROOT/test/torch${PYTHONPATH:+:$PYTHONPATH}"
+TREE_LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # Each suite on the forced portable backend, then with the default dispatch (on an H200: the Gluon
 # kernels wherever they apply), then forced onto Gluon: test_ops.py and test_graph.py run the cases
@@ -51,7 +67,14 @@ for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:
   args=()
   case $name in llama|mistral) args=(${LLAMA_ARGS:-}) ;; esac
   log=$OUT/torch-$name-$backend.log
-  AOTRITON_BACKEND=$backend "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$log" 2>&1
+  case $name in
+    registered|flash_attn_compat|mistral)  # on the installed wheel
+      env -u LD_LIBRARY_PATH PYTHONPATH="$ROOT/test/torch" AOTRITON_BACKEND=$backend \
+        "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$log" 2>&1 ;;
+    *)
+      PYTHONPATH=$TREE_PYTHONPATH LD_LIBRARY_PATH=$TREE_LD_LIBRARY_PATH AOTRITON_BACKEND=$backend \
+        "$PYTHON" "test/torch/test_$name.py" "${args[@]}" >"$log" 2>&1 ;;
+  esac
   rc=$?
   [ $rc -eq 0 ] || failed=1
   line=$(grep -E "^torch-$name: [0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1)
@@ -75,7 +98,7 @@ if ! command -v cmake >/dev/null 2>&1; then
   summary+=("torch-cpp-example: skipped (no cmake)")
 elif cmake -S "$ex" -B "$ex/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" >"$log" 2>&1 \
      && cmake --build "$ex/build" >>"$log" 2>&1; then
-  if "$ex/build/example" >>"$log" 2>&1; then
+  if LD_LIBRARY_PATH=$TREE_LD_LIBRARY_PATH "$ex/build/example" >>"$log" 2>&1; then
     summary+=("torch-cpp-example: 1 passed, 0 failed")
   else
     failed=1
