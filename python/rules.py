@@ -794,6 +794,9 @@ class KernelSpec:
     #: The tuning-database cells this kernel won (``tuning.Database.winners``): dispatch takes it
     #: for calls in them. Not part of the image (not in ``to_json``, the cache key).
     tuned_for: tuple = ()
+    #: Compiled only because the database (or a tuning build) names it: dispatch's heuristic
+    #: never picks it, so the heuristic decides among exactly its own configs.
+    tuned_only: bool = False
 
     @property
     def args(self) -> list[dict[str, Any]]:
@@ -928,7 +931,7 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
             for config in configs:
                 spec = _spec(family, arch, functional, config, "aligned")
                 cells = won.get(config_tag(config))
-                specs.append(dataclasses.replace(spec, tuned_for=tuple(cells)) if cells else spec)
+                specs.append(dataclasses.replace(spec, tuned_for=tuple(cells or ()), tuned_only=config not in heuristic))
             if "generic" in family.variants:
                 smallest = min(heuristic, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
                 specs.append(_spec(family, arch, functional, smallest, "generic"))

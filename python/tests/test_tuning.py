@@ -118,9 +118,13 @@ class RulesWithDatabaseTest(unittest.TestCase):
         self.assertTrue({s.id for s in before} <= {s.id for s in after}, "the heuristic fallback stays")
         (won,) = [s for s in after if rules.config_tag(s.config) == "m64n128w4s2"]
         self.assertEqual(won.variant, "aligned")
+        self.assertTrue(won.tuned_only, "the heuristic must not pick a database-only kernel")
+        self.assertFalse(any(s.tuned_only for s in before))
         self.assertEqual(list(won.tuned_for), [{"mask": "none", "seqlen_q": [2048, 8192], "seqlen_k": [2048, 8192]}])
         (other,) = [s for s in after if rules.config_tag(s.config) == "m128n64w4s2" and s.variant == "aligned"]
         self.assertEqual(other.tuned_for[0]["mask"], "causal")
+        heuristic = [s for s in after if s.variant == "aligned" and not s.tuned_only]
+        self.assertEqual({s.id for s in heuristic}, {s.id for s in before if s.variant == "aligned"})
         self.assertEqual({s.id for s in before if s.variant == "generic"}, {s.id for s in after if s.variant == "generic"})
         untouched = dict(BF16_128, head_dim=64)
         self.assertEqual([s.id for s in self.fwd_specs(base, untouched)], [s.id for s in self.fwd_specs(tuned, untouched)])
@@ -143,6 +147,9 @@ class RulesWithDatabaseTest(unittest.TestCase):
                 self.assertEqual(tags, want, f"{fam.name} {functional}")
                 heuristic = {rules.config_tag(c) for c in fam.configs("sm_90", functional)}
                 self.assertTrue(heuristic <= want)
+                untuned = {rules.config_tag(s.config) for s in specs if s.family == fam.name and
+                           s.functional == functional and s.variant == "aligned" and not s.tuned_only}
+                self.assertEqual(untuned, heuristic)
         normal = rules.enumerate_kernels("sm_90")
         self.assertEqual({s.id for s in normal if s.variant == "generic"}, {s.id for s in specs if s.variant == "generic"})
         # AMD: no GPU to tune on, the candidates are the configs.

@@ -70,6 +70,11 @@
 //!   split for the swizzle width; `swizzle` 0..3; `elem_type`, Triton's *device* TMA data-type
 //!   enum; `elem_size` in bytes; `fp4_padded`), and its `type` then starts with `tensordesc`.
 //!   A version-1 index with a `tensordesc` is refused.
+//! * 3: a kernel may carry `tuned_for`, the tuning-database cells it won (python/tuning.py):
+//!   `[{"mask": "none"|"causal", "seqlen_q": [lo, hi], "seqlen_k": [lo, hi]}]`, lengths in
+//!   `[lo, hi)`, `hi` null for no upper bound; dispatch takes that kernel for calls in a cell.
+//!   `tuned_only: true` marks a kernel compiled only because the database names it (dispatch's
+//!   heuristic leaves it out). An older index with either is refused.
 //!
 //! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
 //! script includes it by path to pack images at build time, so the same code writes and reads the
@@ -89,11 +94,13 @@ pub const DIGEST_MANIFEST: &str = "aotriton-images.sha256";
 /// First eight bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"AOTRIMG\0";
 /// The newest format version this code reads and writes (see "Versions" above).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this code reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
 /// The first format version with `tensordesc` arguments.
 const TENSORDESC_VERSION: u32 = 2;
+/// The first format version with `tuned_for` cells.
+const TUNED_VERSION: u32 = 3;
 /// Most dimensions of a TMA descriptor.
 pub const MAX_TENSORDESC_RANK: usize = 5;
 
@@ -214,6 +221,54 @@ pub struct KernelMeta {
     pub profile_scratch_size: u32,
     /// Alignment of the profiling scratch memory.
     pub profile_scratch_align: u32,
+    /// The tuning-database cells this kernel won (empty: dispatch's heuristic decides).
+    pub tuned_for: Vec<TunedCell>,
+    /// Compiled only because the tuning database (or a tuning build) names it: dispatch's
+    /// heuristic leaves it out, so it decides among exactly its own configs.
+    pub tuned_only: bool,
+}
+
+/// The mask kind of the tuning grid: whether a call's mask lets the kernels skip key blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskKind {
+    /// No mask and no window.
+    None,
+    /// Causal or a sliding window, either alignment.
+    Causal,
+}
+
+/// Sequence lengths `lo <= n < hi` (`hi` None: no upper bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthBin {
+    /// The shortest length in the bin.
+    pub lo: u64,
+    /// One past the longest length in the bin (None: unbounded).
+    pub hi: Option<u64>,
+}
+
+impl LengthBin {
+    /// Whether length `n` falls in the bin.
+    pub fn contains(&self, n: u64) -> bool {
+        n >= self.lo && self.hi.is_none_or(|hi| n < hi)
+    }
+}
+
+/// One cell of the tuning grid (python/tuning.py): a mask kind and a bin of each length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunedCell {
+    /// The mask kind the cell was timed with.
+    pub mask: MaskKind,
+    /// The query-length bin.
+    pub seqlen_q: LengthBin,
+    /// The key-length bin.
+    pub seqlen_k: LengthBin,
+}
+
+impl TunedCell {
+    /// Whether a call with this mask kind and lengths falls in the cell.
+    pub fn contains(&self, mask: MaskKind, seqlen_q: u64, seqlen_k: u64) -> bool {
+        self.mask == mask && self.seqlen_q.contains(seqlen_q) && self.seqlen_k.contains(seqlen_k)
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +290,8 @@ impl KernelMeta {
             global_scratch_align: 1,
             profile_scratch_size: 0,
             profile_scratch_align: 1,
+            tuned_for: Vec::new(),
+            tuned_only: false,
         }
     }
 }
@@ -765,7 +822,59 @@ fn kernel_meta_from_json(k: &Map<String, Value>) -> Result<KernelMeta, String> {
         global_scratch_align: get_u32(k, "global_scratch_align")?,
         profile_scratch_size: get_u32(k, "profile_scratch_size")?,
         profile_scratch_align: get_u32(k, "profile_scratch_align")?,
+        tuned_for: match k.get("tuned_for") {
+            None => Vec::new(),
+            Some(v) => tuned_cells_from_json(v).map_err(|p| format!("tuned_for: {p}"))?,
+        },
+        tuned_only: match k.get("tuned_only") {
+            None => false,
+            Some(v) => v.as_bool().ok_or("field `tuned_only` must be a bool")?,
+        },
     })
+}
+
+fn tuned_cells_from_json(v: &Value) -> Result<Vec<TunedCell>, String> {
+    let bin = |c: &Map<String, Value>, key: &str| -> Result<LengthBin, String> {
+        let pair = get_arr(c, key)?;
+        let lo = pair.first().and_then(Value::as_u64);
+        let hi = pair.get(1).map(|h| if h.is_null() { Ok(None) } else { h.as_u64().map(Some).ok_or(()) });
+        match (pair.len(), lo, hi) {
+            (2, Some(lo), Some(Ok(hi))) if hi.is_none_or(|hi| hi > lo) => Ok(LengthBin { lo, hi }),
+            _ => Err(format!("`{key}` must be [lo, hi] with integers lo < hi (hi null: unbounded)")),
+        }
+    };
+    let cells = v.as_array().ok_or("must be an array")?;
+    let mut out = Vec::with_capacity(cells.len());
+    for (i, c) in cells.iter().enumerate() {
+        let c = as_obj(c, &format!("[{i}]"))?;
+        let cell = (|| -> Result<TunedCell, String> {
+            let mask = match get_str(c, "mask")?.as_str() {
+                "none" => MaskKind::None,
+                "causal" => MaskKind::Causal,
+                other => return Err(format!("mask `{other}` is not `none` or `causal`")),
+            };
+            Ok(TunedCell { mask, seqlen_q: bin(c, "seqlen_q")?, seqlen_k: bin(c, "seqlen_k")? })
+        })()
+        .map_err(|p| format!("[{i}]: {p}"))?;
+        out.push(cell);
+    }
+    Ok(out)
+}
+
+fn tuned_cells_to_json(cells: &[TunedCell]) -> Value {
+    let bin = |b: &LengthBin| json!([b.lo, b.hi]);
+    Value::Array(
+        cells
+            .iter()
+            .map(|c| {
+                let mask = match c.mask {
+                    MaskKind::None => "none",
+                    MaskKind::Causal => "causal",
+                };
+                json!({"mask": mask, "seqlen_q": bin(&c.seqlen_q), "seqlen_k": bin(&c.seqlen_k)})
+            })
+            .collect(),
+    )
 }
 
 fn tensordesc_from_json(d: &Map<String, Value>) -> Result<TensorDescMeta, String> {
@@ -840,19 +949,30 @@ fn kernel_meta_to_json(m: &KernelMeta) -> Map<String, Value> {
         "profile_scratch_align".into(),
         json!(m.profile_scratch_align),
     );
+    if !m.tuned_for.is_empty() {
+        k.insert("tuned_for".into(), tuned_cells_to_json(&m.tuned_for));
+    }
+    if m.tuned_only {
+        k.insert("tuned_only".into(), json!(true));
+    }
     k
 }
 
 /// The oldest format version that can hold these kernels (see "Versions").
 fn version_needed<'a>(kernels: impl IntoIterator<Item = &'a KernelMeta>) -> u32 {
-    let descriptors = kernels
+    kernels
         .into_iter()
-        .any(|k| k.args.iter().any(|a| a.tensordesc.is_some()));
-    if descriptors {
-        TENSORDESC_VERSION
-    } else {
-        MIN_FORMAT_VERSION
-    }
+        .map(|k| {
+            if !k.tuned_for.is_empty() || k.tuned_only {
+                TUNED_VERSION
+            } else if k.args.iter().any(|a| a.tensordesc.is_some()) {
+                TENSORDESC_VERSION
+            } else {
+                MIN_FORMAT_VERSION
+            }
+        })
+        .max()
+        .unwrap_or(MIN_FORMAT_VERSION)
 }
 
 /// Checks the index schema and layout. Errors are relative to the index ("missing field ...").
@@ -933,9 +1053,14 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
             let at = |p: String| at(format!("kernels[{ki}]: {p}"));
             let ko = as_obj(kv, "kernel").map_err(at)?;
             let meta = kernel_meta_from_json(ko).map_err(at)?;
-            if header_version < TENSORDESC_VERSION && version_needed([&meta]) > header_version {
+            if version_needed([&meta]) > header_version {
+                let (what, needs) = if meta.tuned_for.is_empty() && !meta.tuned_only {
+                    ("tensordesc arguments", TENSORDESC_VERSION)
+                } else {
+                    ("tuning metadata (tuned_for, tuned_only)", TUNED_VERSION)
+                };
                 return Err(at(format!(
-                    "kernel {} has tensordesc arguments, which need format version {TENSORDESC_VERSION} (file says {header_version})",
+                    "kernel {} has {what}, which need format version {needs} (file says {header_version})",
                     meta.id
                 )));
             }
@@ -1937,12 +2062,64 @@ mod tests {
     }
 
     #[test]
+    fn tuning_metadata_round_trips_as_version_3_and_is_checked() {
+        let mut tuned = plain_meta("t");
+        tuned.tuned_for = vec![
+            TunedCell {
+                mask: MaskKind::Causal,
+                seqlen_q: LengthBin { lo: 512, hi: Some(2048) },
+                seqlen_k: LengthBin { lo: 8192, hi: None },
+            },
+            TunedCell {
+                mask: MaskKind::None,
+                seqlen_q: LengthBin { lo: 0, hi: Some(512) },
+                seqlen_k: LengthBin { lo: 0, hi: Some(512) },
+            },
+        ];
+        let mut only = plain_meta("u");
+        only.tuned_only = true;
+        let bytes = written(vec![tuned.clone(), only.clone(), plain_meta("p")]);
+        assert_eq!(read_u32(&bytes, 8), Some(3), "tuning metadata needs version 3");
+        let a = parse(bytes.clone()).unwrap();
+        let kernels = &a.functionals()[0].kernels;
+        assert_eq!(kernels.iter().find(|k| k.id == "t").unwrap(), &tuned);
+        assert_eq!(kernels.iter().find(|k| k.id == "u").unwrap(), &only);
+        let cell = tuned.tuned_for[0];
+        assert!(cell.contains(MaskKind::Causal, 512, 1 << 40) && cell.contains(MaskKind::Causal, 2047, 8192));
+        assert!(!cell.contains(MaskKind::Causal, 2048, 8192) && !cell.contains(MaskKind::Causal, 600, 8191));
+        assert!(!cell.contains(MaskKind::None, 600, 9000));
+        // Without tuning metadata the writer stays at version 1 (older runtimes read it).
+        assert_eq!(read_u32(&written(vec![plain_meta("p")]), 8), Some(1));
+
+        // Kernels are sorted by id in the index: p, t, u.
+        type Edit = fn(&mut Value);
+        let cases: [(Edit, &str); 5] = [
+            (|c| c["mask"] = json!("sliding"), "mask `sliding` is not `none` or `causal`"),
+            (|c| c["seqlen_q"] = json!([512, 512]), "`seqlen_q` must be [lo, hi]"),
+            (|c| c["seqlen_k"] = json!([512]), "`seqlen_k` must be [lo, hi]"),
+            (|c| c["seqlen_k"] = json!([-1, 4]), "`seqlen_k` must be [lo, hi]"),
+            (|c| drop(c.as_object_mut().unwrap().remove("mask")), "tuned_for: [0]: missing field `mask`"),
+        ];
+        for (edit, want) in cases {
+            parse_err(with_index(&bytes, |v| edit(&mut v["functionals"][0]["kernels"][1]["tuned_for"][0])), want);
+        }
+        parse_err(
+            with_index(&bytes, |v| v["functionals"][0]["kernels"][2]["tuned_only"] = json!(1)),
+            "`tuned_only` must be a bool",
+        );
+        // A version-2 file cannot carry tuning metadata: refused, not half-read.
+        let mut v2 = with_index(&bytes, |v| v["format_version"] = json!(2));
+        v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+        parse_err(v2, "need format version 3 (file says 2)");
+    }
+
+    #[test]
     fn newer_format_version() {
         let mut bytes = archive_bytes("version");
         bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
         parse_err(
             bytes.clone(),
-            "format version 7 is newer than this runtime reads (2)",
+            "format version 7 is newer than this runtime reads (3)",
         );
         // Even when the rest of the header is missing.
         parse_err(bytes[..12].to_vec(), "format version 7 is newer");

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::archive::{Functional, KernelArg, KernelMeta};
+use crate::archive::{Functional, KernelArg, KernelMeta, MaskKind};
 use crate::driver::{
     DeviceInfo, EMPTY_TENSOR_MAP, LaunchDims, LoadedFunction, ModuleScope, Runtime, Stream, StreamContext, TensorMap,
 };
@@ -480,6 +480,32 @@ pub(crate) enum Serves {
     Yes,
     NotCompiled,
     NoKernelFits,
+}
+
+/// A call's cell in the tuning grid (python/tuning.py): its mask kind and sequence lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TuningKey {
+    pub mask: MaskKind,
+    pub seqlen_q: u64,
+    pub seqlen_k: u64,
+}
+
+impl TuningKey {
+    /// The kernel of `pool` that the tuning database picked for this call (kernels carry the
+    /// cells they won: `tuned_for`), if any; the operators' heuristics decide otherwise.
+    pub fn tuned(&self, functional: &Functional, pool: &KernelSet) -> Option<usize> {
+        pool.iter().find(|&i| {
+            functional.kernels[i].tuned_for.iter().any(|cell| cell.contains(self.mask, self.seqlen_q, self.seqlen_k))
+        })
+    }
+}
+
+/// The kernels of `pool` the heuristic chooses among: all but those compiled only for the tuning
+/// database (`tuned_only`), so an untuned cell gets exactly the heuristic's pick.
+pub(crate) fn heuristic_pool(functional: &Functional, pool: KernelSet) -> KernelSet {
+    let mut own = pool;
+    own.retain(|i| !functional.kernels[i].tuned_only);
+    if own.is_empty() { pool } else { own }
 }
 
 /// Chooses among fitting kernels by variant: the `aligned` ones when any fits (they carry the

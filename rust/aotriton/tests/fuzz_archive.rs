@@ -212,6 +212,8 @@ fn synthetic_archive() -> Vec<u8> {
         global_scratch_align: 1,
         profile_scratch_size: 0,
         profile_scratch_align: 1,
+        tuned_for: Vec::new(),
+        tuned_only: false,
     };
     let descriptor = KernelArg {
         name: "desc_q".into(),

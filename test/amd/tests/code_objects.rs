@@ -470,6 +470,8 @@ fn the_checks_name_each_mismatch() {
         global_scratch_align: 1,
         profile_scratch_size: 0,
         profile_scratch_align: 1,
+        tuned_for: Vec::new(),
+        tuned_only: false,
     };
     /// One change to the matching code object.
     type Edit = fn(&mut Kernel);

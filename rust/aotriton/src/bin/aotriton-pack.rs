@@ -199,6 +199,8 @@ mod tests {
                 global_scratch_align: 1,
                 profile_scratch_size: 0,
                 profile_scratch_align: 1,
+                tuned_for: Vec::new(),
+                tuned_only: false,
             };
             writer.add("attn_fwd", &[("head_dim", &format!("{}", 16 * (i % 4 + 1)))], meta, vec![i as u8; 100]).unwrap();
         }

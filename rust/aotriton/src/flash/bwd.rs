@@ -20,7 +20,9 @@ use super::{
     optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::{Functional, KernelMeta};
-use crate::dispatch::{ArgList, ArgValue, KernelSet, Launcher, Request, blocks, check_grid, preferred_variant};
+use crate::dispatch::{
+    ArgList, ArgValue, KernelSet, Launcher, Request, TuningKey, blocks, check_grid, heuristic_pool, preferred_variant,
+};
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
 use crate::error::{Result, bail, checked_product};
@@ -154,6 +156,7 @@ impl<'a> BwdParams<'a> {
 /// ```
 pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
+    let key = super::tuning_key(&shape, &mask);
     let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
     let preprocess_axes = axes(dtype, false, &shape, &[]);
     let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
@@ -179,16 +182,17 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
-            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic);
+            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic, key);
         }
     }
+    let choose = |f: &Functional, k: KernelSet, _: &DeviceInfo| choose_kernel(f, k, key);
     let kernels = [
-        launcher.prepare(&preprocess, choose_kernel, |m| Ok(preprocess_grid(&shape, kernel_blocks(m))))?,
-        launcher.prepare(&dkdv, choose_kernel, |m| Ok(dkdv_grid(&shape, kernel_blocks(m))))?,
-        launcher.prepare(&dq, choose_kernel, |m| Ok(dq_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&preprocess, choose, |m| Ok(preprocess_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&dkdv, choose, |m| Ok(dkdv_grid(&shape, kernel_blocks(m))))?,
+        launcher.prepare(&dq, choose, |m| Ok(dq_grid(&shape, kernel_blocks(m))))?,
     ];
     let dbias_kernel = match &params.dbias {
-        Some(db) => Some(launcher.prepare(&dbias, choose_kernel, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
+        Some(db) => Some(launcher.prepare(&dbias, choose, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
         None => None,
     };
     for kernel in kernels.iter().chain(&dbias_kernel) {
@@ -326,10 +330,12 @@ pub(crate) fn int32_args<T: Copy + TryInto<i32> + std::fmt::Display, const N: us
     Ok(args)
 }
 
-/// The portable backward families compile one config per variant: the aligned one when its
-/// hints fit.
-pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, _device: &DeviceInfo) -> usize {
-    preferred_variant(functional, fitting).first().unwrap_or(0)
+/// The portable backward families' config choice: the `aligned` variant when its hints fit; among
+/// those the kernel the tuning database picked for the call's cell ([`TuningKey::tuned`]), else
+/// the first (the heuristic compiles one config per functional).
+pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, key: TuningKey) -> usize {
+    let pool = preferred_variant(functional, fitting);
+    key.tuned(functional, &pool).or_else(|| heuristic_pool(functional, pool).first()).unwrap_or(0)
 }
 
 pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Result<ArgList> {

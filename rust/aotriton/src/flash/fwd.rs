@@ -5,7 +5,9 @@ use super::{
     check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
-use crate::dispatch::{ArgList, ArgValue, Axes, KernelSet, Launcher, Request, config, preferred_variant};
+use crate::dispatch::{
+    ArgList, ArgValue, Axes, KernelSet, Launcher, Request, TuningKey, config, heuristic_pool, preferred_variant,
+};
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
 use crate::error::Result;
@@ -73,6 +75,7 @@ impl<'a> FwdParams<'a> {
 /// configuration, a call allocates no host memory and never waits on the device.
 pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
+    let key = super::tuning_key(&shape, &mask);
     let axes = functional_axes(params, &shape);
     let args = kernel_args(params, &shape, &mask)?;
     let request = Request { family: "attn_fwd", axes: axes.as_slice()?, args: args.args()? };
@@ -84,12 +87,12 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
         let gluon_request = call.request()?;
         let ready = gluon::device_ready(&launcher, &[&gluon_request]);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {
-            return gluon::launch_fwd(&launcher, &gluon_request, &shape);
+            return gluon::launch_fwd(&launcher, &gluon_request, &shape, key);
         }
     }
     let kernel = launcher.prepare(
         &request,
-        |functional, fitting, device| choose_kernel(functional, fitting, &shape, device),
+        |functional, fitting, device| choose_kernel(functional, fitting, &shape, key, device),
         |meta| Ok([super::bwd::kernel_blocks(meta)(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]),
     )?;
     launcher.launch(&kernel)
@@ -126,13 +129,24 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
     Ok(args)
 }
 
-/// The documented config heuristic (python/rules.py): among the kernels whose alignment hints
-/// fit, prefer the `aligned` variant; then take the largest BLOCK_M whose grid
-/// cdiv(Sq, BLOCK_M)·Hq·B gives every multiprocessor at least one program, or else the smallest
-/// BLOCK_M (more, smaller programs for small problems).
-pub(crate) fn choose_kernel(functional: &Functional, fitting: KernelSet, shape: &AttnShape, device: &DeviceInfo) -> usize {
+/// The forward's config choice (python/rules.py, "Runtime choice"): among the kernels whose
+/// alignment hints fit, prefer the `aligned` variant; then the kernel the tuning database picked
+/// for the call's cell ([`TuningKey::tuned`]); else the documented heuristic: the largest BLOCK_M
+/// whose grid cdiv(Sq, BLOCK_M)·Hq·B gives every multiprocessor at least one program, or else the
+/// smallest BLOCK_M (more, smaller programs for small problems).
+pub(crate) fn choose_kernel(
+    functional: &Functional,
+    fitting: KernelSet,
+    shape: &AttnShape,
+    key: TuningKey,
+    device: &DeviceInfo,
+) -> usize {
     let block_m = |i: usize| config(&functional.kernels[i], "BLOCK_M", 1).max(1) as u64;
     let pool = preferred_variant(functional, fitting);
+    if let Some(tuned) = key.tuned(functional, &pool) {
+        return tuned;
+    }
+    let pool = heuristic_pool(functional, pool);
     let programs = |i: usize| shape.seqlen_q.div_ceil(block_m(i)) * shape.heads_q * shape.batch;
     let filling = pool.iter().filter(|&i| programs(i) >= device.multiprocessors as u64);
     filling
@@ -568,7 +582,7 @@ pub(crate) mod tests {
         let functional = &loaded.archive.functionals()[index];
         let fitting = fitting_kernels(functional, args.args().unwrap()).unwrap();
         assert!(!fitting.is_empty());
-        functional.kernels[choose_kernel(functional, fitting, &shape, &h100_like())].clone()
+        functional.kernels[choose_kernel(functional, fitting, &shape, crate::flash::tuning_key(&shape, &mask), &h100_like())].clone()
     }
 
     fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams<'static> {
@@ -619,5 +633,43 @@ pub(crate) mod tests {
         assert_eq!(pick(&p).variant, "generic");
         // A head dim of 24 keeps 16-byte rows: the aligned bucket-32 kernel serves it.
         assert_eq!(pick(&sized(4, 16, 512, 24)).variant, "aligned");
+    }
+
+    #[test]
+    fn tuned_cells_decide_where_they_apply_and_the_heuristic_elsewhere() {
+        use crate::archive::{LengthBin, MaskKind, TunedCell};
+        let p = sized(4, 16, 4096, 128);
+        let (shape, mask) = validate(&p).unwrap();
+        let loaded = images::archive_for(images::built_archs()[0]).unwrap();
+        let axes = functional_axes(&p, &shape);
+        let args = kernel_args(&p, &shape, &mask).unwrap();
+        let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
+        let mut functional = loaded.archive.functionals()[dispatch::find_functional(&loaded, &request).unwrap()].clone();
+        let fitting = fitting_kernels(&functional, args.args().unwrap()).unwrap();
+        let unmasked = crate::flash::tuning_key(&shape, &mask);
+        let heuristic = choose_kernel(&functional, fitting, &shape, unmasked, &h100_like());
+        let other = fitting
+            .iter()
+            .find(|&i| i != heuristic && functional.kernels[i].variant == "aligned")
+            .expect("bf16 hd128 has two aligned configs");
+        // The other config wins the cell of this call (no mask, both lengths in [2048, 8192)).
+        let bin = LengthBin { lo: 2048, hi: Some(8192) };
+        functional.kernels[other].tuned_for = vec![TunedCell { mask: MaskKind::None, seqlen_q: bin, seqlen_k: bin }];
+        assert_eq!(choose_kernel(&functional, fitting, &shape, unmasked, &h100_like()), other);
+        // Outside the cell (a causal call, a longer one): the heuristic's pick again.
+        let causal = dispatch::TuningKey { mask: MaskKind::Causal, ..unmasked };
+        assert_eq!(choose_kernel(&functional, fitting, &shape, causal, &h100_like()), heuristic);
+        let long = dispatch::TuningKey { seqlen_q: 8192, ..unmasked };
+        assert_eq!(choose_kernel(&functional, fitting, &shape, long, &h100_like()), heuristic);
+        // The mask kind comes from the call: unbounded windows are no mask, causal is.
+        let mut causal_call = p.clone();
+        causal_call.mask = super::Mask::causal(crate::flash::MaskAlign::TopLeft);
+        let (cshape, cmask) = validate(&causal_call).unwrap();
+        assert_eq!(unmasked.mask, MaskKind::None);
+        assert_eq!(crate::flash::tuning_key(&cshape, &cmask).mask, MaskKind::Causal);
+        // A kernel compiled only for the database is never the heuristic's pick.
+        functional.kernels[heuristic].tuned_only = true;
+        functional.kernels[other].tuned_for.clear();
+        assert_eq!(choose_kernel(&functional, fitting, &shape, unmasked, &h100_like()), other);
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 
 use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4};
 use crate::archive::KernelMeta;
-use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, blocks, bool_axis, config, first_preferred};
+use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
 use super::bwd::{dq_grid, int32_args, kernel_blocks};
 use crate::error::{Error, ErrorKind, Result, checked_product, checked_sum};
@@ -326,11 +326,11 @@ pub(crate) fn fwd_grid(meta: &KernelMeta, shape: &AttnShape, multiprocessors: u3
 }
 
 /// Enqueues the Gluon forward (grid: [`fwd_grid`]).
-pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape) -> Result<()> {
+pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnShape, key: TuningKey) -> Result<()> {
     let multiprocessors = launcher.device().multiprocessors;
     let kernel = launcher.prepare(
         request,
-        |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, device),
+        |functional, fitting, device| super::fwd::choose_kernel(functional, fitting, shape, key, device),
         |meta| fwd_grid(meta, shape, multiprocessors),
     )?;
     launcher.launch(&kernel)
@@ -447,6 +447,7 @@ pub(crate) fn launch_bwd(
     shape: &AttnShape,
     g: &GluonShape,
     deterministic: bool,
+    key: TuningKey,
 ) -> Result<()> {
     let (b, hq) = (shape.batch, shape.heads_q);
     let multiprocessors = launcher.device().multiprocessors;
@@ -457,7 +458,7 @@ pub(crate) fn launch_bwd(
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
         if deterministic {
-            launcher.prepare(dq, super::bwd::choose_kernel, |m| Ok(dq_grid(shape, kernel_blocks(m))))?
+            launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         } else {
             launcher.prepare(dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
         },
@@ -860,7 +861,7 @@ mod tests {
             max_shared: 232_448,
             warp_size: 32,
         };
-        super::super::fwd::choose_kernel(functional, fitting, &shape, &device);
+        super::super::fwd::choose_kernel(functional, fitting, &shape, super::super::tuning_key(&shape, &mask), &device);
         let g = select_by_inputs(Backend::Auto, || fwd_inputs(&p, &shape)).unwrap().unwrap();
         fwd_args(&p, &shape, &mask).args().unwrap();
         fwd_axes(&g).as_slice().unwrap();
@@ -875,7 +876,11 @@ mod tests {
         let axes = crate::flash::axes(p.q.dtype, false, &shape, &features);
         let request = Request { family: "attn_bwd_dkdv", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
         let functional = &loaded.archive.functionals()[find_functional(&loaded, &request).unwrap()];
-        super::super::bwd::choose_kernel(functional, fitting_kernels(functional, request.args).unwrap(), &device);
+        super::super::bwd::choose_kernel(
+            functional,
+            fitting_kernels(functional, request.args).unwrap(),
+            super::super::tuning_key(&shape, &mask),
+        );
         let g = bwd_inputs(&p, &shape).unwrap();
         check_workspace(p.workspace, &g).unwrap();
         let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();

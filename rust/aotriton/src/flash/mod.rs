@@ -71,6 +71,7 @@ pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 
+use crate::archive::MaskKind;
 use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
 use crate::error::{Result, bail, checked_product};
 use crate::images;
@@ -481,15 +482,27 @@ pub(crate) struct MaskArgs {
     pub bottom_right: bool,
 }
 
+/// The call's cell in the tuning grid: a causal or windowed mask skips key blocks, which the
+/// database times apart from unmasked calls.
+/// No window reaches farther than Sq + Sk keys; clamping to that keeps the kernels' int32 bounds
+/// exact, and with both sides at the clamp every key is visible (no mask).
+fn unbounded_window(shape: &AttnShape) -> i32 {
+    (shape.seqlen_q + shape.seqlen_k) as i32
+}
+
+pub(crate) fn tuning_key(shape: &AttnShape, mask: &MaskArgs) -> crate::dispatch::TuningKey {
+    let unbounded = unbounded_window(shape);
+    let kind = if mask.left < unbounded || mask.right < unbounded { MaskKind::Causal } else { MaskKind::None };
+    crate::dispatch::TuningKey { mask: kind, seqlen_q: shape.seqlen_q, seqlen_k: shape.seqlen_k }
+}
+
 pub(crate) fn mask_args(mask: &Mask, shape: &AttnShape) -> Result<MaskArgs> {
     for (name, value) in [("window_left", mask.window_left), ("window_right", mask.window_right)] {
         if value < -1 {
             bail!(InvalidArgument, "{name} is {value}: use −1 for unbounded, or a key count ≥ 0");
         }
     }
-    // No window reaches farther than Sq + Sk keys; clamping keeps the kernels' int32 bounds exact,
-    // and with both sides at the clamp every key is visible (no mask).
-    let unbounded = (shape.seqlen_q + shape.seqlen_k) as i32;
+    let unbounded = unbounded_window(shape);
     let side = |w: i32| if w < 0 { unbounded } else { w.min(unbounded) };
     Ok(MaskArgs { left: side(mask.window_left), right: side(mask.window_right), bottom_right: mask.align == MaskAlign::BottomRight })
 }
