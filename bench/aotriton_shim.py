@@ -108,7 +108,17 @@ class Aotriton:
         self.lib.aotriton_shim_dropout_offsets_consumed.restype = u64
         self.lib.aotriton_shim_last_error.restype = ctypes.c_char_p
         self.lib.aotriton_shim_version.restype = ctypes.c_char_p
+        self.lib.aotriton_shim_force_kernel.argtypes = [ctypes.c_char_p]
+        self.lib.aotriton_shim_force_kernel.restype = ctypes.c_int
         self.version = self.lib.aotriton_shim_version().decode()
+
+    def force_kernel(self, kernel_id):
+        """aotriton::tuning::force_kernel: every call launches the kernel with this id where its
+        functional holds it (None: dispatch's own choice again)."""
+        rc = self.lib.aotriton_shim_force_kernel(None if kernel_id is None else kernel_id.encode())
+        if rc != 0:
+            raise RuntimeError(f"aotriton force_kernel failed (status {rc}): "
+                               f"{self.lib.aotriton_shim_last_error().decode()}")
 
     def _runner(self, fn, args, what, keep):
         last_error = self.lib.aotriton_shim_last_error

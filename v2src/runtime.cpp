@@ -62,6 +62,16 @@ const char* status_name(Status status) noexcept {
   return "unknown status";
 }
 
+namespace tuning {
+
+Status force_kernel(const char* kernel_id) noexcept {
+  return detail::guarded([&] {
+    return detail::finish(bridge::tuning_force_kernel(rust::Str(kernel_id ? kernel_id : ""), kernel_id == nullptr));
+  });
+}
+
+}  // namespace tuning
+
 const char* version() noexcept {
   static const std::string text = [] {
     try {

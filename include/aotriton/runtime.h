@@ -84,4 +84,13 @@ AOTRITON_API const char* status_name(Status status) noexcept;
 // Library version and the GPU archs it carries kernels for, e.g. "0.1.0 (sm_90)".
 AOTRITON_API const char* version() noexcept;
 
+// For the tuner (python/tune.py): while an id is forced, every operator kernel whose functional
+// holds a compiled kernel with that id (and whose alignment hints fit the call) launches it
+// instead of dispatch's choice; the other kernels of the operator choose as usual. nullptr
+// clears it. Process-wide; meant for timing the candidates of a tuning build (kernel ids are
+// python/rules.py's), not for production calls.
+namespace tuning {
+AOTRITON_API Status force_kernel(const char* kernel_id) noexcept;
+}  // namespace tuning
+
 }  // namespace aotriton

@@ -281,6 +281,17 @@ int main() {
     ++g_failures;
   }
 
+  // The tuner's override: set, then cleared (it changes which kernel launches, never validation:
+  // a bad call with a forced id still fails by its own status).
+  expect("tuning::force_kernel(id)", aotriton::tuning::force_kernel("attn_fwd-bf16-tf0-hd128-drop0-bias0-m64n64w4s2-aligned"),
+         Status::kSuccess);
+  {
+    auto p = valid_params();
+    p.q.data = nullptr;
+    expect("forced kernel, null q", flash::attn_fwd(p, stream), Status::kNullPointer);
+  }
+  expect("tuning::force_kernel(nullptr)", aotriton::tuning::force_kernel(nullptr), Status::kSuccess);
+
   // Valid calls: without a driver they must say so (and not crash).
   if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {
     dlclose(cuda);

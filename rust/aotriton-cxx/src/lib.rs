@@ -204,6 +204,8 @@ mod ffi {
 
     extern "Rust" {
         fn version(text: &mut String) -> Outcome;
+        /// The tuner's kernel override (aotriton::tuning): `id` forced, or none when `clear`.
+        fn tuning_force_kernel(id: &str, clear: bool) -> Outcome;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
         fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
         fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
@@ -271,6 +273,13 @@ fn panic_text(payload: &(dyn Any + Send)) -> &str {
 fn version(text: &mut String) -> Outcome {
     guard(|| {
         *text = format!("{} ({})", env!("CARGO_PKG_VERSION"), aotriton::built_archs().join(", "));
+        Ok(())
+    })
+}
+
+fn tuning_force_kernel(id: &str, clear: bool) -> Outcome {
+    guard(|| {
+        aotriton::tuning::force_kernel(if clear { None } else { Some(id) });
         Ok(())
     })
 }

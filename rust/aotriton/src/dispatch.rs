@@ -8,6 +8,7 @@
 //! fixed-capacity storage: after a kernel's first launch, nothing here allocates.
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::archive::{Functional, KernelArg, KernelMeta, MaskKind};
@@ -391,7 +392,10 @@ impl Launcher {
                 ),
             ));
         }
-        let kernel_index = choose(functional, fitting, &self.context.device);
+        let kernel_index = match forced_in(functional, fitting) {
+            Some(forced) => forced,
+            None => choose(functional, fitting, &self.context.device),
+        };
         let kernel = load(&self.context, &loaded, functional_index, kernel_index)?;
         let meta = &kernel.meta;
         let plan = kernel.plan.get_or_init(|| plan_slots(meta, request.args)).as_ref().map_err(Clone::clone)?;
@@ -480,6 +484,44 @@ pub(crate) enum Serves {
     Yes,
     NotCompiled,
     NoKernelFits,
+}
+
+/// The tuner's override (python/tune.py): while set, every functional that holds a fitting
+/// kernel with this id launches it instead of dispatch's choice; other functionals (the other
+/// kernels of an operator) choose as usual. The flag keeps the steady-state path to one atomic
+/// load when no override is set.
+static FORCED_ACTIVE: AtomicBool = AtomicBool::new(false);
+static FORCED_KERNEL: Mutex<String> = Mutex::new(String::new());
+
+/// Sets (or with None clears) the kernel id the tuner forces; see [`FORCED_ACTIVE`]. Meant for
+/// timing candidates, not for production calls: it is process-wide.
+pub fn force_kernel(id: Option<&str>) {
+    let mut forced = lock(&FORCED_KERNEL);
+    forced.clear();
+    forced.push_str(id.unwrap_or(""));
+    FORCED_ACTIVE.store(id.is_some(), Ordering::Release);
+}
+
+/// The kernel id the tuner forces, if any.
+pub fn forced_kernel() -> Option<String> {
+    if !FORCED_ACTIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    Some(lock(&FORCED_KERNEL).clone())
+}
+
+/// The forced kernel's index when it belongs to `functional` and fits the call.
+fn forced_in(functional: &Functional, fitting: KernelSet) -> Option<usize> {
+    if !FORCED_ACTIVE.load(Ordering::Acquire) {
+        return None;
+    }
+    let forced = lock(&FORCED_KERNEL);
+    fitting.iter().find(|&i| functional.kernels[i].id == *forced)
+}
+
+#[cfg(test)]
+pub(crate) fn forced_in_for_tests(functional: &Functional, fitting: KernelSet) -> Option<usize> {
+    forced_in(functional, fitting)
 }
 
 /// A call's cell in the tuning grid (python/tuning.py): its mask kind and sequence lengths.

@@ -79,6 +79,13 @@ pub mod abi {
 // The adapters live behind the driver seam with the rest of what names a vendor.
 #[cfg(feature = "cudarc-adapters")]
 pub use driver::cudarc_interop as interop;
+
+/// For the tuner (python/tune.py, through the C++ API's `aotriton::tuning::force_kernel`):
+/// force one compiled kernel, by id, while timing the candidates of a tuning build. Process-wide;
+/// not for production calls.
+pub mod tuning {
+    pub use crate::dispatch::{force_kernel, forced_kernel};
+}
 pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};
 pub use images::{ImageSource, available_archs, built_archs, image_source, with_archive};

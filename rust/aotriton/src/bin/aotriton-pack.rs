@@ -121,9 +121,13 @@ fn list(path: &Path, out: &mut impl Write) -> Result<(), Failure> {
         )?;
         for (i, k) in f.kernels.iter().enumerate() {
             let config: Vec<String> = k.config.iter().map(|(n, v)| format!("{n}={v}")).collect();
+            let tuned = match (k.tuned_for.len(), k.tuned_only) {
+                (0, false) => String::new(),
+                (cells, only) => format!("  tuned_for={cells} cells{}", if only { " (tuned only)" } else { "" }),
+            };
             writeln!(
                 out,
-                "  {}  variant={} {}  shared={} warps={} ctas={}  image={} bytes",
+                "  {}  variant={} {}  shared={} warps={} ctas={}  image={} bytes{tuned}",
                 k.id,
                 k.variant,
                 config.join(" "),

@@ -667,6 +667,13 @@ pub(crate) mod tests {
         let (cshape, cmask) = validate(&causal_call).unwrap();
         assert_eq!(unmasked.mask, MaskKind::None);
         assert_eq!(crate::flash::tuning_key(&cshape, &cmask).mask, MaskKind::Causal);
+        // The tuner's override wins over both, only for the functional holding that id.
+        crate::tuning::force_kernel(Some(&functional.kernels[heuristic].id));
+        assert_eq!(dispatch::forced_in_for_tests(&functional, fitting), Some(heuristic));
+        crate::tuning::force_kernel(Some("attn_bwd_dq-some-other-kernel"));
+        assert_eq!(dispatch::forced_in_for_tests(&functional, fitting), None);
+        crate::tuning::force_kernel(None);
+        assert_eq!((crate::tuning::forced_kernel(), dispatch::forced_in_for_tests(&functional, fitting)), (None, None));
         // A kernel compiled only for the database is never the heuristic's pick.
         functional.kernels[heuristic].tuned_only = true;
         functional.kernels[other].tuned_for.clear();
