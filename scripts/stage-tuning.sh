@@ -12,7 +12,9 @@
 #     --shim .stage-tune/lib/libaotriton_shim.so --pack .stage-tune/bin/aotriton-pack \
 #     --out $OUT/sm_90.json --progress .stage-tune/tune-progress.json --budget 480 && \
 #     cp .stage-tune/tune-progress.json $OUT/
-# Env: ARCH (sm_90), BUILD_DIR (build), INSTALL (install), TUNE_PROGRESS.
+# Env: ARCH (sm_90), BUILD_DIR (build), INSTALL (install), TUNE_PROGRESS, ONLY (compile only the
+# kernels whose id contains it, e.g. "drop0-bias0": a full sm_90 tuning build is ~1500 extra kernels,
+# over an hour on 2 cores; the tuner then needs --only for the same functionals).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,9 +28,11 @@ cache=$(sed -n 's/^AOTRITON_KERNEL_CACHE:PATH=//p' "$BUILD_DIR/CMakeCache.txt")
 
 kernels=$BUILD_DIR/tuning-kernels
 "$BUILD_DIR/venv/bin/python" -B python/compile.py --arch "$ARCH" --for-tuning --out "$kernels" \
-  --cache "${cache:-$BUILD_DIR/kernel-cache}"
+  --cache "${cache:-$BUILD_DIR/kernel-cache}" ${ONLY:+--only "$ONLY"}
 [ -d "$ROOT/.tools/bin" ] && export PATH="$ROOT/.tools/bin:$PATH"
-cargo build --locked --release -p aotriton --bin aotriton-pack
+# aotriton-pack embeds the normal build's archive like every binary of the crate.
+AOTRITON_KERNEL_DIR=${AOTRITON_KERNEL_DIR:-$ROOT/$BUILD_DIR/kernels} AOTRITON_TARGET_ARCH=$ARCH \
+  cargo build --locked --release -p aotriton --bin aotriton-pack
 pack=${CARGO_TARGET_DIR:-$ROOT/target}/release/aotriton-pack
 
 rm -rf .stage-tune
@@ -37,9 +41,10 @@ mkdir -p .stage-tune/images .stage-tune/lib .stage-tune/bin
 (cd .stage-tune/images && sha256sum "aotriton-$ARCH.images" > aotriton-images.sha256)
 chmod 755 .stage-tune/images && chmod 644 .stage-tune/images/*
 cp "$pack" .stage-tune/bin/
-cp -P "$INSTALL"/lib/libaotriton.so* .stage-tune/lib/
-strip --strip-unneeded .stage-tune/lib/libaotriton.so.* .stage-tune/bin/aotriton-pack 2>/dev/null || true
-g++ -O2 -std=c++17 -shared -fPIC bench/shim.cpp -I"$INSTALL/include" -L.stage-tune/lib -laotriton \
+# The library under its SONAME as a plain file (no symlinks to carry), the shim linked to it.
+cp -L "$INSTALL/lib/libaotriton.so.0" .stage-tune/lib/libaotriton.so.0
+strip --strip-unneeded .stage-tune/lib/libaotriton.so.0 .stage-tune/bin/aotriton-pack 2>/dev/null || true
+g++ -O2 -std=c++17 -shared -fPIC bench/shim.cpp -I"$INSTALL/include" -L.stage-tune/lib -l:libaotriton.so.0 \
   -Wl,-rpath,'$ORIGIN' -o .stage-tune/lib/libaotriton_shim.so
 if [ -n "${TUNE_PROGRESS:-}" ]; then
   cp "$TUNE_PROGRESS" .stage-tune/tune-progress.json
