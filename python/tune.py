@@ -39,6 +39,9 @@ import rules  # noqa: E402
 import tuning  # noqa: E402
 
 TUNED_FAMILIES = ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
+#: Where the tensors live ("cuda"; python/tests/test_tune_dry.py runs the tuner's logic on the CPU
+#: with a float64 stand-in for the shim).
+DEVICE = "cuda"
 TORCH_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -53,9 +56,9 @@ def cell_problem(torch, functional, mask, length, tokens, hidden, gen):
     d = functional["head_dim"]
     b, h = max(1, tokens // length), max(1, hidden // d)
     dtype = getattr(torch, TORCH_DTYPE[functional["dtype"]])
-    t = lambda: torch.randn(b, h, length, d, device="cuda", dtype=torch.float32, generator=gen).add_(0.01).to(dtype)  # noqa: E731
+    t = lambda: torch.randn(b, h, length, d, device=DEVICE, dtype=torch.float32, generator=gen).add_(0.01).to(dtype)  # noqa: E731
     p = dict(b=b, h=h, s=length, d=d, q=t(), k=t(), v=t(), do=t(), causal=mask == "causal", scale=1 / math.sqrt(d))
-    p["bias"] = (torch.randn(1, 1, 1, length, device="cuda", generator=gen).to(dtype)
+    p["bias"] = (torch.randn(1, 1, 1, length, device=DEVICE, generator=gen).to(dtype)
                  if functional.get("bias") else None)
     return p
 
@@ -68,7 +71,7 @@ def reference(torch, p, keep=None, dropout_p=0.0, grads=False):
         s = s + p["bias"][0, 0].float()
     if p["causal"]:
         n = s.shape[0]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=DEVICE).triu(1), float("-inf"))
     w = torch.softmax(s, dim=-1)
     if keep is not None:
         w = w * keep / (1.0 - dropout_p)
@@ -82,7 +85,7 @@ def reference(torch, p, keep=None, dropout_p=0.0, grads=False):
 def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args, done, record):
     """Times every candidate of one functional at every cell not yet in `done`; `record(cell
     key, result)` keeps each finished cell."""
-    gen = torch.Generator(device="cuda").manual_seed(1234)
+    gen = torch.Generator(device=DEVICE).manual_seed(1234)
     for mask in args.masks:
         for index, length in enumerate(tuning.representative(tuning.DEFAULT_EDGES)):
             key = json.dumps([family, tuning.functional_key(functional), mask, index, index])
@@ -97,7 +100,7 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
                 keep = aot.debug_dropout_mask((1, 1, s, s), dropout)[0, 0]
             tf32 = bool(functional.get("tf32"))
             o = torch.empty_like(p["q"])
-            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+            lse = torch.empty(b, h, s, device=DEVICE, dtype=torch.float32)
             fwd = aot.bind_fwd(p["q"], p["k"], p["v"], o, lse, p["scale"], causal=p["causal"], bias=p["bias"],
                                dropout=dropout, allow_tf32=tf32)
             backward = family != "attn_fwd"
@@ -120,7 +123,8 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
                     t.fill_(float("nan"))
                 try:
                     run()
-                    torch.cuda.synchronize()
+                    if DEVICE == "cuda":
+                        torch.cuda.synchronize()
                     err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
                     if not math.isfinite(err):
                         raise RuntimeError("non-finite output")
@@ -149,7 +153,9 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
             record(key, entry)
 
 
-def main(argv=None):
+def main(argv=None, shim_module=None, bench=None):
+    """``shim_module`` / ``bench``: stand-ins for bench/aotriton_shim.py and triton's do_bench
+    (the dry-run test); None on the GPU machine."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shim", required=True, help="libaotriton_shim.so (bench/shim.cpp)")
     ap.add_argument("--pack", required=True, help="aotriton-pack (lists the archive's kernels)")
@@ -167,22 +173,25 @@ def main(argv=None):
     args.masks = args.masks.split(",")
 
     import torch
-    from triton.testing import do_bench
 
-    import aotriton_shim as shim
+    if shim_module is None:
+        import aotriton_shim as shim_module
+    if bench is None:
+        from triton.testing import do_bench as bench
+    shim = shim_module
 
     start = time.monotonic()
     archive = args.archive or os.path.join(os.environ.get("AOTRITON_IMAGE_DIR", ""), f"aotriton-{args.arch}.images")
     in_archive = archive_kernel_ids(args.pack, archive)
     aot = shim.Aotriton(args.shim, backend="portable")
-    print(f"tune: {aot.version}, {torch.cuda.get_device_name()}, archive {archive} ({len(in_archive)} kernels)",
-          flush=True)
+    device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE
+    print(f"tune: {aot.version}, {device_name}, archive {archive} ({len(in_archive)} kernels)", flush=True)
     done = {}
     if os.path.exists(args.progress):
         with open(args.progress) as f:
             done = json.load(f)
-    data = tuning.new(args.arch, {"device": torch.cuda.get_device_name(), "aotriton": aot.version,
-                                  "triton": __import__("triton").__version__})
+    data = tuning.new(args.arch, {"device": device_name, "aotriton": aot.version,
+                                  "triton": getattr(bench, "triton_version", None) or __import__("triton").__version__})
 
     def record(key, entry):
         done[key] = entry
@@ -214,7 +223,7 @@ def main(argv=None):
             if time.monotonic() - start > args.budget:
                 stopped = True
                 break
-            measure_functional(torch, do_bench, aot, shim, family, functional, ids, args, done, record)
+            measure_functional(torch, bench, aot, shim, family, functional, ids, args, done, record)
             write_db()
         if stopped:
             break
