@@ -433,6 +433,7 @@ def kernel_json(spec: rules.KernelSpec, metadata: dict, version: str) -> dict:
         "profile_scratch_align": metadata["profile_scratch_align"],
         **({"tuned_for": list(spec.tuned_for)} if spec.tuned_for else {}),
         **({"tuned_only": True} if spec.tuned_only else {}),
+        **({"portable_for": list(spec.portable_for)} if spec.portable_for else {}),
     }
 
 

@@ -797,6 +797,9 @@ class KernelSpec:
     #: Compiled only because the database (or a tuning build) names it: dispatch's heuristic
     #: never picks it, so the heuristic decides among exactly its own configs.
     tuned_only: bool = False
+    #: Gluon families: the cells where the database measured the portable backend faster for the
+    #: operator (``Auto`` takes the portable kernels there).
+    portable_for: tuple = ()
 
     @property
     def args(self) -> list[dict[str, Any]]:
@@ -932,6 +935,9 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
                 spec = _spec(family, arch, functional, config, "aligned")
                 cells = won.get(config_tag(config))
                 specs.append(dataclasses.replace(spec, tuned_for=tuple(cells or ()), tuned_only=config not in heuristic))
+            yielded = tuple(tuning.portable_cells(family.name, functional)) if tuning is not None else ()
+            if yielded:  # a Gluon family: the cells its operator leaves to the portable backend
+                specs[-len(configs):] = [dataclasses.replace(s, portable_for=yielded) for s in specs[-len(configs):]]
             if "generic" in family.variants:
                 smallest = min(heuristic, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
                 specs.append(_spec(family, arch, functional, smallest, "generic"))

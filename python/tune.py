@@ -19,7 +19,9 @@ keep-mask from debug_dropout_mask; bias: a random (1, 1, 1, Sk) bias), and timed
 CUDA events, triton.testing.do_bench). The backward families are timed as the whole backward with
 the candidate forced (the other kernels fixed), so differences are the candidate's. The winner is
 the fastest candidate whose error is at most 3x the best candidate's (the seed's rule); its margin
-is over the runner-up. Resumable: ``--progress`` keeps every finished cell, a rerun skips them and
+is over the runner-up. ``--backends`` (sm_90) then times each operator whole on the Gluon and on the
+portable backend (its dispatch default) per Gluon functional and cell, checked against the same
+reference, into the database's ``backends`` (which one ``Auto`` takes there). Resumable: ``--progress`` keeps every finished cell, a rerun skips them and
 ``--budget`` stops cleanly before a device call's limit; ``--out`` is rewritten (canonical text)
 after each functional.
 """
@@ -153,6 +155,58 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
             record(key, entry)
 
 
+def measure_backends(torch, do_bench, aots, shim, operator, functional, args, done, record):
+    """Times the whole operator on each backend at every cell of one Gluon functional (dtype,
+    head_dim); `aots`: backend name -> shim instance forced onto it."""
+    gen = torch.Generator(device=DEVICE).manual_seed(4321)
+    plain = dict(functional, tf32=False, dropout=False, bias=False)
+    for mask in args.masks:
+        for index, length in enumerate(tuning.representative(tuning.DEFAULT_EDGES)):
+            key = json.dumps(["backend", operator, tuning.functional_key(functional), mask, index, index])
+            if key in done:
+                continue
+            p = cell_problem(torch, plain, mask, length, tuning.DEFAULT_TOKENS, tuning.DEFAULT_HIDDEN, gen)
+            b, h, s = p["b"], p["h"], p["s"]
+            backward = operator == "attn_bwd"
+            ref_out, ref_grads = reference(torch, p, grads=backward)
+            results = []
+            for name, aot in aots.items():
+                o = torch.empty_like(p["q"])
+                lse = torch.empty(b, h, s, device=DEVICE, dtype=torch.float32)
+                fwd = aot.bind_fwd(p["q"], p["k"], p["v"], o, lse, p["scale"], causal=p["causal"])
+                if backward:
+                    fwd()
+                    dq, dk, dv = (torch.empty_like(p[n]) for n in ("q", "k", "v"))
+                    run = aot.bind_bwd(p["q"], p["k"], p["v"], o, p["do"], lse, torch.empty_like(lse), dq, dk, dv,
+                                       p["scale"], causal=p["causal"])
+                    watched, wanted = (dq, dk, dv), ref_grads
+                else:
+                    run, watched, wanted = fwd, (o,), (ref_out,)
+                try:
+                    for t in watched:
+                        t.fill_(float("nan"))
+                    run()
+                    err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
+                    if not math.isfinite(err):
+                        raise RuntimeError("non-finite output")
+                    ms = do_bench(run, warmup=5, rep=args.rep_ms, return_mode="median")
+                except RuntimeError as e:
+                    print(f"  {operator} on {name}: {str(e).splitlines()[0][:160]}", flush=True)
+                    continue
+                results.append((ms, err, name))
+            if len(results) < 2:
+                continue  # one backend alone decides nothing
+            best_err = min(e for _, e, _ in results)
+            ok = sorted(r for r in results if r[1] <= tuning.ERROR_FACTOR * best_err + 1e-6)
+            win, other = ok[0], [r for r in results if r is not ok[0]][0]
+            entry = {"operator": operator, "functional": functional, "mask": mask, "seqlen_q_bin": index,
+                     "seqlen_k_bin": index, "winner": win[2], "winner_ms": round(win[0], 5),
+                     "runner_up": other[2], "runner_up_ms": round(other[0], 5)}
+            print(f"{operator} {tuning.functional_key(functional)} {mask} S{s}: {win[2]} {win[0]:.4f} ms "
+                  f"({other[2]} {other[0]:.4f} ms)", flush=True)
+            record(key, entry)
+
+
 def main(argv=None, shim_module=None, bench=None):
     """``shim_module`` / ``bench``: stand-ins for bench/aotriton_shim.py and triton's do_bench
     (the dry-run test); None on the GPU machine."""
@@ -169,6 +223,8 @@ def main(argv=None, shim_module=None, bench=None):
     ap.add_argument("--only", help="tune only functionals whose key contains this text")
     ap.add_argument("--rep-ms", type=int, default=25, help="do_bench's timing window per candidate")
     ap.add_argument("--budget", type=float, default=480, help="seconds; stop before starting a functional past it")
+    ap.add_argument("--backends", action="store_true",
+                    help="also time each operator on the Gluon and the portable backend (sm_90)")
     args = ap.parse_args(argv)
     args.masks = args.masks.split(",")
 
@@ -200,7 +256,8 @@ def main(argv=None, shim_module=None, bench=None):
         os.replace(args.progress + ".tmp", args.progress)
 
     def write_db():
-        data["entries"] = list(done.values())
+        data["entries"] = [e for e in done.values() if "family" in e]
+        data["backends"] = [e for e in done.values() if "operator" in e]
         tuning.Database(data, args.out)  # checks before writing
         with open(args.out, "w") as f:
             f.write(tuning.dumps(data))
@@ -227,6 +284,23 @@ def main(argv=None, shim_module=None, bench=None):
             write_db()
         if stopped:
             break
+    if args.backends and not stopped:
+        aots = {name: shim.Aotriton(args.shim, backend=name) for name in ("gluon", "portable")}
+        for operator, family in (("attn_fwd", "attn_fwd_gluon"), ("attn_bwd", "attn_bwd_gluon")):
+            # The backend is per operator: the Gluon functionals' (dtype, head_dim), once each.
+            keys = {tuning.functional_key({k: f[k] for k in ("dtype", "head_dim")})
+                    for f in rules.functionals(rules.family(family))}
+            for key in sorted(keys):
+                functional = json.loads(key)
+                if functional["dtype"] not in args.dtypes.split(",") or (args.only and args.only not in key):
+                    continue
+                if time.monotonic() - start > args.budget:
+                    stopped = True
+                    break
+                measure_backends(torch, bench, aots, shim, operator, functional, args, done, record)
+                write_db()
+            if stopped:
+                break
     write_db()
     print(f"tune: {len(done)} cells in {args.progress}; database {args.out}"
           + (" (stopped at the budget: run again to continue)" if stopped else " (complete for the selection)"))

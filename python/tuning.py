@@ -29,6 +29,15 @@ Format (``FORMAT`` 1)::
   s<stages>``, ``e<waves_per_eu>`` on AMD); the margin is ``runner_up_ms / winner_ms``.
 * **error** -- the winner's max |error| against a float64 reference; a candidate whose error is
   above 3x the best candidate's (``best_error``) is never a winner (the seed's rule).
+* **backends** (optional list) -- per operator where a second backend exists (the Gluon family on
+  sm_90), which backend ``Auto`` should take per cell, measured through the whole operator::
+
+    {"operator": "attn_fwd", "functional": {"dtype": "bf16", "head_dim": 64}, "mask": "causal",
+     "seqlen_q_bin": 0, "seqlen_k_bin": 0, "winner": "portable", "winner_ms": 0.031,
+     "runner_up": "gluon", "runner_up_ms": 0.036}
+
+  The Gluon kernels of that operator and functional carry the cells the portable backend won
+  (``portable_for``); elsewhere the documented rule decides.
 
     python python/tuning.py show tuning/sm_90.json
     python python/tuning.py diff old.json new.json      # what changed between two versions
@@ -46,6 +55,9 @@ DEFAULT_EDGES = [0, 512, 2048, 8192]
 DEFAULT_TOKENS = 16384
 DEFAULT_HIDDEN = 2048
 MASKS = ("none", "causal")
+BACKENDS = ("gluon", "portable")
+#: operator -> the Gluon families whose kernels carry its backend cells.
+GLUON_FAMILIES = {"attn_fwd": ("attn_fwd_gluon",), "attn_bwd": ("attn_bwd_gluon",)}
 #: The seed's rule: a candidate whose error exceeds this times the best candidate's is rejected.
 ERROR_FACTOR = 3.0
 
@@ -91,6 +103,7 @@ class Database:
         self.arch: str = data["arch"]
         self.edges: list[int] = data["grid"]["seqlen_edges"]
         self.entries: list[dict[str, Any]] = data["entries"]
+        self.backends: list[dict[str, Any]] = data.get("backends", [])
 
     def winners(self, family: str, functional: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
         """config tag -> the cells it won for this functional: ``{"mask", "seqlen_q": [lo, hi],
@@ -104,6 +117,18 @@ class Database:
                     "seqlen_q": bin_range(e["seqlen_q_bin"], self.edges),
                     "seqlen_k": bin_range(e["seqlen_k_bin"], self.edges),
                 })
+        return out
+
+    def portable_cells(self, family: str, functional: dict[str, Any]) -> list[dict[str, Any]]:
+        """The cells where the portable backend won over the Gluon family ``family``'s operator,
+        for a Gluon functional (its ``dtype`` and ``head_dim``; other axes, such as the backward's
+        ``dq``, share the operator's decision)."""
+        out = []
+        for e in self.backends:
+            if family in GLUON_FAMILIES.get(e["operator"], ()) and e["winner"] == "portable" and all(
+                    functional.get(k) == v for k, v in e["functional"].items()):
+                out.append({"mask": e["mask"], "seqlen_q": bin_range(e["seqlen_q_bin"], self.edges),
+                            "seqlen_k": bin_range(e["seqlen_k_bin"], self.edges)})
         return out
 
     def to_json(self) -> str:
@@ -143,6 +168,26 @@ def _check(data: Any, source: str) -> None:
             fail(f"{where}: a second entry for {e['family']} {e['functional']} {e['mask']} "
                  f"bins ({e['seqlen_q_bin']}, {e['seqlen_k_bin']})")
         seen.add(cell)
+    for i, e in enumerate(data.get("backends", [])):
+        where = f"backends[{i}]"
+        for key in ("operator", "functional", "mask", "seqlen_q_bin", "seqlen_k_bin", "winner", "winner_ms"):
+            if key not in e:
+                fail(f"{where}: no '{key}'")
+        if e["operator"] not in GLUON_FAMILIES:
+            fail(f"{where}: operator {e['operator']!r} has one backend (known: {sorted(GLUON_FAMILIES)})")
+        if e["winner"] not in BACKENDS:
+            fail(f"{where}: winner {e['winner']!r} is not one of {BACKENDS}")
+        if e["mask"] not in MASKS:
+            fail(f"{where}: mask {e['mask']!r} is not one of {MASKS}")
+        for key in ("seqlen_q_bin", "seqlen_k_bin"):
+            if not (isinstance(e[key], int) and 0 <= e[key] < len(edges)):
+                fail(f"{where}: {key} {e[key]!r} outside the {len(edges)} bins")
+        cell = ("backend", e["operator"], functional_key(e["functional"]), e["mask"], e["seqlen_q_bin"],
+                e["seqlen_k_bin"])
+        if cell in seen:
+            fail(f"{where}: a second entry for {e['operator']} {e['functional']} {e['mask']} "
+                 f"bins ({e['seqlen_q_bin']}, {e['seqlen_k_bin']})")
+        seen.add(cell)
 
 
 def new(arch: str, measured_on: dict[str, str], edges: list[int] | None = None) -> dict[str, Any]:
@@ -155,17 +200,24 @@ def _entry_order(e: dict[str, Any]):
     return (e["family"], functional_key(e["functional"]), e["mask"], e["seqlen_q_bin"], e["seqlen_k_bin"])
 
 
+def _backend_order(e: dict[str, Any]):
+    return (e["operator"], functional_key(e["functional"]), e["mask"], e["seqlen_q_bin"], e["seqlen_k_bin"])
+
+
 def dumps(data: dict[str, Any]) -> str:
     """Canonical text: entries sorted, one entry per line (so diffs are per cell)."""
-    head = {k: v for k, v in data.items() if k != "entries"}
+    lists = {"entries": _entry_order, "backends": _backend_order}
+    head = {k: v for k, v in data.items() if k not in lists}
     lines = ["{"]
     for k in sorted(head):
         lines.append(f"  {json.dumps(k)}: {json.dumps(head[k], sort_keys=True)},")
-    entries = sorted(data["entries"], key=_entry_order)
-    lines.append('  "entries": [')
-    for i, e in enumerate(entries):
-        lines.append("    " + json.dumps(e, sort_keys=True) + ("," if i + 1 < len(entries) else ""))
-    lines.append("  ]")
+    blocks = [(name, order) for name, order in lists.items() if name == "entries" or data.get(name)]
+    for b, (name, order) in enumerate(blocks):
+        rows = sorted(data.get(name, []), key=order)
+        lines.append(f'  "{name}": [')
+        for i, e in enumerate(rows):
+            lines.append("    " + json.dumps(e, sort_keys=True) + ("," if i + 1 < len(rows) else ""))
+        lines.append("  ]" + ("," if b + 1 < len(blocks) else ""))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -197,6 +249,10 @@ def diff(old: Database, new_db: Database) -> list[str]:
         return {_entry_order(e): e for e in db.entries}
 
     a, b = cells(old), cells(new_db)
+    for db, into in ((old, a), (new_db, b)):
+        for e in db.backends:
+            key = _backend_order(e)
+            into[("backend " + key[0],) + key[1:]] = e
     out = []
     for key in sorted(set(a) | set(b)):
         name = f"{key[0]} {key[1]} {key[2]} bins ({key[3]}, {key[4]})"

@@ -53,8 +53,9 @@ def make_shim(torch, calls):
         version = "0.1.0 (stand-in)"
 
         def __init__(self, path, backend="auto"):
-            assert backend == "portable", "the tuner times the portable kernels"
+            assert backend in ("portable", "gluon"), "the tuner names the backend it times"
             self.forced = None
+            self.backend = backend
 
         def force_kernel(self, kernel_id):
             self.forced = kernel_id
@@ -76,7 +77,7 @@ def make_shim(torch, calls):
 
         def bind_fwd(self, q, k, v, o, lse, scale, causal=False, bias=None, dropout=None, allow_tf32=False):
             def run():
-                calls.append(("fwd", self.forced))
+                calls.append(("fwd", self.forced, self.backend, q.shape[2]))
                 out = self._attn(q, k, v, scale, causal, bias, dropout)
                 if self.forced is not None and broken(self.forced):
                     out = out + 0.5
@@ -87,7 +88,7 @@ def make_shim(torch, calls):
         def bind_bwd(self, q, k, v, o, d_o, lse, delta, dq, dk, dv, scale, causal=False, bias=None, dropout=None,
                      allow_tf32=False):
             def run():
-                calls.append(("bwd", self.forced))
+                calls.append(("bwd", self.forced, self.backend, q.shape[2]))
                 leaves = [t.double().requires_grad_() for t in (q, k, v)]
                 with torch.enable_grad():
                     out = self._attn(*leaves, scale, causal, bias, dropout)
@@ -143,7 +144,7 @@ class TuneDryRunTest(unittest.TestCase):
                 self.assertEqual(e["candidates"], len(cands))
                 self.assertLess(e["error"], 0.1, e)  # bf16 outputs vs the fp32 reference; broken ones are 0.5 off
             # Every candidate was forced at every cell; the backward reads a forward run unforced.
-            self.assertIn(("fwd", None), calls)
+            self.assertTrue(any(c[:2] == ("fwd", None) for c in calls))
             candidates = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)
                           if s.family in tune.TUNED_FAMILIES and s.functional["dtype"] == "bf16"
                           and s.functional["head_dim"] == 16 and s.variant == "aligned"}
@@ -161,6 +162,41 @@ class TuneDryRunTest(unittest.TestCase):
             tuned = [s for s in specs if s.tuned_for]
             self.assertTrue(tuned)
             self.assertTrue(all(math.isfinite(c["seqlen_q"][0]) for s in tuned for c in s.tuned_for))
+
+    def test_backend_table(self):
+        import torch
+
+        import tune
+
+        calls = []
+        shim = make_shim(torch, calls)
+
+        def bench(fn, warmup, rep, return_mode):
+            fn()
+            _, forced, backend, length = calls[-1]
+            # The stand-in's Gluon is faster from 32 tokens on, slower below.
+            return (1.0 if length >= 32 else 3.0) if backend == "gluon" else 2.0
+
+        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
+        with mock.patch.object(tune, "DEVICE", "cpu"), \
+                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
+                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16, 48]), \
+                mock.patch.object(tuning, "DEFAULT_TOKENS", 96), mock.patch.object(tuning, "DEFAULT_HIDDEN", 128), \
+                tempfile.TemporaryDirectory() as tmp:
+            out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
+                    "--dtypes", "bf16", "--only", '"head_dim":64', "--rep-ms", "1", "--families", "attn_fwd",
+                    "--backends"]
+            self.assertEqual(tune.main(argv, shim_module=shim, bench=bench), 0)
+            db = tuning.load(out)
+            # attn_fwd and attn_bwd x (bf16, hd64) x 2 masks x 3 bins.
+            self.assertEqual(len(db.backends), 2 * 2 * 3)
+            for e in db.backends:
+                length = tuning.representative([0, 16, 48])[e["seqlen_q_bin"]]
+                self.assertEqual(e["winner"], "gluon" if length >= 32 else "portable", e)
+            cells = db.portable_cells("attn_fwd_gluon", {"dtype": "bf16", "head_dim": 64})
+            self.assertEqual({(c["mask"], tuple(c["seqlen_q"])) for c in cells}, {("none", (0, 16)), ("causal", (0, 16))})
+            self.assertTrue(any(c[2] == "gluon" and c[0] == "bwd" for c in calls))
 
     def test_budget_stops_between_functionals(self):
         import torch

@@ -105,6 +105,50 @@ class DatabaseTest(unittest.TestCase):
             self.assertIn("holds arch 'sm_80'", str(cm.exception))
 
 
+class BackendTableTest(unittest.TestCase):
+    def backend(self, winner="portable", operator="attn_fwd", head_dim=64, mask="causal", q=0, k=0):
+        return {"operator": operator, "functional": {"dtype": "bf16", "head_dim": head_dim}, "mask": mask,
+                "seqlen_q_bin": q, "seqlen_k_bin": k, "winner": winner, "winner_ms": 0.03}
+
+    def with_backends(self, *rows):
+        data = tuning.new("sm_90", {})
+        data["backends"] = list(rows)
+        return tuning.Database(data, "b.json")
+
+    def test_checks_and_cells(self):
+        cases = [(dict(operator="attn_dbias"), "has one backend"), (dict(winner="cudnn"), "winner 'cudnn'"),
+                 (dict(q=9), "seqlen_q_bin 9")]
+        for change, needle in cases:
+            with self.subTest(needle=needle), self.assertRaises(tuning.TuningError) as cm:
+                self.with_backends(self.backend(**change))
+            self.assertIn(needle, str(cm.exception))
+        with self.assertRaises(tuning.TuningError):
+            self.with_backends(self.backend(), self.backend(winner="gluon"))
+        d = self.with_backends(self.backend(), self.backend(winner="gluon", q=1, k=1),
+                               self.backend(operator="attn_bwd", mask="none"))
+        fwd64 = {"dtype": "bf16", "head_dim": 64}
+        self.assertEqual(d.portable_cells("attn_fwd_gluon", fwd64),
+                         [{"mask": "causal", "seqlen_q": [0, 512], "seqlen_k": [0, 512]}])
+        self.assertEqual(d.portable_cells("attn_fwd_gluon", {"dtype": "bf16", "head_dim": 128}), [])
+        self.assertEqual(len(d.portable_cells("attn_bwd_gluon", dict(fwd64, dq=True))), 1)
+        self.assertEqual(d.portable_cells("attn_fwd", fwd64), [])
+        text = d.to_json()
+        self.assertIn('"backends": [', text)
+        self.assertEqual(tuning.Database(json.loads(text)).to_json(), text)
+        lines = tuning.diff(self.with_backends(), d)
+        self.assertEqual(len(lines), 3, lines)
+
+    def test_gluon_kernels_carry_the_portable_cells(self):
+        d = self.with_backends(self.backend(), self.backend(operator="attn_bwd", mask="none"))
+        specs = rules.enumerate_kernels("sm_90", rules.GLUON_FAMILIES, tuning=d)
+        bf16_64 = lambda s: s.functional["dtype"] == "bf16" and s.functional["head_dim"] == 64  # noqa: E731
+        fwd = [s for s in specs if s.family == "attn_fwd_gluon" and bf16_64(s)]
+        self.assertTrue(fwd and all(s.portable_for for s in fwd))
+        self.assertFalse(any(s.portable_for for s in specs if s.family == "attn_fwd_gluon" and not bf16_64(s)))
+        bwd = [s for s in specs if s.family == "attn_bwd_gluon" and bf16_64(s)]
+        self.assertTrue(len(bwd) == 2 and all(s.portable_for[0]["mask"] == "none" for s in bwd), bwd)
+
+
 class RulesWithDatabaseTest(unittest.TestCase):
     def fwd_specs(self, specs, functional):
         return [s for s in specs if s.family == "attn_fwd" and s.functional == functional]

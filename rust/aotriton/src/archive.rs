@@ -74,7 +74,9 @@
 //!   `[{"mask": "none"|"causal", "seqlen_q": [lo, hi], "seqlen_k": [lo, hi]}]`, lengths in
 //!   `[lo, hi)`, `hi` null for no upper bound; dispatch takes that kernel for calls in a cell.
 //!   `tuned_only: true` marks a kernel compiled only because the database names it (dispatch's
-//!   heuristic leaves it out). An older index with either is refused.
+//!   heuristic leaves it out); `portable_for` (a Gluon kernel; cells as `tuned_for`) the cells
+//!   where its operator measured faster on the portable backend. An older index with any of
+//!   them is refused.
 //!
 //! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
 //! script includes it by path to pack images at build time, so the same code writes and reads the
@@ -226,6 +228,9 @@ pub struct KernelMeta {
     /// Compiled only because the tuning database (or a tuning build) names it: dispatch's
     /// heuristic leaves it out, so it decides among exactly its own configs.
     pub tuned_only: bool,
+    /// A second backend's kernel (Gluon): the cells where the tuning database measured the
+    /// portable backend faster for its operator, so `Backend::Auto` takes the portable kernels.
+    pub portable_for: Vec<TunedCell>,
 }
 
 /// The mask kind of the tuning grid: whether a call's mask lets the kernels skip key blocks.
@@ -292,6 +297,7 @@ impl KernelMeta {
             profile_scratch_align: 1,
             tuned_for: Vec::new(),
             tuned_only: false,
+            portable_for: Vec::new(),
         }
     }
 }
@@ -830,6 +836,10 @@ fn kernel_meta_from_json(k: &Map<String, Value>) -> Result<KernelMeta, String> {
             None => false,
             Some(v) => v.as_bool().ok_or("field `tuned_only` must be a bool")?,
         },
+        portable_for: match k.get("portable_for") {
+            None => Vec::new(),
+            Some(v) => tuned_cells_from_json(v).map_err(|p| format!("portable_for: {p}"))?,
+        },
     })
 }
 
@@ -955,6 +965,9 @@ fn kernel_meta_to_json(m: &KernelMeta) -> Map<String, Value> {
     if m.tuned_only {
         k.insert("tuned_only".into(), json!(true));
     }
+    if !m.portable_for.is_empty() {
+        k.insert("portable_for".into(), tuned_cells_to_json(&m.portable_for));
+    }
     k
 }
 
@@ -963,7 +976,7 @@ fn version_needed<'a>(kernels: impl IntoIterator<Item = &'a KernelMeta>) -> u32 
     kernels
         .into_iter()
         .map(|k| {
-            if !k.tuned_for.is_empty() || k.tuned_only {
+            if !k.tuned_for.is_empty() || k.tuned_only || !k.portable_for.is_empty() {
                 TUNED_VERSION
             } else if k.args.iter().any(|a| a.tensordesc.is_some()) {
                 TENSORDESC_VERSION
@@ -1054,10 +1067,10 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
             let ko = as_obj(kv, "kernel").map_err(at)?;
             let meta = kernel_meta_from_json(ko).map_err(at)?;
             if version_needed([&meta]) > header_version {
-                let (what, needs) = if meta.tuned_for.is_empty() && !meta.tuned_only {
+                let (what, needs) = if meta.tuned_for.is_empty() && !meta.tuned_only && meta.portable_for.is_empty() {
                     ("tensordesc arguments", TENSORDESC_VERSION)
                 } else {
-                    ("tuning metadata (tuned_for, tuned_only)", TUNED_VERSION)
+                    ("tuning metadata (tuned_for, tuned_only, portable_for)", TUNED_VERSION)
                 };
                 return Err(at(format!(
                     "kernel {} has {what}, which need format version {needs} (file says {header_version})",
@@ -2078,6 +2091,7 @@ mod tests {
         ];
         let mut only = plain_meta("u");
         only.tuned_only = true;
+        only.portable_for = vec![tuned.tuned_for[1]];
         let bytes = written(vec![tuned.clone(), only.clone(), plain_meta("p")]);
         assert_eq!(read_u32(&bytes, 8), Some(3), "tuning metadata needs version 3");
         let a = parse(bytes.clone()).unwrap();

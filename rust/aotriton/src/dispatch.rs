@@ -354,6 +354,18 @@ impl Launcher {
         }
     }
 
+    /// Whether the tuning database measured the portable backend faster than `request`'s
+    /// (a second backend's kernels, e.g. Gluon) for a call in `key`'s cell: the kernels of
+    /// `request`'s functional carry those cells (`portable_for`).
+    pub fn portable_measured_faster(&self, request: &Request, key: TuningKey) -> bool {
+        let Ok(loaded) = images::archive_for_device(&self.context.device) else { return false };
+        let Some(index) = loaded.archive.find(request.family, request.axes) else { return false };
+        loaded.archive.functionals()[index]
+            .kernels
+            .iter()
+            .any(|k| k.portable_for.iter().any(|cell| cell.contains(key.mask, key.seqlen_q, key.seqlen_k)))
+    }
+
     /// Finds the functional of `request` in the device's archive, keeps the kernels whose
     /// compiled hints fit the arguments, lets `choose` pick one (given the set of fitting
     /// kernels, never empty), loads it once per context, encodes its TMA descriptors and lays

@@ -214,6 +214,7 @@ fn synthetic_archive() -> Vec<u8> {
         profile_scratch_align: 1,
         tuned_for: Vec::new(),
         tuned_only: false,
+        portable_for: Vec::new(),
     };
     let descriptor = KernelArg {
         name: "desc_q".into(),

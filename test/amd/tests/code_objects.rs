@@ -472,6 +472,7 @@ fn the_checks_name_each_mismatch() {
         profile_scratch_align: 1,
         tuned_for: Vec::new(),
         tuned_only: false,
+        portable_for: Vec::new(),
     };
     /// One change to the matching code object.
     type Edit = fn(&mut Kernel);

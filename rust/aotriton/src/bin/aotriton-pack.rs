@@ -121,10 +121,13 @@ fn list(path: &Path, out: &mut impl Write) -> Result<(), Failure> {
         )?;
         for (i, k) in f.kernels.iter().enumerate() {
             let config: Vec<String> = k.config.iter().map(|(n, v)| format!("{n}={v}")).collect();
-            let tuned = match (k.tuned_for.len(), k.tuned_only) {
+            let mut tuned = match (k.tuned_for.len(), k.tuned_only) {
                 (0, false) => String::new(),
                 (cells, only) => format!("  tuned_for={cells} cells{}", if only { " (tuned only)" } else { "" }),
             };
+            if !k.portable_for.is_empty() {
+                tuned.push_str(&format!("  portable_for={} cells", k.portable_for.len()));
+            }
             writeln!(
                 out,
                 "  {}  variant={} {}  shared={} warps={} ctas={}  image={} bytes{tuned}",
@@ -205,6 +208,7 @@ mod tests {
                 profile_scratch_align: 1,
                 tuned_for: Vec::new(),
                 tuned_only: false,
+                portable_for: Vec::new(),
             };
             writer.add("attn_fwd", &[("head_dim", &format!("{}", 16 * (i % 4 + 1)))], meta, vec![i as u8; 100]).unwrap();
         }

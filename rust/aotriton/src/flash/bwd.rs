@@ -181,7 +181,10 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         let [pre, main, convert] = call.requests()?;
         let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels);
-        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
+        let portable_faster = launcher.portable_measured_faster(&main, key);
+        if gluon::select_by_device(params.backend, ready, portable_faster)
+            .map_err(|why| why.error("attn_bwd", Some(launcher.device())))?
+        {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic, key);
         }
     }
@@ -228,7 +231,10 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     let portable_axes = axes(params.q.dtype, params.allow_tf32, &shape, &features);
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
     let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }]);
-    let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
+    // The same rule as attn_bwd, so the answer is the workspace the call will use.
+    let portable_faster = launcher.portable_measured_faster(&main, super::tuning_key(&shape, &mask));
+    let gluon = gluon::select_by_device(params.backend, ready, portable_faster)
+        .map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 

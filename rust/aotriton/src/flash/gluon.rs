@@ -233,9 +233,16 @@ pub(crate) fn select_by_inputs(backend: Backend, inputs: impl FnOnce() -> Result
 }
 
 /// The backend rule, once the device is known: whether to launch Gluon (`device` is the
-/// result of [`device_ready`]). A forced Gluon call gets the device's reason as its error.
-pub(crate) fn select_by_device(backend: Backend, device: Result<(), Unsupported>) -> Result<bool, Unsupported> {
+/// result of [`device_ready`]; `portable_faster`: the tuning database measured the portable
+/// backend faster in the call's cell, which `Auto` follows). A forced Gluon call gets the
+/// device's reason as its error.
+pub(crate) fn select_by_device(
+    backend: Backend,
+    device: Result<(), Unsupported>,
+    portable_faster: bool,
+) -> Result<bool, Unsupported> {
     match (backend, device) {
+        (Backend::Auto, Ok(())) => Ok(!portable_faster),
         (_, Ok(())) => Ok(true),
         (Backend::Gluon, Err(why)) => Err(why),
         (_, Err(_)) => Ok(false),
@@ -719,12 +726,15 @@ mod tests {
         assert_eq!(device_supported("sm_90"), Ok(()));
         assert_eq!(device_supported("sm_80"), Err(Unsupported::Arch));
         assert_eq!(device_supported("gfx942"), Err(Unsupported::Arch));
-        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90")), Ok(true));
-        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_80")), Ok(false));
-        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_80")), Err(Unsupported::Arch));
+        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90"), false), Ok(true));
+        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_80"), false), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_80"), false), Err(Unsupported::Arch));
+        // The tuning database's portable cells move Auto, never a forced backend.
+        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90"), true), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_90"), true), Ok(true));
         let missing = Err(Unsupported::NotCompiled { family: FWD_FAMILY });
-        assert_eq!(select_by_device(Backend::Auto, missing), Ok(false));
-        assert_eq!(select_by_device(Backend::Gluon, missing), missing.map(|()| false));
+        assert_eq!(select_by_device(Backend::Auto, missing, false), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, missing, false), missing.map(|()| false));
     }
 
     #[test]
