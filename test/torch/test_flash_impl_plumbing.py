@@ -6,7 +6,8 @@ that what the functions send the kernels (layouts, windows, alignment, packed of
 what they hand back to torch (strides as the ops' meta functions promise, LSE shapes, the rng
 pair, gradients through aten's own derivative formulas, varlen_attn, opcheck, torch.compile) is
 checked wherever torch is installed. The stand-in checks the arguments; it proves no kernel: the
-GPU tests (test_registered.py) run the real ones against float64.
+GPU tests (test_registered.py, test_flash_attn_compat.py) run the real ones against float64. It also
+checks what aotriton.flash_attn (FlashAttention-2's functions) hands aotriton.torch.
 
     PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_flash_impl_plumbing.py
 """
@@ -100,6 +101,65 @@ class StandIn:
             r.copy_(g)
             result.append(r)
         return (*result, q4.new_empty(0))
+
+
+def check_flash_attn_mapping(run):
+    """aotriton.flash_attn (FlashAttention-2's functions) hands aotriton.torch what FA2 means:
+    (B, S, H, D) layout, bottom-right causal and windows, the true head dim's scale with the head
+    dim padded to a multiple of 8 (the output cut back), deterministic, the LSE on request."""
+    import aotriton.flash_attn as fa
+
+    seen = []
+
+    def flash_attention(q, k, v, **kw):
+        seen.append(("dense", q.shape, kw))
+        out = torch.zeros(q.shape, dtype=q.dtype)
+        return out, torch.full((q.size(0), q.size(2), q.size(1)), 0.5), torch.zeros(2, dtype=torch.int64)
+
+    def flash_attn_varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+        seen.append(("varlen", q.shape, dict(kw, max_q=max_q, max_k=max_k)))
+        return torch.zeros(q.shape, dtype=q.dtype), torch.full((q.size(1), q.size(0)), 0.5), torch.zeros(2)
+
+    real = (aot.flash_attention, aot.flash_attn_varlen)
+    aot.flash_attention, aot.flash_attn_varlen = flash_attention, flash_attn_varlen
+    try:
+        q = torch.randn(2, 7, 4, 100)
+        k = torch.randn(2, 9, 2, 100)
+        out = fa.flash_attn_func(q, k, k, causal=True, window_size=(5, -1), deterministic=True)
+        kind, shape, kw = seen[-1]
+        run.check("flash_attn_func: bshd layout, bottom-right, window, deterministic",
+                  kw["layout"] == "bshd" and kw["align"] == "bottom_right" and kw["causal"] is True
+                  and tuple(kw["window_size"]) == (5, -1) and kw["deterministic"] is True, str(kw))
+        run.check("flash_attn_func: head dim 100 padded to 104, scale of 100, output cut back to 100",
+                  shape[-1] == 104 and abs(kw["scale"] - 100 ** -0.5) < 1e-12 and out.shape == (2, 7, 4, 100),
+                  f"{shape} {kw['scale']} {tuple(out.shape)}")
+        out, lse = fa.flash_attn_func(q[..., :64], k[..., :64], k[..., :64], softmax_scale=0.3,
+                                      return_softmax_lse=True)
+        run.check("flash_attn_func: softmax_scale passed, LSE returned on request",
+                  seen[-1][2]["scale"] == 0.3 and lse.shape == (2, 4, 7), str(tuple(lse.shape)))
+        qkv = torch.randn(2, 7, 3, 4, 64)
+        fa.flash_attn_qkvpacked_func(qkv, causal=True)
+        run.check("flash_attn_qkvpacked_func: q, k, v split from dim 2", seen[-1][1] == (2, 7, 4, 64))
+        cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+        fa.flash_attn_varlen_func(torch.randn(10, 4, 64), torch.randn(10, 2, 64), torch.randn(10, 2, 64), cu, cu, 7, 7,
+                                  causal=True)
+        kind, shape, kw = seen[-1]
+        run.check("flash_attn_varlen_func: packed, bottom-right causal, max lengths",
+                  kind == "varlen" and kw["align"] == "bottom_right" and kw["causal"] and kw["max_q"] == 7, str(kw))
+        n = len(seen)
+        for name, call in (("return_attn_probs", lambda: fa.flash_attn_func(q, k, k, return_attn_probs=True)),
+                           ("softcap", lambda: fa.flash_attn_func(q, k, k, softcap=30.0)),
+                           ("alibi_slopes", lambda: fa.flash_attn_func(q, k, k, alibi_slopes=torch.ones(4))),
+                           ("block_table", lambda: fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7,
+                                                                             block_table=torch.zeros(1, 1)))):
+            try:
+                call()
+                run.check(f"flash_attn refuses {name}", False, "no error")
+            except NotImplementedError as e:
+                run.check(f"flash_attn refuses {name}", name in str(e), str(e)[:120])
+        run.check("flash_attn refusals reach no kernel", len(seen) == n)
+    finally:
+        aot.flash_attention, aot.flash_attn_varlen = real
 
 
 def main():
@@ -259,6 +319,8 @@ def main():
             run.check("torch.compile(fullgraph) over the registered op", max_err(got, ref) <= 1e-4)
         except Exception as e:  # noqa: BLE001
             run.check("torch.compile(fullgraph) over the registered op", False, f"{type(e).__name__}: {str(e)[:300]}")
+
+    check_flash_attn_mapping(run)
 
     handle.remove()
     try:
