@@ -88,6 +88,26 @@ def main():
         used = "varlen" if label == "left padding" else "dense"
         R.check(f"{label}: aotriton.hf sent the {used} call once per layer",
                 CALLS[used] - before[used] == cfg.num_hidden_layers, str(CALLS))
+
+    # A padding-free packed row (DataCollatorWithFlattening): position ids restart per sequence;
+    # each sequence must come out as if it ran alone.
+    lengths = [9, 4, 11]
+    packed_ids = torch.cat([ids[0, :n] for n in lengths]).unsqueeze(0)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    model.set_attn_implementation("aotriton")
+    before = dict(CALLS)
+    with torch.no_grad():
+        packed = model(input_ids=packed_ids, position_ids=positions, use_cache=False).logits
+    model.set_attn_implementation("sdpa")
+    errs, start = [], 0
+    with torch.no_grad():
+        for n in lengths:
+            alone = model(input_ids=ids[:1, :n], use_cache=False).logits
+            errs.append(max_err(packed[:, start:start + n], alone))
+            start += n
+    R.check("packed row (position ids restart): each sequence as if alone", max(errs) <= 1e-6, f"errs {errs}")
+    R.check("packed row: aotriton.hf sent the packed (varlen) call once per layer",
+            CALLS["varlen"] - before["varlen"] == cfg.num_hidden_layers, str(CALLS))
     R.finish()
 
 

@@ -14,9 +14,10 @@ FlashAttention-2-compatible functions (:mod:`aotriton.flash_attn`): no padding -
 scattered back (padding rows get zeros); ``is_causal`` bottom-right aligned (so decoding one
 token against a longer cache is causal too); ``sliding_window`` W (Mistral, Qwen2 with
 ``use_sliding_window``, ...) as the window ``(W - 1, 0)``: query i sees keys i - W + 1 .. i, as
-transformers' sliding-window mask. Not served (``NotImplementedError`` naming them): ``softcap``,
-``s_aux`` (attention sinks), ``position_bias``, packed-sequence ``position_ids`` without a mask is
-treated as one sequence per row. Where transformers has no registry, :func:`patch_sdpa` swaps
+transformers' sliding-window mask; padding-free packed batches (one row whose ``position_ids``
+restart, as transformers' ``DataCollatorWithFlattening`` makes them) as one packed batch of those
+sequences. Not served (``NotImplementedError`` naming them): ``softcap``, ``s_aux`` (attention
+sinks), ``position_bias``. Where transformers has no registry, :func:`patch_sdpa` swaps
 ``torch.nn.functional.scaled_dot_product_attention`` for aotriton's while a model runs.
 """
 import contextlib
@@ -37,6 +38,19 @@ def _unpad(x, mask):
     return x[mask], cu, int(lengths.max().item())
 
 
+def _packed_offsets(position_ids, batch, q_len, kv_len):
+    """The sequence offsets of a padding-free packed row (one row whose position ids restart at
+    their minimum), or None: more than one row, a decoding step, or one sequence."""
+    if position_ids is None or batch != 1 or q_len != kv_len or position_ids.shape[-1] != q_len:
+        return None
+    ids = position_ids.reshape(-1)
+    starts = (ids == ids.min()).nonzero().view(-1)
+    if starts.numel() < 2:
+        return None
+    cu = torch.cat([starts, torch.tensor([ids.numel()], device=ids.device)]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max().item())
+
+
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
                       softcap=None, is_causal=None, **kwargs):
     """transformers' attention-function signature: query (B, Hq, Sq, D), key/value (B, Hk, Sk, D),
@@ -54,6 +68,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         raise NotImplementedError("aotriton.hf: a 4-D attention mask (register() gives transformers the "
                                   "flash_attention_2 masks: none, or the 2-D padding mask)")
     if attention_mask is None:  # flash_attention_mask: no padding token
+        packed = _packed_offsets(kwargs.get("position_ids"), q.shape[0], q.shape[1], k.shape[1])
+        if packed is not None:
+            cu, longest = packed
+            out = fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, longest, longest, dropout_p=dropout,
+                                            softmax_scale=scaling, causal=causal, window_size=window)
+            return out.unsqueeze(0), None
         out = fa.flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window)
         return out, None
     kv_mask = attention_mask[:, -k.shape[1]:].bool()
