@@ -24,7 +24,7 @@ from aotriton import flash_impl
 
 def alloc_like(t):
     """The C++ ops' alloc_like: t's strides when dense with a unit last stride, else B,S,H,D memory."""
-    if flash_impl._empty_like_strides(t):
+    if aot._keeps_layout(t):
         return t.new_empty_strided(t.shape, t.stride())
     b, h, s, d = t.shape
     return t.new_empty((b, s, h, d)).transpose(1, 2)

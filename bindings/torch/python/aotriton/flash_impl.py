@@ -48,22 +48,11 @@ def _unsupported(op, what):
                               "torch.nn.attention.restore_flash_attention_impl() restores torch's kernel")
 
 
-def _empty_like_strides(t):
-    """Whether torch.empty_like(t) has t's strides and the kernels can write them (the C++ ops'
-    alloc_like): dense with a unit last stride."""
-    expected = 1
-    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz >= 2):
-        if stride != expected:
-            return False
-        expected *= size
-    return t.stride(-1) == 1 or t.size(-1) <= 1
-
-
 def _as_empty_like(result, like):
     """``result`` in the memory layout ``torch.empty_like(like)`` has, which is what the ops' meta
     functions promise (torch.compile plans with those strides). The kernels already write that
     layout when ``like`` is dense with a unit last stride; otherwise one copy."""
-    if _empty_like_strides(like) and result.stride() == like.stride():
+    if _aot()._keeps_layout(like) and result.stride() == like.stride():
         return result
     fixed = torch.empty_like(like)
     fixed.copy_(result)

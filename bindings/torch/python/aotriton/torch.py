@@ -72,19 +72,23 @@ def _load():
         _load_error = e
 
 
+def _keeps_layout(t):
+    """Whether the C++ ops' alloc_like gives an output ``t``'s own strides (which is also what
+    ``torch.empty_like(t)`` gives): ``t`` non-overlapping and dense (c10's test, written out
+    because FakeTensor has no such method) with a unit last stride."""
+    expected = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz >= 2):
+        if stride != expected:
+            return False
+        expected *= size
+    return t.stride(-1) == 1
+
+
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
-    def dense(t):  # c10's is_non_overlapping_and_dense (FakeTensor has no such method)
-        expected = 1
-        for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz >= 2):
-            if stride != expected:
-                return False
-            expected *= size
-        return True
-
     def like(t):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
-        if dense(t) and t.stride(-1) == 1:
+        if _keeps_layout(t):
             return t.new_empty_strided(t.shape, t.stride())
         b, h, s, d = t.shape
         return t.new_empty((b, s, h, d)).transpose(1, 2)
