@@ -84,6 +84,39 @@ def reference(torch, p, keep=None, dropout_p=0.0, grads=False):
     return out.detach(), (dq, dk, dv)
 
 
+def time_candidates(torch, do_bench, candidates, watched, wanted, rep_ms):
+    """Runs each ``(label, prepare, run)`` candidate (``prepare`` readies it, e.g. forces its
+    kernel) on NaN-poisoned outputs, measures its max error on the (0, 0) slice against the
+    reference, and times it; one that fails or leaves a non-finite value is left out (a candidate
+    that cannot run is not a candidate). Returns ``(ms, error, label)`` per candidate that ran."""
+    results = []
+    for label, prepare, run in candidates:
+        prepare()
+        for t in watched:
+            t.fill_(float("nan"))
+        try:
+            run()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
+            if not math.isfinite(err):
+                raise RuntimeError("non-finite output")
+            ms = do_bench(run, warmup=5, rep=rep_ms, return_mode="median")
+        except RuntimeError as e:
+            print(f"  {label}: {str(e).splitlines()[0][:160]}", flush=True)
+            continue
+        results.append((ms, err, label))
+    return results
+
+
+def pick(results):
+    """The seed's rule: among the candidates whose error is at most ERROR_FACTOR x the best error,
+    the fastest (and the runner-up, or None). Returns (winner, runner_up, best_error)."""
+    best_err = min(e for _, e, _ in results)
+    ok = sorted(r for r in results if r[1] <= tuning.ERROR_FACTOR * best_err + 1e-6)
+    return ok[0], (ok[1] if len(ok) > 1 else None), best_err
+
+
 def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args, done, record):
     """Times every candidate of one functional at every cell not yet in `done`; `record(cell
     key, result)` keeps each finished cell."""
@@ -118,30 +151,13 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
                 wanted = (ref_grads[0],) if family == "attn_bwd_dq" else ref_grads[1:]
             else:
                 run, watched, wanted = fwd, (o,), (ref_out,)
-            results = []
-            for kid in ids:
-                aot.force_kernel(kid)
-                for t in watched:
-                    t.fill_(float("nan"))
-                try:
-                    run()
-                    if DEVICE == "cuda":
-                        torch.cuda.synchronize()
-                    err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
-                    if not math.isfinite(err):
-                        raise RuntimeError("non-finite output")
-                    ms = do_bench(run, warmup=5, rep=args.rep_ms, return_mode="median")
-                except RuntimeError as e:  # a candidate that cannot run is not a candidate
-                    print(f"  {kid}: {str(e).splitlines()[0][:160]}", flush=True)
-                    continue
-                results.append((ms, err, kid))
+            forcing = [(kid, lambda kid=kid: aot.force_kernel(kid), run) for kid in ids]
+            results = time_candidates(torch, do_bench, forcing, watched, wanted, args.rep_ms)
             aot.force_kernel(None)
             if not results:
                 print(f"{family} {functional} {mask} S{s}: no candidate ran", flush=True)
                 continue
-            best_err = min(e for _, e, _ in results)
-            ok = sorted(r for r in results if r[1] <= tuning.ERROR_FACTOR * best_err + 1e-6)
-            win, runner = ok[0], (ok[1] if len(ok) > 1 else None)
+            win, runner, best_err = pick(results)
             tag = lambda kid: kid.split("-")[-2]  # noqa: E731  (rules.kernel_id: ...-<config tag>-<variant>)
             entry = {"family": family, "functional": functional, "mask": mask, "seqlen_q_bin": index,
                      "seqlen_k_bin": index, "winner": tag(win[2]), "winner_ms": round(win[0], 5),
@@ -169,36 +185,26 @@ def measure_backends(torch, do_bench, aots, shim, operator, functional, args, do
             b, h, s = p["b"], p["h"], p["s"]
             backward = operator == "attn_bwd"
             ref_out, ref_grads = reference(torch, p, grads=backward)
-            results = []
+            o = torch.empty_like(p["q"])
+            lse = torch.empty(b, h, s, device=DEVICE, dtype=torch.float32)
+            dq, dk, dv = (torch.empty_like(p[n]) for n in ("q", "k", "v"))
+            watched, wanted = ((dq, dk, dv), ref_grads) if backward else ((o,), (ref_out,))
+            runs = []
             for name, aot in aots.items():
-                o = torch.empty_like(p["q"])
-                lse = torch.empty(b, h, s, device=DEVICE, dtype=torch.float32)
                 fwd = aot.bind_fwd(p["q"], p["k"], p["v"], o, lse, p["scale"], causal=p["causal"])
-                if backward:
-                    fwd()
-                    dq, dk, dv = (torch.empty_like(p[n]) for n in ("q", "k", "v"))
-                    run = aot.bind_bwd(p["q"], p["k"], p["v"], o, p["do"], lse, torch.empty_like(lse), dq, dk, dv,
+                if backward:  # each backend's backward reads its own forward's out and LSE
+                    bwd = aot.bind_bwd(p["q"], p["k"], p["v"], o, p["do"], lse, torch.empty_like(lse), dq, dk, dv,
                                        p["scale"], causal=p["causal"])
-                    watched, wanted = (dq, dk, dv), ref_grads
+                    runs.append((f"{operator} on {name}", fwd, bwd))
                 else:
-                    run, watched, wanted = fwd, (o,), (ref_out,)
-                try:
-                    for t in watched:
-                        t.fill_(float("nan"))
-                    run()
-                    err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
-                    if not math.isfinite(err):
-                        raise RuntimeError("non-finite output")
-                    ms = do_bench(run, warmup=5, rep=args.rep_ms, return_mode="median")
-                except RuntimeError as e:
-                    print(f"  {operator} on {name}: {str(e).splitlines()[0][:160]}", flush=True)
-                    continue
-                results.append((ms, err, name))
+                    runs.append((f"{operator} on {name}", lambda: None, fwd))
+            results = time_candidates(torch, do_bench, runs, watched, wanted, args.rep_ms)
             if len(results) < 2:
                 continue  # one backend alone decides nothing
-            best_err = min(e for _, e, _ in results)
-            ok = sorted(r for r in results if r[1] <= tuning.ERROR_FACTOR * best_err + 1e-6)
-            win, other = ok[0], [r for r in results if r is not ok[0]][0]
+            win, _, _ = pick(results)
+            other = [r for r in results if r is not win][0]
+            name_of = lambda label: label.rsplit(" ", 1)[-1]  # noqa: E731
+            win, other = (win[0], win[1], name_of(win[2])), (other[0], other[1], name_of(other[2]))
             entry = {"operator": operator, "functional": functional, "mask": mask, "seqlen_q_bin": index,
                      "seqlen_k_bin": index, "winner": win[2], "winner_ms": round(win[0], 5),
                      "runner_up": other[2], "runner_up_ms": round(other[0], 5)}
