@@ -1,7 +1,7 @@
 """Ahead-of-time compile every kernel of rules.py into GPU images.
 
     python -B python/compile.py --arch "sm_90;gfx942" --out build/kernels --cache build/kernel-cache \
-        [--jobs N] [--timeout SECONDS] [--only SUBSTRING] [--tuning-dir DIR] [--for-tuning]
+        [--jobs N] [--timeout SECONDS] [--only SUBSTRING[,SUBSTRING...]] [--tuning-dir DIR] [--for-tuning]
 
 For each arch, ``<out>/<arch>/`` receives per kernel ``<id>.cubin`` (CUDA) or
 ``<id>.hsaco`` (AMD) plus ``<id>.json`` (the launch contract read by the Rust
@@ -9,7 +9,8 @@ packer), and ``manifest.json`` listing exactly the current kernels.  Files of
 kernels no longer enumerated are removed.  The manifest (with a digest over every
 kernel's image and JSON, so it changes whenever a kernel does) is written last and
 only when its bytes change, so build tools can depend on its timestamp.  With
-``--only`` the output reflects just the selected kernels.
+``--only`` (kernels whose id contains any of the comma-separated substrings) the output reflects
+just the selected kernels.
 
 Compiles run in parallel worker processes through ``triton.compile`` (not
 ``triton/tools/compile.py``, which needs a live GPU driver).  Each result is
@@ -510,8 +511,9 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
             if db is not None:
                 log(f"{arch}: tuning database {db.source} ({len(db.entries)} cells)")
             specs = rules.enumerate_kernels(arch, tuning=db, for_tuning=for_tuning)
-            if only:
-                specs = [s for s in specs if only in s.id]
+            wanted = [part for part in (only or "").split(",") if part]
+            if wanted:
+                specs = [s for s in specs if any(part in s.id for part in wanted)]
                 if not specs:
                     raise ValueError(f"--only {only!r} selects no kernel for {arch}")
             keys = {s.id: cache_key(s, digest_of(s), version) for s in specs}
@@ -578,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: CPU count)")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help=f"per-kernel compile timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
-    ap.add_argument("--only", default=None, help="compile only kernels whose id contains SUBSTRING")
+    ap.add_argument("--only", default=None,
+                    help="compile only kernels whose id contains SUBSTRING (comma-separated: any of them)")
     ap.add_argument("--tuning-dir", default=None,
                     help=f"where <arch>.json tuning databases are read (default {tuning.TUNING_DIR})")
     ap.add_argument("--for-tuning", action="store_true",
