@@ -13,7 +13,8 @@
 #     --out $OUT/sm_90.json --progress .stage-tune/tune-progress.json --budget 480 && \
 #     cp .stage-tune/tune-progress.json $OUT/
 # Env: ARCH (sm_90), BUILD_DIR (build), INSTALL (install), TUNE_PROGRESS, ONLY (compile only the
-# kernels whose id contains one of these comma-separated substrings; default "-fp16-,-bf16-", the
+# kernels whose id contains one of these comma-separated substrings; default
+# "-fp16-,-bf16-,debug_dropout_mask" (the dropout cells read their keep-mask through it), the
 # tuner's default dtypes: the fp32 candidates are the slowest to compile and the last to tune;
 # ONLY=, (empty) compiles every candidate).
 set -euo pipefail
@@ -29,7 +30,7 @@ cache=$(sed -n 's/^AOTRITON_KERNEL_CACHE:PATH=//p' "$BUILD_DIR/CMakeCache.txt")
 
 kernels=$BUILD_DIR/tuning-kernels
 "$BUILD_DIR/venv/bin/python" -B python/compile.py --arch "$ARCH" --for-tuning --out "$kernels" \
-  --cache "${cache:-$BUILD_DIR/kernel-cache}" --only "${ONLY--fp16-,-bf16-}"
+  --cache "${cache:-$BUILD_DIR/kernel-cache}" --only "${ONLY--fp16-,-bf16-,debug_dropout_mask}"
 [ -d "$ROOT/.tools/bin" ] && export PATH="$ROOT/.tools/bin:$PATH"
 # aotriton-pack embeds the normal build's archive like every binary of the crate.
 AOTRITON_KERNEL_DIR=${AOTRITON_KERNEL_DIR:-$ROOT/$BUILD_DIR/kernels} AOTRITON_TARGET_ARCH=$ARCH \
