@@ -30,7 +30,7 @@ cache=$(sed -n 's/^AOTRITON_KERNEL_CACHE:PATH=//p' "$BUILD_DIR/CMakeCache.txt")
 
 kernels=$BUILD_DIR/tuning-kernels
 "$BUILD_DIR/venv/bin/python" -B python/compile.py --arch "$ARCH" --for-tuning --out "$kernels" \
-  --cache "${cache:-$BUILD_DIR/kernel-cache}" --only "${ONLY--fp16-,-bf16-,debug_dropout_mask}"
+  --cache "${cache:-$BUILD_DIR/kernel-cache}" --only="${ONLY--fp16-,-bf16-,debug_dropout_mask}"
 [ -d "$ROOT/.tools/bin" ] && export PATH="$ROOT/.tools/bin:$PATH"
 # aotriton-pack embeds the normal build's archive like every binary of the crate.
 AOTRITON_KERNEL_DIR=${AOTRITON_KERNEL_DIR:-$ROOT/$BUILD_DIR/kernels} AOTRITON_TARGET_ARCH=$ARCH \
