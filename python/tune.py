@@ -277,12 +277,15 @@ def main(argv=None, shim_module=None, bench=None):
                 continue
             if args.only and args.only not in tuning.functional_key(functional):
                 continue
-            ids = sorted(s.id for s in specs if s.family == family and s.functional == functional
-                         and s.variant == "aligned")
-            missing = [i for i in ids if i not in in_archive]
-            if missing:
-                sys.exit(f"tune: the archive lacks {len(missing)} candidates (e.g. {missing[0]}): "
-                         "it is not a tuning build (python/compile.py --for-tuning)")
+            offered = [s for s in specs if s.family == family and s.functional == functional
+                       and s.variant == "aligned"]
+            ids = sorted(s.id for s in offered if s.id in in_archive)
+            if not any(s.tuned_only and s.id in in_archive for s in offered):
+                sys.exit(f"tune: the archive holds no tuning candidate of {family} {functional}: it is not a "
+                         "tuning build (python/compile.py --for-tuning; scripts/stage-tuning.sh)")
+            if len(ids) < len(offered):  # dropped by the tuning build: they did not fit the arch
+                print(f"{family} {tuning.functional_key(functional)}: {len(offered) - len(ids)} candidates "
+                      "not in the archive (did not fit the arch)", flush=True)
             if time.monotonic() - start > args.budget:
                 stopped = True
                 break

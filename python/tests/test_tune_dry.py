@@ -116,7 +116,9 @@ class TuneDryRunTest(unittest.TestCase):
             forced_times.append(calls[-1][1])
             return fake_time(calls[-1][1])
 
-        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
+        # The tuning build dropped one candidate (it did not fit): the tuner goes on without it.
+        dropped = "attn_fwd-bf16-tf0-hd16-drop0-bias0-m64n128w4s2-aligned"
+        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)} - {dropped}
         patches = [mock.patch.object(tune, "DEVICE", "cpu"), mock.patch.object(tune, "archive_kernel_ids",
                                                                                  lambda pack, archive: ids),
                    mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16, 48]),
@@ -136,7 +138,7 @@ class TuneDryRunTest(unittest.TestCase):
             for e in db.entries:
                 fam = rules.family(e["family"])
                 cands = [s.id for s in rules.enumerate_kernels("sm_90", [fam], for_tuning=True)
-                         if s.functional == e["functional"] and s.variant == "aligned"]
+                         if s.functional == e["functional"] and s.variant == "aligned" and s.id != dropped]
                 good = sorted((fake_time(i), i.split("-")[-2]) for i in cands if not broken(i))
                 self.assertEqual(e["winner"], good[0][1], e)
                 self.assertEqual(e["runner_up"], good[1][1], e)
@@ -147,7 +149,7 @@ class TuneDryRunTest(unittest.TestCase):
             self.assertTrue(any(c[:2] == ("fwd", None) for c in calls))
             candidates = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)
                           if s.family in tune.TUNED_FAMILIES and s.functional["dtype"] == "bf16"
-                          and s.functional["head_dim"] == 16 and s.variant == "aligned"}
+                          and s.functional["head_dim"] == 16 and s.variant == "aligned"} - {dropped}
             self.assertEqual(set(forced_times), candidates)  # timed, then judged by their error
             # Rerun: nothing is measured again; the database is the same text.
             text = open(out).read()
@@ -197,6 +199,21 @@ class TuneDryRunTest(unittest.TestCase):
             cells = db.portable_cells("attn_fwd_gluon", {"dtype": "bf16", "head_dim": 64})
             self.assertEqual({(c["mask"], tuple(c["seqlen_q"])) for c in cells}, {("none", (0, 16)), ("causal", (0, 16))})
             self.assertTrue(any(c[2] == "gluon" and c[0] == "bwd" for c in calls))
+
+    def test_refuses_an_archive_that_is_not_a_tuning_build(self):
+        import torch
+
+        import tune
+
+        normal = {s.id for s in rules.enumerate_kernels("sm_90")}
+        with mock.patch.object(tune, "DEVICE", "cpu"), \
+                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: normal), \
+                tempfile.TemporaryDirectory() as tmp:
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", os.path.join(tmp, "db.json"),
+                    "--progress", os.path.join(tmp, "p.json"), "--dtypes", "bf16", "--only", '"head_dim":16']
+            with self.assertRaises(SystemExit) as cm:
+                tune.main(argv, shim_module=make_shim(torch, []), bench=lambda fn, **kw: 1.0)
+            self.assertIn("not a tuning build", str(cm.exception.code))
 
     def test_budget_stops_between_functionals(self):
         import torch
