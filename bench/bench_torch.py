@@ -3,7 +3,8 @@
 autograd, and torch's own F.scaled_dot_product_attention with aotriton activated as torch's flash
 implementation ("registered": torch.nn.attention.activate_flash_attention_impl("aotriton"),
 activated only around its own timings), vs torch SDPA (cuDNN and FA2 backends) on the same
-tensors, same process, same timer.
+tensors, same process, same timer. "kernel-level": the binding's two ops called directly, without
+autograd (the figure the user path is held to: the script prints user/kernel per row).
 
 Each implementation is timed twice with triton.testing.do_bench (CUDA events, median):
   fwd        the training forward: inputs require grad, so autograd records the graph
@@ -69,6 +70,35 @@ def call_aotriton(q, k, v, causal, layout):
     return aot.flash_attention(q, k, v, causal=causal, layout=layout)
 
 
+class _KernelLevel:
+    """The binding's two ops called directly, without autograd: the kernel-level figure the user
+    path is compared with (labelled "kernel" in the tables). ``backward(d_o)`` runs the backward op
+    on the last forward's out and LSE, as autograd would."""
+
+    def __init__(self, q, k, v, causal, layout):
+        self.args = [t.transpose(1, 2) if layout == "bshd" else t for t in (q, k, v)]
+        self.causal = causal
+        self.layout = layout
+
+    def forward(self):
+        q, k, v = (t.detach() for t in self.args)
+        scale = q.size(-1) ** -0.5
+        self.out, self.lse, self.rng = torch.ops.aotriton.fwd(q, k, v, None, None, None, 0, 0, scale, self.causal,
+                                                              -1, -1, 0, 0.0, False, False, None)
+        return self
+
+    def backward(self, d_o):
+        q, k, v = (t.detach() for t in self.args)
+        if self.layout == "bshd":
+            d_o = d_o.transpose(1, 2)
+        torch.ops.aotriton.bwd(d_o, q, k, v, self.out, self.lse, None, False, None, None, 0, 0, q.size(-1) ** -0.5,
+                               self.causal, -1, -1, 0, 0.0, self.rng, False, False, False, None)
+
+
+def call_kernel_level(q, k, v, causal, layout):
+    return _KernelLevel(q, k, v, causal, layout).forward()
+
+
 def call_sdpa(backend):
     def call(q, k, v, causal, layout):
         if layout == "bshd":
@@ -89,7 +119,8 @@ def time_pair(fn, q, k, v, d_o, causal, layout, warmup, rep):
 def run(args):
     dtype = torch.bfloat16
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    impls = {"aotriton": call_aotriton, **{name: call_sdpa(b) for name, b in PEERS.items()}}
+    impls = {"aotriton": call_aotriton, "kernel": call_kernel_level,
+             **{name: call_sdpa(b) for name, b in PEERS.items()}}
     if hasattr(torch.nn.attention, "activate_flash_attention_impl"):
         impls["registered"] = call_sdpa(SDPBackend.FLASH_ATTENTION)  # timed with aotriton activated
     rows, wrong = [], 0
@@ -158,7 +189,7 @@ def print_row(row, flush=False):
     diff = row.get("rel_diff_vs_cudnn")
     print(f"| {row['shape']} | {row['layout']} | {cell(row, 'aotriton', 'fwd')} | {cell(row, 'registered', 'fwd')} | "
           f"{cell(row, 'cudnn', 'fwd')} | {cell(row, 'fa2', 'fwd')} | {cell(row, 'aotriton', 'fwdbwd')} | "
-          f"{cell(row, 'registered', 'fwdbwd')} | {cell(row, 'cudnn', 'fwdbwd')} | "
+          f"{cell(row, 'registered', 'fwdbwd')} | {cell(row, 'kernel', 'fwdbwd')} | {cell(row, 'cudnn', 'fwdbwd')} | "
           f"{cell(row, 'fa2', 'fwdbwd')} | {'' if diff is None else f'{diff:.1e}'}{mark} |", flush=flush)
 
 
@@ -174,8 +205,8 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}, bf16; "
           "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward")
     print("| shape | layout | fwd aotriton | fwd registered | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | "
-          "fwd+bwd registered | fwd+bwd cuDNN | fwd+bwd FA2 | rel. diff vs cuDNN |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "fwd+bwd registered | fwd+bwd kernel-level | fwd+bwd cuDNN | fwd+bwd FA2 | rel. diff vs cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows, wrong = run(args)
     for impl in ("aotriton", "registered"):
         for mode in ("fwd", "fwdbwd"):
@@ -188,6 +219,13 @@ def main():
                 geo **= 1 / len(ratios)
                 print(f"bench-torch {impl} {mode}: /cuDNN geomean {geo:.3f} over {len(ratios)} rows, "
                       f"worst {min(ratios):.3f}")
+    # The user path against the kernel level (the binding's ops without autograd, same tensors).
+    for r in rows:
+        user, kernel = r.get("aotriton_fwdbwd_ms"), r.get("kernel_fwdbwd_ms")
+        if user and kernel:
+            r["user_over_kernel_fwdbwd"] = user / kernel
+            flag = "  <- issue 16's 5 % cells" if r["D"] == 128 and r["S"] in (1024, 4096) else ""
+            print(f"user/kernel fwd+bwd {r['shape']} {r['layout']}: {user / kernel:.3f}{flag}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
