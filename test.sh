@@ -10,7 +10,8 @@
 #                seed-compatible API (on the recording HIP double) and PyTorch's ExternalProject
 #                flow, and the Python tests (rules, compile driver, kernel numerics in the interpreter)
 #   torch        the PyTorch glue on the CPU with float64 stand-ins for the kernels (registration,
-#                transformers), where a python3 with torch (and transformers) is found; PyPI has
+#                transformers) and the tuner's dry run, where a python3 with torch (and
+#                transformers) is found; PyPI has
 #                only torch's 4.7 GB CUDA build, so CI prints "skipped: ..." and the GPU machine
 #                runs them (test/torch/run.sh)
 #   GPU tests    run only where a GPU is; here they print "skipped: no GPU" (test/gpu/README.md)
@@ -51,7 +52,15 @@ if "$TORCH_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
     fi
     tail -n 1 "$log"
   done
+  # The tuner's dry run (python/tune.py on the CPU with a float64 stand-in shim); the build
+  # venv's python_tests skip it without torch.
+  if ! (cd python/tests && "$TORCH_PYTHON" -B -m unittest test_tune_dry) >"$log" 2>&1; then
+    cat "$log"
+    exit 1
+  fi
+  echo "tune-dry-run: $(tail -n 1 "$log")"
   rm -f "$log"
 else
-  echo "skipped: PyTorch glue CPU tests (no torch + transformers for $TORCH_PYTHON; test/torch/run.sh runs them on the GPU machine)"
+  echo "skipped: PyTorch glue CPU tests and the tuner's dry run (no torch + transformers for $TORCH_PYTHON;" \
+    "test/torch/run.sh runs the glue tests on the GPU machine)"
 fi
