@@ -524,10 +524,23 @@ mod tests {
         }
     }
 
+    /// A fake driver library built for one test; its directory is removed when the test drops it
+    /// (a library already opened stays mapped).
+    struct FakeDriver {
+        dir: std::path::PathBuf,
+        path: String,
+    }
+
+    impl Drop for FakeDriver {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     /// A stand-in for libcuda with the entry points this module resolves, built with the system C
     /// compiler: `REQUIRED_BUT_LAUNCH` leaves out cuLaunchKernel, `CUDA_12` adds the 12.0 entry
     /// points. None when no C compiler is found (the tests then say they are skipped).
-    fn fake_driver(name: &str, defines: &[&str]) -> Option<String> {
+    fn fake_driver(name: &str, defines: &[&str]) -> Option<FakeDriver> {
         const SOURCE: &str = r#"
 typedef unsigned int CUresult;
 CUresult cuDriverGetVersion(int *v) { *v = DRIVER_VERSION; return 0; }
@@ -559,7 +572,7 @@ CUresult cuTensorMapEncodeTiled(unsigned long long *map, int type, unsigned rank
 }
 #endif
 "#;
-        let dir = std::env::temp_dir().join(format!("aotriton-fake-libcuda-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("aotriton-fake-libcuda-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).ok()?;
         let source = dir.join("fake.c");
         std::fs::write(&source, SOURCE).ok()?;
@@ -570,9 +583,10 @@ CUresult cuTensorMapEncodeTiled(unsigned long long *map, int type, unsigned rank
             cc.arg(format!("-D{define}"));
         }
         match cc.status() {
-            Ok(status) if status.success() => Some(library.to_string_lossy().into_owned()),
+            Ok(status) if status.success() => Some(FakeDriver { path: library.to_string_lossy().into_owned(), dir }),
             outcome => {
                 eprintln!("skipped: no C compiler to build a fake libcuda ({outcome:?})");
+                let _ = std::fs::remove_dir_all(&dir);
                 None
             }
         }
@@ -580,7 +594,8 @@ CUresult cuTensorMapEncodeTiled(unsigned long long *map, int type, unsigned rank
 
     #[test]
     fn a_driver_missing_a_required_entry_point_is_no_driver() {
-        let Some(path) = fake_driver("no-launch", &["DRIVER_VERSION=12080", "REQUIRED_BUT_LAUNCH"]) else { return };
+        let Some(fake) = fake_driver("no-launch", &["DRIVER_VERSION=12080", "REQUIRED_BUT_LAUNCH"]) else { return };
+        let path = fake.path.clone();
         let e = load_api(&path).err().expect("a driver without cuLaunchKernel was accepted");
         assert_eq!(e.kind(), ErrorKind::NoDriver, "{e}");
         assert!(e.message().contains("cuLaunchKernel") && e.message().contains(&path), "{e}");
@@ -592,7 +607,8 @@ CUresult cuTensorMapEncodeTiled(unsigned long long *map, int type, unsigned rank
     /// a TMA encode fails, with an error that says why (not a panic).
     #[test]
     fn a_driver_before_12_lacks_only_tma_and_context_ids() {
-        let Some(path) = fake_driver("cuda-11.8", &["DRIVER_VERSION=11080"]) else { return };
+        let Some(fake) = fake_driver("cuda-11.8", &["DRIVER_VERSION=11080"]) else { return };
+        let path = fake.path.clone();
         let api = load_api(&path).unwrap();
         assert!(api.ctx_get_id.is_none() && api.tensor_map_encode_tiled.is_none());
         let meta = crate::archive::TensorDescMeta { block_size: vec![64, 64], swizzle: 3, elem_type: 6, elem_size: 2, fp4_padded: false };
@@ -610,7 +626,8 @@ CUresult cuTensorMapEncodeTiled(unsigned long long *map, int type, unsigned rank
 
     #[test]
     fn a_12_driver_encodes_tensor_maps_and_names_contexts() {
-        let Some(path) = fake_driver("cuda-12.8", &["DRIVER_VERSION=12080", "CUDA_12"]) else { return };
+        let Some(fake) = fake_driver("cuda-12.8", &["DRIVER_VERSION=12080", "CUDA_12"]) else { return };
+        let path = fake.path.clone();
         let api = load_api(&path).unwrap();
         let meta = crate::archive::TensorDescMeta { block_size: vec![64, 64], swizzle: 3, elem_type: 6, elem_size: 2, fp4_padded: false };
         let e = encode_params(&TensorArg::matrix(0x10000, 128, 64, DType::F16), &meta).unwrap();
