@@ -110,7 +110,12 @@ class Aotriton:
         self.lib.aotriton_shim_version.restype = ctypes.c_char_p
         self.lib.aotriton_shim_force_kernel.argtypes = [ctypes.c_char_p]
         self.lib.aotriton_shim_force_kernel.restype = ctypes.c_int
+        self.lib.aotriton_shim_forced_count.restype = ctypes.c_uint64
         self.version = self.lib.aotriton_shim_version().decode()
+
+    def forced_count(self):
+        """aotriton::tuning::forced_count: kernels the override launched in place of dispatch's."""
+        return int(self.lib.aotriton_shim_forced_count())
 
     def force_kernel(self, kernel_id):
         """aotriton::tuning::force_kernel: every call launches the kernel with this id where its

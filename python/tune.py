@@ -84,18 +84,23 @@ def reference(torch, p, keep=None, dropout_p=0.0, grads=False):
     return out.detach(), (dq, dk, dv)
 
 
-def time_candidates(torch, do_bench, candidates, watched, wanted, rep_ms):
+def time_candidates(torch, do_bench, candidates, watched, wanted, rep_ms, forced_count=None):
     """Runs each ``(label, prepare, run)`` candidate (``prepare`` readies it, e.g. forces its
     kernel) on NaN-poisoned outputs, measures its max error on the (0, 0) slice against the
     reference, and times it; one that fails or leaves a non-finite value is left out (a candidate
-    that cannot run is not a candidate). Returns ``(ms, error, label)`` per candidate that ran."""
+    that cannot run is not a candidate). ``forced_count`` (aotriton::tuning::forced_count): the
+    forced kernel must really have launched, or the time would be another kernel's. Returns
+    ``(ms, error, label)`` per candidate that ran."""
     results = []
     for label, prepare, run in candidates:
         prepare()
         for t in watched:
             t.fill_(float("nan"))
         try:
+            before = forced_count() if forced_count else None
             run()
+            if forced_count and forced_count() == before:
+                raise RuntimeError("the forced kernel did not launch (its hints do not fit these tensors)")
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
             err = max((got[0, 0].float() - want).abs().max().item() for got, want in zip(watched, wanted))
@@ -152,7 +157,7 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
             else:
                 run, watched, wanted = fwd, (o,), (ref_out,)
             forcing = [(kid, lambda kid=kid: aot.force_kernel(kid), run) for kid in ids]
-            results = time_candidates(torch, do_bench, forcing, watched, wanted, args.rep_ms)
+            results = time_candidates(torch, do_bench, forcing, watched, wanted, args.rep_ms, aot.forced_count)
             aot.force_kernel(None)
             if not results:
                 print(f"{family} {functional} {mask} S{s}: no candidate ran", flush=True)

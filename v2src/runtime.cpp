@@ -70,6 +70,8 @@ Status force_kernel(const char* kernel_id) noexcept {
   });
 }
 
+uint64_t forced_count() noexcept { return bridge::tuning_forced_count(); }
+
 }  // namespace tuning
 
 const char* version() noexcept {

@@ -91,6 +91,9 @@ AOTRITON_API const char* version() noexcept;
 // python/rules.py's), not for production calls.
 namespace tuning {
 AOTRITON_API Status force_kernel(const char* kernel_id) noexcept;
+// How many kernels the override has launched in place of dispatch's choice so far (process-wide):
+// read it around a call to know the forced kernel itself ran.
+AOTRITON_API uint64_t forced_count() noexcept;
 }  // namespace tuning
 
 }  // namespace aotriton

@@ -60,6 +60,9 @@ def make_shim(torch, calls):
         def force_kernel(self, kernel_id):
             self.forced = kernel_id
 
+        def forced_count(self):
+            return sum(1 for c in calls if c[1] is not None)
+
         def debug_dropout_mask(self, shape, dropout):
             return keep_mask(shape, dropout.seed).float()
 

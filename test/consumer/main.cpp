@@ -291,6 +291,11 @@ int main() {
     expect("forced kernel, null q", flash::attn_fwd(p, stream), Status::kNullPointer);
   }
   expect("tuning::force_kernel(nullptr)", aotriton::tuning::force_kernel(nullptr), Status::kSuccess);
+  if (aotriton::tuning::forced_count() != 0) {  // nothing was launched, so nothing was forced
+    std::printf("FAIL tuning::forced_count() after no launch: %llu\n",
+                static_cast<unsigned long long>(aotriton::tuning::forced_count()));
+    ++g_failures;
+  }
 
   // Valid calls: without a driver they must say so (and not crash).
   if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {

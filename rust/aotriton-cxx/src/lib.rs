@@ -206,6 +206,8 @@ mod ffi {
         fn version(text: &mut String) -> Outcome;
         /// The tuner's kernel override (aotriton::tuning): `id` forced, or none when `clear`.
         fn tuning_force_kernel(id: &str, clear: bool) -> Outcome;
+        /// How many kernels the override has put in place of dispatch's choice.
+        fn tuning_forced_count() -> u64;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
         fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
         fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
@@ -275,6 +277,10 @@ fn version(text: &mut String) -> Outcome {
         *text = format!("{} ({})", env!("CARGO_PKG_VERSION"), aotriton::built_archs().join(", "));
         Ok(())
     })
+}
+
+fn tuning_forced_count() -> u64 {
+    aotriton::tuning::forced_count()
 }
 
 fn tuning_force_kernel(id: &str, clear: bool) -> Outcome {

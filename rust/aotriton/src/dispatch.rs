@@ -8,7 +8,7 @@
 //! fixed-capacity storage: after a kernel's first launch, nothing here allocates.
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::archive::{Functional, KernelArg, KernelMeta, MaskKind};
@@ -504,6 +504,8 @@ pub(crate) enum Serves {
 /// load when no override is set.
 static FORCED_ACTIVE: AtomicBool = AtomicBool::new(false);
 static FORCED_KERNEL: Mutex<String> = Mutex::new(String::new());
+/// Kernels prepared under the override (the tuner checks each candidate really ran).
+static FORCED_PREPARED: AtomicU64 = AtomicU64::new(0);
 
 /// Sets (or with None clears) the kernel id the tuner forces; see [`FORCED_ACTIVE`]. Meant for
 /// timing candidates, not for production calls: it is process-wide.
@@ -512,6 +514,12 @@ pub fn force_kernel(id: Option<&str>) {
     forced.clear();
     forced.push_str(id.unwrap_or(""));
     FORCED_ACTIVE.store(id.is_some(), Ordering::Release);
+}
+
+/// How many kernels the override has put in place of dispatch's choice so far (process-wide):
+/// the tuner reads it around a candidate's call to know the candidate itself ran.
+pub fn forced_count() -> u64 {
+    FORCED_PREPARED.load(Ordering::Acquire)
 }
 
 /// The kernel id the tuner forces, if any.
@@ -528,7 +536,11 @@ fn forced_in(functional: &Functional, fitting: KernelSet) -> Option<usize> {
         return None;
     }
     let forced = lock(&FORCED_KERNEL);
-    fitting.iter().find(|&i| functional.kernels[i].id == *forced)
+    let index = fitting.iter().find(|&i| functional.kernels[i].id == *forced);
+    if index.is_some() {
+        FORCED_PREPARED.fetch_add(1, Ordering::AcqRel);
+    }
+    index
 }
 
 #[cfg(test)]

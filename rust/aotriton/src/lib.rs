@@ -84,7 +84,7 @@ pub use driver::cudarc_interop as interop;
 /// force one compiled kernel, by id, while timing the candidates of a tuning build. Process-wide;
 /// not for production calls.
 pub mod tuning {
-    pub use crate::dispatch::{force_kernel, forced_kernel};
+    pub use crate::dispatch::{force_kernel, forced_count, forced_kernel};
 }
 pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};

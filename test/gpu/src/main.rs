@@ -53,6 +53,7 @@ mod philox;
 mod reference;
 mod stability;
 mod stress;
+mod tuning;
 
 /// Counts host allocations (stability.rs checks the launch path makes none after warm-up).
 #[global_allocator]
@@ -1604,6 +1605,10 @@ fn main() {
         emit(format!("[{n:3}] {}", outcome.line), log);
     };
     record(device_support_case(stream), &mut log);
+    record(
+        tuning::override_case(stream).unwrap_or_else(|e| Outcome { pass: false, line: format!("tuning override: {e}  FAIL") }),
+        &mut log,
+    );
     for c in &all {
         let outcome = run_case(c, &mut rng, stream).unwrap_or_else(|e| Outcome {
             pass: false,

@@ -672,7 +672,9 @@ pub(crate) mod tests {
         assert_eq!(crate::flash::tuning_key(&cshape, &cmask).mask, MaskKind::Causal);
         // The tuner's override wins over both, only for the functional holding that id.
         crate::tuning::force_kernel(Some(&functional.kernels[heuristic].id));
+        let before = crate::tuning::forced_count();
         assert_eq!(dispatch::forced_in_for_tests(&functional, fitting), Some(heuristic));
+        assert!(crate::tuning::forced_count() > before, "a forced pick is counted");
         crate::tuning::force_kernel(Some("attn_bwd_dq-some-other-kernel"));
         assert_eq!(dispatch::forced_in_for_tests(&functional, fitting), None);
         crate::tuning::force_kernel(None);
