@@ -338,8 +338,10 @@ impl Launcher {
 
     /// Whether the device's archive holds the functional of `request` (false too when the
     /// device has no archive), and whether one of its kernels fits the arguments (a kernel that
-    /// takes TMA descriptors fits only where the driver can encode them).
-    pub fn serves(&self, request: &Request) -> Serves {
+    /// takes TMA descriptors fits only where the driver can encode them). When it does, also
+    /// whether the tuning database measured the portable backend faster than this (second)
+    /// backend in `key`'s cell: the functional's kernels carry those cells (`portable_for`).
+    pub fn serves(&self, request: &Request, key: TuningKey) -> Serves {
         let Ok(loaded) = images::archive_for_device(&self.context.device) else { return Serves::NotCompiled };
         let Some(index) = loaded.archive.find(request.family, request.axes) else { return Serves::NotCompiled };
         let functional = &loaded.archive.functionals()[index];
@@ -348,22 +350,14 @@ impl Launcher {
         };
         match fitting_kernels(functional, request.args) {
             Ok(fitting) if fitting.iter().any(|k| encodable(k) && fits_device(&functional.kernels[k], &self.context.device)) => {
-                Serves::Yes
+                let portable_faster = functional
+                    .kernels
+                    .iter()
+                    .any(|k| k.portable_for.iter().any(|cell| cell.contains(key.mask, key.seqlen_q, key.seqlen_k)));
+                Serves::Yes { portable_faster }
             }
             _ => Serves::NoKernelFits,
         }
-    }
-
-    /// Whether the tuning database measured the portable backend faster than `request`'s
-    /// (a second backend's kernels, e.g. Gluon) for a call in `key`'s cell: the kernels of
-    /// `request`'s functional carry those cells (`portable_for`).
-    pub fn portable_measured_faster(&self, request: &Request, key: TuningKey) -> bool {
-        let Ok(loaded) = images::archive_for_device(&self.context.device) else { return false };
-        let Some(index) = loaded.archive.find(request.family, request.axes) else { return false };
-        loaded.archive.functionals()[index]
-            .kernels
-            .iter()
-            .any(|k| k.portable_for.iter().any(|cell| cell.contains(key.mask, key.seqlen_q, key.seqlen_k)))
     }
 
     /// Finds the functional of `request` in the device's archive, keeps the kernels whose
@@ -493,7 +487,7 @@ impl Launcher {
 /// What [`Launcher::serves`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Serves {
-    Yes,
+    Yes { portable_faster: bool },
     NotCompiled,
     NoKernelFits,
 }

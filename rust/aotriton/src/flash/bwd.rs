@@ -180,11 +180,8 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
         let [pre, main, convert] = call.requests()?;
         let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
-        let ready = gluon::device_ready(&launcher, &gluon_kernels);
-        let portable_faster = launcher.portable_measured_faster(&main, key);
-        if gluon::select_by_device(params.backend, ready, portable_faster)
-            .map_err(|why| why.error("attn_bwd", Some(launcher.device())))?
-        {
+        let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
+        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic, key);
         }
     }
@@ -230,11 +227,10 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     let features = [("dropout", false), ("bias", false)];
     let portable_axes = axes(params.q.dtype, params.allow_tf32, &shape, &features);
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
-    let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }]);
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
-    let portable_faster = launcher.portable_measured_faster(&main, super::tuning_key(&shape, &mask));
-    let gluon = gluon::select_by_device(params.backend, ready, portable_faster)
-        .map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
+    let key = super::tuning_key(&shape, &mask);
+    let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }], key);
+    let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 

@@ -85,11 +85,8 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     if let Some(g) = gluon_inputs {
         let call = gluon::FwdCall::new(params, &shape, &mask, &g);
         let gluon_request = call.request()?;
-        let ready = gluon::device_ready(&launcher, &[&gluon_request]);
-        let portable_faster = launcher.portable_measured_faster(&gluon_request, key);
-        if gluon::select_by_device(params.backend, ready, portable_faster)
-            .map_err(|why| why.error("attn_fwd", Some(launcher.device())))?
-        {
+        let ready = gluon::device_ready(&launcher, &[&gluon_request], key);
+        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {
             return gluon::launch_fwd(&launcher, &gluon_request, &shape, key);
         }
     }

@@ -233,34 +233,32 @@ pub(crate) fn select_by_inputs(backend: Backend, inputs: impl FnOnce() -> Result
 }
 
 /// The backend rule, once the device is known: whether to launch Gluon (`device` is the
-/// result of [`device_ready`]; `portable_faster`: the tuning database measured the portable
+/// result of [`device_ready`]: ready, and whether the tuning database measured the portable
 /// backend faster in the call's cell, which `Auto` follows). A forced Gluon call gets the
 /// device's reason as its error.
-pub(crate) fn select_by_device(
-    backend: Backend,
-    device: Result<(), Unsupported>,
-    portable_faster: bool,
-) -> Result<bool, Unsupported> {
+pub(crate) fn select_by_device(backend: Backend, device: Result<bool, Unsupported>) -> Result<bool, Unsupported> {
     match (backend, device) {
-        (Backend::Auto, Ok(())) => Ok(!portable_faster),
-        (_, Ok(())) => Ok(true),
+        (Backend::Auto, Ok(portable_faster)) => Ok(!portable_faster),
+        (_, Ok(_)) => Ok(true),
         (Backend::Gluon, Err(why)) => Err(why),
         (_, Err(_)) => Ok(false),
     }
 }
 
 /// The device conditions: sm_90, and for every request of the call its functional is in the
-/// device's archive and one of its kernels fits the arguments.
-pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request]) -> Result<(), Unsupported> {
+/// device's archive and one of its kernels fits the arguments. Ready: whether the tuning
+/// database measured the portable backend faster for the call (`key`'s cell) in any of them.
+pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request], key: TuningKey) -> Result<bool, Unsupported> {
     device_supported(&launcher.device().arch)?;
+    let mut portable_faster = false;
     for request in requests {
-        match launcher.serves(request) {
-            Serves::Yes => {}
+        match launcher.serves(request, key) {
+            Serves::Yes { portable_faster: faster } => portable_faster |= faster,
             Serves::NotCompiled => return Err(Unsupported::NotCompiled { family: request.family }),
             Serves::NoKernelFits => return Err(Unsupported::NoKernelFits { family: request.family }),
         }
     }
-    Ok(())
+    Ok(portable_faster)
 }
 
 fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
@@ -726,15 +724,16 @@ mod tests {
         assert_eq!(device_supported("sm_90"), Ok(()));
         assert_eq!(device_supported("sm_80"), Err(Unsupported::Arch));
         assert_eq!(device_supported("gfx942"), Err(Unsupported::Arch));
-        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90"), false), Ok(true));
-        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_80"), false), Ok(false));
-        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_80"), false), Err(Unsupported::Arch));
+        let ready = |arch, portable_faster| device_supported(arch).map(|()| portable_faster);
+        assert_eq!(select_by_device(Backend::Auto, ready("sm_90", false)), Ok(true));
+        assert_eq!(select_by_device(Backend::Auto, ready("sm_80", false)), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, ready("sm_80", false)), Err(Unsupported::Arch));
         // The tuning database's portable cells move Auto, never a forced backend.
-        assert_eq!(select_by_device(Backend::Auto, device_supported("sm_90"), true), Ok(false));
-        assert_eq!(select_by_device(Backend::Gluon, device_supported("sm_90"), true), Ok(true));
+        assert_eq!(select_by_device(Backend::Auto, ready("sm_90", true)), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, ready("sm_90", true)), Ok(true));
         let missing = Err(Unsupported::NotCompiled { family: FWD_FAMILY });
-        assert_eq!(select_by_device(Backend::Auto, missing, false), Ok(false));
-        assert_eq!(select_by_device(Backend::Gluon, missing, false), missing.map(|()| false));
+        assert_eq!(select_by_device(Backend::Auto, missing), Ok(false));
+        assert_eq!(select_by_device(Backend::Gluon, missing), missing.map(|_| false));
     }
 
     #[test]
