@@ -1066,11 +1066,12 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
             let at = |p: String| at(format!("kernels[{ki}]: {p}"));
             let ko = as_obj(kv, "kernel").map_err(at)?;
             let meta = kernel_meta_from_json(ko).map_err(at)?;
-            if version_needed([&meta]) > header_version {
-                let (what, needs) = if meta.tuned_for.is_empty() && !meta.tuned_only && meta.portable_for.is_empty() {
-                    ("tensordesc arguments", TENSORDESC_VERSION)
+            let needs = version_needed([&meta]);
+            if needs > header_version {
+                let what = if needs == TUNED_VERSION {
+                    "tuning metadata (tuned_for, tuned_only, portable_for)"
                 } else {
-                    ("tuning metadata (tuned_for, tuned_only, portable_for)", TUNED_VERSION)
+                    "tensordesc arguments"
                 };
                 return Err(at(format!(
                     "kernel {} has {what}, which need format version {needs} (file says {header_version})",
