@@ -569,10 +569,18 @@ def _fits(arch: str, functional: dict[str, Any], tiles: int, rows: int) -> bool:
     return tiles * rows * functional["head_dim"] * ELEMENT_SIZE[functional["dtype"]] <= SHARED_MEMORY_LIMIT[arch]
 
 
-def _with_heuristic(arch, functional, configs, heuristic):
+def _candidates(arch, functional, heuristic, shapes, streamed, resident):
+    """The heuristic's configs, then those of ``shapes`` ((BLOCK_M, BLOCK_N, warps, stages)) whose
+    shared memory fits: two ``streamed`` tiles ("m": BLOCK_M rows, "n": BLOCK_N rows) per stage and
+    ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs: the heuristic's."""
     out = list(heuristic(arch, functional))
-    for c in configs:
-        if c not in out:
+    if TARGETS[arch][0] != "cuda":
+        return out
+    for bm, bn, w, st in shapes:
+        rows = {"m": bm, "n": bn}
+        c = _cfg(bm, bn, w, st)
+        if (c not in out and _fits(arch, functional, 2 * st, rows[streamed])
+                and _fits(arch, functional, resident[0], rows[resident[1]])):
             out.append(c)
     return out
 
@@ -580,39 +588,27 @@ def _with_heuristic(arch, functional, configs, heuristic):
 def _attn_fwd_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """Forward: BLOCK_M 64/128 x BLOCK_N 32/64/128 with 4 or 8 warps and 2 or 3 stages (8 shapes);
     K and V tiles of every stage plus the Q tile must fit shared memory."""
-    if TARGETS[arch][0] != "cuda":
-        return _attn_fwd_configs(arch, functional)
     shapes = [(128, 64, 4, 2), (128, 128, 8, 3), (128, 64, 8, 2), (128, 32, 4, 3), (128, 128, 4, 2),
               (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2)]
     if functional["dtype"] == "fp32":
         shapes = [(64, 32, 4, 2), (64, 32, 4, 1), (32, 32, 4, 1), (64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 8, 2)]
-    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bn) and
-            _fits(arch, functional, 1, bm)]
-    return _with_heuristic(arch, functional, keep, _attn_fwd_configs)
+    return _candidates(arch, functional, _attn_fwd_configs, shapes, "n", (1, "m"))
 
 
 def _attn_bwd_dkdv_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """dK/dV: BLOCK_M queries per step x BLOCK_N keys per program (8 shapes); Q and dO tiles of
     every stage plus the K and V tiles must fit shared memory."""
-    if TARGETS[arch][0] != "cuda":
-        return _attn_bwd_dkdv_configs(arch, functional)
     shapes = [(32, 128, 4, 2), (64, 64, 4, 2), (32, 64, 4, 2), (64, 128, 8, 2), (32, 32, 4, 1), (16, 64, 4, 2),
               (64, 32, 4, 2), (32, 128, 8, 3)]
-    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bm) and
-            _fits(arch, functional, 2, bn)]
-    return _with_heuristic(arch, functional, keep, _attn_bwd_dkdv_configs)
+    return _candidates(arch, functional, _attn_bwd_dkdv_configs, shapes, "m", (2, "n"))
 
 
 def _attn_bwd_dq_candidates(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """dQ: BLOCK_M queries per program x BLOCK_N keys per step (8 shapes); K and V tiles of every
     stage plus the Q and dO tiles must fit shared memory."""
-    if TARGETS[arch][0] != "cuda":
-        return _attn_bwd_dq_configs(arch, functional)
     shapes = [(128, 64, 4, 2), (64, 64, 4, 2), (64, 32, 4, 1), (128, 32, 8, 2), (64, 128, 4, 2), (32, 64, 4, 2),
               (128, 128, 8, 2), (32, 32, 4, 1)]
-    keep = [_cfg(bm, bn, w, st) for bm, bn, w, st in shapes if _fits(arch, functional, 2 * st, bn) and
-            _fits(arch, functional, 2, bm)]
-    return _with_heuristic(arch, functional, keep, _attn_bwd_dq_configs)
+    return _candidates(arch, functional, _attn_bwd_dq_configs, shapes, "n", (2, "m"))
 
 
 def _gluon_cfg(bm, bn, stages, maxnreg=168, **knobs):
@@ -931,13 +927,12 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
                     configs.append(by_tag[tag])
             if for_tuning:
                 configs += [c for c in offered if c not in configs]
+            # A Gluon family: the cells its operator leaves to the portable backend.
+            yielded = tuple(tuning.portable_cells(family.name, functional)) if tuning is not None else ()
             for config in configs:
                 spec = _spec(family, arch, functional, config, "aligned")
-                cells = won.get(config_tag(config))
-                specs.append(dataclasses.replace(spec, tuned_for=tuple(cells or ()), tuned_only=config not in heuristic))
-            yielded = tuple(tuning.portable_cells(family.name, functional)) if tuning is not None else ()
-            if yielded:  # a Gluon family: the cells its operator leaves to the portable backend
-                specs[-len(configs):] = [dataclasses.replace(s, portable_for=yielded) for s in specs[-len(configs):]]
+                specs.append(dataclasses.replace(spec, tuned_for=tuple(won.get(config_tag(config), ())),
+                                                 tuned_only=config not in heuristic, portable_for=yielded))
             if "generic" in family.variants:
                 smallest = min(heuristic, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
                 specs.append(_spec(family, arch, functional, smallest, "generic"))

@@ -150,44 +150,32 @@ def _check(data: Any, source: str) -> None:
     if not (isinstance(edges, list) and edges and edges[0] == 0 and all(isinstance(e, int) for e in edges)
             and all(a < b for a, b in zip(edges, edges[1:]))):
         fail(f"grid.seqlen_edges must be increasing integers starting at 0, got {edges!r}")
-    seen = set()
-    for i, e in enumerate(data["entries"]):
-        where = f"entry {i}"
-        for key in ("family", "functional", "mask", "seqlen_q_bin", "seqlen_k_bin", "winner", "winner_ms"):
-            if key not in e:
-                fail(f"{where}: no '{key}'")
-        if e["mask"] not in MASKS:
-            fail(f"{where}: mask {e['mask']!r} is not one of {MASKS}")
-        for key in ("seqlen_q_bin", "seqlen_k_bin"):
-            if not (isinstance(e[key], int) and 0 <= e[key] < len(edges)):
-                fail(f"{where}: {key} {e[key]!r} outside the {len(edges)} bins")
-        if not (isinstance(e["winner_ms"], (int, float)) and e["winner_ms"] > 0):
-            fail(f"{where}: winner_ms must be a positive time, got {e['winner_ms']!r}")
-        cell = (e["family"], functional_key(e["functional"]), e["mask"], e["seqlen_q_bin"], e["seqlen_k_bin"])
-        if cell in seen:
-            fail(f"{where}: a second entry for {e['family']} {e['functional']} {e['mask']} "
-                 f"bins ({e['seqlen_q_bin']}, {e['seqlen_k_bin']})")
-        seen.add(cell)
-    for i, e in enumerate(data.get("backends", [])):
-        where = f"backends[{i}]"
-        for key in ("operator", "functional", "mask", "seqlen_q_bin", "seqlen_k_bin", "winner", "winner_ms"):
-            if key not in e:
-                fail(f"{where}: no '{key}'")
-        if e["operator"] not in GLUON_FAMILIES:
-            fail(f"{where}: operator {e['operator']!r} has one backend (known: {sorted(GLUON_FAMILIES)})")
-        if e["winner"] not in BACKENDS:
-            fail(f"{where}: winner {e['winner']!r} is not one of {BACKENDS}")
-        if e["mask"] not in MASKS:
-            fail(f"{where}: mask {e['mask']!r} is not one of {MASKS}")
-        for key in ("seqlen_q_bin", "seqlen_k_bin"):
-            if not (isinstance(e[key], int) and 0 <= e[key] < len(edges)):
-                fail(f"{where}: {key} {e[key]!r} outside the {len(edges)} bins")
-        cell = ("backend", e["operator"], functional_key(e["functional"]), e["mask"], e["seqlen_q_bin"],
-                e["seqlen_k_bin"])
-        if cell in seen:
-            fail(f"{where}: a second entry for {e['operator']} {e['functional']} {e['mask']} "
-                 f"bins ({e['seqlen_q_bin']}, {e['seqlen_k_bin']})")
-        seen.add(cell)
+    # The two lists share the cell checks; each names its owner ("family" or "operator").
+    lists = (("entry", data["entries"], "family", _entry_order), ("backends", data.get("backends", []), "operator",
+                                                                  _backend_order))
+    for label, rows, owner, order in lists:
+        seen = set()
+        for i, e in enumerate(rows):
+            where = f"{label} {i}" if label == "entry" else f"{label}[{i}]"
+            for key in (owner, "functional", "mask", "seqlen_q_bin", "seqlen_k_bin", "winner", "winner_ms"):
+                if key not in e:
+                    fail(f"{where}: no '{key}'")
+            if owner == "operator":
+                if e["operator"] not in GLUON_FAMILIES:
+                    fail(f"{where}: operator {e['operator']!r} has one backend (known: {sorted(GLUON_FAMILIES)})")
+                if e["winner"] not in BACKENDS:
+                    fail(f"{where}: winner {e['winner']!r} is not one of {BACKENDS}")
+            if e["mask"] not in MASKS:
+                fail(f"{where}: mask {e['mask']!r} is not one of {MASKS}")
+            for key in ("seqlen_q_bin", "seqlen_k_bin"):
+                if not (isinstance(e[key], int) and 0 <= e[key] < len(edges)):
+                    fail(f"{where}: {key} {e[key]!r} outside the {len(edges)} bins")
+            if not (isinstance(e["winner_ms"], (int, float)) and e["winner_ms"] > 0):
+                fail(f"{where}: winner_ms must be a positive time, got {e['winner_ms']!r}")
+            if order(e) in seen:
+                fail(f"{where}: a second entry for {e[owner]} {e['functional']} {e['mask']} "
+                     f"bins ({e['seqlen_q_bin']}, {e['seqlen_k_bin']})")
+            seen.add(order(e))
 
 
 def new(arch: str, measured_on: dict[str, str], edges: list[int] | None = None) -> dict[str, Any]:
