@@ -21,13 +21,8 @@ import aotriton.flash_attn as FA
 import test_ops as T
 
 DEV = "cuda"
-F64 = torch.float64
 R = Runner("flash_attn_compat")
 T.R, T.ARGS = R, argparse.Namespace(k=None)
-
-
-def rnd(*shape):
-    return torch.randn(*shape, device=DEV, dtype=F64)
 
 
 def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1)):
@@ -49,7 +44,7 @@ def test_dense():
                     + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
                     + (f" scale{scale}" if scale else ""))
             sc = 1 / math.sqrt(d) if scale is None else scale
-            T.compare(name, dtype, dict(q=rnd(b, sq, hq, d), k=rnd(b, sk, hk, d), v=rnd(b, sk, hk, d)),
+            T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
                       lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
                                                          window_size=window),
                       lambda q, k, v: bshd_ref(q, k, v, sc, causal, window), ["q", "k", "v"])
@@ -57,7 +52,7 @@ def test_dense():
 
 def test_lse_and_deterministic():
     b, h, s, d = 2, 4, 333, 64
-    q, k, v = (rnd(b, s, h, d).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    q, k, v = (T.rnd(b, s, h, d).to(torch.bfloat16).requires_grad_() for _ in range(3))
     out, lse = FA.flash_attn_func(q, k, v, causal=True, return_softmax_lse=True)
     want = lse_ref(q.transpose(1, 2), k.transpose(1, 2), 1 / math.sqrt(d), vis=visible(s, s, align=1, causal=True))
     R.check("return_softmax_lse: (B, H, Sq) fp32 vs float64", lse.shape == (b, h, s) and lse.dtype == torch.float32
@@ -73,11 +68,11 @@ def test_lse_and_deterministic():
 
 def test_packed_variants():
     b, s, h, d = 2, 130, 4, 64
-    qkv = rnd(b, s, 3, h, d)
+    qkv = T.rnd(b, s, 3, h, d)
     T.compare("flash_attn_qkvpacked_func bf16 causal", torch.bfloat16, dict(qkv=qkv),
               lambda qkv: FA.flash_attn_qkvpacked_func(qkv, causal=True),
               lambda qkv: bshd_ref(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 1 / math.sqrt(d), True), ["qkv"])
-    T.compare("flash_attn_kvpacked_func bf16 GQA", torch.bfloat16, dict(q=rnd(b, 70, 4, d), kv=rnd(b, s, 2, 2, d)),
+    T.compare("flash_attn_kvpacked_func bf16 GQA", torch.bfloat16, dict(q=T.rnd(b, 70, 4, d), kv=T.rnd(b, s, 2, 2, d)),
               lambda q, kv: FA.flash_attn_kvpacked_func(q, kv),
               lambda q, kv: bshd_ref(q, kv[:, :, 0], kv[:, :, 1], 1 / math.sqrt(d)), ["q", "kv"])
 
@@ -102,12 +97,12 @@ def test_varlen():
     for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (32, -1))):
         name = f"flash_attn_varlen_func bf16 q{lens_q} k{lens_k} Hq{hq} Hk{hk}" + (" causal" if causal else "") + (
             f" window{window}" if window != (-1, -1) else "")
-        T.compare(name, torch.bfloat16, dict(q=rnd(cq[-1], hq, d), k=rnd(ck[-1], hk, d), v=rnd(ck[-1], hk, d)),
+        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
                   lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                                             causal=causal, window_size=window),
                   lambda q, k, v: ref(q, k, v, causal, window), ["q", "k", "v"], varlen=True)
-    q, k, v = (rnd(cq[-1], hq, d).to(torch.bfloat16), rnd(ck[-1], hk, d).to(torch.bfloat16),
-               rnd(ck[-1], hk, d).to(torch.bfloat16))
+    q, k, v = (T.rnd(cq[-1], hq, d).to(torch.bfloat16), T.rnd(ck[-1], hk, d).to(torch.bfloat16),
+               T.rnd(ck[-1], hk, d).to(torch.bfloat16))
     out, lse = FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_softmax_lse=True)
     R.check("flash_attn_varlen_func return_softmax_lse: (H, total_q)", lse.shape == (hq, cq[-1]), str(lse.shape))
 

@@ -39,7 +39,6 @@ import aotriton.torch as A
 import test_ops as T  # its compare(): three-way (ours, float64, input-dtype reference) bounds
 
 DEV = "cuda"
-F64 = torch.float64
 R = Runner("registered")
 T.R, T.ARGS = R, argparse.Namespace(k=None)
 FLASH = [SDPBackend.FLASH_ATTENTION]
@@ -73,14 +72,6 @@ COUNT = Counting(A._ops())
 A._ops = lambda: COUNT
 
 
-def rnd(*shape):
-    return torch.randn(*shape, device=DEV, dtype=F64)
-
-
-def tag(dtype):
-    return {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-
-
 def test_activation():
     """Activates through the README's one-line activation (its first ```python block), verbatim."""
     R.check("'aotriton' is listed by torch's registry", "aotriton" in torch.nn.attention.list_flash_attention_impls(),
@@ -103,9 +94,9 @@ def test_sdpa():
                                              (1, 4, 4, 128, 128, 256, True), (3, 6, 3, 77, 77, 96, True),
                                              (1, 2, 1, 1, 300, 64, False)):
             vis = visible(sq, sk, causal=True) if causal else None
-            name = f"sdpa flash {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else "")
+            name = f"sdpa flash {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else "")
             mark = COUNT.mark()
-            T.compare(name, dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)),
+            T.compare(name, dtype, dict(q=T.rnd(b, hq, sq, d), k=T.rnd(b, hk, sk, d), v=T.rnd(b, hk, sk, d)),
                       lambda q, k, v: sdpa(q, k, v, is_causal=causal, enable_gqa=hq != hk),
                       lambda q, k, v: attention_ref(q, k, v, 1 / math.sqrt(d), vis=vis), ["q", "k", "v"])
             R.check(name + ": ran on aotriton (one forward, one backward)", COUNT.since(mark) == (1, 1),
@@ -144,7 +135,7 @@ def test_dropout():
             return attention_ref(q, k, v, 1 / math.sqrt(d), vis=visible(sq, sk, causal=True) if causal else None,
                                  keep=state["keep"], p=p)
 
-        T.compare(name, torch.bfloat16, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)), ours,
+        T.compare(name, torch.bfloat16, dict(q=T.rnd(b, hq, sq, d), k=T.rnd(b, hk, sk, d), v=T.rnd(b, hk, sk, d)), ours,
                   ref, ["q", "k", "v"], dropout=True)
 
 
@@ -174,7 +165,7 @@ def test_varlen():
             return torch.cat(outs, 0)
 
         mark = COUNT.mark()
-        T.compare(name, torch.bfloat16, dict(q=rnd(cq[-1], hq, d), k=rnd(ck[-1], hk, d), v=rnd(ck[-1], hk, d)), ours,
+        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)), ours,
                   ref, ["q", "k", "v"], varlen=True)
         R.check(name + ": ran on aotriton", COUNT.since(mark) == (1, 1), f"calls {COUNT.since(mark)}")
 
@@ -184,7 +175,7 @@ def test_foreign_out_lse():
     them; gradients summed (dq) or concatenated (dk, dv) equal the whole problem's."""
     b, h, sq, sk, d = 2, 4, 384, 640, 128
     scale = 1 / math.sqrt(d)
-    q64, k64, v64, g64 = rnd(b, h, sq, d), rnd(b, h, sk, d), rnd(b, h, sk, d), rnd(b, h, sq, d)
+    q64, k64, v64, g64 = T.rnd(b, h, sq, d), T.rnd(b, h, sk, d), T.rnd(b, h, sk, d), T.rnd(b, h, sq, d)
     q, k, v, g = (t.to(torch.bfloat16) for t in (q64, k64, v64, g64))
     halves = (slice(0, 256), slice(256, sk))
     parts = [torch.ops.aten._scaled_dot_product_flash_attention(q, k[:, :, s], v[:, :, s], 0.0, False, False,
@@ -234,7 +225,7 @@ def test_context_parallel():
     try:
         mesh = init_device_mesh(DEV, (1,))
         b, h, s, d = 2, 8, 1024, 128
-        q, k, v, g = (rnd(b, h, s, d).to(torch.bfloat16) for _ in range(4))
+        q, k, v, g = (T.rnd(b, h, s, d).to(torch.bfloat16) for _ in range(4))
         exact = [t.double() for t in (q, k, v, g)]  # the rounded inputs, kept before sharding
         mark = COUNT.mark()
         with sdpa_kernel(FLASH), context_parallel(mesh, buffers=[q, k, v, g], buffer_seq_dims=[2, 2, 2, 2]):

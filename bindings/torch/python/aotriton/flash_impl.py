@@ -118,7 +118,7 @@ def _cu_seqlens(op, name, cu, device):
     return cu.contiguous()
 
 
-def _no_work(query, key, cum_seq_q):
+def _no_work(query, key):
     """Nothing for the kernels to do: an empty query, or no key at all (rows then see no key)."""
     return query.numel() == 0 or key.numel() == 0
 
@@ -144,7 +144,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         lse_shape = (heads, query.size(0))
     else:
         lse_shape = (query.size(0), heads, query.size(1))
-    if _no_work(query, key, cum_seq_q):
+    if _no_work(query, key):
         out = torch.empty_like(query).zero_()
         lse = torch.full(lse_shape, math.inf, dtype=torch.float32, device=query.device)
         rng = torch.zeros(2, dtype=torch.int64, device=query.device)
@@ -171,7 +171,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     _check_inputs(op, query, key, value)
     packed = cum_seq_q is not None
     left, right = _window(is_causal, window_size_left, window_size_right)
-    if _no_work(query, key, cum_seq_q):
+    if _no_work(query, key):
         return tuple(torch.empty_like(t).zero_() for t in (query, key, value))
     if packed:
         cu_q = _cu_seqlens(op, "cum_seq_q", cum_seq_q, query.device)
@@ -197,7 +197,7 @@ def sdpa_flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return
         raise RuntimeError(f"aotriton flash attention ({op}): query, key and value must be 4-D (B, H, S, D)")
     _check_inputs(op, query, key, value)
     sq, sk = query.size(2), key.size(2)
-    if _no_work(query, key, None):
+    if _no_work(query, key):
         out = torch.empty_like(query).zero_()
         lse = torch.full((query.size(0), query.size(1), sq), math.inf, dtype=torch.float32, device=query.device)
         rng = torch.zeros(2, dtype=torch.int64, device=query.device)
@@ -214,7 +214,7 @@ def sdpa_flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, 
     """aten::_scaled_dot_product_flash_attention_backward: dq, dk, dv with q/k/v's strides."""
     op = "_scaled_dot_product_flash_attention_backward"
     _check_inputs(op, query, key, value)
-    if _no_work(query, key, None):
+    if _no_work(query, key):
         return tuple(torch.empty_like(t).zero_() for t in (query, key, value))
     dq, dk, dv = _kernels_backward(grad_out, query, key, value, out, logsumexp, None, None, 0, 0, dropout_p,
                                    is_causal, -1, 0 if is_causal else -1, philox_seed, scale)
