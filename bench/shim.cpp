@@ -17,6 +17,9 @@
 #include "aotriton/flash.h"
 #include "aotriton/runtime.h"
 
+// The library is built with hidden visibility (CMakeLists.txt); only these C entry points are exported.
+#define SHIM_EXPORT __attribute__((visibility("default")))
+
 namespace {
 
 template <int R>
@@ -40,12 +43,12 @@ aotriton::Stream make_stream(uint64_t stream) {
 extern "C" {
 
 // The tuner's override (aotriton::tuning::force_kernel): a kernel id, or nullptr to clear.
-int aotriton_shim_force_kernel(const char* kernel_id) {
+SHIM_EXPORT int aotriton_shim_force_kernel(const char* kernel_id) {
   return static_cast<int>(aotriton::tuning::force_kernel(kernel_id));
 }
 
 // aotriton::tuning::forced_count: kernels launched in place of dispatch's choice so far.
-uint64_t aotriton_shim_forced_count() { return aotriton::tuning::forced_count(); }
+SHIM_EXPORT uint64_t aotriton_shim_forced_count() { return aotriton::tuning::forced_count(); }
 
 // attn_fwd: q, k, v, o sizes/strides in `sizes4` / `strides4` (16 int64 each); lse B x Hq x Sq
 // fp32 (0 = not wanted). attn_bwd: q, k, v, o, d_o, dq, dk, dv (32 int64 each), then lse and
@@ -73,7 +76,7 @@ static aotriton::DType shim_dtype(int code) {
 }
 
 // dtype: 1 fp16, 2 bf16, 3 fp32.
-__attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
+SHIM_EXPORT int aotriton_shim_attn_fwd_ex(
     uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t lse, const int64_t* sizes4,
     const int64_t* strides4, const int64_t* lse_sizes3, const int64_t* lse_strides3, int dtype,
     float sm_scale, int causal, int align, int window_left, int window_right, uint64_t bias,
@@ -112,7 +115,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_fwd_ex(
   return static_cast<int>(aotriton::v2::flash::attn_fwd(p, make_stream(stream)));
 }
 
-__attribute__((visibility("default"))) int aotriton_shim_attn_bwd_ex(
+SHIM_EXPORT int aotriton_shim_attn_bwd_ex(
     uint64_t q, uint64_t k, uint64_t v, uint64_t o, uint64_t d_o, uint64_t dq, uint64_t dk, uint64_t dv,
     uint64_t lse, uint64_t delta, const int64_t* sizes4, const int64_t* strides4, const int64_t* rows_sizes3,
     const int64_t* rows_strides3, int dtype, float sm_scale, int causal, int align, int window_left,
@@ -163,7 +166,7 @@ __attribute__((visibility("default"))) int aotriton_shim_attn_bwd_ex(
 }
 
 // out: fp32 B x H x Sq x Sk (sizes4 / strides4); 1.0 where dropout keeps an element, 0.0 where not.
-__attribute__((visibility("default"))) int aotriton_shim_debug_dropout_mask(uint64_t out, const int64_t* sizes4,
+SHIM_EXPORT int aotriton_shim_debug_dropout_mask(uint64_t out, const int64_t* sizes4,
                                                                             const int64_t* strides4, float dropout_p,
                                                                             uint64_t philox_seed, uint64_t philox_offset,
                                                                             uint64_t philox_offset_base, uint64_t stream) {
@@ -174,7 +177,7 @@ __attribute__((visibility("default"))) int aotriton_shim_debug_dropout_mask(uint
 }
 
 // The Philox counters one call consumes; 0 when the count overflows (such calls are refused).
-__attribute__((visibility("default"))) uint64_t aotriton_shim_dropout_offsets_consumed(uint64_t b, uint64_t h,
+SHIM_EXPORT uint64_t aotriton_shim_dropout_offsets_consumed(uint64_t b, uint64_t h,
                                                                                       uint64_t sq, uint64_t sk) {
   uint64_t count = 0;
   if (aotriton::v2::flash::dropout_offsets_consumed(b, h, sq, sk, &count) != aotriton::Status::kSuccess) {
@@ -184,10 +187,10 @@ __attribute__((visibility("default"))) uint64_t aotriton_shim_dropout_offsets_co
 }
 
 // The calling thread's last error message (empty after a success).
-__attribute__((visibility("default"))) const char* aotriton_shim_last_error() {
+SHIM_EXPORT const char* aotriton_shim_last_error() {
   return aotriton::last_error_message();
 }
 
-__attribute__((visibility("default"))) const char* aotriton_shim_version() { return aotriton::version(); }
+SHIM_EXPORT const char* aotriton_shim_version() { return aotriton::version(); }
 
 }  // extern "C"
