@@ -2,7 +2,8 @@
 # The PyTorch-integration tests, on a GPU machine, from anywhere in the repo:
 #   test/torch/run.sh [PREFIX]        PREFIX: installed aotriton (default .stage/install)
 # Env: OUT (logs, default /tmp/out), PYTHON (default python3), BUILD (scratch, default
-# /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py).
+# /tmp/aotriton-torch-build), LLAMA_ARGS (extra options for test_llama.py), TORCH_SUITES (a subset
+# of the name:backend runs below, e.g. "registered:auto ops:gluon"; default all).
 # Builds bindings/torch against PREFIX, then runs test_ops.py, test_graph.py, test_llama.py (forced
 # portable backend, then the default dispatch, then forced onto Gluon), test_registered.py,
 # test_flash_attn_compat.py and test_flash_impl_plumbing.py (default dispatch) and the README's C++
@@ -60,8 +61,9 @@ TREE_LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # the FlashAttention-2-compatible functions (test_flash_attn_compat.py), a sliding-window Mistral
 # (test_mistral.py), and on the CPU with float64 stand-ins for the kernels the plumbing of the
 # registration (test_flash_impl_plumbing.py) and of the transformers glue (test_hf_plumbing.py).
-for run in ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon \
-           registered:auto flash_attn_compat:auto mistral:auto flash_impl_plumbing:auto hf_plumbing:auto; do
+ALL_SUITES="ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon
+            registered:auto flash_attn_compat:auto mistral:auto flash_impl_plumbing:auto hf_plumbing:auto"
+for run in ${TORCH_SUITES:-$ALL_SUITES}; do
   name=${run%%:*} backend=${run#*:}
   step "test_$name.py (backend $backend)"
   args=()
