@@ -225,7 +225,7 @@ def main():
         if user and kernel:
             r["user_over_kernel_fwdbwd"] = user / kernel
             flag = "  <- issue 16's 5 % cells" if r["D"] == 128 and r["S"] in (1024, 4096) else ""
-            print(f"user/kernel fwd+bwd {r['shape']} {r['layout']}: {user / kernel:.3f}{flag}")
+            print(f"user/kernel fwd+bwd time {r['shape']} {r['layout']}: {user / kernel:.3f}{flag}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
