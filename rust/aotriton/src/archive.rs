@@ -6,7 +6,7 @@
 //! on embedded bytes), looks a functional up with [`Archive::find`] and decompresses only the
 //! functionals it actually launches with [`Archive::load_images`].
 //!
-//! # Byte layout (format versions 1 and 2, all integers little-endian)
+//! # Byte layout (all integers little-endian)
 //!
 //! ```text
 //! offset  size  field
@@ -15,12 +15,12 @@
 //! 12      4     u32    index length L
 //! 16      4     u32    CRC32 of the index bytes
 //! 20      L     index  UTF-8 JSON (below)
-//! 20+L    P     payload: one xz stream per functional, back to back, in index order
+//! 20+L    P     payload: xz streams back to back (one per functional before version 4)
 //! ```
 //!
 //! The file ends exactly at `20 + L + P`, where `P` is the index's `payload_size`. The reader
 //! caps what an archive may declare ([`MAX_INDEX_LEN`], [`MAX_PAYLOAD_SIZE`],
-//! [`MAX_UNCOMPRESSED_SIZE`] and [`MAX_COMPRESSION_RATIO`] per functional), and [`Archive::open`]
+//! [`MAX_UNCOMPRESSED_SIZE`] and [`MAX_COMPRESSION_RATIO`] per stream), and [`Archive::open`]
 //! checks the header against the file's size before reading on, so a crafted file cannot make
 //! it read or allocate more than the caps.
 //!
@@ -36,27 +36,32 @@
 //!       "divisibility": 1,
 //!       "tensordesc": {"block_size": [1, 1, 64, 64], "swizzle": 3,
 //!                      "elem_type": 10, "elem_size": 2, "fp4_padded": false}}, ...], ...],
+//!   "streams": [                     // version 4 on: the payload's xz streams
+//!     { "offset": 0,                 // relative to the payload start
+//!       "compressed_size": C, "uncompressed_size": U,
+//!       "crc32": X }, ...],          // of the C compressed bytes
 //!   "functionals": [
 //!     { "family": "attn_fwd", "axes": {"causal": "false", "dtype": "fp16", "head_dim": "64"},
-//!       "offset": 0,                 // of the xz stream, relative to the payload start
-//!       "compressed_size": C, "uncompressed_size": U,
-//!       "crc32": X,                  // of the C compressed bytes
+//!       "stream": 0,                 // version 4; before, the four stream fields are here
 //!       "kernels": [
 //!         { "id": ..., "symbol": ..., "variant": ..., "config": {"BLOCK_M": 128, ...},
 //!           "args": 0,                   // index into arg_lists (before version 4: the list)
 //!           "shared": ..., "num_warps": ..., "warp_size": ..., "num_ctas": ...,
 //!           "global_scratch_size": ..., "global_scratch_align": ...,
 //!           "profile_scratch_size": ..., "profile_scratch_align": ...,
-//!           "image_offset": O, "image_size": S,   // inside the U decompressed bytes
+//!           "image_offset": O, "image_size": S,   // inside its stream's U decompressed bytes
 //!           "image_crc32": Y } ] } ] }
 //! ```
 //!
-//! A functional is (family, functional axes); its xz stream is the concatenation of its
-//! kernels' images, so one functional decompresses independently of all others. Functionals are
-//! sorted by (family, axes) and kernels by id, streams and images are laid out contiguously in
-//! that order, and the writer is deterministic, so rebuilding from the same inputs gives a
-//! byte-identical file. The reader insists on exactly that layout, so any inconsistency in an
-//! index is reported instead of being half-trusted.
+//! A functional is (family, functional axes). A stream is the concatenation of the images of
+//! the functionals that differ only in [`STREAM_SHARED_AXES`] (fp16/bf16, TF32 on/off: nearly
+//! the same machine code), functionals in index order and their kernels by id, so a stream
+//! decompresses independently of all others and only when one of its functionals is launched.
+//! Functionals are sorted by (family, axes), streams numbered in the order of their first
+//! functional, streams and images laid out contiguously in that order, and the writer is
+//! deterministic, so rebuilding from the same inputs gives a byte-identical file. The reader
+//! insists on exactly that layout, so any inconsistency in an index is reported instead of being
+//! half-trusted.
 //!
 //! # Versions
 //!
@@ -80,11 +85,13 @@
 //!   heuristic leaves it out); `portable_for` (a Gluon kernel; cells as `tuned_for`) the cells
 //!   where its operator measured faster on the portable backend. An older index with any of
 //!   them is refused.
-//! * 4: kernels share argument lists: the index's `arg_lists` holds each distinct list once,
-//!   in the order of first use, every list used; a kernel's `args` is its list's position (the
-//!   sm_90 index went from 1.9 MB to 0.4 MB: 46 distinct lists served 624 kernels). This changes
-//!   how every archive is written, so the writer writes version 4 or newer whatever it holds; the
-//!   reader still reads the inline lists of versions 1-3 and refuses `arg_lists` in them.
+//! * 4: sharing. Kernels share argument lists: `arg_lists` holds each distinct list once, in the
+//!   order of first use, every list used; a kernel's `args` is its list's position (the sm_90
+//!   index went from 1.9 MB to 0.4 MB: 46 distinct lists served 624 kernels). Functionals share
+//!   streams: `streams` lists them, a functional's `stream` names its own (the sm_90 payload went
+//!   from 9.7 MB in 318 streams to 7.7 MB in 87). This changes how every archive is written, so
+//!   the writer writes version 4 or newer whatever it holds; the reader still reads versions 1-3
+//!   (inline lists, a stream per functional) and refuses `arg_lists` and `streams` in them.
 //!
 //! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
 //! script includes it by path to pack images at build time, so the same code writes and reads the
@@ -111,9 +118,13 @@ pub const MIN_FORMAT_VERSION: u32 = 1;
 const TENSORDESC_VERSION: u32 = 2;
 /// The first format version with `tuned_for` cells.
 const TUNED_VERSION: u32 = 3;
-/// The first format version whose kernels share argument lists (`arg_lists`); the writer writes
-/// no older version.
-const SHARED_ARGS_VERSION: u32 = 4;
+/// The first format version whose kernels share argument lists (`arg_lists`) and whose
+/// functionals share streams (`streams`); the writer writes no older version.
+const SHARED_VERSION: u32 = 4;
+/// Functionals that differ only in these axes share one xz stream (version 4 on): their kernels
+/// are near-identical machine code (fp16 and bf16; TF32 on and off), which one stream compresses
+/// about a fifth smaller than two, for twice the bytes decoded when one of them is first used.
+pub const STREAM_SHARED_AXES: [&str; 2] = ["dtype", "tf32"];
 /// Most dimensions of a TMA descriptor.
 pub const MAX_TENSORDESC_RANK: usize = 5;
 
@@ -131,8 +142,8 @@ const MIN_DICT_SIZE: u32 = 4096;
 const DECODER_MEMLIMIT: u64 = 128 << 20;
 /// Caps on the sizes an archive declares, checked before anything of that size is allocated or
 /// read, so a crafted file cannot make the reader take gigabytes. Each is far above what the
-/// build writes (sm_90: a 0.42 MB index, a 9.7 MB payload, functionals of at most 1.1 MB that
-/// compress at most 7:1).
+/// build writes (sm_90: a 0.42 MB index, a 7.7 MB payload, streams of at most 1.9 MB that
+/// compress at most 12:1).
 pub const MAX_INDEX_LEN: u32 = 64 << 20;
 /// The largest payload (all compressed streams together) an archive may declare.
 pub const MAX_PAYLOAD_SIZE: u64 = 1 << 30;
@@ -313,11 +324,22 @@ impl KernelMeta {
     }
 }
 
-/// Where one kernel's image sits inside its functional's decompressed blob.
+/// Where one kernel's image sits inside its stream's decompressed bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ImageSlot {
     offset: u64,
     size: u64,
+    crc32: u32,
+}
+
+/// One xz stream of the payload: the images of one functional (versions 1-3) or of the
+/// functionals that differ only in [`STREAM_SHARED_AXES`] (version 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StreamSlot {
+    /// Relative to the payload start.
+    offset: u64,
+    compressed_size: u64,
+    uncompressed_size: u64,
     crc32: u32,
 }
 
@@ -330,11 +352,8 @@ pub struct Functional {
     pub axes: BTreeMap<String, String>,
     /// Its compiled kernels, one per (config, variant).
     pub kernels: Vec<KernelMeta>,
-    /// Offset of the xz stream, relative to the payload start.
-    offset: u64,
-    compressed_size: u64,
-    uncompressed_size: u64,
-    crc32: u32,
+    /// The payload stream holding its images (see [`Archive::stream_sizes`]).
+    stream: usize,
     /// One per kernel, same order.
     images: Vec<ImageSlot>,
 }
@@ -344,13 +363,14 @@ impl Functional {
     pub fn display_name(&self) -> String {
         functional_name(&self.family, &self.axes)
     }
-    /// Size of this functional's xz stream.
-    pub fn compressed_size(&self) -> u64 {
-        self.compressed_size
+    /// The payload stream that holds its images (shared with the functionals that differ from it
+    /// only in [`STREAM_SHARED_AXES`]; see [`Archive::stream_sizes`]).
+    pub fn stream(&self) -> usize {
+        self.stream
     }
     /// Total size of its kernels' images.
     pub fn uncompressed_size(&self) -> u64 {
-        self.uncompressed_size
+        self.images.iter().map(|s| s.size).sum()
     }
     /// Size of the image of `kernels[kernel]`, if there is such a kernel.
     pub fn image_size(&self, kernel: usize) -> Option<u64> {
@@ -394,6 +414,7 @@ pub struct Archive {
     arch: String,
     triton_version: String,
     target: Value,
+    streams: Vec<StreamSlot>,
     functionals: Vec<Functional>,
 }
 
@@ -463,6 +484,7 @@ impl Archive {
             arch: parsed.arch,
             triton_version: parsed.triton_version,
             target: parsed.target,
+            streams: parsed.streams,
             functionals: parsed.functionals,
         }
     }
@@ -491,6 +513,16 @@ impl Archive {
     /// Sorted by (family, axes).
     pub fn functionals(&self) -> &[Functional] {
         &self.functionals
+    }
+
+    /// (compressed, uncompressed) size of payload stream `stream` (see [`Functional::stream`]).
+    pub fn stream_sizes(&self, stream: usize) -> Option<(u64, u64)> {
+        self.streams.get(stream).map(|s| (s.compressed_size, s.uncompressed_size))
+    }
+
+    /// How many xz streams the payload holds.
+    pub fn stream_count(&self) -> usize {
+        self.streams.len()
     }
 
     /// Index of the functional of `family` whose axes equal `axes` exactly (same keys, same
@@ -536,24 +568,28 @@ impl Archive {
             ))
         })?;
         let fname = f.display_name();
+        let stream = self
+            .streams
+            .get(f.stream)
+            .ok_or_else(|| err(format!("functional {fname}: no stream {}", f.stream)))?;
         // Offsets were checked against the file length by `parse`; stay defensive anyway.
         let compressed = (self.payload_start as u64)
-            .checked_add(f.offset)
-            .and_then(|start| Some((start, start.checked_add(f.compressed_size)?)))
+            .checked_add(stream.offset)
+            .and_then(|start| Some((start, start.checked_add(stream.compressed_size)?)))
             .and_then(|(s, e)| {
                 self.bytes
                     .get(usize::try_from(s).ok()?..usize::try_from(e).ok()?)
             })
             .ok_or_else(|| err(format!("functional {fname} lies outside the file")))?;
         let computed = crc32fast::hash(compressed);
-        if computed != f.crc32 {
+        if computed != stream.crc32 {
             return Err(err(format!(
-                "checksum mismatch in functional {fname} (stored {:#010x}, computed {computed:#010x})",
-                f.crc32
+                "checksum mismatch in functional {fname} (stream {}: stored {:#010x}, computed {computed:#010x})",
+                f.stream, stream.crc32
             )));
         }
-        let blob = decompress(compressed, f.uncompressed_size)
-            .map_err(|p| err(format!("decompression failed for functional {fname}: {p}")))?;
+        let blob = decompress(compressed, stream.uncompressed_size)
+            .map_err(|p| err(format!("decompression failed for functional {fname} (stream {}): {p}", f.stream)))?;
 
         let mut images = Vec::with_capacity(f.kernels.len());
         for (kernel, slot) in f.kernels.iter().zip(&f.images) {
@@ -563,7 +599,7 @@ impl Archive {
                 .and_then(|r| blob.get(r))
                 .ok_or_else(|| {
                     err(format!(
-                        "image of kernel {} lies outside its functional",
+                        "image of kernel {} lies outside its stream",
                         kernel.id
                     ))
                 })?;
@@ -748,6 +784,7 @@ struct ParsedIndex {
     triton_version: String,
     target: Value,
     payload_size: u64,
+    streams: Vec<StreamSlot>,
     functionals: Vec<Functional>,
 }
 
@@ -1042,7 +1079,7 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
     }
 
     // Version 4 on: the argument lists, each kernel's `args` an index into them.
-    let arg_lists = match (top.get("arg_lists"), header_version >= SHARED_ARGS_VERSION) {
+    let arg_lists = match (top.get("arg_lists"), header_version >= SHARED_VERSION) {
         (Some(lists), true) => {
             let lists = lists.as_array().ok_or("field `arg_lists` must be an array")?;
             let parsed: Result<Vec<_>, String> = lists
@@ -1058,16 +1095,36 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
         (None, true) => return Err("missing field `arg_lists`".into()),
         (Some(_), false) => {
             return Err(format!(
-                "field `arg_lists` needs format version {SHARED_ARGS_VERSION} (file says {header_version})"
+                "field `arg_lists` needs format version {SHARED_VERSION} (file says {header_version})"
             ))
         }
         (None, false) => None,
     };
     let mut lists_used = vec![false; arg_lists.as_ref().map_or(0, Vec::len)];
+    // Streams must follow each other with no gap or overlap, and fill the payload exactly.
+    // Version 4 lists them once (`streams`); before, each functional's entry held its own.
+    let shared_streams = header_version >= SHARED_VERSION;
+    let mut streams: Vec<StreamSlot> = Vec::new();
+    let mut next_offset = 0u64;
+    match (top.get("streams"), shared_streams) {
+        (Some(list), true) => {
+            let list = list.as_array().ok_or("field `streams` must be an array")?;
+            for (si, sv) in list.iter().enumerate() {
+                let at = |p: String| format!("streams[{si}]: {p}");
+                let so = as_obj(sv, "stream").map_err(at)?;
+                streams.push(stream_from_json(so, &mut next_offset, payload_size).map_err(at)?);
+            }
+        }
+        (None, true) => return Err("missing field `streams`".into()),
+        (Some(_), false) => {
+            return Err(format!("field `streams` needs format version {SHARED_VERSION} (file says {header_version})"))
+        }
+        (None, false) => {}
+    }
+    // Per stream, the bytes its functionals' images (in index order) cover so far.
+    let mut covered = vec![0u64; streams.len()];
     let mut functionals: Vec<Functional> = Vec::new();
     let mut ids = BTreeSet::new();
-    // Streams must follow each other with no gap or overlap, and fill the payload exactly.
-    let mut next_offset = 0u64;
     for (fi, fv) in get_arr(top, "functionals")?.iter().enumerate() {
         let at = |p: String| format!("functionals[{fi}]: {p}");
         let fo = as_obj(fv, "functional").map_err(at)?;
@@ -1081,33 +1138,18 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
         }
         let name = functional_name(&family, &axes);
         let at = |p: String| format!("functional {name}: {p}");
-        let offset = get_u64(fo, "offset").map_err(at)?;
-        let compressed_size = get_u64(fo, "compressed_size").map_err(at)?;
-        let uncompressed_size = get_u64(fo, "uncompressed_size").map_err(at)?;
-        let crc32 = get_u32(fo, "crc32").map_err(at)?;
-        // The decoder's output buffer grows to this size, so it is bounded by an absolute cap and
-        // by what the stream can plausibly hold.
-        if uncompressed_size > MAX_UNCOMPRESSED_SIZE {
-            return Err(at(format!("uncompressed_size {uncompressed_size} exceeds the limit of {MAX_UNCOMPRESSED_SIZE} bytes")));
-        }
-        if uncompressed_size > compressed_size.saturating_mul(MAX_COMPRESSION_RATIO) {
-            return Err(at(format!(
-                "uncompressed_size {uncompressed_size} is more than {MAX_COMPRESSION_RATIO} times its compressed size {compressed_size}"
-            )));
-        }
-        if offset != next_offset {
-            return Err(at(format!(
-                "offset {offset} should be {next_offset} (streams are contiguous)"
-            )));
-        }
-        next_offset = offset
-            .checked_add(compressed_size)
-            .filter(|end| *end <= payload_size)
-            .ok_or_else(|| {
-                at(format!(
-                    "compressed bytes run past payload_size {payload_size}"
-                ))
-            })?;
+        let stream = if shared_streams {
+            let i = get_u64(fo, "stream").map_err(at)?;
+            usize::try_from(i)
+                .ok()
+                .filter(|&i| i < streams.len())
+                .ok_or_else(|| at(format!("stream {i} is past the {} entries of `streams`", streams.len())))?
+        } else {
+            streams.push(stream_from_json(fo, &mut next_offset, payload_size).map_err(at)?);
+            covered.push(0);
+            streams.len() - 1
+        };
+        let uncompressed_size = streams[stream].uncompressed_size;
         if let Some(prev) = functionals.last()
             && (prev.family.as_str(), &prev.axes) >= (family.as_str(), &axes)
         {
@@ -1119,7 +1161,7 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
 
         let mut kernels = Vec::new();
         let mut images = Vec::new();
-        let mut next_image = 0u64;
+        let mut next_image = covered[stream];
         for (ki, kv) in get_arr(fo, "kernels").map_err(at)?.iter().enumerate() {
             let at = |p: String| at(format!("kernels[{ki}]: {p}"));
             let ko = as_obj(kv, "kernel").map_err(at)?;
@@ -1157,7 +1199,7 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
                 .filter(|end| *end <= uncompressed_size)
                 .ok_or_else(|| {
                     at(format!(
-                        "image runs past uncompressed_size {uncompressed_size}"
+                        "image runs past its stream's uncompressed_size {uncompressed_size}"
                     ))
                 })?;
             if let Some(prev) = kernels.last().map(|k: &KernelMeta| &k.id)
@@ -1174,7 +1216,8 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
             kernels.push(meta);
             images.push(slot);
         }
-        if next_image != uncompressed_size {
+        covered[stream] = next_image;
+        if !shared_streams && next_image != uncompressed_size {
             return Err(at(format!(
                 "images cover {next_image} bytes but uncompressed_size is {uncompressed_size}"
             )));
@@ -1183,17 +1226,22 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
             family,
             axes,
             kernels,
-            offset,
-            compressed_size,
-            uncompressed_size,
-            crc32,
+            stream,
             images,
         });
     }
     if next_offset != payload_size {
         return Err(format!(
-            "functionals cover {next_offset} bytes but payload_size is {payload_size}"
+            "streams cover {next_offset} bytes but payload_size is {payload_size}"
         ));
+    }
+    for (i, (slot, covered)) in streams.iter().zip(&covered).enumerate() {
+        if *covered != slot.uncompressed_size {
+            return Err(format!(
+                "streams[{i}]: its functionals' images cover {covered} bytes but uncompressed_size is {}",
+                slot.uncompressed_size
+            ));
+        }
     }
     if let Some(unused) = lists_used.iter().position(|used| !used) {
         return Err(format!("arg_lists[{unused}] is used by no kernel"));
@@ -1203,8 +1251,37 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
         triton_version,
         target: Value::Object(target),
         payload_size,
+        streams,
         functionals,
     })
+}
+
+/// A stream's placement (`offset`, `compressed_size`, `uncompressed_size`, `crc32`: a
+/// version-4 `streams` entry, or an older functional's entry), checked against the size caps and
+/// the end of the previous stream (`next_offset`, advanced past this one).
+fn stream_from_json(o: &Map<String, Value>, next_offset: &mut u64, payload_size: u64) -> Result<StreamSlot, String> {
+    let offset = get_u64(o, "offset")?;
+    let compressed_size = get_u64(o, "compressed_size")?;
+    let uncompressed_size = get_u64(o, "uncompressed_size")?;
+    let crc32 = get_u32(o, "crc32")?;
+    // The decoder's output buffer grows to this size, so it is bounded by an absolute cap and
+    // by what the stream can plausibly hold.
+    if uncompressed_size > MAX_UNCOMPRESSED_SIZE {
+        return Err(format!("uncompressed_size {uncompressed_size} exceeds the limit of {MAX_UNCOMPRESSED_SIZE} bytes"));
+    }
+    if uncompressed_size > compressed_size.saturating_mul(MAX_COMPRESSION_RATIO) {
+        return Err(format!(
+            "uncompressed_size {uncompressed_size} is more than {MAX_COMPRESSION_RATIO} times its compressed size {compressed_size}"
+        ));
+    }
+    if offset != *next_offset {
+        return Err(format!("offset {offset} should be {next_offset} (streams are contiguous)"));
+    }
+    *next_offset = offset
+        .checked_add(compressed_size)
+        .filter(|end| *end <= payload_size)
+        .ok_or_else(|| format!("compressed bytes run past payload_size {payload_size}"))?;
+    Ok(StreamSlot { offset, compressed_size, uncompressed_size, crc32 })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1280,36 +1357,67 @@ impl ArchiveWriter {
             )));
         }
 
-        // Compression dominates packing time and each functional is independent, so compress
-        // them on all cores; the result is the same whatever the thread count.
-        let blobs: Vec<Vec<u8>> = self
-            .functionals
-            .values()
-            .map(|ks| {
-                ks.values()
-                    .flat_map(|(_, image)| image.iter().copied())
-                    .collect()
-            })
-            .collect();
+        // Streams: the functionals that differ only in STREAM_SHARED_AXES share one, numbered in
+        // the order of their first functional; inside a stream, functionals in index order and
+        // their kernels by id.
+        let mut stream_keys: Vec<FunctionalKey> = Vec::new();
+        let mut stream_of = Vec::with_capacity(self.functionals.len());
+        for (family, axes) in self.functionals.keys() {
+            let mut key_axes = axes.clone();
+            key_axes.retain(|k, _| !STREAM_SHARED_AXES.contains(&k.as_str()));
+            let key = (family.clone(), key_axes);
+            let stream = match stream_keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    stream_keys.push(key);
+                    stream_keys.len() - 1
+                }
+            };
+            stream_of.push(stream);
+        }
+        let mut blobs: Vec<Vec<u8>> = vec![Vec::new(); stream_keys.len()];
+        let mut image_offsets: Vec<Vec<u64>> = Vec::with_capacity(self.functionals.len());
+        for (kernels, &stream) in self.functionals.values().zip(&stream_of) {
+            let blob = &mut blobs[stream];
+            image_offsets.push(
+                kernels
+                    .values()
+                    .map(|(_, image)| {
+                        let at = blob.len() as u64;
+                        blob.extend_from_slice(image);
+                        at
+                    })
+                    .collect(),
+            );
+        }
+        // Compression dominates packing time and each stream is independent, so compress them on
+        // all cores; the result is the same whatever the thread count.
         let compressed = parallel_map(&blobs, |b| compress(b)).map_err(err)?;
+        let mut stream_entries = Vec::with_capacity(blobs.len());
+        let mut offset = 0u64;
+        for (i, (blob, packed)) in blobs.iter().zip(&compressed).enumerate() {
+            let packed = packed.as_ref().map_err(|e| {
+                let (family, axes) = &stream_keys[i];
+                err(format!("compressing stream {i} ({}): {e}", functional_name(family, axes)))
+            })?;
+            stream_entries.push(json!({
+                "offset": offset,
+                "compressed_size": packed.len() as u64,
+                "uncompressed_size": blob.len() as u64,
+                "crc32": crc32fast::hash(packed),
+            }));
+            offset += packed.len() as u64;
+        }
 
         // Kernels share argument lists: a handful of distinct lists (per family and variant)
         // serve hundreds of kernels, in the order of their first use.
         let mut arg_lists: Vec<&[KernelArg]> = Vec::new();
         let mut entries = Vec::new();
-        let mut offset = 0u64;
-        for (((family, axes), kernels), (blob, packed)) in
-            self.functionals.iter().zip(blobs.iter().zip(&compressed))
+        for ((((family, axes), kernels), &stream), offsets) in
+            self.functionals.iter().zip(&stream_of).zip(&image_offsets)
         {
-            let packed = packed.as_ref().map_err(|e| {
-                err(format!(
-                    "compressing {}: {e}",
-                    functional_name(family, axes)
-                ))
-            })?;
             let mut kentries = Vec::new();
-            let mut image_offset = 0u64;
-            for (meta, image) in kernels.values() {
+            for ((meta, image), image_offset) in kernels.values().zip(offsets) {
                 let list = match arg_lists.iter().position(|l| *l == meta.args.as_slice()) {
                     Some(i) => i,
                     None => {
@@ -1321,26 +1429,21 @@ impl ArchiveWriter {
                 k.insert("image_offset".into(), json!(image_offset));
                 k.insert("image_size".into(), json!(image.len() as u64));
                 k.insert("image_crc32".into(), json!(crc32fast::hash(image)));
-                image_offset += image.len() as u64;
                 kentries.push(Value::Object(k));
             }
             entries.push(json!({
                 "family": family,
                 "axes": axes,
-                "offset": offset,
-                "compressed_size": packed.len() as u64,
-                "uncompressed_size": blob.len() as u64,
-                "crc32": crc32fast::hash(packed),
+                "stream": stream,
                 "kernels": kentries,
             }));
-            offset += packed.len() as u64;
         }
         let version = version_needed(
             self.functionals
                 .values()
                 .flat_map(|ks| ks.values().map(|(meta, _)| meta)),
         )
-        .max(SHARED_ARGS_VERSION);
+        .max(SHARED_VERSION);
         let index = json!({
             "format_version": version,
             "arch": self.arch,
@@ -1348,6 +1451,7 @@ impl ArchiveWriter {
             "target": self.target,
             "payload_size": offset,
             "arg_lists": arg_lists.iter().map(|l| args_to_json(l)).collect::<Vec<_>>(),
+            "streams": stream_entries,
             "functionals": entries,
         });
         let index =
@@ -1818,18 +1922,27 @@ mod tests {
     }
 
     /// Rewrites a version-4 index as an older writer would have: each kernel's argument list
-    /// inline, no `arg_lists`; sets `format_version` (the caller sets the header's).
+    /// inline, no `arg_lists`; each functional's stream in its own entry, no `streams` (every
+    /// stream must hold one functional); sets `format_version` (the caller sets the header's).
     fn inline_args(v: &mut Value, version: u32) {
-        let lists = v.as_object_mut().unwrap().remove("arg_lists").unwrap();
+        let top = v.as_object_mut().unwrap();
+        let lists = top.remove("arg_lists").unwrap();
+        let streams = top.remove("streams").unwrap();
+        let mut seen = BTreeSet::new();
         for f in v["functionals"].as_array_mut().unwrap() {
             for k in f["kernels"].as_array_mut().unwrap() {
                 k["args"] = lists[k["args"].as_u64().unwrap() as usize].clone();
+            }
+            let stream = f.as_object_mut().unwrap().remove("stream").unwrap().as_u64().unwrap() as usize;
+            assert!(seen.insert(stream), "stream {stream} holds more than one functional");
+            for (key, value) in streams[stream].as_object().unwrap() {
+                f[key] = value.clone();
             }
         }
         v["format_version"] = json!(version);
     }
 
-    /// `bytes` as version `version` with inline argument lists (see [`inline_args`]).
+    /// `bytes` as version `version` with inline argument lists and streams (see [`inline_args`]).
     fn as_version(bytes: &[u8], version: u32) -> Vec<u8> {
         let mut out = with_index(bytes, |v| inline_args(v, version));
         out[8..12].copy_from_slice(&version.to_le_bytes());
@@ -2021,7 +2134,8 @@ mod tests {
         let a = parse(bytes.clone()).unwrap();
         let b_index = a.find("attn_fwd", &fwd_axes("128", "true")).unwrap();
         let f = &a.functionals()[b_index];
-        let at = a.payload_start + f.offset as usize + f.compressed_size as usize / 2;
+        let stream = a.streams[f.stream];
+        let at = a.payload_start + stream.offset as usize + stream.compressed_size as usize / 2;
         let mut bad = bytes;
         bad[at] ^= 0x40;
         let a = parse(bad).expect("the index is intact, so parse succeeds");
@@ -2110,7 +2224,7 @@ mod tests {
     #[test]
     fn tensordesc_metadata_round_trips_as_version_2() {
         let bytes = written(vec![gluon_meta("g"), plain_meta("p")]);
-        assert_eq!(read_u32(&bytes, 8), Some(SHARED_ARGS_VERSION), "the writer writes version 4 on");
+        assert_eq!(read_u32(&bytes, 8), Some(SHARED_VERSION), "the writer writes version 4 on");
         let a = parse(bytes.clone()).unwrap();
         let f = &a.functionals()[a.find("attn_fwd_gluon", &[("head_dim", "128"), ("dtype", "bf16")]).unwrap()];
         let g = f.kernels.iter().find(|k| k.id == "g").unwrap();
@@ -2179,6 +2293,48 @@ mod tests {
     }
 
     #[test]
+    fn functionals_differing_in_dtype_share_a_stream() {
+        let mut w = ArchiveWriter::new("sm_90", "3.6.0", json!({"backend": "cuda", "arch": 90, "warp_size": 32}));
+        // fp16 and bf16 of head_dim 128 share stream 0; head_dim 64 has stream 1.
+        for (id, dtype, head_dim) in [("a", "fp16", "128"), ("b", "bf16", "128"), ("c", "bf16", "64")] {
+            w.add("attn_fwd", &[("dtype", dtype), ("head_dim", head_dim)], plain_meta(id), fake_image(id, 3000)).unwrap();
+        }
+        let bytes = w.to_bytes().unwrap();
+        let a = parse(bytes.clone()).unwrap();
+        assert_eq!(a.stream_count(), 2);
+        let stream = |dtype, head_dim| a.functionals()[a.find("attn_fwd", &[("dtype", dtype), ("head_dim", head_dim)]).unwrap()].stream();
+        assert_eq!((stream("fp16", "128"), stream("bf16", "128"), stream("bf16", "64")), (0, 0, 1));
+        assert_eq!(a.stream_sizes(0).unwrap().1, 6000);
+        for i in 0..3 {
+            let id = &a.functionals()[i].kernels[0].id;
+            assert_eq!(a.load_images(i).unwrap(), [fake_image(id, 3000)], "functional {i}");
+        }
+        // Index order: (bf16, 128) = stream 0 from byte 0, (bf16, 64) = stream 1, (fp16, 128) =
+        // stream 0 from byte 3000.
+        let f = |v: &mut Value, i: usize| v["functionals"][i].clone();
+        parse_err(with_index(&bytes, |v| v["functionals"][2]["stream"] = json!(2)),
+                  "stream 2 is past the 2 entries of `streams`");
+        parse_err(with_index(&bytes, |v| v["functionals"][2]["kernels"][0]["image_offset"] = json!(0)),
+                  "image_offset 0 should be 3000 (images are contiguous)");
+        parse_err(with_index(&bytes, |v| v["functionals"][2]["stream"] = json!(1)),
+                  "kernels[0]: image runs past its stream's uncompressed_size 3000");
+        parse_err(with_index(&bytes, |v| { let g = f(v, 0); v["functionals"][1]["kernels"] = g["kernels"].clone(); }),
+                  "duplicate kernel id b");
+        parse_err(with_index(&bytes, |v| drop(v.as_object_mut().unwrap().remove("streams"))), "missing field `streams`");
+        parse_err(with_index(&bytes, |v| v["streams"][1]["uncompressed_size"] = json!(3001)),
+                  "streams[1]: its functionals' images cover 3000 bytes but uncompressed_size is 3001");
+        let mut v3 = with_index(&bytes, |v| v["format_version"] = json!(3));
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        parse_err(v3, "needs format version 4 (file says 3)");
+        // A damaged shared stream fails both of its functionals, not the other one.
+        let mut bad = bytes.clone();
+        let at = a.payload_start + a.streams[0].offset as usize + 20;
+        bad[at] ^= 0x10;
+        let b = parse(bad).unwrap();
+        assert!(b.load_images(0).is_err() && b.load_images(2).is_err() && b.load_images(1).is_ok());
+    }
+
+    #[test]
     fn argument_lists_are_shared_and_checked() {
         // Kernels g and h share one list, p has its own: two lists, in the order of first use.
         let bytes = written(vec![gluon_meta("g"), gluon_meta("h"), plain_meta("p")]);
@@ -2226,7 +2382,7 @@ mod tests {
         only.tuned_only = true;
         only.portable_for = vec![tuned.tuned_for[1]];
         let bytes = written(vec![tuned.clone(), only.clone(), plain_meta("p")]);
-        assert_eq!(read_u32(&bytes, 8), Some(SHARED_ARGS_VERSION), "the writer writes version 4 on");
+        assert_eq!(read_u32(&bytes, 8), Some(SHARED_VERSION), "the writer writes version 4 on");
         let a = parse(bytes.clone()).unwrap();
         let kernels = &a.functionals()[0].kernels;
         assert_eq!(kernels.iter().find(|k| k.id == "t").unwrap(), &tuned);
@@ -2346,9 +2502,10 @@ mod tests {
         let bytes = archive_bytes("flip-blob");
         let a = parse(bytes.clone()).unwrap();
         for (i, f) in a.functionals().iter().enumerate() {
-            for at in [0, f.compressed_size as usize - 1] {
+            let stream = a.streams[f.stream];
+            for at in [0, stream.compressed_size as usize - 1] {
                 let mut bad = bytes.clone();
-                bad[a.payload_start + f.offset as usize + at] ^= 0x80;
+                bad[a.payload_start + stream.offset as usize + at] ^= 0x80;
                 let e = parse(bad).unwrap().load_images(i).unwrap_err();
                 let want = format!("checksum mismatch in functional {}", f.display_name());
                 assert!(e.problem.starts_with(&want), "{e}");
@@ -2380,8 +2537,9 @@ mod tests {
         let bytes = archive_bytes("lzma");
         let a = parse(bytes.clone()).unwrap();
         let f = &a.functionals()[0];
-        let start = a.payload_start + f.offset as usize;
-        let end = start + f.compressed_size as usize;
+        let stream = a.streams[f.stream];
+        let start = a.payload_start + stream.offset as usize;
+        let end = start + stream.compressed_size as usize;
 
         // Damage the stream, then fix up its CRC so the damage reaches the decoder.
         let mut bad = bytes.clone();
@@ -2389,17 +2547,17 @@ mod tests {
             *b ^= 0x5a;
         }
         let crc = crc32fast::hash(&bad[start..end]);
-        let bad = with_index(&bad, |v| v["functionals"][0]["crc32"] = json!(crc));
+        let bad = with_index(&bad, |v| v["streams"][0]["crc32"] = json!(crc));
         let e = parse(bad).unwrap().load_images(0).unwrap_err();
-        let want = format!("decompression failed for functional {}: ", f.display_name());
+        let want = format!("decompression failed for functional {} (stream 0): ", f.display_name());
         assert!(e.problem.starts_with(&want), "{e}");
 
         // The index claims one byte more (and its last image one byte longer) than the stream holds.
         let n = f.kernels.len() - 1;
         let grow = |v: &mut Value, delta: i64| {
+            let u = v["streams"][0]["uncompressed_size"].as_i64().unwrap() + delta;
+            v["streams"][0]["uncompressed_size"] = json!(u);
             let fj = &mut v["functionals"][0];
-            let u = fj["uncompressed_size"].as_i64().unwrap() + delta;
-            fj["uncompressed_size"] = json!(u);
             let s = fj["kernels"][n]["image_size"].as_i64().unwrap() + delta;
             fj["kernels"][n]["image_size"] = json!(s);
         };
@@ -2459,8 +2617,8 @@ mod tests {
             ),
             (|v| v["arch"] = json!(90), "field `arch` must be a string"),
             (
-                |v| drop(v["functionals"][1].as_object_mut().unwrap().remove("crc32")),
-                "functional attn_fwd{causal=false,dtype=fp16,head_dim=64}: missing field `crc32`",
+                |v| drop(v["streams"][1].as_object_mut().unwrap().remove("crc32")),
+                "streams[1]: missing field `crc32`",
             ),
             (
                 |v| {
@@ -2519,22 +2677,22 @@ mod tests {
         let cases: [(Edit, &str); 8] = [
             (|v| v["payload_size"] = json!(u64::MAX), "payload_size"),
             (
-                |v| v["functionals"][1]["offset"] = json!(1u64 << 62),
+                |v| v["streams"][1]["offset"] = json!(1u64 << 62),
                 "offset",
             ),
             (
-                |v| v["functionals"][2]["compressed_size"] = json!(u64::MAX),
+                |v| v["streams"][2]["compressed_size"] = json!(u64::MAX),
                 "run past payload_size",
             ),
             (
                 |v| v["functionals"][0]["kernels"][0]["image_size"] = json!(u64::MAX),
-                "runs past uncompressed_size",
+                "runs past its stream's uncompressed_size",
             ),
             (
                 // One byte more than the images cover (u64::MAX is refused by the size cap).
                 |v| {
-                    let u = v["functionals"][0]["uncompressed_size"].as_u64().unwrap();
-                    v["functionals"][0]["uncompressed_size"] = json!(u + 1)
+                    let u = v["streams"][0]["uncompressed_size"].as_u64().unwrap();
+                    v["streams"][0]["uncompressed_size"] = json!(u + 1)
                 },
                 "images cover",
             ),
@@ -2543,7 +2701,7 @@ mod tests {
                     let fs = v["functionals"].as_array_mut().unwrap();
                     fs.swap(0, 1);
                 },
-                "offset",
+                "out of order or duplicate",
             ),
             (
                 |v| {
@@ -2970,21 +3128,21 @@ mod tests {
         // Grows functional 0's declared size (and its last image, so the layout stays consistent).
         let declare = |total: u64| {
             with_index(&bytes, |v| {
+                let grow = total - v["streams"][0]["uncompressed_size"].as_u64().unwrap();
+                v["streams"][0]["uncompressed_size"] = json!(total);
                 let fj = &mut v["functionals"][0];
-                let grow = total - fj["uncompressed_size"].as_u64().unwrap();
-                fj["uncompressed_size"] = json!(total);
                 let s = fj["kernels"][last]["image_size"].as_u64().unwrap() + grow;
                 fj["kernels"][last]["image_size"] = json!(s);
             })
         };
         parse_err(
-            with_index(&bytes, |v| v["functionals"][0]["uncompressed_size"] = json!(u64::MAX)),
+            with_index(&bytes, |v| v["streams"][0]["uncompressed_size"] = json!(u64::MAX)),
             "uncompressed_size 18446744073709551615 exceeds",
         );
         parse_err(with_index(&bytes, |v| v["payload_size"] = json!(2u64 << 30)), "payload_size 2147483648 exceeds");
         let e = parse_err(declare(3 << 30), "uncompressed_size 3221225472 exceeds");
-        assert!(e.problem.contains(&f.display_name()), "{e}");
-        parse_err(declare(f.compressed_size() * 1000 + 1), "more than 1000 times its compressed size");
+        assert!(e.problem.contains("streams[0]"), "{e}");
+        parse_err(declare(a.streams[0].compressed_size * 1000 + 1), "more than 1000 times its compressed size");
         assert!(parse(declare(f.uncompressed_size() + 1)).is_ok(), "a small excess is the decoder's to find");
     }
 

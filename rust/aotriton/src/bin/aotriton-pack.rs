@@ -109,15 +109,16 @@ fn list(path: &Path, out: &mut impl Write) -> Result<(), Failure> {
     writeln!(out, "arch:           {}", a.arch())?;
     writeln!(out, "triton version: {}", a.triton_version())?;
     writeln!(out, "target:         {}", a.target())?;
-    writeln!(out, "functionals:    {}, kernels: {kernels}", a.functionals().len())?;
+    writeln!(out, "functionals:    {}, kernels: {kernels}, xz streams: {}", a.functionals().len(), a.stream_count())?;
     for f in a.functionals() {
+        let (packed, raw) = a.stream_sizes(f.stream()).unwrap_or_default();
         writeln!(
             out,
-            "{}  ({} kernels, {} -> {} bytes)",
+            "{}  ({} kernels, {} bytes; stream {}: {raw} -> {packed} bytes)",
             f.display_name(),
             f.kernels.len(),
             f.uncompressed_size(),
-            f.compressed_size()
+            f.stream()
         )?;
         for (i, k) in f.kernels.iter().enumerate() {
             let config: Vec<String> = k.config.iter().map(|(n, v)| format!("{n}={v}")).collect();
