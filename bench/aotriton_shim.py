@@ -111,7 +111,13 @@ class Aotriton:
         self.lib.aotriton_shim_force_kernel.argtypes = [ctypes.c_char_p]
         self.lib.aotriton_shim_force_kernel.restype = ctypes.c_int
         self.lib.aotriton_shim_forced_count.restype = ctypes.c_uint64
+        self.lib.aotriton_shim_use_database.argtypes = [ctypes.c_int]
+        self.lib.aotriton_shim_use_database.restype = None
         self.version = self.lib.aotriton_shim_version().decode()
+
+    def use_database(self, on):
+        """aotriton::tuning::use_database: follow the tuning database (True) or only the heuristic."""
+        self.lib.aotriton_shim_use_database(1 if on else 0)
 
     def forced_count(self):
         """aotriton::tuning::forced_count: kernels the override launched in place of dispatch's."""

@@ -264,9 +264,19 @@ def time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, p
         return triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, grad_to_none=grad_to_none,
                                        return_mode="median")
 
+    def heuristic(fn):
+        """`fn` timed with the tuning database switched off: the heuristic's pick."""
+        args.aot.use_database(False)
+        try:
+            return bench(fn)
+        finally:
+            args.aot.use_database(True)
+
     ms_fwd, ms_bwd = {}, {}
     if "fwd" in passes:
         ms_fwd["aotriton"] = bench(aot_fwd)
+        if args.heuristic:
+            ms_fwd["heuristic"] = heuristic(aot_fwd)
         for name, backend in PEERS.items():
             if name not in peer_kv:
                 continue
@@ -278,6 +288,8 @@ def time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, p
             ms_fwd["flex"] = bench(lambda: args.flex(q, kv[0], kv[1], causal, sm_scale))
     if want_bwd:
         ms_bwd["aotriton"] = bench(aot_bwd)
+        if args.heuristic:
+            ms_bwd["heuristic"] = heuristic(aot_bwd)
         for name, (leaves, out) in peer_grad_inputs.items():
             with sdpa_kernel([PEERS[name]]):
                 ms_bwd[name] = bench(lambda: out.backward(d_o, retain_graph=True), grad_to_none=leaves)
@@ -314,6 +326,22 @@ def print_table(title, rows, key, na_key):
     notes = sorted({f"{k}: {v}" for r in rows for k, v in r.get("na", {}).items() if k.endswith(na_key)})
     for n in notes[:6]:
         print(f"  n/a {n}")
+
+
+def print_tuning(rows):
+    """--heuristic: the tuning database's speedup per cell (heuristic's time / dispatch's time)."""
+    print()
+    print("tuning database: speedup over the heuristic (its time / dispatch's time; 1.000 = same kernel or noise)")
+    for key in ("ms_fwd", "ms_bwd"):
+        cells = [(r["case"], r[key]["heuristic"] / r[key]["aotriton"]) for r in rows
+                 if "heuristic" in r.get(key, {}) and r[key].get("aotriton")]
+        for case, x in cells:
+            print(f"  {key[3:]} {case:<36}{x:7.3f}")
+        if cells:
+            geo = math.exp(sum(math.log(x) for _, x in cells) / len(cells))
+            worst = min(cells, key=lambda c: c[1])
+            print(f"  {key[3:]}: geomean {geo:.3f} over {len(cells)} cells, best {max(x for _, x in cells):.3f}, "
+                  f"worst {worst[1]:.3f} ({worst[0]})")
 
 
 def print_targets(rows):
@@ -601,6 +629,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep, ms")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heuristic", action="store_true",
+                    help="also time aotriton with its tuning database switched off (tuning::use_database)")
     ap.add_argument("--check-max-seqlen", type=int, default=4096,
                     help="cells with a longer S are timed without the float32 reference check")
     ap.add_argument("--features", default="dropout,bias-full,bias-keypad,varlen",
@@ -614,6 +644,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference must be float32
     torch.backends.cudnn.allow_tf32 = False
     aot = Aotriton(args.shim, backend=args.backend)
+    args.aot = aot
     dtypes = [DTYPES[x] for x in args.dtypes.split(",") if x]
     if args.flex:
         try:
@@ -670,13 +701,15 @@ def main():
     if "bwd" in args.passes:
         print_table(f"backward, {common}, FLOPs = 2.5 x forward", rows, "tflops_bwd", "_bwd")
     print_targets(rows)
+    if args.heuristic:
+        print_tuning(rows)
     if feature_rows:
         print_feature_table(feature_rows)
     print(f"\n{len(rows) + len(feature_rows)} shapes, {failures} with wrong aotriton outputs, "
           f"{time.time() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "args": {k: v for k, v in vars(args).items() if k != "flex"}, "cases": rows,
+            json.dump({"env": env, "args": {k: v for k, v in vars(args).items() if k not in ("flex", "aot")}, "cases": rows,
                        "features": feature_rows}, f, indent=2)
     return 1 if failures else 0
 

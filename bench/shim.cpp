@@ -50,6 +50,9 @@ SHIM_EXPORT int aotriton_shim_force_kernel(const char* kernel_id) {
 // aotriton::tuning::forced_count: kernels launched in place of dispatch's choice so far.
 SHIM_EXPORT uint64_t aotriton_shim_forced_count() { return aotriton::tuning::forced_count(); }
 
+// aotriton::tuning::use_database: 1 follows the tuning database, 0 only the heuristic.
+SHIM_EXPORT void aotriton_shim_use_database(int on) { aotriton::tuning::use_database(on != 0); }
+
 // attn_fwd: q, k, v, o sizes/strides in `sizes4` / `strides4` (16 int64 each); lse B x Hq x Sq
 // fp32 (0 = not wanted). attn_bwd: q, k, v, o, d_o, dq, dk, dv (32 int64 each), then lse and
 // delta in `rows_sizes3` / `rows_strides3` (6 each). Both (FwdParams v3 / BwdParams v2) then take

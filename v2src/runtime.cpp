@@ -72,6 +72,10 @@ Status force_kernel(const char* kernel_id) noexcept {
 
 uint64_t forced_count() noexcept { return bridge::tuning_forced_count(); }
 
+void use_database(bool on) noexcept { bridge::tuning_use_database(on); }
+
+bool database_in_use() noexcept { return bridge::tuning_database_in_use(); }
+
 }  // namespace tuning
 
 const char* version() noexcept {

@@ -94,6 +94,11 @@ AOTRITON_API Status force_kernel(const char* kernel_id) noexcept;
 // How many kernels the override has launched in place of dispatch's choice so far (process-wide):
 // read it around a call to know the forced kernel itself ran.
 AOTRITON_API uint64_t forced_count() noexcept;
+// Whether dispatch follows the tuning database compiled into the archive (true, the default) or
+// only the documented heuristic, as a build without a database would (false). Process-wide;
+// takes effect at the next call.
+AOTRITON_API void use_database(bool on) noexcept;
+AOTRITON_API bool database_in_use() noexcept;
 }  // namespace tuning
 
 }  // namespace aotriton

@@ -296,6 +296,15 @@ int main() {
                 static_cast<unsigned long long>(aotriton::tuning::forced_count()));
     ++g_failures;
   }
+  // The database switch: on by default, off and back.
+  const bool default_on = aotriton::tuning::database_in_use();
+  aotriton::tuning::use_database(false);
+  const bool off = !aotriton::tuning::database_in_use();
+  aotriton::tuning::use_database(true);
+  if (!default_on || !off || !aotriton::tuning::database_in_use()) {
+    std::printf("FAIL tuning::use_database / database_in_use (default %d, after off %d)\n", default_on, !off);
+    ++g_failures;
+  }
 
   // Valid calls: without a driver they must say so (and not crash).
   if (void* cuda = dlopen("libcuda.so.1", RTLD_LAZY)) {

@@ -208,6 +208,9 @@ mod ffi {
         fn tuning_force_kernel(id: &str, clear: bool) -> Outcome;
         /// How many kernels the override has put in place of dispatch's choice.
         fn tuning_forced_count() -> u64;
+        /// aotriton::tuning::use_database / database_in_use.
+        fn tuning_use_database(on: bool);
+        fn tuning_database_in_use() -> bool;
         /// `host_cu_seqlens_q/k`: the host copies of the offsets, empty when not given.
         fn attn_fwd(params: &FwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
         fn attn_bwd(params: &BwdArgs, host_cu_seqlens_q: &[i32], host_cu_seqlens_k: &[i32], stream: &StreamSpec) -> Outcome;
@@ -281,6 +284,14 @@ fn version(text: &mut String) -> Outcome {
 
 fn tuning_forced_count() -> u64 {
     aotriton::tuning::forced_count()
+}
+
+fn tuning_use_database(on: bool) {
+    aotriton::tuning::use_database(on)
+}
+
+fn tuning_database_in_use() -> bool {
+    aotriton::tuning::database_in_use()
 }
 
 fn tuning_force_kernel(id: &str, clear: bool) -> Outcome {

@@ -350,10 +350,11 @@ impl Launcher {
         };
         match fitting_kernels(functional, request.args) {
             Ok(fitting) if fitting.iter().any(|k| encodable(k) && fits_device(&functional.kernels[k], &self.context.device)) => {
-                let portable_faster = functional
-                    .kernels
-                    .iter()
-                    .any(|k| k.portable_for.iter().any(|cell| cell.contains(key.mask, key.seqlen_q, key.seqlen_k)));
+                let portable_faster = database_in_use()
+                    && functional
+                        .kernels
+                        .iter()
+                        .any(|k| k.portable_for.iter().any(|cell| cell.contains(key.mask, key.seqlen_q, key.seqlen_k)));
                 Serves::Yes { portable_faster }
             }
             _ => Serves::NoKernelFits,
@@ -524,6 +525,22 @@ pub fn forced_kernel() -> Option<String> {
     Some(lock(&FORCED_KERNEL).clone())
 }
 
+/// Set while dispatch ignores the tuning database (see [`use_database`]).
+static DATABASE_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Whether dispatch follows the tuning database compiled into the archive (`true`, the default)
+/// or only the documented heuristic, as a build without a database would (`false`): the
+/// benchmark times both in one process, and a user can rule the database out when chasing a
+/// difference. Process-wide; takes effect at the next call.
+pub fn use_database(on: bool) {
+    DATABASE_OFF.store(!on, Ordering::Release);
+}
+
+/// Whether dispatch follows the tuning database (see [`use_database`]).
+pub fn database_in_use() -> bool {
+    !DATABASE_OFF.load(Ordering::Acquire)
+}
+
 /// The forced kernel's index when it belongs to `functional` and fits the call.
 fn forced_in(functional: &Functional, fitting: KernelSet) -> Option<usize> {
     if !FORCED_ACTIVE.load(Ordering::Acquire) {
@@ -554,6 +571,9 @@ impl TuningKey {
     /// The kernel of `pool` that the tuning database picked for this call (kernels carry the
     /// cells they won: `tuned_for`), if any; the operators' heuristics decide otherwise.
     pub fn tuned(&self, functional: &Functional, pool: &KernelSet) -> Option<usize> {
+        if !database_in_use() {
+            return None;
+        }
         pool.iter().find(|&i| {
             functional.kernels[i].tuned_for.iter().any(|cell| cell.contains(self.mask, self.seqlen_q, self.seqlen_k))
         })

@@ -80,11 +80,12 @@ pub mod abi {
 #[cfg(feature = "cudarc-adapters")]
 pub use driver::cudarc_interop as interop;
 
-/// For the tuner (python/tune.py, through the C++ API's `aotriton::tuning::force_kernel`):
-/// force one compiled kernel, by id, while timing the candidates of a tuning build. Process-wide;
-/// not for production calls.
+/// The tuning database's switches. For the tuner (python/tune.py, through the C++ API's
+/// `aotriton::tuning::force_kernel`): force one compiled kernel, by id, while timing the
+/// candidates of a tuning build (process-wide; not for production calls). For the benchmark and
+/// for users: `use_database(false)` makes dispatch take the heuristic's pick everywhere.
 pub mod tuning {
-    pub use crate::dispatch::{force_kernel, forced_count, forced_kernel};
+    pub use crate::dispatch::{database_in_use, force_kernel, forced_count, forced_kernel, use_database};
 }
 pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};

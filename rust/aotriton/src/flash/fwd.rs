@@ -656,6 +656,13 @@ pub(crate) mod tests {
         let bin = LengthBin { lo: 2048, hi: Some(8192) };
         functional.kernels[other].tuned_for = vec![TunedCell { mask: MaskKind::None, seqlen_q: bin, seqlen_k: bin }];
         assert_eq!(choose_kernel(&functional, fitting, &shape, unmasked, &h100_like()), other);
+        // With the database switched off (process-wide; no other test tunes a cell): the
+        // heuristic's pick, and the cell's winner again once it is back on.
+        crate::tuning::use_database(false);
+        let off = choose_kernel(&functional, fitting, &shape, unmasked, &h100_like());
+        crate::tuning::use_database(true);
+        assert_eq!(off, heuristic);
+        assert_eq!(choose_kernel(&functional, fitting, &shape, unmasked, &h100_like()), other);
         // Outside the cell (a causal call, a longer one): the heuristic's pick again.
         let causal = dispatch::TuningKey { mask: MaskKind::Causal, ..unmasked };
         assert_eq!(choose_kernel(&functional, fitting, &shape, causal, &h100_like()), heuristic);
