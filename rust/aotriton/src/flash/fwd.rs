@@ -572,6 +572,8 @@ pub(crate) mod tests {
     }
 
     /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch.
+    /// The heuristic's pick for `p` in the built archive (its tuning cells left out: these tests
+    /// check the heuristic whether or not the build carries a database).
     fn pick(p: &FwdParams) -> crate::archive::KernelMeta {
         let (shape, mask) = validate(p).unwrap();
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
@@ -579,10 +581,20 @@ pub(crate) mod tests {
         let args = kernel_args(p, &shape, &mask).unwrap();
         let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
         let index = dispatch::find_functional(&loaded, &request).unwrap();
-        let functional = &loaded.archive.functionals()[index];
-        let fitting = fitting_kernels(functional, args.args().unwrap()).unwrap();
+        let functional = untuned(&loaded.archive.functionals()[index]);
+        let fitting = fitting_kernels(&functional, args.args().unwrap()).unwrap();
         assert!(!fitting.is_empty());
-        functional.kernels[choose_kernel(functional, fitting, &shape, crate::flash::tuning_key(&shape, &mask), &h100_like())].clone()
+        functional.kernels[choose_kernel(&functional, fitting, &shape, crate::flash::tuning_key(&shape, &mask), &h100_like())].clone()
+    }
+
+    /// `functional` as a build without a database dispatches it: no cell won; kernels compiled
+    /// only for the database stay out of the heuristic's pool.
+    fn untuned(functional: &crate::archive::Functional) -> crate::archive::Functional {
+        let mut f = functional.clone();
+        for k in &mut f.kernels {
+            k.tuned_for.clear();
+        }
+        f
     }
 
     fn sized(b: u64, h: u64, s: u64, d: u64) -> FwdParams<'static> {
@@ -644,13 +656,13 @@ pub(crate) mod tests {
         let axes = functional_axes(&p, &shape);
         let args = kernel_args(&p, &shape, &mask).unwrap();
         let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: args.args().unwrap() };
-        let mut functional = loaded.archive.functionals()[dispatch::find_functional(&loaded, &request).unwrap()].clone();
+        let mut functional = untuned(&loaded.archive.functionals()[dispatch::find_functional(&loaded, &request).unwrap()]);
         let fitting = fitting_kernels(&functional, args.args().unwrap()).unwrap();
         let unmasked = crate::flash::tuning_key(&shape, &mask);
         let heuristic = choose_kernel(&functional, fitting, &shape, unmasked, &h100_like());
         let other = fitting
             .iter()
-            .find(|&i| i != heuristic && functional.kernels[i].variant == "aligned")
+            .find(|&i| i != heuristic && functional.kernels[i].variant == "aligned" && !functional.kernels[i].tuned_only)
             .expect("bf16 hd128 has two aligned configs");
         // The other config wins the cell of this call (no mask, both lengths in [2048, 8192)).
         let bin = LengthBin { lo: 2048, hi: Some(8192) };
