@@ -54,8 +54,9 @@
 //! ```
 //!
 //! A functional is (family, functional axes). A stream is the concatenation of the images of
-//! the functionals that differ only in [`STREAM_SHARED_AXES`] (fp16/bf16, TF32 on/off: nearly
-//! the same machine code), functionals in index order and their kernels by id, so a stream
+//! the functionals with the same [`stream_key`] (fp16 and bf16 alike; fp32 with and without
+//! TF32 alike: nearly the same machine code), functionals in index order and their kernels by
+//! id, so a stream
 //! decompresses independently of all others and only when one of its functionals is launched.
 //! Functionals are sorted by (family, axes), streams numbered in the order of their first
 //! functional, streams and images laid out contiguously in that order, and the writer is
@@ -89,7 +90,7 @@
 //!   order of first use, every list used; a kernel's `args` is its list's position (the sm_90
 //!   index went from 1.9 MB to 0.4 MB: 46 distinct lists served 624 kernels). Functionals share
 //!   streams: `streams` lists them, a functional's `stream` names its own (the sm_90 payload went
-//!   from 9.7 MB in 318 streams to 7.7 MB in 87). This changes how every archive is written, so
+//!   from 9.7 MB in 318 streams to 7.9 MB in 162). This changes how every archive is written, so
 //!   the writer writes version 4 or newer whatever it holds; the reader still reads versions 1-3
 //!   (inline lists, a stream per functional) and refuses `arg_lists` and `streams` in them.
 //!
@@ -121,10 +122,22 @@ const TUNED_VERSION: u32 = 3;
 /// The first format version whose kernels share argument lists (`arg_lists`) and whose
 /// functionals share streams (`streams`); the writer writes no older version.
 const SHARED_VERSION: u32 = 4;
-/// Functionals that differ only in these axes share one xz stream (version 4 on): their kernels
-/// are near-identical machine code (fp16 and bf16; TF32 on and off), which one stream compresses
-/// about a fifth smaller than two, for twice the bytes decoded when one of them is first used.
-pub const STREAM_SHARED_AXES: [&str; 2] = ["dtype", "tf32"];
+
+/// The functionals with equal keys share one xz stream (version 4 on): the same family and axes,
+/// except that fp16 and bf16 count as one dtype and TF32 on and off as one. Their kernels are
+/// near-identical machine code, which one stream compresses about a fifth smaller than two, for
+/// twice the bytes decoded when one of them is first used; a 16-bit call decodes no fp32 code
+/// (sharing across all three dtypes saved only 2 % more and tripled that).
+pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTreeMap<String, String>) {
+    let mut key = axes.clone();
+    if let Some(dtype) = key.get_mut("dtype")
+        && (dtype == "fp16" || dtype == "bf16")
+    {
+        *dtype = "fp16|bf16".into();
+    }
+    key.remove("tf32");
+    (family.to_string(), key)
+}
 /// Most dimensions of a TMA descriptor.
 pub const MAX_TENSORDESC_RANK: usize = 5;
 
@@ -142,7 +155,7 @@ const MIN_DICT_SIZE: u32 = 4096;
 const DECODER_MEMLIMIT: u64 = 128 << 20;
 /// Caps on the sizes an archive declares, checked before anything of that size is allocated or
 /// read, so a crafted file cannot make the reader take gigabytes. Each is far above what the
-/// build writes (sm_90: a 0.42 MB index, a 7.7 MB payload, streams of at most 1.9 MB that
+/// build writes (sm_90: a 0.41 MB index, a 7.9 MB payload, streams of at most 1.25 MB that
 /// compress at most 12:1).
 pub const MAX_INDEX_LEN: u32 = 64 << 20;
 /// The largest payload (all compressed streams together) an archive may declare.
@@ -333,7 +346,7 @@ struct ImageSlot {
 }
 
 /// One xz stream of the payload: the images of one functional (versions 1-3) or of the
-/// functionals that differ only in [`STREAM_SHARED_AXES`] (version 4).
+/// functionals with the same [`stream_key`] (version 4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct StreamSlot {
     /// Relative to the payload start.
@@ -364,7 +377,7 @@ impl Functional {
         functional_name(&self.family, &self.axes)
     }
     /// The payload stream that holds its images (shared with the functionals that differ from it
-    /// only in [`STREAM_SHARED_AXES`]; see [`Archive::stream_sizes`]).
+    /// in what [`stream_key`] ignores; see [`Archive::stream_sizes`]).
     pub fn stream(&self) -> usize {
         self.stream
     }
@@ -1357,15 +1370,13 @@ impl ArchiveWriter {
             )));
         }
 
-        // Streams: the functionals that differ only in STREAM_SHARED_AXES share one, numbered in
-        // the order of their first functional; inside a stream, functionals in index order and
-        // their kernels by id.
+        // Streams: the functionals with the same stream_key share one, numbered in the order of
+        // their first functional; inside a stream, functionals in index order and their kernels
+        // by id.
         let mut stream_keys: Vec<FunctionalKey> = Vec::new();
         let mut stream_of = Vec::with_capacity(self.functionals.len());
         for (family, axes) in self.functionals.keys() {
-            let mut key_axes = axes.clone();
-            key_axes.retain(|k, _| !STREAM_SHARED_AXES.contains(&k.as_str()));
-            let key = (family.clone(), key_axes);
+            let key = stream_key(family, axes);
             let stream = match stream_keys.iter().position(|k| *k == key) {
                 Some(i) => i,
                 None => {

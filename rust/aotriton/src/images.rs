@@ -5,8 +5,8 @@
 //! else from the directory named by `AOTRITON_DEFAULT_IMAGE_DIR` when the library was built
 //! (checked the same way, below). Each archive is parsed once per process (concurrent first
 //! callers wait for one parse), and each functional's images extracted once, on first use (by
-//! decoding the xz stream it shares with its dtype/TF32 siblings: a second sibling decodes it
-//! again, ~20 ms for the largest sm_90 stream, rather than keep its bytes for the process).
+//! decoding the xz stream it shares with its fp16/bf16 or TF32 sibling: a second sibling decodes
+//! it again, ~13 ms for the largest sm_90 stream, rather than keep its bytes for the process).
 //!
 //! # `AOTRITON_IMAGE_DIR` is a trust boundary
 //!

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aotriton::archive::{Archive, ArchiveWriter, KernelArg, KernelMeta, TensorDescMeta};
+use aotriton::archive::{Archive, ArchiveWriter, KernelArg, KernelMeta, TensorDescMeta, stream_key};
 use fuzz_common::{FuzzConfig, Rng, assert_clean, fuzz_loop, no_panic, note_case};
 use serde_json::{Value, json};
 
@@ -188,15 +188,11 @@ fn repack_small(real: &Archive) -> Vec<u8> {
     {
         chosen.push(i);
     }
-    // And the dtype sibling of the smallest, so that one stream holds two functionals.
-    let without_dtype = |i: usize| {
-        let mut axes = functionals[i].axes.clone();
-        axes.remove("dtype");
-        (functionals[i].family.clone(), axes)
-    };
-    if let Some(&first) = chosen.first()
-        && let Some(sibling) = (0..functionals.len()).find(|&i| i != first && without_dtype(i) == without_dtype(first))
-    {
+    // And a functional sharing a stream with the smallest one that shares one (its fp16/bf16 or
+    // TF32 sibling), so that one stream holds two functionals.
+    let key = |i: usize| stream_key(&functionals[i].family, &functionals[i].axes);
+    let sibling_of = |f: usize| (0..functionals.len()).find(|&i| i != f && key(i) == key(f));
+    if let Some(sibling) = chosen.iter().find_map(|&f| sibling_of(f)) {
         chosen.push(sibling);
     }
     let mut writer = ArchiveWriter::new(real.arch(), real.triton_version(), real.target().clone());
