@@ -1092,26 +1092,18 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
     }
 
     // Version 4 on: the argument lists, each kernel's `args` an index into them.
-    let arg_lists = match (top.get("arg_lists"), header_version >= SHARED_VERSION) {
-        (Some(lists), true) => {
-            let lists = lists.as_array().ok_or("field `arg_lists` must be an array")?;
-            let parsed: Result<Vec<_>, String> = lists
+    let arg_lists = match shared_table(top, "arg_lists", header_version)? {
+        None => None,
+        Some(lists) => Some(
+            lists
                 .iter()
                 .enumerate()
                 .map(|(i, l)| {
                     let l = l.as_array().ok_or_else(|| format!("arg_lists[{i}] must be an array"))?;
                     args_from_json(l).map_err(|p| format!("arg_lists[{i}]: {p}"))
                 })
-                .collect();
-            Some(parsed?)
-        }
-        (None, true) => return Err("missing field `arg_lists`".into()),
-        (Some(_), false) => {
-            return Err(format!(
-                "field `arg_lists` needs format version {SHARED_VERSION} (file says {header_version})"
-            ))
-        }
-        (None, false) => None,
+                .collect::<Result<Vec<_>, String>>()?,
+        ),
     };
     let mut lists_used = vec![false; arg_lists.as_ref().map_or(0, Vec::len)];
     // Streams must follow each other with no gap or overlap, and fill the payload exactly.
@@ -1119,20 +1111,10 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
     let shared_streams = header_version >= SHARED_VERSION;
     let mut streams: Vec<StreamSlot> = Vec::new();
     let mut next_offset = 0u64;
-    match (top.get("streams"), shared_streams) {
-        (Some(list), true) => {
-            let list = list.as_array().ok_or("field `streams` must be an array")?;
-            for (si, sv) in list.iter().enumerate() {
-                let at = |p: String| format!("streams[{si}]: {p}");
-                let so = as_obj(sv, "stream").map_err(at)?;
-                streams.push(stream_from_json(so, &mut next_offset, payload_size).map_err(at)?);
-            }
-        }
-        (None, true) => return Err("missing field `streams`".into()),
-        (Some(_), false) => {
-            return Err(format!("field `streams` needs format version {SHARED_VERSION} (file says {header_version})"))
-        }
-        (None, false) => {}
+    for (si, sv) in shared_table(top, "streams", header_version)?.into_iter().flatten().enumerate() {
+        let at = |p: String| format!("streams[{si}]: {p}");
+        let so = as_obj(sv, "stream").map_err(at)?;
+        streams.push(stream_from_json(so, &mut next_offset, payload_size).map_err(at)?);
     }
     // Per stream, the bytes its functionals' images (in index order) cover so far.
     let mut covered = vec![0u64; streams.len()];
@@ -1269,6 +1251,29 @@ fn parse_index(index: &Value, header_version: u32) -> Result<ParsedIndex, String
     })
 }
 
+/// A version-4 table of the index (`arg_lists`, `streams`): required from version 4 on, refused
+/// before it (None then).
+fn shared_table<'a>(top: &'a Map<String, Value>, key: &str, header_version: u32) -> Result<Option<&'a Vec<Value>>, String> {
+    match (top.get(key), header_version >= SHARED_VERSION) {
+        (Some(table), true) => table.as_array().map(Some).ok_or_else(|| format!("field `{key}` must be an array")),
+        (None, true) => Err(format!("missing field `{key}`")),
+        (Some(_), false) => Err(format!("field `{key}` needs format version {SHARED_VERSION} (file says {header_version})")),
+        (None, false) => Ok(None),
+    }
+}
+
+/// Position of `item` in `table`, appended first if absent: the writer's shared tables (argument
+/// lists, streams) number entries in the order of their first use.
+fn intern<T: PartialEq>(table: &mut Vec<T>, item: T) -> usize {
+    match table.iter().position(|x| *x == item) {
+        Some(i) => i,
+        None => {
+            table.push(item);
+            table.len() - 1
+        }
+    }
+}
+
 /// A stream's placement (`offset`, `compressed_size`, `uncompressed_size`, `crc32`: a
 /// version-4 `streams` entry, or an older functional's entry), checked against the size caps and
 /// the end of the previous stream (`next_offset`, advanced past this one).
@@ -1376,15 +1381,7 @@ impl ArchiveWriter {
         let mut stream_keys: Vec<FunctionalKey> = Vec::new();
         let mut stream_of = Vec::with_capacity(self.functionals.len());
         for (family, axes) in self.functionals.keys() {
-            let key = stream_key(family, axes);
-            let stream = match stream_keys.iter().position(|k| *k == key) {
-                Some(i) => i,
-                None => {
-                    stream_keys.push(key);
-                    stream_keys.len() - 1
-                }
-            };
-            stream_of.push(stream);
+            stream_of.push(intern(&mut stream_keys, stream_key(family, axes)));
         }
         let mut blobs: Vec<Vec<u8>> = vec![Vec::new(); stream_keys.len()];
         let mut image_offsets: Vec<Vec<u64>> = Vec::with_capacity(self.functionals.len());
@@ -1429,14 +1426,7 @@ impl ArchiveWriter {
         {
             let mut kentries = Vec::new();
             for ((meta, image), image_offset) in kernels.values().zip(offsets) {
-                let list = match arg_lists.iter().position(|l| *l == meta.args.as_slice()) {
-                    Some(i) => i,
-                    None => {
-                        arg_lists.push(&meta.args);
-                        arg_lists.len() - 1
-                    }
-                };
-                let mut k = kernel_meta_to_json(meta, list);
+                let mut k = kernel_meta_to_json(meta, intern(&mut arg_lists, meta.args.as_slice()));
                 k.insert("image_offset".into(), json!(image_offset));
                 k.insert("image_size".into(), json!(image.len() as u64));
                 k.insert("image_crc32".into(), json!(crc32fast::hash(image)));

@@ -51,12 +51,14 @@ pub(crate) fn override_case(stream: sys::CUstream) -> Result<Outcome, String> {
     aotriton::tuning::force_kernel(None);
     let again = run(&p)?;
     let (forced, other) = (forced?, other?);
-    // The largest difference (a NaN counts as infinite) and where it is, as (b, h, row, col).
-    // Equal bits count as no difference: the read includes the poisoned guard after the tensor.
-    let (diff, worst) = own
+    // The read is the contiguous tensor (n elements) and then its poisoned guard: the guard must
+    // come back untouched; over the tensor, the largest difference (a NaN counts as infinite)
+    // and where it is, as (b, h, row, col).
+    let guard_intact = forced[n..] == own[n..];
+    let (diff, worst) = own[..n]
         .iter()
-        .zip(&forced)
-        .map(|(&a, &g)| if a == g { 0.0 } else { (t.decode(a) as f64 - t.decode(g) as f64).abs() })
+        .zip(&forced[..n])
+        .map(|(&a, &g)| (t.decode(a) as f64 - t.decode(g) as f64).abs())
         .enumerate()
         .fold((0.0f64, 0usize), |(m, at), (i, x)| {
             let x = if x.is_nan() { f64::INFINITY } else { x };
@@ -64,13 +66,14 @@ pub(crate) fn override_case(stream: sys::CUstream) -> Result<Outcome, String> {
         });
     let non_finite = forced[..n].iter().filter(|&&x| !t.decode(x).is_finite()).count();
     let at = [worst / (h * s * d), worst / (s * d) % h, worst / d % s, worst % d];
-    let pass = c1 == c0 + 1 && c2 == c1 && other == own && again == own && diff <= 2e-2;
+    let pass = c1 == c0 + 1 && c2 == c1 && other == own && again == own && guard_intact && diff <= 2e-2;
     Ok(Outcome {
         pass,
         line: format!(
-            "tuning override: forced {generic}: count +{} (want 1), max|forced - own| {diff:.2e} (bound 2e-2) at {at:?}, {non_finite} non-finite; \
+            "tuning override: forced {generic}: count +{} (want 1), max|forced - own| {diff:.2e} (bound 2e-2) at {at:?}, {non_finite} non-finite, guard {}; \
              another functional's id: count +{} (want 0), bits {}; cleared: bits {}  {}",
             c1 - c0,
+            if guard_intact { "intact" } else { "WRITTEN" },
             c2 - c1,
             if other == own { "equal" } else { "DIFFER" },
             if again == own { "equal" } else { "DIFFER" },

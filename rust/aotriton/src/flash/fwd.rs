@@ -571,9 +571,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch.
-    /// The heuristic's pick for `p` in the built archive (its tuning cells left out: these tests
-    /// check the heuristic whether or not the build carries a database).
+    /// Picks a kernel the way `attn_fwd` does, on the archive embedded for the first built arch,
+    /// with its tuning cells left out: these tests check the heuristic whether or not the build
+    /// carries a database.
     fn pick(p: &FwdParams) -> crate::archive::KernelMeta {
         let (shape, mask) = validate(p).unwrap();
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
