@@ -276,7 +276,8 @@ def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str
         return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_o": (dt, q)}
     q = [1, 1, config["BLOCK_M"], hd]
     kv = [1, 1, config["BLOCK_N"], hd]
-    dkv = [1, 1, config["BLOCK_N"] // 2, hd]      # one compute warpgroup's 64 keys
+    # one compute warpgroup's share of dK/dV: its 64 keys, or at hd256 (bwd_wide.py) its half of the columns
+    dkv = [1, 1, config["BLOCK_N"], hd // 2] if hd > 128 else [1, 1, config["BLOCK_N"] // 2, hd]
     vec = ("fp32", [1, config["BLOCK_M"]])
     return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_do": (dt, q),
             "desc_dk": (dt, dkv), "desc_dv": (dt, dkv),
@@ -652,7 +653,12 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     both head dims: the mask applied by a uniform branch on boundary steps only (MASK_MODE 0), 240
     registers for the compute worker -- geomean 0.995 of cuDNN at hd128 and 0.973 at hd64 (the
     variants with the mask on every step or a split walk: 0.85-0.93 at hd128).
+
+    hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, a one-stage
+    ring (shared memory), the same mask handling.
     """
+    if functional["head_dim"] > 128:
+        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
     return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
 
 
@@ -732,13 +738,13 @@ ATTN_FWD_GLUON = _gluon_family("attn_fwd_gluon", "kernels/flash_gluon/fwd.py", A
                                {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_fwd_gluon_configs)
 ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
     "attn_bwd_gluon_preprocess", "kernels/flash_gluon/bwd_preprocess.py", ATTN_BWD_GLUON_PREPROCESS_ARGS,
-    {"dtype": GLUON_DTYPES, "head_dim": [64, 128]}, _attn_bwd_gluon_rows_configs, language="triton")
+    {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 ATTN_BWD_GLUON = _gluon_family("attn_bwd_gluon", "kernels/flash_gluon/bwd.py", ATTN_BWD_GLUON_ARGS,
-                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128], "dq": [True, False]},
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "dq": [True, False]},
                                _attn_bwd_gluon_configs)
 ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
     "attn_bwd_gluon_dq_convert", "kernels/flash_gluon/bwd_dq_convert.py", ATTN_BWD_GLUON_DQ_CONVERT_ARGS,
-    {"dtype": GLUON_DTYPES, "head_dim": [64, 128]}, _attn_bwd_gluon_rows_configs, language="triton")
+    {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 
 PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, DEBUG_DROPOUT_MASK]
 GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT]

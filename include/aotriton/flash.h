@@ -27,7 +27,7 @@ enum class MaskAlign : int32_t {
 
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
-// the dtype and head dim; fp16/bf16; head dim <= 256 (forward) / <= 128 (backward); no dropout,
+// the dtype and head dim; fp16/bf16; head dim <= 256; no dropout,
 // no bias, not packed (varlen); forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
 // 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
 // least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
@@ -188,7 +188,7 @@ AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
 // The workspace bytes attn_bwd(params, stream) needs on the stream's device: 0 when it would run
 // the portable kernels (kPortable, or kAuto with inputs or a device Gluon does not serve), else
 // B * Hq * SQ_PAD * (HEAD_DIM + 2) * 4 with SQ_PAD = Sq rounded up to 128 and HEAD_DIM = D rounded
-// up to 64 or 128. The workspace fields are ignored. Errors as attn_bwd's before any launch
+// up to 64, 128 or 256. The workspace fields are ignored. Errors as attn_bwd's before any launch
 // (validation, kUnsupportedByBackend, kNoDriver); *bytes is 0 then.
 AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream,
                                              uint64_t* bytes) noexcept;

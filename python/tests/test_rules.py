@@ -23,8 +23,8 @@ FAMILY_COUNTS_SM90 = {
     "debug_dropout_mask": 2,
 }
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 2, "attn_bwd_gluon": 2 * 2 * 2,
-                     "attn_bwd_gluon_dq_convert": 2 * 2}
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
+                     "attn_bwd_gluon_dq_convert": 2 * 3}
 FUNCTIONALS = {"attn_fwd": _DT * 5 * 4, "attn_bwd_preprocess": 3 * 5, "attn_bwd_dkdv": _DT * 5 * 4,
                "attn_bwd_dq": _DT * 5 * 4, "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
 
@@ -337,6 +337,12 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertIs(s.constexprs["COMPUTE_DQ"], s.functional["dq"])
                     self.assertIn("fp32[64, 8],NVMMASharedLayout(swizzle_byte_width=0", s.signature["desc_dq_acc"])
                     self.assertIn("fp32[1, 64],NVMMASharedLayout(swizzle_byte_width=0", s.signature["desc_lse2"])
+                    # dK/dV: one compute warpgroup's share (bwd.py: 64 keys; bwd_wide.py: half the columns)
+                    n = s.config["BLOCK_N"]
+                    dkv = f"[1, 1, {n}, {hd // 2}]" if hd > 128 else f"[1, 1, {n // 2}, {hd}]"
+                    self.assertEqual((n, s.config["STAGES"]), (64, 1) if hd > 128 else (128, 2))
+                    self.assertIn(f"{dt}{dkv}", s.signature["desc_dk"])
+                    self.assertIn(f"{dt}[1, 1, {n}, {hd}]", s.signature["desc_k"])
                 if "maxnreg" in s.config:
                     self.assertEqual(s.options, {"num_warps": 4, "maxnreg": s.config["maxnreg"]})
 

@@ -1,6 +1,6 @@
 """GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
 
-usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--only SUBSTRING] [--variant NAME]
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
 
 Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
 launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
@@ -45,11 +45,14 @@ from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
-BLOCK_M, BLOCK_N = 64, 128  # main kernel: queries per step, keys per CTA
+BLOCK_M = 64  # main kernel: queries per step
+#: Keys per CTA per head-dim bucket: two compute warpgroups of 64 keys, or at hd256 (bwd_wide.py) 64
+#: keys with the head dim split between the warpgroups.
+BLOCK_N = {64: 128, 128: 128, 256: 64}
 MAXNREG = 168  # 65536 / 384 threads
 #: Ring depth per head-dim bucket of the "default" variant: the shipped depth (python/rules.py; hd128
 #: STAGES 3 would take 231504 B of shared memory and spills more).
-STAGES = {64: 2, 128: 2}
+STAGES = {64: 2, 128: 2, 256: 1}
 #: Performance variants of attn_bwd_gluon (the constexprs after COMPUTE_DQ, see bwd.py):
 #: name -> (head dims it applies to, STAGES, MASK_MODE, CONS_REGS, DK_SS).  "default" = the kernel's
 #: defaults with the recommended STAGES above.  All are fully general (same inputs, same results up to
@@ -59,7 +62,7 @@ def _variant(st, mm, regs=240, ss=0, hds=(64, 128)):
 
 
 #: "product" (the default) = the configs python/rules.py ships, read from it.
-VARIANTS = {"default": _variant(None, 0), "product": None}
+VARIANTS = {"default": _variant(None, 0, hds=(64, 128, 256)), "product": None}
 for _st in (2, 3):
     for _mm in (0, 1, 2):
         for _regs in (240, 232):
@@ -121,7 +124,7 @@ GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float
 
 
 def bucket(d):
-    return 64 if d <= 64 else 128
+    return 64 if d <= 64 else (128 if d <= 128 else 256)
 
 
 def window_args(mask, sq, sk):
@@ -198,12 +201,13 @@ class GluonBwd:
         self.aux_warps = self.opts.pop("_aux_warps", 4)
         assert 128 % self.aux_m == 0, "aux rows per program must divide 128 (SQ_PAD)"
         # the main kernel's grid: (cdiv(Sk, 128), Hk, B), or persistent (min(#tiles, #SMs, grid_cap), 1, 1)
-        tiles = triton.cdiv(sk, BLOCK_N) * hk * B
+        self.block_n = block_n = BLOCK_N[hd]
+        tiles = triton.cdiv(sk, block_n) * hk * B
         if self.opts.get("PERSISTENT", 0):
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
             self.grid = (max(1, min(tiles, sms, grid_cap or tiles)), 1, 1)
         else:
-            self.grid = (triton.cdiv(sk, BLOCK_N), hk, B)
+            self.grid = (triton.cdiv(sk, block_n), hk, B)
         if not compute_dq:
             self.opts["DK_SS"] = 0  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
         self.stages = stages or vk[0] or STAGES[hd]
@@ -220,9 +224,11 @@ class GluonBwd:
         self.q, self.k, self.v, self.o, self.do, self.lse = q, k, v, o, do, lse
         self.sm_scale, self.window = sm_scale, (wl, wr, abr)
         vec = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+        # dK/dV: one compute warpgroup's share (its 64 keys, or at hd256 its half of the columns)
+        dkv_rows, dkv_cols = (block_n, hd // 2) if hd > 128 else (block_n // 2, hd)
         self.descs = (
-            desc4(q, BLOCK_M, hd), desc4(k, BLOCK_N, hd), desc4(v, BLOCK_N, hd), desc4(do, BLOCK_M, hd),
-            desc4(self.dk, BLOCK_N // 2, hd), desc4(self.dv, BLOCK_N // 2, hd),
+            desc4(q, BLOCK_M, hd), desc4(k, block_n, hd), desc4(v, block_n, hd), desc4(do, BLOCK_M, hd),
+            desc4(self.dk, dkv_rows, dkv_cols), desc4(self.dv, dkv_rows, dkv_cols),
             TensorDescriptor.from_tensor(self.dq_acc, [BLOCK_M, 8], vec),  # one column strip of the dQ tile
             TensorDescriptor.from_tensor(self.lse2.view(rows // 64, 64), [1, 64], vec),
             TensorDescriptor.from_tensor(self.delta2.view(rows // 64, 64), [1, 64], vec),
@@ -246,7 +252,7 @@ class GluonBwd:
         wl, wr, abr = self.window
         attn_bwd_gluon[self.grid](
             *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr,
-            HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
+            HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
             **self.opts, num_warps=4, maxnreg=MAXNREG)
 
     def convert(self):
@@ -303,7 +309,7 @@ def cases(quick=False):
     add = lambda *a, **kw: out.append((a, kw))  # noqa: E731
     # (dtype, B, Hq, Hk, Sq, Sk, D, mask)
     for dt in ("fp16", "bf16"):
-        for d in (64, 128):
+        for d in (64, 128, 256):
             add(dt, 2, 2, 2, 128, 128, d, "none")
             add(dt, 1, 4, 1, 1000, 1000, d, "causal_tl")             # MQA
             add(dt, 1, 4, 2, 129, 1000, d, "causal_br")              # GQA 2, Sq < Sk
@@ -316,8 +322,9 @@ def cases(quick=False):
             add(dt, 1, 2, 2, 1000, 1000, d, "causal_tl", layout="bshd")
             add(dt, 1, 4, 1, 1000, 17, d, "win_64_32_tl", compute_dq=0)
             add(dt, 1, 2, 2, 1000, 1000, d, "causal_tl", compute_dq=0)
-            add(dt, 1, 2, 2, 129, 127, d, "none", stages=5 - STAGES[d])  # the other ring depth
-        for d in (40, 72, 96):  # padded head dims: the descriptors cover the real D
+            if d <= 128:
+                add(dt, 1, 2, 2, 129, 127, d, "none", stages=5 - STAGES[d])  # the other ring depth
+        for d in (40, 72, 96, 136, 200):  # padded head dims: the descriptors cover the real D
             add(dt, 1, 2, 2, 128, 129, d, "none")
             add(dt, 1, 4, 1, 1000, 1000, d, "causal_br")
             add(dt, 1, 4, 2, 129, 17, d, "win_16_0_br")
@@ -391,10 +398,10 @@ def stability(n=100, variant="default"):
 # --------------------------------------------------------------------------------------------
 # One process per shipped kernel shape family (head dim x dQ mode), each covering ragged tails, GQA
 # and a mask with boundary and interior steps.
-CONSAN_CASES = [(a, {}) for d in (64, 128) for a in (
+CONSAN_CASES = [(a, {}) for d in (64, 128, 256) for a in (
     ("bf16", 1, 8, 2, 300, 333, d, "causal_br"),
     ("fp16", 1, 4, 1, 129, 200, d, "win_64_32_br"),
-)] + [(("bf16", 1, 4, 2, 200, 257, d, "none"), {"compute_dq": 0}) for d in (64, 128)]
+)] + [(("bf16", 1, 4, 2, 200, 257, d, "none"), {"compute_dq": 0}) for d in (64, 128, 256)]
 
 
 def consan_child(idx):
@@ -462,7 +469,7 @@ def bench(variant="default"):
     from triton.testing import do_bench
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
           "preprocess + convert")
-    for d in (64, 128):
+    for d in (64, 128, 256):
         if variant_kwargs(variant, d) is None:
             continue
         for s in (1024, 2048, 4096, 8192, 16384):
@@ -481,6 +488,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="every 4th case")
     ap.add_argument("--only", default=None, help="cases whose name contains this")
+    ap.add_argument("--buckets", default="64,128,256", help="head-dim buckets whose cases run (comma-separated)")
     ap.add_argument("--consan", action="store_true")
     ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bench", action="store_true")
@@ -502,7 +510,7 @@ def main():
     passed = failed = 0
     for a, kw in cases(args.quick):
         name = case_name(a, kw)
-        if args.only and args.only not in name:
+        if (args.only and args.only not in name) or str(bucket(a[6])) not in args.buckets.split(","):
             continue
         if variant_kwargs(args.variant, bucket(a[6])) is None:
             print(f"SKIP {name}: variant {args.variant} is not for head dim {a[6]}", flush=True)

@@ -61,7 +61,7 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
 * ``MASK_MODE`` (default 0): where the mask is applied.  0: one uniform branch per step (masked
   steps as above); 1: on every step (no branch; a no-op on interior steps; the simplest register
   allocation); 2: the walk is split, every partition first walks the boundary steps of all heads
-  (masked, ``_masked_coords``) then the interior steps (no mask code, ``_full_coords``).
+  (masked, ``bwd_steps.masked_coords``) then the interior steps (no mask code, ``full_coords``).
 * ``CONS_REGS`` (default 240): ``setmaxnreg`` of the compute worker warpgroup (multiple of 8).
 * ``DK_SS`` (default 0): dK += dS^T Q reads dS^T from the shared tile (SS wgmma) instead of
   registers; only with ``COMPUTE_DQ`` (ignored otherwise).
@@ -100,6 +100,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..flash import mask
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
+from .bwd_steps import full_coords, mask_boundary, masked_coords
+from .bwd_wide import compute_wide
 from .private_api import tma_reduce_add
 
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
@@ -110,45 +112,9 @@ PERS_LOAD_REGS: gl.constexpr = gl.constexpr(24)
 
 
 @gluon.jit
-def _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M: gl.constexpr):
-    """Step ``j`` of the masked walk (``MASK_MODE`` 2): ``(h_off, start_m)``.
-
-    Per head ``n_mblk`` boundary blocks: the ``n_lead`` leading ones from ``start``, then the
-    trailing ones from ``full_hi`` (``f_gap = full_hi - full_lo`` skips the interior).
-    """
-    h_off = j // n_mblk
-    r = j - h_off * n_mblk
-    start_m = start + r * BLOCK_M + (r >= n_lead).to(gl.int32) * f_gap
-    return h_off, start_m
-
-
-@gluon.jit
-def _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M: gl.constexpr):
-    """Step ``j`` (``>= n_mask_steps``) of the contiguous walk: ``(h_off, start_m)``, ``n_fblk`` blocks from ``f_lo``."""
-    jj = j - n_mask_steps
-    h_off = jj // n_fblk
-    return h_off, f_lo + (jj - h_off * n_fblk) * BLOCK_M
-
-
-@gluon.jit
 def _row_vector(bufs, idx, BLOCK_M: gl.constexpr, layout: gl.constexpr):
     """The 64 fp32 values of ring slot ``idx`` of an lse2/delta2 ring (``[STAGES, 1, 64]``) in ``layout``."""
     return bufs.index(idx).reshape([BLOCK_M]).load(layout)
-
-
-@gluon.jit
-def _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M: gl.constexpr, col_layout: gl.constexpr):
-    """Zero P^T ``[keys, queries]`` outside ``mask.score_mask`` (window, both sequence tails).
-
-    The same predicate, solved per key row: key ``j`` is seen by the queries
-    ``i`` in ``[key_lo, key_hi] = [j - diag - right, min(j - diag + left, Sq - 1)]`` (``key_hi = -1``
-    if ``j >= Sk``; see ``_key_bounds``): two compares per element against the block-local query index.
-    """
-    lo = key_lo - start_m
-    hi = key_hi - start_m
-    cols = gl.expand_dims(gl.arange(0, BLOCK_M, layout=col_layout), 0)
-    visible = (cols >= gl.expand_dims(lo, 1)) & (cols <= gl.expand_dims(hi, 1))
-    return gl.where(visible, pt, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,11 +141,11 @@ def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, 
             b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
     for j in range(n_mask_steps):
-        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                    q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                    q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
 
@@ -200,10 +166,10 @@ def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_f
 def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap,
                 f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr):
     for j in range(n_mask_steps):
-        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
         _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
 
 
@@ -242,10 +208,10 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
     if MASK == 1:
-        pt = _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
+        pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     elif MASK == 2:
         if masked:
-            pt = _mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
+            pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     pt_a = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_a, do, dv, is_async=True)
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
@@ -333,14 +299,14 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     mbarrier.wait(kv_bar, 0)
     # MASK_MODE 2: the boundary steps first, masked; n_mask_steps = 0 otherwise.
     for j in range(n_mask_steps):
-        h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+        h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         dk, dv = _compute_step(j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
                                key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
     # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
         masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
         dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
@@ -484,8 +450,8 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
             if n_steps == 0:
                 _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, pid_n * BLOCK_N)
             for j in range(n_steps):
-                mh, mm = _masked_coords(j, gl.maximum(n_mblk, 1), n_lead, start, f_gap, BLOCK_M)
-                fh, fm = _full_coords(j, n_mask_steps, gl.maximum(n_fblk, 1), f_lo, BLOCK_M)
+                mh, mm = masked_coords(j, gl.maximum(n_mblk, 1), n_lead, start, f_gap, BLOCK_M)
+                fh, fm = full_coords(j, n_mask_steps, gl.maximum(n_fblk, 1), f_lo, BLOCK_M)
                 is_m = j < n_mask_steps
                 h_off = gl.where(is_m, mh, fh)
                 start_m = gl.where(is_m, mm, fm)
@@ -516,10 +482,10 @@ def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N
             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps = _bwd_walk(
                 pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M, BLOCK_N, MMODE)
             for j in range(n_mask_steps):
-                h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+                h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
                 _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
             for j in range(n_mask_steps, n_steps):
-                h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
                 _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
             j0 += n_steps
         u += _nctaid_x(u)
@@ -575,13 +541,13 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
             dv = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
             mbarrier.wait(kv_bar, i & 1)
             for j in range(n_mask_steps):
-                h_off, start_m = _masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
+                h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
                 dk, dv = _compute_step(j0 + j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
                                        dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
                                        dq_empty, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
                                        STAGES, COMPUTE_DQ, DK_SS)
             for j in range(n_mask_steps, n_steps):
-                h_off, start_m = _full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
                 masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
                 dk, dv = _compute_step(j0 + j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
                                        dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
@@ -606,83 +572,17 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
 
 
 # ---------------------------------------------------------------------------------------------
-# kernel
+# head dims 64 and 128: shared memory, barriers and partitions
 # ---------------------------------------------------------------------------------------------
-# The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
-# runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
-@gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
-                              "ALIGN_BOTTOM_RIGHT"])
-def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
-                   sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
-                   ALIGN_BOTTOM_RIGHT,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
-                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0):
-    gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
-    gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
-    gl.static_assert(BLOCK_N == 128, "two compute warpgroups of 64 keys")
-    gl.static_assert((HEAD_DIM == 64) or (HEAD_DIM == 128), "head-dim buckets 64 and 128")
-    gl.static_assert(desc_q.block_type.shape[2] == BLOCK_M, "Q block [1, 1, BLOCK_M, HEAD_DIM]")
-    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K block [1, 1, BLOCK_N, HEAD_DIM]")
-    gl.static_assert(desc_dk.block_type.shape[2] == BLOCK_N // 2, "dK block [1, 1, BLOCK_N / 2, HEAD_DIM]")
-    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
-    gl.static_assert(desc_lse2.block_type.shape[1] == BLOCK_M, "lse2/delta2 block [1, BLOCK_M]")
-    gl.static_assert((desc_dq_acc.block_type.shape[0] == BLOCK_M) and (desc_dq_acc.block_type.shape[1] == 8),
-                     "dq_acc block [BLOCK_M, 8]: one column strip of the dQ tile")
-    pid_n = gl.program_id(0)
-    hk = gl.program_id(1)
-    b = gl.program_id(2)
-    start_n = pid_n * BLOCK_N
-    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    # Query blocks that may see this key block (the same for every head of the group):
-    # [start, full_lo) and [full_hi, end) straddle the window's edges, [full_lo, full_hi) is interior.
-    start, full_lo, full_hi, end = mask.query_block_bounds(pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                                           BLOCK_M, BLOCK_N)
-    # An AOT signature that predates the performance constexprs passes them as None: the defaults.
-    MMODE: gl.constexpr = 0 if MASK_MODE is None else MASK_MODE
-    CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
-    DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
-    PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
-    gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
-    gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
-    gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
-    n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
-    n_steps = GQA_GROUP * n_blocks
-    h_first = hk * GQA_GROUP
-    b_row = b * N_HEADS_Q
-    # The walk: n_mask_steps boundary steps (MASK_MODE 2 only: n_mblk blocks per head, the n_lead leading
-    # ones then the trailing ones), then the contiguous walk of n_fblk blocks per head from f_lo.
-    if MMODE == 2:
-        # A key block holding the key tail is masked on every step: no interior blocks.
-        key_tail = start_n + BLOCK_N > N_CTX_K
-        f_lo = gl.where(key_tail, start, full_lo)
-        f_gap = gl.where(key_tail, 0, full_hi - full_lo)
-        n_lead = (f_lo - start) // BLOCK_M
-        n_fblk = f_gap // BLOCK_M
-        n_mblk = n_blocks - n_fblk
-        n_mask_steps = GQA_GROUP * n_mblk
-    else:
-        f_lo = start
-        f_gap = 0
-        n_lead = 0
-        n_fblk = n_blocks
-        n_mblk = 0
-        n_mask_steps = 0
-
+@gluon.jit
+def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
+                     v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
+                     N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
+                     hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                     n_steps, h_first, b_row, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MMODE: gl.constexpr, CREGS: gl.constexpr,
+                     DKSS: gl.constexpr, PERS: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
-    k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)
-    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
-    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
-    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_lse2.block_type.shape, desc_lse2.layout)
-    dlt_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta2.block_type.shape, desc_delta2.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a slot
     if COMPUTE_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
         ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
@@ -791,3 +691,176 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                            SQ_PAD, BLOCK_M, STAGES)),
             ], [4, 1], [CREGS, LOAD_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# hd256 (bwd_wide.py): shared memory, barriers and partitions
+# ---------------------------------------------------------------------------------------------
+@gluon.jit
+def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
+                   dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
+                   N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                   n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
+                   MMODE: gl.constexpr, CREGS: gl.constexpr):
+    dtype: gl.constexpr = desc_q.dtype
+    # P^T and dS^T [keys, queries], double-buffered; a 64-byte swizzle makes each warpgroup's
+    # BLOCK_M / 2 query columns whole swizzle panels (bwd_wide.py).
+    pds_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    pt_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pds_layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], pds_layout)
+    pds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(pds_full.index(i), count=2)
+        mbarrier.init(pds_empty.index(i), count=2)
+    mbarrier.init(done_bar, count=2)
+    if COMPUTE_DQ:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 8 * BLOCK_M, 8], desc_dq_acc.layout)
+        dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(dq_full, count=2)
+        mbarrier.init(dq_empty, count=1)
+    else:  # placeholders the compute partitions never touch
+        dq_smem = kv_bar
+        dq_full = kv_bar
+        dq_empty = kv_bar
+    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+    if COMPUTE_DQ:
+        gl.warp_specialize([
+            (compute_wide, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
+                            dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
+                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+            (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
+                            dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
+                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
+                       BLOCK_M, STAGES)),
+            (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
+                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
+        ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (compute_wide, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
+                            dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
+                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+            (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
+                            dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
+                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+            (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
+                       BLOCK_M, STAGES)),
+        ], [4, 1], [CREGS, LOAD_REGS])
+
+
+# ---------------------------------------------------------------------------------------------
+# kernel
+# ---------------------------------------------------------------------------------------------
+# The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
+# runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
+@gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
+                              "ALIGN_BOTTOM_RIGHT"])
+def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
+                   sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+                   ALIGN_BOTTOM_RIGHT,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
+                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0):
+    gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
+    # WIDE (the bucket 256): bwd_wide.py's layout, 64 keys per CTA, the head dim split between the
+    # two compute warpgroups; otherwise 128 keys per CTA, 64 per warpgroup.
+    WIDE: gl.constexpr = HEAD_DIM > 128
+    gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
+    gl.static_assert((HEAD_DIM == 64) or (HEAD_DIM == 128) or (HEAD_DIM == 256), "head-dim buckets 64, 128, 256")
+    gl.static_assert(BLOCK_N == (64 if WIDE else 128), "keys per CTA: 64 (hd256), else two warpgroups of 64")
+    gl.static_assert(desc_q.block_type.shape[2] == BLOCK_M, "Q block [1, 1, BLOCK_M, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K block [1, 1, BLOCK_N, HEAD_DIM]")
+    if WIDE:
+        gl.static_assert((desc_dk.block_type.shape[2] == BLOCK_N) and (desc_dk.block_type.shape[3] == HEAD_DIM // 2),
+                         "dK block [1, 1, BLOCK_N, HEAD_DIM / 2]: one warpgroup's columns")
+    else:
+        gl.static_assert(desc_dk.block_type.shape[2] == BLOCK_N // 2, "dK block [1, 1, BLOCK_N / 2, HEAD_DIM]")
+    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
+    gl.static_assert(desc_lse2.block_type.shape[1] == BLOCK_M, "lse2/delta2 block [1, BLOCK_M]")
+    gl.static_assert((desc_dq_acc.block_type.shape[0] == BLOCK_M) and (desc_dq_acc.block_type.shape[1] == 8),
+                     "dq_acc block [BLOCK_M, 8]: one column strip of the dQ tile")
+    pid_n = gl.program_id(0)
+    hk = gl.program_id(1)
+    b = gl.program_id(2)
+    start_n = pid_n * BLOCK_N
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    # Query blocks that may see this key block (the same for every head of the group):
+    # [start, full_lo) and [full_hi, end) straddle the window's edges, [full_lo, full_hi) is interior.
+    start, full_lo, full_hi, end = mask.query_block_bounds(pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                           BLOCK_M, BLOCK_N)
+    # An AOT signature that predates the performance constexprs passes them as None: the defaults.
+    MMODE: gl.constexpr = 0 if MASK_MODE is None else MASK_MODE
+    CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
+    DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
+    PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
+    gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
+    gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
+    gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
+    gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
+    n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
+    n_steps = GQA_GROUP * n_blocks
+    h_first = hk * GQA_GROUP
+    b_row = b * N_HEADS_Q
+    # The walk: n_mask_steps boundary steps (MASK_MODE 2 only: n_mblk blocks per head, the n_lead leading
+    # ones then the trailing ones), then the contiguous walk of n_fblk blocks per head from f_lo.
+    if MMODE == 2:
+        # A key block holding the key tail is masked on every step: no interior blocks.
+        key_tail = start_n + BLOCK_N > N_CTX_K
+        f_lo = gl.where(key_tail, start, full_lo)
+        f_gap = gl.where(key_tail, 0, full_hi - full_lo)
+        n_lead = (f_lo - start) // BLOCK_M
+        n_fblk = f_gap // BLOCK_M
+        n_mblk = n_blocks - n_fblk
+        n_mask_steps = GQA_GROUP * n_mblk
+    else:
+        f_lo = start
+        f_gap = 0
+        n_lead = 0
+        n_fblk = n_blocks
+        n_mblk = 0
+        n_mask_steps = 0
+
+    dtype: gl.constexpr = desc_q.dtype
+    k_smem = gl.allocate_shared_memory(dtype, desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, desc_v.block_type.shape, desc_v.layout)
+    q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_q.block_type.shape, desc_q.layout)
+    do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + desc_do.block_type.shape, desc_do.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_lse2.block_type.shape, desc_lse2.layout)
+    dlt_bufs = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_delta2.block_type.shape, desc_delta2.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both compute warpgroups release a slot
+    if WIDE:
+        _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
+                       dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
+                       N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
+                       n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M,
+                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS)
+    else:
+        _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
+                         v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
+                         N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
+                         hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                         n_steps, h_first, b_row, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DKSS,
+                         PERS)

@@ -24,8 +24,7 @@
 // a workspace of that many bytes, poisoned with 0xFF. Under `gluon`, a case the Gluon dispatch
 // rule (flash.h) does not serve must be refused: attn_fwd / attn_bwd (and the workspace query)
 // return kUnsupportedByBackend with a message and write nothing ("refused by gluon (...)", a
-// PASS); a case whose forward Gluon serves but whose backward it does not (head dim > 128) checks
-// the backward's refusal, then runs the backward on kPortable. When the backward ran on the Gluon
+// PASS). When the backward ran on the Gluon
 // kernels (forced, or auto with a workspace), whose dQ is summed with unordered reduce-adds, it is
 // rerun 3 times with `deterministic` set: the reruns must be bitwise identical, their dK/dV equal
 // to the first run's, and their dQ is checked against the reference like dQ ("dQ(det)").
@@ -634,7 +633,7 @@ struct Outcome {
 // ---- backend (--backend auto|portable|gluon) ------------------------------------------------
 // Every FwdParams / BwdParams this test builds asks for g_backend. The Gluon backend's dispatch
 // rule (flash.h), restated so that a wrong refusal or a wrong acceptance fails a case: fp16 /
-// bf16, no dropout, bias or packed batch, head dim <= 256 (forward) / <= 128 (backward), every
+// bf16, no dropout, bias or packed batch, head dim <= 256 (both passes), every
 // tensor TMA-addressable (16-byte aligned base, last stride 1, other strides multiples of 16
 // bytes: the padded rows and the 2-byte shifted q here break that), and for the backward a
 // workspace of attn_bwd_workspace_bytes(). A forced Gluon that cannot serve a call must return
@@ -673,7 +672,7 @@ struct GluonTraits {
   size_t head_dim;
   bool tma_layout;  // every tensor meets TMA's rules
   bool features;    // dropout, bias or a packed batch
-  bool serves(bool backward) const { return lowp && !features && tma_layout && head_dim <= (backward ? 128u : 256u); }
+  bool serves() const { return lowp && !features && tma_layout && head_dim <= 256u; }
 };
 
 // A call the forced Gluon backend must refuse: kUnsupportedByBackend with a message. True with
@@ -860,13 +859,10 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
                            dv_dev->read(stream) == dv_dev->host && delta_dev->read(stream) == delta_dev->host);
   };
 
-  // Forced Gluon: a case outside its rule must be refused, nothing written; a backward it does
-  // not serve (head dim > 128) is checked for the refusal, then run on the portable backend so
-  // the Gluon forward is still checked in full.
-  std::string notes;
+  // Forced Gluon: a case outside its rule must be refused, nothing written.
   if (forced_gluon()) {
     const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd, false};
-    if (!traits.serves(false)) {
+    if (!traits.serves()) {
       std::string note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
       if (c.backward) {
@@ -878,13 +874,6 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
       const bool ok = refused && untouched;
       return {ok, c.describe() + backend_tag() + "  " + note + (untouched ? "" : " [outputs written]!") +
                       (ok ? "  PASS" : "  FAIL")};
-    }
-    if (c.backward && !traits.serves(true)) {
-      std::string note;
-      if (!expect_bwd_refusal(bp, stream, note)) return fail(note);
-      if (!bwd_untouched()) return fail(note + " [outputs written]!");
-      notes += "  " + note + "; backward on portable";
-      bp.backend = Backend::kPortable;
     }
   }
 
@@ -976,7 +965,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   };
   std::vector<double> o = dec(o_dev.logical(o_bits)), lse;
   for (uint32_t x : lse_dev.logical(lse_bits)) lse.push_back(float_of(x));
-  std::string line = c.describe() + backend_tag() + notes;
+  std::string line = c.describe() + backend_tag();
   bool pass = bounded("O", o, exact.o, naive.o, 3, false, line);
   pass &= lse_ok(lse, exact.lse, naive.lse, line);
   std::vector<double> dq, dq_det;
@@ -1482,7 +1471,7 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
   };
   if (forced_gluon()) {
     const GluonTraits traits{e != Elt::kF32, d, true, c.dropout > 0 || c.bias || c.packed()};
-    if (!traits.serves(false)) {
+    if (!traits.serves()) {
       std::string note, bwd_note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
       refused &= expect_bwd_refusal(bp, stream, bwd_note);
@@ -1493,13 +1482,6 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
       pass &= refused && untouched;
       return {pass, c.describe() + backend_tag() + "  " + note + "; " + bwd_note + (untouched ? "" : " [outputs written]!") +
                         notes + (pass ? "  PASS" : "  FAIL")};
-    }
-    if (!traits.serves(true)) {
-      std::string note;
-      if (!expect_bwd_refusal(bp, stream, note)) return fail(note);
-      if (!outputs_untouched()) return fail(note + " [outputs written]!");
-      notes += "  " + note + "; backward on portable";
-      bp.backend = Backend::kPortable;
     }
   }
 

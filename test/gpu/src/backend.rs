@@ -61,9 +61,9 @@ pub(crate) struct Traits {
 }
 
 impl Traits {
-    pub(crate) fn gluon_serves(&self, backward: bool) -> bool {
-        let head_dim_max = if backward { 128 } else { 256 };
-        matches!(self.dtype, DType::F16 | DType::BF16) && !self.features && self.tma_layout && self.head_dim <= head_dim_max
+    /// Both passes serve the head-dim buckets 64, 128 and 256.
+    pub(crate) fn gluon_serves(&self) -> bool {
+        matches!(self.dtype, DType::F16 | DType::BF16) && !self.features && self.tma_layout && self.head_dim <= 256
     }
 }
 

@@ -116,7 +116,7 @@ impl CCase {
         self.backend == Backend::Portable || self.deterministic
     }
     /// The Gluon backward's workspace (`attn_bwd_workspace_bytes`' documented formula):
-    /// B·Hq·SQ_PAD·(HEAD_DIM + 2)·4, SQ_PAD = Sq rounded up to 128, HEAD_DIM the bucket (64 or 128).
+    /// B·Hq·SQ_PAD·(HEAD_DIM + 2)·4, SQ_PAD = Sq rounded up to 128, HEAD_DIM the bucket (64, 128 or 256).
     fn workspace_bytes(&self) -> usize {
         if self.backend == Backend::Portable {
             return 0;

@@ -744,7 +744,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         tma_layout: true,
         features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some(),
     };
-    if backend::forced_gluon() && !traits.gluon_serves(true) {
+    if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
         return gluon_refusal(&c.describe(), &fp, &bp, s, untouched);
     }

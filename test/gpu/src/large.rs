@@ -134,7 +134,7 @@ impl LCase {
     fn tensor_bytes(&self) -> usize {
         (4 * self.place(self.hq, self.sq).len + 4 * self.place(self.hk, self.sk).len) * 2 + 2 * self.rows().len * 4
     }
-    /// The Gluon backward's workspace (its documented formula, bucket 128).
+    /// The Gluon backward's workspace (its documented formula: the head-dim bucket 64, 128 or 256).
     fn workspace_bytes(&self) -> usize {
         self.b * self.hq * self.sq.div_ceil(128) * 128 * (self.d.next_power_of_two().max(64) + 2) * 4
     }

@@ -903,13 +903,10 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     bwd_params.mask = api_mask(&c.mask);
     bwd_params.backend = backend::get();
 
-    // Forced Gluon: a case outside its rule must be refused (nothing written); a backward it
-    // does not serve (head dim > 128) is checked for the refusal, then run on the portable
-    // backend so the Gluon forward is still checked in full.
-    let mut notes = Vec::new();
+    // Forced Gluon: a case outside its rule must be refused (nothing written).
     if backend::forced_gluon() {
         let traits = c.traits();
-        if !traits.gluon_serves(false) {
+        if !traits.gluon_serves() {
             let refused = backend::expect_refusal("attn_fwd", fwd(Some(lse_dev.view(DType::F32))))
                 .and_then(|f| backend::expect_refusal("attn_bwd", flash::attn_bwd(&bwd_params, s)).map(|b| (f, b)));
             let untouched = o_dev.read(stream)? == o_dev.host && lse_dev.read(stream)? == lse_dev.host
@@ -924,13 +921,6 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
                     if refused.is_ok() && untouched { "PASS" } else { "FAIL" }
                 ),
             });
-        }
-        if !traits.gluon_serves(true) {
-            match backend::expect_refusal("attn_bwd", flash::attn_bwd(&bwd_params, s)) {
-                Ok(note) => notes.push(format!("{note}; backward on portable")),
-                Err(e) => return fail(e),
-            }
-            bwd_params.backend = flash::Backend::Portable;
         }
     }
     let _workspace = backend::attach_workspace(&mut bwd_params, stream)?;
@@ -1106,9 +1096,6 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         && nondeterministic == 0;
     let mut line = c.describe();
     let _ = write!(line, "  [{}]", backend::name(backend::get()));
-    for note in &notes {
-        let _ = write!(line, "  {note}");
-    }
     for ch in &checks[..1] {
         let _ = write!(line, "  {}", ch.show());
     }
@@ -1749,7 +1736,7 @@ mod tests {
         assert!(quick.iter().any(|c| c.seqlen_q == 1) && quick.iter().any(|c| c.seqlen_k == 1));
         assert!(quick.iter().any(|c| c.empty_rows() > 0));
         for b in [64, 128, 256] {
-            let served = |c: &Case| c.traits().gluon_serves(false) && bucket(c.head_dim).max(64) == b;
+            let served = |c: &Case| c.traits().gluon_serves() && bucket(c.head_dim).max(64) == b;
             assert!(quick.iter().any(served), "gluon {b}");
         }
         assert!(quick.iter().all(|c| !c.repeat_bwd));

@@ -22,7 +22,7 @@ pub(crate) const ARCH: &str = "sm_90";
 
 /// Head-dim buckets of the Gluon families (the `head_dim` axis), smallest first.
 const FWD_BUCKETS: [(u64, &str); 3] = [(64, "64"), (128, "128"), (256, "256")];
-const BWD_BUCKETS: [(u64, &str); 2] = [(64, "64"), (128, "128")];
+const BWD_BUCKETS: [(u64, &str); 3] = [(64, "64"), (128, "128"), (256, "256")];
 /// Query rows of the backward workspace are padded to a multiple of this (`SQ_PAD`).
 const SQ_PAD_MULTIPLE: u64 = 128;
 /// `lse2` and `delta2` are viewed as rows of this many fp32 values.
@@ -622,10 +622,13 @@ mod tests {
         let ws = p.workspace.unwrap();
         let rows = B * HQ * 384;
         assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4)));
-        // Head dims above 128 are forward-only.
-        let mut p = bwd(256, DType::BF16);
-        p.workspace = Some(ws);
-        assert_eq!(bwd_check(&p), Err(Unsupported::HeadDim { head_dim: 256, max: 128 }));
+        // Head dims above 128: the bucket 256 (bwd_wide.py), its workspace sized by it (the API refuses
+        // head dims above 256 before any backend).
+        let p = bwd(200, DType::BF16);
+        let (shape, _) = super::super::bwd::validate(&p).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        assert_eq!((g.bucket, g.bucket_axis), (256, "256"));
+        assert_eq!(g.workspace_bytes, B * HQ * 384 * 258 * 4);
         let mut p = bwd(128, DType::BF16);
         p.dk.strides[2] = 136;
         p.dk.strides[1] = 136 * SK as i64;
@@ -754,7 +757,7 @@ mod tests {
         assert!(err.message().contains("100 bytes") && err.message().contains("50 were given"), "{err}");
         let err = Unsupported::Tma { tensor: "k", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 72 } }.error("attn_fwd", None);
         assert!(err.message().starts_with("attn_fwd: the Gluon backend cannot serve this call: k: strides[2] is 72 bytes"), "{err}");
-        for why in [Unsupported::Dropout, Unsupported::Bias, Unsupported::Varlen, Unsupported::HeadDim { head_dim: 256, max: 128 }] {
+        for why in [Unsupported::Dropout, Unsupported::Bias, Unsupported::Varlen, Unsupported::HeadDim { head_dim: 264, max: 256 }] {
             assert!(!why.to_string().is_empty());
         }
     }
@@ -945,7 +948,7 @@ mod tests {
             let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
             let mut fp = fwd(d, dtype);
             fp.mask = Mask::causal(MaskAlign::BottomRight);
-            let mut bp = bwd(d.min(128), dtype);
+            let mut bp = bwd(d, dtype);
             bp.deterministic = deterministic;
             let list = if f.family == FWD_FAMILY {
                 let (shape, mask) = super::super::fwd::validate(&fp).unwrap();

@@ -44,8 +44,7 @@
 //!   (families `attn_fwd_gluon`; `attn_bwd_gluon_preprocess`, `attn_bwd_gluon`,
 //!   `attn_bwd_gluon_dq_convert` for the dtype and head-dim bucket);
 //! - the dtype is fp16 or bf16;
-//! - the head dim is at most 256 (forward) or 128 (backward); it is served by the bucket
-//!   64, 128 or 256 at or above it;
+//! - the head dim is at most 256; it is served by the bucket 64, 128 or 256 at or above it;
 //! - no dropout, no bias (nor dbias), not a packed (varlen) batch; forward: `sm_scale > 0`;
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
 //!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are

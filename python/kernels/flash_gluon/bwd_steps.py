@@ -1,0 +1,43 @@
+"""The query-step walk of the Gluon backward and its boundary mask, shared by ``bwd.py`` (head dims up
+to 128) and ``bwd_wide.py`` (256): every partition of a CTA walks the same (query head, query block)
+steps (``bwd.py``'s module docstring, MASK_MODE 2 for the split walk), and a masked step zeroes P^T
+outside the window per key row.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M: gl.constexpr):
+    """Step ``j`` of the masked walk (``MASK_MODE`` 2): ``(h_off, start_m)``.
+
+    Per head ``n_mblk`` boundary blocks: the ``n_lead`` leading ones from ``start``, then the
+    trailing ones from ``full_hi`` (``f_gap = full_hi - full_lo`` skips the interior).
+    """
+    h_off = j // n_mblk
+    r = j - h_off * n_mblk
+    start_m = start + r * BLOCK_M + (r >= n_lead).to(gl.int32) * f_gap
+    return h_off, start_m
+
+
+@gluon.jit
+def full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M: gl.constexpr):
+    """Step ``j`` (``>= n_mask_steps``) of the contiguous walk: ``(h_off, start_m)``, ``n_fblk`` blocks from ``f_lo``."""
+    jj = j - n_mask_steps
+    h_off = jj // n_fblk
+    return h_off, f_lo + (jj - h_off * n_fblk) * BLOCK_M
+
+
+@gluon.jit
+def mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M: gl.constexpr, col_layout: gl.constexpr):
+    """Zero P^T ``[keys, queries]`` outside ``mask.score_mask`` (window, both sequence tails).
+
+    The same predicate, solved per key row: key ``j`` is seen by the queries
+    ``i`` in ``[key_lo, key_hi] = [j - diag - right, min(j - diag + left, Sq - 1)]`` (``key_hi = -1``
+    if ``j >= Sk``; see ``_key_bounds``): two compares per element against the block-local query index.
+    """
+    lo = key_lo - start_m
+    hi = key_hi - start_m
+    cols = gl.expand_dims(gl.arange(0, BLOCK_M, layout=col_layout), 0)
+    visible = (cols >= gl.expand_dims(lo, 1)) & (cols <= gl.expand_dims(hi, 1))
+    return gl.where(visible, pt, 0.0)
