@@ -100,7 +100,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..flash import mask
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
-from .bwd_steps import full_coords, mask_boundary, masked_coords
+from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .bwd_wide import compute_wide
 from .private_api import tma_reduce_add
 
@@ -288,8 +288,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     qk_scale = sm_scale * LOG2E
     # The mask solved per key row j (mask.score_mask): visible to queries [key_lo, key_hi] (none past Sk).
     offs_k = start_n_wg + gl.arange(0, KB, layout=row_layout)
-    key_lo = offs_k - diag - WINDOW_RIGHT
-    key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+    key_lo, key_hi = key_bounds(offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag)
     # MASK_MODE 0: a step needs the mask when its query block straddles an edge of the window or the
     # key block holds the key tail (see the module docstring).
     key_tail = start_n + BLOCK_N > N_CTX_K
@@ -533,8 +532,7 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
                 pid_n, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, GQA_GROUP, BLOCK_M, BLOCK_N, MASK_MODE)
             start_n_wg = start_n + cid * KB
             offs_k = start_n_wg + gl.arange(0, KB, layout=row_layout)
-            key_lo = offs_k - diag - WINDOW_RIGHT
-            key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+            key_lo, key_hi = key_bounds(offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag)
             key_tail = start_n + BLOCK_N > N_CTX_K
 
             dk = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)

@@ -29,12 +29,21 @@ def full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def key_bounds(offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag):
+    """``mask.score_mask`` solved per key row ``j`` (``offs_k``): the queries ``[key_lo, key_hi]``
+    that see it; ``key_hi = -1`` (none) past the key tail."""
+    key_lo = offs_k - diag - WINDOW_RIGHT
+    key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+    return key_lo, key_hi
+
+
+@gluon.jit
 def mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M: gl.constexpr, col_layout: gl.constexpr):
     """Zero P^T ``[keys, queries]`` outside ``mask.score_mask`` (window, both sequence tails).
 
     The same predicate, solved per key row: key ``j`` is seen by the queries
     ``i`` in ``[key_lo, key_hi] = [j - diag - right, min(j - diag + left, Sq - 1)]`` (``key_hi = -1``
-    if ``j >= Sk``; see ``_key_bounds``): two compares per element against the block-local query index.
+    if ``j >= Sk``; see ``key_bounds``): two compares per element against the block-local query index.
     """
     lo = key_lo - start_m
     hi = key_hi - start_m

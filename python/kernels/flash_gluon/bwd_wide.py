@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .bwd_steps import full_coords, mask_boundary, masked_coords
+from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .fwd import LOG2E
 
 
@@ -129,8 +129,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
     qk_scale = sm_scale * LOG2E
     # The mask solved per key row (bwd.py's _compute): visible to queries [key_lo, key_hi].
     offs_k = start_n + gl.arange(0, BLOCK_N, layout=row_layout)
-    key_lo = offs_k - diag - WINDOW_RIGHT
-    key_hi = gl.where(offs_k < N_CTX_K, gl.minimum(offs_k - diag + WINDOW_LEFT, N_CTX_Q - 1), -1)
+    key_lo, key_hi = key_bounds(offs_k, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag)
     key_tail = start_n + BLOCK_N > N_CTX_K
 
     dk = gl.zeros([BLOCK_N, DH], gl.float32, acc_layout)
