@@ -1,6 +1,6 @@
 """FlashAttention backward for Hopper (sm_90) in Gluon: ``attn_bwd_gluon``, step 2 of 3 (``ABI.md``).
 
-One CTA per (block of ``BLOCK_N`` = 128 keys, K/V head ``hk``, batch ``b``); grid
+One CTA per (block of ``BLOCK_N`` = 128 keys (64 at hd256: ``bwd_wide.py``), K/V head ``hk``, batch ``b``); grid
 ``(cdiv(Sk, 128), Hk, B)``.  Per CTA, dK and dV of its 128 keys accumulate in registers over
 every query head of the GQA group and every query block the window lets the key block see,
 then are written once (TMA, clipped to ``Sk`` and to the real head dim): no atomics, bitwise
@@ -85,8 +85,10 @@ the registers live where dS^T is formed; with it the interior steps of both comp
 nothing at hd128 (bf16, COMPUTE_DQ, STAGES 2; checked in the SASS for MASK_MODE 0 with CONS_REGS 240
 and MASK_MODE 1 with 232): what ptxas still saves and restores sits in the masked branch of
 MASK_MODE 0 (boundary steps only) and around the loops.  Nsight Compute counted 9.1 M local-memory requests per hd128 S4096 backward before
-(delta subtracted after dP^T), 0.1 M after.  hd64 does not spill.  hd256 does not fit: dK + dV of
-64 keys x 256 would take 256 accumulator registers per thread.
+(delta subtracted after dP^T), 0.1 M after.  hd64 does not spill.  hd256 does not fit this layout
+(dK + dV of 64 keys x 256 would take 256 accumulator registers per thread): the bucket 256 runs
+``bwd_wide.py``'s compute partitions instead (64 keys per CTA, the head dim split between the
+warpgroups), with this file's loader, dQ reducer, walk and workspace.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -18,7 +18,10 @@ keys and the two compute warpgroups split the *head dim* of everything that has 
 Loader, dQ reducer, step order, masks, workspace and barriers' meaning are ``bwd.py``'s; the
 ring is one stage deep (shared memory, bytes): K, V ``2 * 64 * 256 * 2`` = 65536; Q, dO
 ``2 * 64 * 256 * 2`` = 65536 per stage; P^T, dS^T ``2 * 2 * 64 * 64 * 2`` = 32768; the fp32 dQ tile
-``64 * 256 * 4`` = 65536; in all about 229 KB of sm_90's 227 KiB (232448 B) with one stage.
+``64 * 256 * 4`` = 65536; with barriers and the lse2/delta2 rows 230528 bytes, under sm_90's 232448
+with one stage (two would not fit).  ptxas: the default partition (compute warpgroup 0, which also
+holds the kernel's prologue values) spills 368 bytes, mostly wgmma descriptors hoisted out of the
+step loop; the worker does not spill.
 The P^T / dS^T tiles use a 64-byte swizzle so that each warpgroup's 32 query columns are whole
 swizzle panels (a 128-byte swizzle would interleave the two halves of a row).
 """
