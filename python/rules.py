@@ -212,7 +212,7 @@ DEBUG_DROPOUT_MASK_ARGS = (
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
-GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT"]
+GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP"]
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
@@ -658,8 +658,8 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     ring (shared memory), the same mask handling.
     """
     if functional["head_dim"] > 128:
-        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
-    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0)]
+        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0)]
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0)]
 
 
 def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

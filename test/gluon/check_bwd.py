@@ -92,6 +92,7 @@ DERIVED = {
     "product_p1_aux_w8": ("product_p1", {"_aux_warps": 8}),
     "product_aux64_w4": ("product", {"_aux_rows": 64}),
     "product_aux16_w4": ("product", {"_aux_rows": 16}),
+    "product_dps": ("product", {"DESC_PER_STEP": 1}),  # hd256 only (bwd.py)
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
@@ -110,6 +111,8 @@ def variant_kwargs(name, hd):
         return _product_config(hd)
     if name in DERIVED:
         base, extra = DERIVED[name]
+        if extra.get("DESC_PER_STEP") and hd <= 128:
+            return None
         vk = variant_kwargs(base, hd)
         return None if vk is None else (vk[0], {**vk[1], **extra})
     hds, st, mm, regs, ss = VARIANTS[name]

@@ -66,6 +66,11 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
 * ``DK_SS`` (default 0): dK += dS^T Q reads dS^T from the shared tile (SS wgmma) instead of
   registers; only with ``COMPUTE_DQ`` (ignored otherwise).
 
+* ``DESC_PER_STEP`` (default 0; hd256 only): 1 passes the ring slot index through an opaque ``mov``
+  each step, so the wgmma descriptors of the Q/dO tiles are rebuilt per step instead of being
+  hoisted out of the step loop, where the default partition spills them (ptxas: 368 -> 152 bytes of
+  spill stores at hd256).
+
 * ``PERSISTENT`` (default 0): 0 one CTA per key block, grid ``(cdiv(Sk, 128), Hk, B)``; 1 / 2 the
   persistent kernel, grid ``(max(1, min(cdiv(Sk, 128) * Hk * B, #SMs)), 1, 1)`` (any grid >= 1 is
   correct), each CTA walking work units ``pid, pid + G, ...``: 1 head-major, a unit = the key-block
@@ -702,7 +707,7 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                    N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                    n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
-                   MMODE: gl.constexpr, CREGS: gl.constexpr):
+                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     # P^T and dS^T [keys, queries], double-buffered; a 64-byte swizzle makes each warpgroup's
     # BLOCK_M / 2 query columns whole swizzle panels (bwd_wide.py).
@@ -735,12 +740,12 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
                        BLOCK_M, STAGES)),
@@ -753,12 +758,12 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
                        BLOCK_M, STAGES)),
@@ -777,7 +782,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                    ALIGN_BOTTOM_RIGHT,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
-                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0):
+                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
     # WIDE (the bucket 256): bwd_wide.py's layout, 64 keys per CTA, the head dim split between the
     # two compute warpgroups; otherwise 128 keys per CTA, 64 per warpgroup.
@@ -809,9 +814,11 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     MMODE: gl.constexpr = 0 if MASK_MODE is None else MASK_MODE
     CREGS: gl.constexpr = 240 if CONS_REGS is None else CONS_REGS
     DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
+    DPS: gl.constexpr = 0 if DESC_PER_STEP is None else DESC_PER_STEP
     PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
     gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
     gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
+    gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -856,7 +863,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                        dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
                        N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                        n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M,
-                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS)
+                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,

@@ -36,14 +36,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
-from .fwd import LOG2E
+from .fwd import LOG2E, _opaque_i32
 
 
 @gluon.jit
 def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty, dk, dv,
                key_lo, key_hi, qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr):
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DESC_PER_STEP: gl.constexpr):
     """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true."""
     QH: gl.constexpr = BLOCK_M // 2  # queries of this warpgroup's S^T / dP^T
     DH: gl.constexpr = HEAD_DIM // 2  # dK / dV / dQ columns of this warpgroup
@@ -55,6 +55,8 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # per query (columns of S^T)
 
     idx = j % STAGES
+    if DESC_PER_STEP:  # bwd.py: keeps the Q/dO descriptors from being hoisted out of the loop
+        idx = _opaque_i32(idx)
     mbarrier.wait(q_ready.index(idx), (j // STAGES) & 1)
     q = q_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
     do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
@@ -115,7 +117,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                  sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr):
+                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr):
     """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``."""
     QH: gl.constexpr = BLOCK_M // 2
     DH: gl.constexpr = HEAD_DIM // 2
@@ -142,7 +144,8 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         dk, dv = _wide_step(j, start_m, True, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                            dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ)
+                            dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
+                            DESC_PER_STEP)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
@@ -150,7 +153,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         dk, dv = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                            COMPUTE_DQ)
+                            COMPUTE_DQ, DESC_PER_STEP)
 
     # Epilogue: K and V are dead once both warpgroups' last wgmmas (dQ reads all of K, and each
     # warpgroup's S^T / dP^T read all of K and V) are done; dK and dV go out through them.
