@@ -10,8 +10,7 @@ import torch
 # The status name a forced backend's refusal carries (aotriton_torch.cpp's check_status: a
 # RuntimeError "aotriton <op> failed (kUnsupportedByBackend): <reason>").
 REFUSAL = "kUnsupportedByBackend"
-GLUON_MAX_HEAD_DIM_FWD = 256
-GLUON_MAX_HEAD_DIM_BWD = 128
+GLUON_MAX_HEAD_DIM = 256  # both passes (the backward's bucket 256 is bwd_wide.py)
 
 
 def forced_backend():
@@ -23,14 +22,13 @@ def forced_backend():
 def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
     """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
     kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
-    in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256 forward,
-    <= 128 backward; no dropout; no bias (the extension turns bool and float masks into one); not
-    packed (varlen); forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
+    in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; no
+    dropout; no bias (the extension turns bool and float masks into one); not packed (varlen); forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
     TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
     bytes), which every test input is once the wrapper has copied a non-unit last stride away."""
     if dtype not in (torch.float16, torch.bfloat16):
         return "fp16 or bf16"
-    if head_dim > (GLUON_MAX_HEAD_DIM_BWD if backward else GLUON_MAX_HEAD_DIM_FWD):
+    if head_dim > GLUON_MAX_HEAD_DIM:
         return "head dim"
     if dropout:
         return "dropout"

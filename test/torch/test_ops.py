@@ -9,11 +9,10 @@ math SDPA. Dropout cases take the keep-mask of the very call (aotriton.torch.dro
 returned rng_state) into the reference.
 
 Under AOTRITON_BACKEND=gluon (every call forced onto the sm_90 Gluon kernels) a case whose calls
-Gluon serves (harness.gluon_refusal: fp16/bf16, head dim <= 256 forward / <= 128 backward, no
-dropout, no mask/bias, not varlen) runs as above; a case it cannot serve must instead raise
-RuntimeError naming kUnsupportedByBackend and the reason (`PASS refused by gluon: <case>`); a
-forward it serves whose backward it does not (head dim 256) checks the forward and the backward's
-refusal. The dropout RNG-stream checks are skipped there (Gluon has no dropout).
+Gluon serves (harness.gluon_refusal: fp16/bf16, head dim <= 256, no dropout, no mask/bias, not
+varlen) runs as above; a case it cannot serve must instead raise RuntimeError naming
+kUnsupportedByBackend and the reason (`PASS refused by gluon: <case>`); a forward it serves whose
+backward it does not checks the forward and the backward's refusal. The dropout RNG-stream checks are skipped there (Gluon has no dropout).
 
     PYTHONPATH=bindings/torch/python python test/torch/test_ops.py [-k substring]
 Last line: `torch-ops: N passed, M failed`; exit status 1 on any failure.
