@@ -224,8 +224,8 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
         ref = reference(q, k, v, d_o, sm_scale, causal, want_bwd)
     errs = {n: {t: max_err(x, ref[t]) for t, x in tensors.items()} for n, tensors in outs.items()} if ref else {}
     if ref is None:
-        return time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs, flex_leaves,
-                          flops, passes, want_bwd, kv=(k, v))
+        return time_shape(aot, args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs,
+                          flex_leaves, flops, passes, want_bwd, kv=(k, v))
     lse_err, lse_nan = max_err(lse, ref["lse"])
     lse_bound = 1e-3 * max(1.0, float(ref["lse"].abs().max()))
     # Bounds: k x the worst peer's error + floor (O: k=3, floor 1e-3; gradients: k=5, floor
@@ -250,12 +250,12 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
           + (f"  NaN {nans}" if nans else "") + ("  OK" if ok else "  WRONG"), flush=True)
     flex_ran = "flex" in outs
     del ref, outs
-    return time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs,
+    return time_shape(aot, args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs,
                       flex_leaves if flex_ran else None, flops, passes, want_bwd, flex_fwd=flex_ran, kv=(k, v))
 
 
-def time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs, flex_leaves, flops,
-               passes, want_bwd, flex_fwd=None, kv=None):
+def time_shape(aot, args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, peer_grad_inputs, flex_leaves,
+               flops, passes, want_bwd, flex_fwd=None, kv=None):
     """Times every backend of one cell the same way: same inputs, same process, median of events."""
     if flex_fwd is None:
         flex_fwd = flex_leaves is not None
@@ -266,11 +266,11 @@ def time_shape(args, row, aot_fwd, aot_bwd, q, peer_kv, d_o, sm_scale, causal, p
 
     def heuristic(fn):
         """`fn` timed with the tuning database switched off: the heuristic's pick."""
-        args.aot.use_database(False)
+        aot.use_database(False)
         try:
             return bench(fn)
         finally:
-            args.aot.use_database(True)
+            aot.use_database(True)
 
     ms_fwd, ms_bwd = {}, {}
     if "fwd" in passes:
@@ -644,7 +644,6 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference must be float32
     torch.backends.cudnn.allow_tf32 = False
     aot = Aotriton(args.shim, backend=args.backend)
-    args.aot = aot
     dtypes = [DTYPES[x] for x in args.dtypes.split(",") if x]
     if args.flex:
         try:
@@ -709,7 +708,7 @@ def main():
           f"{time.time() - started:.0f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"env": env, "args": {k: v for k, v in vars(args).items() if k not in ("flex", "aot")}, "cases": rows,
+            json.dump({"env": env, "args": {k: v for k, v in vars(args).items() if k != "flex"}, "cases": rows,
                        "features": feature_rows}, f, indent=2)
     return 1 if failures else 0
 

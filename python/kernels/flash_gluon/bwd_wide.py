@@ -21,7 +21,7 @@ ring is one stage deep (shared memory, bytes): K, V ``2 * 64 * 256 * 2`` = 65536
 ``64 * 256 * 4`` = 65536; with barriers and the lse2/delta2 rows 230528 bytes, under sm_90's 232448
 with one stage (two would not fit).  ptxas: the default partition (compute warpgroup 0, which also
 holds the kernel's prologue values) spills 368 bytes, mostly wgmma descriptors hoisted out of the
-step loop; the worker does not spill.
+step loop (152 with ``DESC_PER_STEP``, bwd.py); the worker does not spill.
 The P^T / dS^T tiles use a 64-byte swizzle so that each warpgroup's 32 query columns are whole
 swizzle panels (a 128-byte swizzle would interleave the two halves of a row).
 """
