@@ -228,7 +228,8 @@ def main(argv=None, shim_module=None, bench=None):
     ap.add_argument("--archive", help="the tuning archive (default $AOTRITON_IMAGE_DIR/aotriton-<arch>.images)")
     ap.add_argument("--out", required=True, help="the database to write (tuning/<arch>.json)")
     ap.add_argument("--progress", required=True, help="finished cells (JSON), read and extended: resumable")
-    ap.add_argument("--families", default=",".join(TUNED_FAMILIES))
+    ap.add_argument("--families", default=",".join(TUNED_FAMILIES),
+                    help="comma-separated; empty with --backends: time the backends only (any build's archive)")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--only", help="tune only functionals whose key contains this text")
@@ -275,7 +276,7 @@ def main(argv=None, shim_module=None, bench=None):
 
     specs = rules.enumerate_kernels(args.arch, for_tuning=True)
     stopped = False
-    for family in args.families.split(","):
+    for family in [f for f in args.families.split(",") if f]:
         fam = rules.family(family)
         for functional in rules.functionals(fam):
             if functional["dtype"] not in args.dtypes.split(","):

@@ -203,6 +203,36 @@ class TuneDryRunTest(unittest.TestCase):
             self.assertEqual({(c["mask"], tuple(c["seqlen_q"])) for c in cells}, {("none", (0, 16)), ("causal", (0, 16))})
             self.assertTrue(any(c[2] == "gluon" and c[0] == "bwd" for c in calls))
 
+    def test_backend_table_alone_on_a_normal_build(self):
+        """``--families ""``: the backends only, timed through a normal build's archive (no
+        candidates); the finished cells of the progress file stay in the database."""
+        import torch
+
+        import tune
+
+        calls = []
+        shim = make_shim(torch, calls)
+        normal = {s.id for s in rules.enumerate_kernels("sm_90")}
+        earlier = {"cell": {"family": "attn_fwd", "functional": {"dtype": "bf16", "tf32": False, "head_dim": 64,
+                                                                  "dropout": False, "bias": False},
+                            "mask": "none", "seqlen_q_bin": 0, "seqlen_k_bin": 0, "winner": "m64n64w4s2",
+                            "winner_ms": 1.0, "error": 0.001, "best_error": 0.001, "candidates": 2}}
+        with mock.patch.object(tune, "DEVICE", "cpu"), \
+                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: normal), \
+                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16, 48]), \
+                mock.patch.object(tuning, "DEFAULT_TOKENS", 96), mock.patch.object(tuning, "DEFAULT_HIDDEN", 128), \
+                tempfile.TemporaryDirectory() as tmp:
+            out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
+            with open(progress, "w") as f:
+                json.dump(earlier, f)
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
+                    "--dtypes", "bf16", "--only", '"head_dim":64', "--rep-ms", "1", "--families", "", "--backends"]
+            self.assertEqual(tune.main(argv, shim_module=shim, bench=lambda fn, **kw: (fn(), 1.0)[1]), 0)
+            db = tuning.load(out)
+            self.assertEqual(len(db.backends), 2 * 2 * 3)
+            self.assertEqual(db.entries, [earlier["cell"]])
+            self.assertFalse(any(c[1] is not None for c in calls), "no candidate is forced")
+
     def test_refuses_an_archive_that_is_not_a_tuning_build(self):
         import torch
 

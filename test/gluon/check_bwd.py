@@ -468,11 +468,11 @@ def fa3_cell(d, s, causal, dtype=torch.bfloat16):
                            window=window_args("causal_tl" if causal else "none", s, s), cudnn=cudnn)
 
 
-def bench(variant="default"):
+def bench(variant="default", buckets=(64, 128, 256)):
     from triton.testing import do_bench
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
           "preprocess + convert")
-    for d in (64, 128, 256):
+    for d in buckets:
         if variant_kwargs(variant, d) is None:
             continue
         for s in (1024, 2048, 4096, 8192, 16384):
@@ -505,7 +505,7 @@ def main():
         return consan_child(args.consan_child)
     assert torch.cuda.get_device_capability() == (9, 0), "needs an sm_90 GPU"
     if args.bench:
-        bench(args.variant)
+        bench(args.variant, [int(b) for b in args.buckets.split(",")])
         return 0
     if args.consan:
         return 0 if consan() else 1
