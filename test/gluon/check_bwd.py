@@ -1,6 +1,6 @@
 """GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
 
-usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
 
 Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
 launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
@@ -20,7 +20,7 @@ checked on dK/dV only (dQ then comes from the portable kernel).  Then a stabilit
 (``triton.knobs.compilation.instrumentation_mode = "consan"``, global scratch through
 ``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
 ``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
-included) vs torch SDPA's cuDNN backward.
+included) vs torch SDPA's cuDNN backward. ``--bench-gqa``: the same for the GQA rows (``GQA_ROWS``).
 ``--variant NAME``: the correctness list (persistent variants: each case at the full grid and with the
 grid capped at 1 and 3 CTAs) (and the stability check, and ``--bench``) on one entry of
 ``VARIANTS`` (performance constexprs of ``attn_bwd_gluon``); cases of a head dim the variant does not
@@ -443,29 +443,47 @@ def consan():
 # bench
 # --------------------------------------------------------------------------------------------
 def fa3_cell(d, s, causal, dtype=torch.bfloat16):
-    """One cell of the FlashAttention-3 grid (B*S = 16k, H*D = 2048, seed 0): Q, K, V, dO, O and LSE
-    (torch's flash forward), the backward's FLOPs (2.5 * 4 * B * H * S^2 * D, halved when causal), the
-    window arguments, and ``cudnn``: torch SDPA's cuDNN backward of the same problem (fresh gradients per call)."""
+    """One cell of the FlashAttention-3 grid: B*S = 16k, H*D = 2048 (``bench_cell``)."""
+    return bench_cell(max(1, 16384 // s), 2048 // d, 2048 // d, s, d, causal, dtype)
+
+
+def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
+    """Q, K, V, dO, O and LSE (torch's flash forward, K/V expanded to Hq heads) of one (B, Hq, Hk,
+    S, D) problem (seed 0), the backward's FLOPs (2.5 * 4 * B * Hq * S^2 * D, halved when causal),
+    the window arguments, and ``cudnn``: torch SDPA's cuDNN backward of the same problem (fresh
+    gradients per call). GQA: with ``enable_gqa`` where torch's cuDNN backend takes it, else on K/V
+    expanded to Hq heads (autograd then sums dK/dV over each group: cuDNN's head reduce)."""
     from types import SimpleNamespace
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
-    h, b = 2048 // d, max(1, 16384 // s)
     torch.manual_seed(0)
-    q, k, v, do = (torch.randn((b, h, s, d), device="cuda", dtype=dtype) for _ in range(4))
-    fw = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=d**-0.5)
+    q, do = (torch.randn((b, hq, s, d), device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn((b, hk, s, d), device="cuda", dtype=dtype) for _ in range(2))
+    group = hq // hk
+    expand = (lambda t: t.repeat_interleave(group, dim=1)) if group > 1 else (lambda t: t)
+    fw = torch.ops.aten._scaled_dot_product_flash_attention(q, expand(k), expand(v), 0.0, causal, False, scale=d**-0.5)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    cudnn_gqa = "cudnn"
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        try:
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=group > 1)
+        except RuntimeError:
+            out = F.scaled_dot_product_attention(leaves[0], expand(leaves[1]), expand(leaves[2]), is_causal=causal)
+            cudnn_gqa = "cudnn (K/V expanded)"
 
     def cudnn():
         for t in leaves:
             t.grad = None
         out.backward(do, retain_graph=True)
 
-    return SimpleNamespace(b=b, h=h, q=q, k=k, v=v, do=do, o=fw[0].contiguous(),
-                           lse=fw[1][..., :s].contiguous().float(), flops=2.5 * 4 * b * h * s * s * d / (2 if causal else 1),
-                           window=window_args("causal_tl" if causal else "none", s, s), cudnn=cudnn)
+    return SimpleNamespace(b=b, h=hq, hk=hk, q=q, k=k, v=v, do=do, o=fw[0].contiguous(),
+                           lse=fw[1][..., :s].contiguous().float(), flops=2.5 * 4 * b * hq * s * s * d / (2 if causal else 1),
+                           window=window_args("causal_tl" if causal else "none", s, s), cudnn=cudnn, cudnn_name=cudnn_gqa)
+
+
+#: GQA rows of the training-speed issue: (Hq, Hk) at hd128, causal, S 2k-16k with B*S = 16k tokens.
+GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
 def bench(variant="default", buckets=(64, 128, 256)):
@@ -487,6 +505,21 @@ def bench(variant="default", buckets=(64, 128, 256)):
                 del bwd, c
 
 
+def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384)):
+    from triton.testing import do_bench
+    print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert")
+    for hq, hk in GQA_ROWS:
+        for s in seqs:
+            c = bench_cell(max(1, 16384 // s), hq, hk, s, 128, True)
+            bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, 128**-0.5, *c.window, variant=variant)
+            t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
+            t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
+            ours, ref = c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9
+            print(f"GQA {hq}/{hk} S{s:5d} B{c.b:2d}: gluon {ours:6.1f} ({t_ours:.3f} ms)  {c.cudnn_name} {ref:6.1f} "
+                  f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}  ({bwd.variant}: grid {bwd.grid})", flush=True)
+            del bwd, c
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="every 4th case")
@@ -495,6 +528,7 @@ def main():
     ap.add_argument("--consan", action="store_true")
     ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
     ap.add_argument("--variant", default="product", choices=sorted(VARIANTS),
                     help="performance variant of attn_bwd_gluon (VARIANTS; test/gluon/sweep_bwd.py times them)")
     args = ap.parse_args()
@@ -504,6 +538,9 @@ def main():
     if args.consan_child is not None:
         return consan_child(args.consan_child)
     assert torch.cuda.get_device_capability() == (9, 0), "needs an sm_90 GPU"
+    if args.bench_gqa:
+        bench_gqa(args.variant)
+        return 0
     if args.bench:
         bench(args.variant, [int(b) for b in args.buckets.split(",")])
         return 0
