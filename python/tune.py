@@ -131,7 +131,7 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
             key = json.dumps([family, tuning.functional_key(functional), mask, index, index])
             if key in done:
                 continue
-            p = cell_problem(torch, functional, mask, length, tuning.DEFAULT_TOKENS, tuning.DEFAULT_HIDDEN, gen)
+            p = cell_problem(torch, functional, mask, length, tuning.DEFAULT_TOKENS, args.hidden, gen)
             b, h, s = p["b"], p["h"], p["s"]
             dropout = None
             keep = None
@@ -168,6 +168,8 @@ def measure_functional(torch, do_bench, aot, shim, family, functional, ids, args
                      "seqlen_k_bin": index, "winner": tag(win[2]), "winner_ms": round(win[0], 5),
                      "error": float(f"{win[1]:.3g}"), "best_error": float(f"{best_err:.3g}"),
                      "candidates": len(results)}
+            if args.hidden != tuning.DEFAULT_HIDDEN:
+                entry["hidden"] = args.hidden
             if runner is not None:
                 entry.update(runner_up=tag(runner[2]), runner_up_ms=round(runner[0], 5))
             print(f"{family} {tuning.functional_key(functional)} {mask} S{s}: {entry['winner']} {win[0]:.4f} ms"
@@ -234,6 +236,9 @@ def main(argv=None, shim_module=None, bench=None):
     ap.add_argument("--masks", default="none,causal")
     ap.add_argument("--only", help="tune only functionals whose key contains this text")
     ap.add_argument("--rep-ms", type=int, default=25, help="do_bench's timing window per candidate")
+    ap.add_argument("--hidden", type=int, default=tuning.DEFAULT_HIDDEN,
+                    help="H x D of the timed problems (default the grid's); another value is recorded per entry "
+                         "(fp32: 512 keeps >= 1k CTAs per cell at a quarter of the device time)")
     ap.add_argument("--budget", type=float, default=480, help="seconds; stop before starting a functional past it")
     ap.add_argument("--backends", action="store_true",
                     help="also time each operator on the Gluon and the portable backend (sm_90)")

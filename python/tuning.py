@@ -27,6 +27,9 @@ Format (``FORMAT`` 1)::
   skips key blocks); the runtime derives it from the call.
 * **winner** / **runner_up** -- config tags (``rules.config_tag``: ``m<BLOCK_M>n<BLOCK_N>w<warps>
   s<stages>``, ``e<waves_per_eu>`` on AMD); the margin is ``runner_up_ms / winner_ms``.
+* **hidden** (optional) -- the H x D the cell was timed at when not the grid's (``tune.py --hidden``:
+  the fp32 cells, whose kernels run 10-50x slower, are timed at H x D = 512, which still gives
+  every cell over a thousand programs); dispatch reads only the bins.
 * **error** -- the winner's max |error| against a float64 reference; a candidate whose error is
   above 3x the best candidate's (``best_error``) is never a winner (the seed's rule).
 * **backends** (optional list) -- per operator where a second backend exists (the Gluon family on
@@ -170,6 +173,8 @@ def _check(data: Any, source: str) -> None:
             for key in ("seqlen_q_bin", "seqlen_k_bin"):
                 if not (isinstance(e[key], int) and 0 <= e[key] < len(edges)):
                     fail(f"{where}: {key} {e[key]!r} outside the {len(edges)} bins")
+            if "hidden" in e and not (isinstance(e["hidden"], int) and e["hidden"] > 0):
+                fail(f"{where}: hidden must be a positive integer, got {e['hidden']!r}")
             if not (isinstance(e["winner_ms"], (int, float)) and e["winner_ms"] > 0):
                 fail(f"{where}: winner_ms must be a positive time, got {e['winner_ms']!r}")
             if order(e) in seen:

@@ -248,6 +248,38 @@ class TuneDryRunTest(unittest.TestCase):
                 tune.main(argv, shim_module=make_shim(torch, []), bench=lambda fn, **kw: 1.0)
             self.assertIn("not a tuning build", str(cm.exception.code))
 
+    def test_hidden_is_recorded_where_it_differs(self):
+        """``--hidden``: the timed problems have H x D = hidden, and each entry says so."""
+        import torch
+
+        import tune
+
+        calls = []
+        shim = make_shim(torch, calls)
+        shapes = []
+        real = tune.cell_problem
+
+        def spy(torch_, functional, mask, length, tokens, hidden, gen):
+            p = real(torch_, functional, mask, length, tokens, hidden, gen)
+            shapes.append(p["h"] * functional["head_dim"])
+            return p
+
+        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
+        with mock.patch.object(tune, "DEVICE", "cpu"), mock.patch.object(tune, "cell_problem", spy), \
+                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
+                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16]), \
+                mock.patch.object(tuning, "DEFAULT_TOKENS", 32), mock.patch.object(tuning, "DEFAULT_HIDDEN", 64), \
+                tempfile.TemporaryDirectory() as tmp:
+            out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
+                    "--dtypes", "bf16", "--only", '"bias":false,"dropout":false,"dtype":"bf16","head_dim":16',
+                    "--rep-ms", "1", "--families", "attn_fwd", "--hidden", "32"]
+            self.assertEqual(tune.main(argv, shim_module=shim, bench=lambda fn, **kw: (fn(), 1.0)[1]), 0)
+            db = tuning.load(out)
+            self.assertTrue(db.entries)
+            self.assertEqual({e.get("hidden") for e in db.entries}, {32})
+            self.assertEqual(set(shapes), {32})
+
     def test_budget_stops_between_functionals(self):
         import torch
 

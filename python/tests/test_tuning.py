@@ -1,5 +1,4 @@
 """The tuning database (python/tuning.py) and what rules.py builds from it (no Triton needed)."""
-import copy
 import io
 import json
 import os
@@ -48,6 +47,7 @@ class DatabaseTest(unittest.TestCase):
             (dict(good, entries=[entry(mask="sliding")]), "mask 'sliding'"),
             (dict(good, entries=[entry(q=4)]), "seqlen_q_bin 4"),
             (dict(good, entries=[entry(ms=0)]), "positive time"),
+            (dict(good, entries=[dict(entry(), hidden=0)]), "hidden must be a positive integer"),
             (dict(good, entries=[entry(), entry(winner="m64n64w4s2")]), "a second entry"),
             (dict(good, entries=[{k: v for k, v in entry().items() if k != "winner"}]), "no 'winner'"),
         ]
