@@ -1,7 +1,7 @@
 """Ahead-of-time compile every kernel of rules.py into GPU images.
 
     python -B python/compile.py --arch "sm_90;gfx942" --out build/kernels --cache build/kernel-cache \
-        [--jobs N] [--timeout SECONDS] [--only SUBSTRING[,SUBSTRING...]] [--tuning-dir DIR] [--for-tuning]
+        [--jobs N] [--timeout SECONDS] [--only SUB[+SUB...][,SUB...]] [--tuning-dir DIR] [--for-tuning]
 
 For each arch, ``<out>/<arch>/`` receives per kernel ``<id>.cubin`` (CUDA) or
 ``<id>.hsaco`` (AMD) plus ``<id>.json`` (the launch contract read by the Rust
@@ -9,7 +9,7 @@ packer), and ``manifest.json`` listing exactly the current kernels.  Files of
 kernels no longer enumerated are removed.  The manifest (with a digest over every
 kernel's image and JSON, so it changes whenever a kernel does) is written last and
 only when its bytes change, so build tools can depend on its timestamp.  With
-``--only`` (kernels whose id contains any of the comma-separated substrings) the output reflects
+``--only`` (kernels whose id contains any of the comma-separated substrings; ``a+b``: both) the output reflects
 just the selected kernels.
 
 Compiles run in parallel worker processes through ``triton.compile`` (not
@@ -480,6 +480,13 @@ def _write_arch_output(arch: str, specs: list[rules.KernelSpec], results: dict[s
     _write_if_changed(os.path.join(arch_dir, "manifest.json"), _json_bytes(manifest))
 
 
+def selected(kernel_id: str, only: str) -> bool:
+    """``--only``: comma-separated alternatives, each one or more substrings joined by ``+`` that
+    must all occur in the id (``-fp32-+-drop0-bias0-`` = the fp32 kernels without dropout or bias)."""
+    alternatives = [[t for t in part.split("+") if t] for part in only.split(",")]
+    return any(terms and all(t in kernel_id for t in terms) for terms in alternatives)
+
+
 def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = None,
           timeout: float = DEFAULT_TIMEOUT_S, only: str | None = None,
           log: Callable[[str], None] = print, tuning_dir: str | None = None,
@@ -511,9 +518,8 @@ def build(archs: list[str], out_dir: str, cache_dir: str, jobs: int | None = Non
             if db is not None:
                 log(f"{arch}: tuning database {db.source} ({len(db.entries)} cells)")
             specs = rules.enumerate_kernels(arch, tuning=db, for_tuning=for_tuning)
-            wanted = [part for part in (only or "").split(",") if part]
-            if wanted:
-                specs = [s for s in specs if any(part in s.id for part in wanted)]
+            if any((only or "").split(",")):  # "," (no alternative) selects everything
+                specs = [s for s in specs if selected(s.id, only)]
                 if not specs:
                     raise ValueError(f"--only {only!r} selects no kernel for {arch}")
             keys = {s.id: cache_key(s, digest_of(s), version) for s in specs}
@@ -581,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                     help=f"per-kernel compile timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
     ap.add_argument("--only", default=None,
-                    help="compile only kernels whose id contains SUBSTRING (comma-separated: any of them)")
+                    help="compile only kernels whose id contains SUBSTRING (comma-separated: any of them; "
+                         "SUB+SUB: all of them)")
     ap.add_argument("--tuning-dir", default=None,
                     help=f"where <arch>.json tuning databases are read (default {tuning.TUNING_DIR})")
     ap.add_argument("--for-tuning", action="store_true",

@@ -16,7 +16,7 @@
 # kernels whose id contains one of these comma-separated substrings; default
 # "-fp16-,-bf16-,debug_dropout_mask" (the dropout cells read their keep-mask through it), the
 # tuner's default dtypes: the fp32 candidates are the slowest to compile and the last to tune;
-# ONLY=, (empty) compiles every candidate).
+# ONLY=, (empty) compiles every candidate; "a+b" selects ids holding both, e.g. ONLY="-fp32-+-drop0-bias0-,attn_bwd_preprocess-fp32" the fp32 base functionals).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

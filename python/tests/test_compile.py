@@ -21,6 +21,19 @@ CONTRACT_KEYS = {
 }
 
 
+class OnlySelectionTest(unittest.TestCase):
+    def test_alternatives_of_conjunctions(self):
+        fp32_base = "attn_fwd-fp32-tf0-hd64-drop0-bias0-m64n32w4s2-aligned"
+        fp32_drop = "attn_fwd-fp32-tf0-hd64-drop1-bias0-m64n32w4s2-aligned"
+        pre = "attn_bwd_preprocess-fp32-tf0-hd64-m64-aligned"
+        only = "-fp32-+-drop0-bias0-,attn_bwd_preprocess-fp32"
+        self.assertTrue(driver.selected(fp32_base, only))
+        self.assertFalse(driver.selected(fp32_drop, only))
+        self.assertTrue(driver.selected(pre, only))
+        self.assertTrue(driver.selected(fp32_drop, "drop1"))
+        self.assertFalse(driver.selected(fp32_base, ","))  # empty alternatives select nothing
+
+
 class CompileDriverTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
