@@ -6,6 +6,7 @@ with its runner-up and margin; the database written is valid and canonical; a re
 progress file measures nothing again; the budget stops between functionals. The stand-in proves
 no kernel: the tuner's GPU run does. Needs torch (skipped without it).
 """
+import contextlib
 import importlib.util
 import json
 import math
@@ -32,6 +33,16 @@ def fake_time(kernel_id):
 def broken(kernel_id):
     """Candidates the stand-in computes wrongly: the fastest tile shape, so the rule must skip it."""
     return "-m16n64w4s2-" in kernel_id or "-m32n32w4s1-" in kernel_id
+
+
+@contextlib.contextmanager
+def dry_grid(tune, ids, edges, tokens, hidden):
+    """The tuner on the CPU over a small grid, its archive holding ``ids``; yields a scratch folder."""
+    with mock.patch.object(tune, "DEVICE", "cpu"), \
+            mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
+            mock.patch.object(tuning, "DEFAULT_EDGES", edges), mock.patch.object(tuning, "DEFAULT_TOKENS", tokens), \
+            mock.patch.object(tuning, "DEFAULT_HIDDEN", hidden), tempfile.TemporaryDirectory() as tmp:
+        yield tmp
 
 
 def make_shim(torch, calls):
@@ -183,11 +194,7 @@ class TuneDryRunTest(unittest.TestCase):
             return (1.0 if length >= 32 else 3.0) if backend == "gluon" else 2.0
 
         ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
-        with mock.patch.object(tune, "DEVICE", "cpu"), \
-                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
-                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16, 48]), \
-                mock.patch.object(tuning, "DEFAULT_TOKENS", 96), mock.patch.object(tuning, "DEFAULT_HIDDEN", 128), \
-                tempfile.TemporaryDirectory() as tmp:
+        with dry_grid(tune, ids, [0, 16, 48], 96, 128) as tmp:
             out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
             argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
                     "--dtypes", "bf16", "--only", '"head_dim":64', "--rep-ms", "1", "--families", "attn_fwd",
@@ -217,11 +224,7 @@ class TuneDryRunTest(unittest.TestCase):
                                                                   "dropout": False, "bias": False},
                             "mask": "none", "seqlen_q_bin": 0, "seqlen_k_bin": 0, "winner": "m64n64w4s2",
                             "winner_ms": 1.0, "error": 0.001, "best_error": 0.001, "candidates": 2}}
-        with mock.patch.object(tune, "DEVICE", "cpu"), \
-                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: normal), \
-                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16, 48]), \
-                mock.patch.object(tuning, "DEFAULT_TOKENS", 96), mock.patch.object(tuning, "DEFAULT_HIDDEN", 128), \
-                tempfile.TemporaryDirectory() as tmp:
+        with dry_grid(tune, normal, [0, 16, 48], 96, 128) as tmp:
             out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
             with open(progress, "w") as f:
                 json.dump(earlier, f)
@@ -265,11 +268,7 @@ class TuneDryRunTest(unittest.TestCase):
             return p
 
         ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
-        with mock.patch.object(tune, "DEVICE", "cpu"), mock.patch.object(tune, "cell_problem", spy), \
-                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
-                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16]), \
-                mock.patch.object(tuning, "DEFAULT_TOKENS", 32), mock.patch.object(tuning, "DEFAULT_HIDDEN", 64), \
-                tempfile.TemporaryDirectory() as tmp:
+        with dry_grid(tune, ids, [0, 16], 32, 64) as tmp, mock.patch.object(tune, "cell_problem", spy):
             out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
             argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
                     "--dtypes", "bf16", "--only", '"bias":false,"dropout":false,"dtype":"bf16","head_dim":16',
@@ -288,11 +287,7 @@ class TuneDryRunTest(unittest.TestCase):
         calls = []
         shim = make_shim(torch, calls)
         ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
-        with mock.patch.object(tune, "DEVICE", "cpu"), \
-                mock.patch.object(tune, "archive_kernel_ids", lambda pack, archive: ids), \
-                mock.patch.object(tuning, "DEFAULT_EDGES", [0, 16]), \
-                mock.patch.object(tuning, "DEFAULT_TOKENS", 32), mock.patch.object(tuning, "DEFAULT_HIDDEN", 32), \
-                tempfile.TemporaryDirectory() as tmp:
+        with dry_grid(tune, ids, [0, 16], 32, 32) as tmp:
             out, progress = os.path.join(tmp, "db.json"), os.path.join(tmp, "progress.json")
             argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress", progress,
                     "--dtypes", "bf16", "--only", '"head_dim":16', "--rep-ms", "1", "--budget", "0",

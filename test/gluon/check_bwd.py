@@ -486,8 +486,17 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
 GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
-def bench(variant="default", buckets=(64, 128, 256)):
+def _time_cell(c, d, variant):
+    """Our three launches and cuDNN's backward on one bench cell: ``(GluonBwd, ours TFLOP/s, cuDNN
+    TFLOP/s, ours ms, cuDNN ms)`` (``do_bench`` medians)."""
     from triton.testing import do_bench
+    bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
+    t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
+    t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
+    return bwd, c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9, t_ours, t_cudnn
+
+
+def bench(variant="default", buckets=(64, 128, 256)):
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
           "preprocess + convert")
     for d in buckets:
@@ -496,25 +505,18 @@ def bench(variant="default", buckets=(64, 128, 256)):
         for s in (1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 c = fa3_cell(d, s, causal)
-                bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
-                t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
-                t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
-                ours, ref = c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9
+                bwd, ours, ref, _, _ = _time_cell(c, d, variant)
                 print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
                       f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts})", flush=True)
                 del bwd, c
 
 
 def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384)):
-    from triton.testing import do_bench
     print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert")
     for hq, hk in GQA_ROWS:
         for s in seqs:
             c = bench_cell(max(1, 16384 // s), hq, hk, s, 128, True)
-            bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, 128**-0.5, *c.window, variant=variant)
-            t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
-            t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
-            ours, ref = c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9
+            bwd, ours, ref, t_ours, t_cudnn = _time_cell(c, 128, variant)
             print(f"GQA {hq}/{hk} S{s:5d} B{c.b:2d}: gluon {ours:6.1f} ({t_ours:.3f} ms)  {c.cudnn_name} {ref:6.1f} "
                   f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}  ({bwd.variant}: grid {bwd.grid})", flush=True)
             del bwd, c
