@@ -188,7 +188,7 @@ def measure_backends(torch, do_bench, aots, shim, operator, functional, args, do
             key = json.dumps(["backend", operator, tuning.functional_key(functional), mask, index, index])
             if key in done:
                 continue
-            p = cell_problem(torch, plain, mask, length, tuning.DEFAULT_TOKENS, tuning.DEFAULT_HIDDEN, gen)
+            p = cell_problem(torch, plain, mask, length, tuning.DEFAULT_TOKENS, args.hidden, gen)
             b, h, s = p["b"], p["h"], p["s"]
             backward = operator == "attn_bwd"
             ref_out, ref_grads = reference(torch, p, grads=backward)
@@ -215,6 +215,8 @@ def measure_backends(torch, do_bench, aots, shim, operator, functional, args, do
             entry = {"operator": operator, "functional": functional, "mask": mask, "seqlen_q_bin": index,
                      "seqlen_k_bin": index, "winner": win[2], "winner_ms": round(win[0], 5),
                      "runner_up": other[2], "runner_up_ms": round(other[0], 5)}
+            if args.hidden != tuning.DEFAULT_HIDDEN:
+                entry["hidden"] = args.hidden
             print(f"{operator} {tuning.functional_key(functional)} {mask} S{s}: {win[2]} {win[0]:.4f} ms "
                   f"({other[2]} {other[0]:.4f} ms)", flush=True)
             record(key, entry)

@@ -477,7 +477,7 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
             t.grad = None
         out.backward(do, retain_graph=True)
 
-    return SimpleNamespace(b=b, h=hq, hk=hk, q=q, k=k, v=v, do=do, o=fw[0].contiguous(),
+    return SimpleNamespace(b=b, h=hq, q=q, k=k, v=v, do=do, o=fw[0].contiguous(),
                            lse=fw[1][..., :s].contiguous().float(), flops=2.5 * 4 * b * hq * s * s * d / (2 if causal else 1),
                            window=window_args("causal_tl" if causal else "none", s, s), cudnn=cudnn, cudnn_name=cudnn_gqa)
 
