@@ -93,6 +93,9 @@ DERIVED = {
     "product_aux64_w4": ("product", {"_aux_rows": 64}),
     "product_aux16_w4": ("product", {"_aux_rows": 16}),
     "product_dps": ("product", {"DESC_PER_STEP": 1}),  # hd256 only (bwd.py)
+    "product_w1": ("product", {"WALK": 1}),
+    "product_w2": ("product", {"WALK": 2}),
+    "product_p1_w1": ("product_p1", {"WALK": 1}),
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)

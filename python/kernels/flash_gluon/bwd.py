@@ -71,6 +71,12 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
   hoisted out of the step loop, where the default partition spills them (ptxas: 368 -> 152 bytes of
   spill stores at hd256).
 
+* ``WALK`` (default 0): the order of the (query head, query block) steps of the contiguous walk
+  (``bwd_steps.full_coords``).  0 head-major; 1 block-major with the group's heads innermost, from the
+  last query block down (under a causal mask every key block's walk ends at the last query block, so
+  the CTAs of one K/V head then read the same Q/dO tiles at the same time); 2 block-major, heads
+  innermost, from the first block up.
+
 * ``PERSISTENT`` (default 0): 0 one CTA per key block, grid ``(cdiv(Sk, 128), Hk, B)``; 1 / 2 the
   persistent kernel, grid ``(max(1, min(cdiv(Sk, 128) * Hk * B, #SMs)), 1, 1)`` (any grid >= 1 is
   correct), each CTA walking work units ``pid, pid + G, ...``: 1 head-major, a unit = the key-block
@@ -146,13 +152,13 @@ def _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_buf
 @gluon.jit
 def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
             b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
-            BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+            BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WALK: gl.constexpr):
     for j in range(n_mask_steps):
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                    q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                    q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
 
@@ -171,12 +177,12 @@ def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_f
 
 @gluon.jit
 def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap,
-                f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr):
+                f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr, WALK: gl.constexpr):
     for j in range(n_mask_steps):
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
 
 
@@ -273,7 +279,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
              sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
              b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr):
+             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr):
     """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
@@ -312,7 +318,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
         dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
@@ -436,7 +442,7 @@ def _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, start_n
 def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
                  dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP,
                  WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 STAGES: gl.constexpr, MMODE: gl.constexpr, PERS: gl.constexpr):
+                 STAGES: gl.constexpr, MMODE: gl.constexpr, PERS: gl.constexpr, WALK: gl.constexpr):
     """Per tile: the first ``min(STAGES, n_steps)`` Q/dO steps (the ring runs on across tiles, so
     they are prefetched while the previous tile finishes), then K/V (after ``kv_empty``), then the rest."""
     N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per = _pers_prologue(
@@ -457,7 +463,7 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
                 _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, pid_n * BLOCK_N)
             for j in range(n_steps):
                 mh, mm = masked_coords(j, gl.maximum(n_mblk, 1), n_lead, start, f_gap, BLOCK_M)
-                fh, fm = full_coords(j, n_mask_steps, gl.maximum(n_fblk, 1), f_lo, BLOCK_M)
+                fh, fm = full_coords(j, n_mask_steps, gl.maximum(n_fblk, 1), f_lo, n_steps, BLOCK_M, WALK)
                 is_m = j < n_mask_steps
                 h_off = gl.where(is_m, mh, fh)
                 start_m = gl.where(is_m, mm, fm)
@@ -474,7 +480,7 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
 @gluon.jit
 def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP,
                      WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     MMODE: gl.constexpr, PERS: gl.constexpr):
+                     MMODE: gl.constexpr, PERS: gl.constexpr, WALK: gl.constexpr):
     N_CTX_Q, N_CTX_K, n_hk, n_b, diag, n_kb, pair, n_per = _pers_prologue(
         N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, desc_k, BLOCK_N, PERS)
     j0 = 0
@@ -491,7 +497,7 @@ def _dq_reducer_pers(desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N
                 h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
                 _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
             for j in range(n_mask_steps, n_steps):
-                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
                 _reduce_step(j0 + j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
             j0 += n_steps
         u += _nctaid_x(u)
@@ -503,7 +509,8 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full,
                   dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr):
+                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, PERS: gl.constexpr,
+                  WALK: gl.constexpr):
     """``_compute`` in a loop over the CTA's tiles (step counters global, K/V per tile from the loader)."""
     KB: gl.constexpr = BLOCK_N // 2
     DH: gl.constexpr = HEAD_DIM // 2
@@ -552,7 +559,7 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
                                        dq_empty, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
                                        STAGES, COMPUTE_DQ, DK_SS)
             for j in range(n_mask_steps, n_steps):
-                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+                h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
                 masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
                 dk, dv = _compute_step(j0 + j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs,
                                        dlt_bufs, ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full,
@@ -586,7 +593,7 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                      hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                      n_steps, h_first, b_row, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MMODE: gl.constexpr, CREGS: gl.constexpr,
-                     DKSS: gl.constexpr, PERS: gl.constexpr):
+                     DKSS: gl.constexpr, PERS: gl.constexpr, WLK: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     if COMPUTE_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
@@ -624,19 +631,19 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                                  PERS)),
+                                  PERS, WLK)),
                 (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                                  PERS)),
+                                  PERS, WLK)),
                 (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
                                 do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
                                 SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
-                                BLOCK_N, STAGES, MMODE, PERS)),
+                                BLOCK_N, STAGES, MMODE, PERS, WLK)),
                 (_dq_reducer_pers, (desc_k, desc_dq_acc, dq_smem, dq_full, dq_empty, N_CTX_Q, N_CTX_K, SQ_PAD,
                                     N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
-                                    BLOCK_N, MMODE, PERS)),
+                                    BLOCK_N, MMODE, PERS, WLK)),
             ], [4, 1, 1], [CREGS, PERS_LOAD_REGS, PERS_LOAD_REGS])
         else:
             gl.warp_specialize([
@@ -644,16 +651,16 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                                  PERS)),
+                                  PERS, WLK)),
                 (_compute_pers, (1, desc_k, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                   ds_bufs, dq_smem, kv_bar, kv_empty, done_bar, q_ready, q_empty, ds_full, ds_empty,
                                   dq_full, dq_empty, sm_scale, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                                   ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                                  PERS)),
+                                  PERS, WLK)),
                 (_loader_pers, (desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem, v_smem, q_bufs,
                                 do_bufs, lse_bufs, dlt_bufs, kv_bar, kv_empty, q_ready, q_empty, N_CTX_Q, N_CTX_K,
                                 SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M,
-                                BLOCK_N, STAGES, MMODE, PERS)),
+                                BLOCK_N, STAGES, MMODE, PERS, WLK)),
             ], [4, 1], [CREGS, PERS_LOAD_REGS])
     else:
         mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
@@ -668,17 +675,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                           SQ_PAD, BLOCK_M, STAGES)),
+                           SQ_PAD, BLOCK_M, STAGES, WLK)),
                 (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
-                               n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
+                               n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
             ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
         else:
             gl.warp_specialize([
@@ -686,15 +693,15 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                              n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS)),
+                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                           SQ_PAD, BLOCK_M, STAGES)),
+                           SQ_PAD, BLOCK_M, STAGES, WLK)),
             ], [4, 1], [CREGS, LOAD_REGS])
 
 
@@ -707,7 +714,7 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                    N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                    n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
-                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr):
+                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     # P^T and dS^T [keys, queries], double-buffered; a 64-byte swizzle makes each warpgroup's
     # BLOCK_M / 2 query columns whole swizzle panels (bwd_wide.py).
@@ -740,17 +747,17 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
-                       BLOCK_M, STAGES)),
+                       BLOCK_M, STAGES, WLK)),
             (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
-                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M)),
+                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
         ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
@@ -758,15 +765,15 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
                             full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS)),
+                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
-                       BLOCK_M, STAGES)),
+                       BLOCK_M, STAGES, WLK)),
         ], [4, 1], [CREGS, LOAD_REGS])
 
 
@@ -782,7 +789,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                    ALIGN_BOTTOM_RIGHT,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
-                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0):
+                   DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0,
+                   WALK: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
     # WIDE (the bucket 256): bwd_wide.py's layout, 64 keys per CTA, the head dim split between the
     # two compute warpgroups; otherwise 128 keys per CTA, 64 per warpgroup.
@@ -816,6 +824,9 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     DKSS: gl.constexpr = 0 if DK_SS is None else DK_SS
     DPS: gl.constexpr = 0 if DESC_PER_STEP is None else DESC_PER_STEP
     PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
+    WLK: gl.constexpr = 0 if WALK is None else WALK
+    gl.static_assert((WLK >= 0) and (WLK <= 2), "WALK 0 (head-major), 1 (heads inner, last block first), 2 (heads "
+                     "inner, first block first)")
     gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
     gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
     gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
@@ -863,11 +874,11 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                        dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
                        N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
                        n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M,
-                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS)
+                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                          N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
                          hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                          n_steps, h_first, b_row, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DKSS,
-                         PERS)
+                         PERS, WLK)

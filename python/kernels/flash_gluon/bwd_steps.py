@@ -21,11 +21,26 @@ def masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M: gl.constexpr):
-    """Step ``j`` (``>= n_mask_steps``) of the contiguous walk: ``(h_off, start_m)``, ``n_fblk`` blocks from ``f_lo``."""
+def full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M: gl.constexpr, WALK: gl.constexpr):
+    """Step ``j`` (``>= n_mask_steps``) of the contiguous walk: ``(h_off, start_m)``, ``n_fblk`` blocks from ``f_lo``
+    for each of the ``(n_steps - n_mask_steps) / n_fblk`` heads of the group.
+
+    ``WALK`` 0: head-major (every block of head 0, then head 1, ...).  1: block-major with the heads
+    innermost, from the last block down: under a causal mask every key block's walk ends at the last
+    query block, so the CTAs of one K/V head read the same Q/dO tiles in the same step and share them in
+    L2.  2: block-major, heads innermost, from the first block up.
+    """
     jj = j - n_mask_steps
-    h_off = jj // n_fblk
-    return h_off, f_lo + (jj - h_off * n_fblk) * BLOCK_M
+    if WALK == 0:
+        h_off = jj // n_fblk
+        blk = jj - h_off * n_fblk
+    else:
+        n_heads = gl.maximum((n_steps - n_mask_steps) // n_fblk, 1)
+        blk = jj // n_heads
+        h_off = jj - blk * n_heads
+        if WALK == 1:
+            blk = n_fblk - 1 - blk
+    return h_off, f_lo + blk * BLOCK_M
 
 
 @gluon.jit

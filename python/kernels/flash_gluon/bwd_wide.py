@@ -117,7 +117,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                  sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr):
+                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr):
     """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``."""
     QH: gl.constexpr = BLOCK_M // 2
     DH: gl.constexpr = HEAD_DIM // 2
@@ -148,7 +148,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                             DESC_PER_STEP)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
-        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, BLOCK_M)
+        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
         dk, dv = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
