@@ -212,7 +212,7 @@ DEBUG_DROPOUT_MASK_ARGS = (
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
-GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP"]
+GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
 _CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
@@ -656,10 +656,18 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
 
     hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, a one-stage
     ring (shared memory), the same mask handling.
+
+    hd128 walks its query steps block-major with the GQA group's heads innermost, from the last query
+    block down (WALK 1: the CTAs of one K/V head then read the same Q/dO tiles together, in L2):
+    test/gluon/check_bwd.py --bench-gqa on the H200, cuDNN beside it, Hq/Hk 28/4 S2k 0.885 -> 1.011,
+    64/8 S2k 0.895 -> 1.083, every GQA row 0.91-1.10 (0.89-1.09 head-major), the MHA hd128 grid
+    unchanged within noise (bench/results/h200_gluon_bwd_issue17.md).  hd64 and hd256 keep the
+    head-major walk until measured.
     """
     if functional["head_dim"] > 128:
-        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0)]
-    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0)]
+        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=0)]
+    walk = 1 if functional["head_dim"] > 64 else 0
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk)]
 
 
 def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

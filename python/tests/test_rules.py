@@ -96,7 +96,7 @@ GLUON_CONTRACT = {
     "attn_bwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2",
                        "desc_delta2", "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP",
                        *_WINDOW, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "MASK_MODE", "CONS_REGS",
-                       "DK_SS", "PERSISTENT", "DESC_PER_STEP"],
+                       "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
                                   "SQ_PAD", "D_HEAD", "N_HEADS_Q", "HEAD_DIM", "BLOCK_M"],
 }
