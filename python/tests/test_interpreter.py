@@ -200,10 +200,11 @@ def _mm(a, b, dt, naive):
     return a @ b
 
 
-def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naive=False):
+def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naive=False, softcap=0.0):
     """Forward and backward of one (non-packed) batch ``[B, H, S, D]``; ``vis`` ``[Sq, Sk]`` bool,
     ``bias`` broadcastable to ``[B, Hq, Sq, Sk]``, ``keep`` ``[B, Hq, Sq, Sk]`` bool (dropout).
-    ``naive``: input-dtype math with fp32 accumulation, else float64.
+    ``naive``: input-dtype math with fp32 accumulation, else float64.  ``softcap`` > 0 caps the scaled
+    scores at ``softcap * tanh(s / softcap)`` before bias and mask.
 
     Returns ``o, lse, dq, dk, dv, ds`` (float64; dk/dv summed over each GQA group; ds = dBias unreduced).
     """
@@ -213,6 +214,10 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
     ke, ve = _expand(k, group).astype(dt), _expand(v, group).astype(dt)
     sq, sk = q.shape[2], k.shape[2]
     s = (_mm(q, ke.swapaxes(-1, -2), dt, naive) * dt(sm_scale)).astype(dt)
+    tanh = None
+    if softcap:
+        tanh = np.tanh(s / dt(softcap)).astype(dt)
+        s = (dt(softcap) * tanh).astype(dt)
     if bias is not None:
         s = (s + bias.astype(dt)).astype(dt)
     s = np.where(vis, s, -np.inf).astype(dt)
@@ -231,6 +236,8 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
         dp = np.where(keep, dp * dt(dscale), 0).astype(dt)
     delta = (do.astype(np.float64) * o.astype(np.float64)).sum(-1, keepdims=True).astype(dt)
     ds = (p * (dp - delta)).astype(dt)
+    if softcap:
+        ds = (ds * (1 - tanh * tanh)).astype(dt)
     dq = (_mm(ds, ke, dt, naive) * dt(sm_scale)).astype(dt)
     dk = (_mm(ds.swapaxes(-1, -2), q, dt, naive) * dt(sm_scale)).astype(dt)
     B, Hk = k.shape[:2]
@@ -247,8 +254,10 @@ def _strides(*tensors, n=3):
 class Launch:
     """One problem in the kernels' terms: ``[B?, H, S, D]`` views (packed when varlen), lengths, groups."""
 
-    def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None, max_lens=None):
+    def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None, max_lens=None,
+                 softcap=0.0):
         self.q, self.k, self.v = q, k, v
+        self.softcap = softcap
         self.dtype = q.dtype
         self.mask, self.sm_scale, self.dropout = mask, sm_scale, dropout
         self.varlen = cu_q is not None
@@ -290,6 +299,10 @@ class Launch:
     def constexprs(self, **blocks):
         return dict(HEAD_DIM=bucket(self.D), DROPOUT=self.dropout is not None, ALLOW_TF32=False, **blocks)
 
+    def score_constexprs(self, **blocks):
+        """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``."""
+        return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0)
+
     def lse_shape(self):
         return (1, self.Hq, self.q.shape[2]) if self.varlen else (self.B, self.Hq, self.n_ctx_q)
 
@@ -303,11 +316,11 @@ class Launch:
         self.philox_out = (np.full(1, -1, np.int64), np.full(1, -1, np.int64))
         tq, tk, tv, to, tlse = (NpTensor(x) for x in (self.q, self.k, self.v, o, lse))
         grid = (triton.cdiv(self.n_ctx_q, block_m), self.Hq, self.B)
-        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.sm_scale, *self.st(tq, tk, tv, to),
+        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.sm_scale, self.softcap, *self.st(tq, tk, tv, to),
                        *self.lse_strides(tlse), *self.bias_strides(), store_lse,
                        *self.attention_args(), *self.dropout_args(),
                        NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox,
-                       HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+                       HAS_BIAS=self.bias is not None, **self.score_constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
         return o, lse
 
     def bwd(self, o, lse, do, blocks_dkdv, blocks_dq, block_pre=16):
@@ -326,12 +339,14 @@ class Launch:
         tail = (*self.attention_args(), *self.dropout_args())
         bm, bn = blocks_dkdv
         attn_bwd_dkdv[(triton.cdiv(self.n_ctx_k, bn), self.Hk, self.B)](
-            tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.sm_scale, *common, *self.st(tdk, tdv),
-            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=bm, BLOCK_N=bn))
+            tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.sm_scale, self.softcap, *common,
+            *self.st(tdk, tdv), *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None,
+            **self.score_constexprs(BLOCK_M=bm, BLOCK_N=bn))
         bm, bn = blocks_dq
         attn_bwd_dq[(triton.cdiv(self.n_ctx_q, bm), self.Hq, self.B)](
-            tq, tk, tv, tdo, tlse, tdelta, tdq, self.tbias, self.sm_scale, *common, *self.st(tdq),
-            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None, **self.constexprs(BLOCK_M=bm, BLOCK_N=bn))
+            tq, tk, tv, tdo, tlse, tdelta, tdq, self.tbias, self.sm_scale, self.softcap, *common, *self.st(tdq),
+            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None,
+            **self.score_constexprs(BLOCK_M=bm, BLOCK_N=bn))
         return delta, dq, dk, dv
 
     def dbias(self, o, lse, do, delta, dbias_shape, block_m, block_n):
@@ -373,9 +388,10 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32), pre_block=16):
+              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None):
         """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
-        ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``."""
+        ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``; ``softcap`` > 0: capped scores;
+        ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range)."""
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
@@ -385,15 +401,15 @@ class AttnInterpreterTest(unittest.TestCase):
         bias_storage = bias_view = None
         if bias is not None:
             bias_storage, bias_view = make_bias(rng, B, Hq, Sq, Sk, dtype, bias)
-        sm_scale = 1.0 / np.sqrt(D)
+        sm_scale = scale if scale is not None else 1.0 / np.sqrt(D)
         what = (f"{np.dtype(dtype).name} B{B} Hq{Hq} Hk{Hk} Sq{Sq} Sk{Sk} D{D} (bucket {bucket(D)}) {mask} "
-                f"{dropout} bias={bias!r} fwd{fwd_blocks} dkdv{dkdv_blocks} dq{dq_blocks} bshd={bshd}")
+                f"{dropout} bias={bias!r} fwd{fwd_blocks} dkdv{dkdv_blocks} dq{dq_blocks} bshd={bshd} softcap={softcap} sm_scale={sm_scale:.3f}")
         vis = mask.visible(Sq, Sk)
         keep = dropout.keep(B, Hq, Sq, Sk) if dropout else None
         dscale = dropout.scale if dropout else 1.0
-        ref = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale)
-        naive = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, naive=True)
-        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout)
+        ref = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, softcap=softcap)
+        naive = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, naive=True, softcap=softcap)
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, softcap=softcap)
         o, lse = run.fwd(*fwd_blocks, store_philox=1)
         self.assert_close("O", o, ref[0], naive[0], 3, what, tol)
         self.assertFalse(np.isnan(lse).any(), f"LSE not fully written / NaN: {what}")
@@ -494,6 +510,33 @@ class AttnInterpreterTest(unittest.TestCase):
         self.check(1, 2, 1, 37, 29, 24, Mask("causal", align="br"), dtype=np.float32)
         self.check(2, 2, 2, 17, 40, 16, Mask(), dtype=np.float32, fwd_blocks=(16, 16), dq_blocks=(16, 16))
 
+    # -- softcap ----------------------------------------------------------------------------------------
+
+    def test_softcap(self):
+        # Caps from saturating (2: most scores beyond it at sm_scale 1) to Gemma 2's 50 (hardly active);
+        # masks, GQA, head-dim padding, (B, S, H, D) strides, fp32.
+        cases = [
+            dict(args=(1, 2, 1, 37, 29, 24, Mask("causal", align="br")), softcap=2.0, scale=1.0),
+            dict(args=(2, 4, 2, 31, 45, 16, Mask()), softcap=5.0, scale=0.5, bshd=True),
+            dict(args=(1, 2, 2, 33, 33, 40, Mask("window", 5, 3)), softcap=50.0),
+            dict(args=(1, 2, 1, 29, 41, 16, Mask("causal")), softcap=1.5, scale=2.0, dtype=np.float32),
+        ]
+        for c in cases:
+            with self.subTest(case=c):
+                self.check(*c["args"], softcap=c["softcap"], scale=c.get("scale"), bshd=c.get("bshd", False),
+                           dtype=c.get("dtype", np.float16))
+
+    def test_softcap_changes_the_result(self):
+        # The cap is applied: a tight cap gives another O than none (guards a SOFTCAP switch that does nothing).
+        rng = np.random.default_rng(5)
+        q, k, v = (rng.standard_normal((1, 2, 21, 16)).astype(np.float32) for _ in range(3))
+        o0, _ = Launch(q, k, v, Mask(), 1.0).fwd(16, 16)
+        o1, _ = Launch(q, k, v, Mask(), 1.0, softcap=1.0).fwd(16, 16)
+        self.assertGreater(np.abs(o0 - o1).max(), 0.1)
+
+    def test_softcap_varlen(self):
+        self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"), softcap=3.0)
+
     # -- dropout ----------------------------------------------------------------------------------------
 
     def test_dropout(self):
@@ -537,7 +580,7 @@ class AttnInterpreterTest(unittest.TestCase):
     # -- varlen -------------------------------------------------------------------------------------------
 
     def check_varlen(self, lens_q, lens_k, Hq, Hk, D, mask, dtype=np.float16, dropout=None, bias=None, seed=0,
-                     fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16)):
+                     fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16), softcap=0.0):
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -554,8 +597,9 @@ class AttnInterpreterTest(unittest.TestCase):
             bias_storage, bias_view = make_bias(rng, B, Hq, nq, nk, dtype, bias)
         keep = dropout.keep(B, Hq, nq, nk) if dropout else None
         sm_scale = 1.0 / np.sqrt(D)
-        what = f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} {np.dtype(dtype).name}"
-        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k)
+        what = (f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} "
+                f"{np.dtype(dtype).name} softcap={softcap}")
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k, softcap=softcap)
         o, lse = run.fwd(*fwd_blocks)
         delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
         for name, arr in (("O", o), ("LSE", lse), ("DELTA", delta), ("dQ", dq), ("dK", dk), ("dV", dv)):
@@ -568,7 +612,7 @@ class AttnInterpreterTest(unittest.TestCase):
             args = (sub(q, qs, qe), sub(k, ks, ke), sub(v, ks, ke), sub(do, qs, qe), mask.visible(sq, sk), sm_scale,
                     None if bias is None else bias_view[b:b + 1, :, :sq, :sk],
                     None if keep is None else keep[b:b + 1, :, :sq, :sk], dropout.scale if dropout else 1.0)
-            ref, naive = reference(*args), reference(*args, naive=True)
+            ref, naive = reference(*args, softcap=softcap), reference(*args, naive=True, softcap=softcap)
             w = f"{what} seq {b} (sq {sq}, sk {sk})"
             self.assert_close("O", sub(o, qs, qe), ref[0], naive[0], 3, w, tol)
             fin = np.isfinite(ref[1])

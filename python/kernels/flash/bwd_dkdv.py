@@ -4,8 +4,8 @@ For one block of keys of one K/V head::
 
     dV = sum_h sum_i (P * M * scale)^T dO        dK = sm_scale * sum_h sum_i dS^T Q
 
-with ``P = exp(s - lse)``, ``s = sm_scale * q.k + bias`` (recomputed from the
-forward's LSE, exp2 form), ``dP = (dO V^T) * M * scale`` (``M`` the dropout keep
+with ``P = exp(s - lse)``, ``s = cap(sm_scale * q.k) + bias`` (``cap``: ``softcap.py``, with
+``SOFTCAP``; recomputed from the forward's LSE, exp2 form), ``dP = (dO V^T) * M * scale`` (``M`` the dropout keep
 mask, ``scale = dropout_scale``; without dropout ``M = 1``, ``scale = 1``),
 ``dS = P * (dP - delta)`` (``delta`` from ``attn_bwd_preprocess``), ``h`` over
 the ``GQA_GROUP`` query heads that share this K/V head and ``i`` over the query
@@ -14,13 +14,13 @@ blocks that can see the key block.  The group sum happens inside one program
 bitwise reproducible run to run.
 
 Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS``;
-``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
+``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
 bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
-BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP``.
 
 Tensors as in ``fwd.py`` (varlen: ``varlen.py``; bias: ``bias.py``; dropout:
 ``dropout.py``, the same stream as the forward).  ``LSE``/``DELTA`` fp32
@@ -38,6 +38,7 @@ import triton.language as tl
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, query_block_bounds, score_mask
+from .softcap import soft_cap, softcap_grad
 from .softmax import softmax_backward, softmax_recompute
 from .tiles import load_row_vector, load_tile, load_tile_t, mma, store_tile
 from .varlen import sequence
@@ -48,11 +49,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                           stride_qm, stride_dom, stride_bm,
-                          offs_n, offs_d, lo, hi, skip_lo, skip_hi, qk_scale,
+                          offs_n, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap,
                           seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                           philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale, start_n,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
+                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
+                          SOFTCAP: tl.constexpr):
     """Accumulate the query blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``(dk, dv)`` (``mask.block_walk``).
 
     Works in the transposed orientation: scores ``[BLOCK_N, BLOCK_M]`` (keys x queries).
@@ -66,6 +68,8 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
         q_t = load_tile_t(q_base, rows, stride_qm, offs_d, D_HEAD, seqlen_q, MASKED)  # [HEAD_DIM, BLOCK_M]
         lse = load_row_vector(lse_base, rows, seqlen_q, float("inf"))
         s_t = mma(k, q_t, None, ALLOW_TF32) * qk_scale                                 # [BLOCK_N, BLOCK_M]
+        if SOFTCAP:
+            s_t, tanh_t = soft_cap(s_t, softcap)
         if MASKED:
             visible = score_mask(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k,
                                  WINDOW_LEFT, WINDOW_RIGHT, diag)
@@ -89,12 +93,14 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
             dv = mma(p_t.to(do.dtype), do, dv, ALLOW_TF32)
         delta = load_row_vector(delta_base, rows, seqlen_q, 0.0)
         ds_t = softmax_backward(p_t, dp_t, delta[None, :])
+        if SOFTCAP:
+            ds_t = softcap_grad(ds_t, tanh_t)
         dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, ALLOW_TF32)
     return dk, dv
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale, softcap,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                   stride_vz, stride_vh, stride_vn, stride_doz, stride_doh, stride_dom,
                   stride_lz, stride_lh, stride_deltaz, stride_deltah,
@@ -104,7 +110,8 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale,
                   CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                   DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
+                  DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
     start_n = tl.program_id(0)
     off_hk = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2)
@@ -149,19 +156,19 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale,
         # Query blocks that see the whole key block: no mask code.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale,
+                                       offs_n, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
                                        seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
-                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32)
+                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
         # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, start, end, full_lo, full_hi, qk_scale,
+                                       offs_n, offs_d, start, end, full_lo, full_hi, qk_scale, softcap,
                                        seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
-                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32)
+                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
 
     if DROPOUT:
         dv = dv * dropout_scale

@@ -4,20 +4,20 @@ For one block of query rows of one query head::
 
     dQ = sm_scale * sum_j dS K,   dS = P * (dP - delta),   dP = (dO V^T) * M * scale,   P = exp(s - lse)
 
-with ``s = sm_scale * q.k + bias`` (P recomputed from the forward's LSE in the
-exp2 form), ``M``/``scale`` the dropout keep mask and ``dropout_scale`` (1
+with ``s = cap(sm_scale * q.k) + bias`` (``cap``: ``softcap.py``, with ``SOFTCAP``;
+P recomputed from the forward's LSE in the exp2 form), ``M``/``scale`` the dropout keep mask and ``dropout_scale`` (1
 without dropout), ``delta`` from ``attn_bwd_preprocess``; dS cast to the input
 dtype for the dot, fp32 accumulator.  ``DQ`` is overwritten.  Rows that see no
 key (LSE = +inf) get P = 0, hence dQ = 0.
 
 Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DQ, BIAS``;
-``sm_scale``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dq: z/h/row;
+``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dq: z/h/row;
 bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
-BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32``.
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP``.
 
 Tensors as in ``fwd.py`` (GQA: query head ``h`` reads K/V head ``h // GQA_GROUP``;
 varlen, bias, dropout: ``varlen.py``, ``bias.py``, ``dropout.py``).
@@ -30,6 +30,7 @@ import triton.language as tl
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
+from .softcap import soft_cap, softcap_grad
 from .softmax import softmax_backward, softmax_recompute
 from .tiles import load_row_vector, load_tile, load_tile_t, mma, store_tile
 from .varlen import sequence
@@ -39,11 +40,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                         offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale,
+                         offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap,
                          seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                          philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                         DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
+                         DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
+                         SOFTCAP: tl.constexpr):
     """Accumulate the key blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``dq`` (``mask.block_walk``)."""
     offs_n = tl.arange(0, BLOCK_N)
     n_lead, n_blocks = block_walk(lo, hi, skip_lo, skip_hi, BLOCK_N)
@@ -53,6 +55,8 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
         k_t = load_tile_t(k_base, cols, stride_kn, offs_d, D_HEAD, seqlen_k, MASKED)   # [HEAD_DIM, BLOCK_N]
         v_t = load_tile_t(v_base, cols, stride_vn, offs_d, D_HEAD, seqlen_k, MASKED)
         s = mma(q, k_t, None, ALLOW_TF32) * qk_scale
+        if SOFTCAP:
+            s, tanh_s = soft_cap(s, softcap)
         if MASKED:
             visible = score_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k,
                                  WINDOW_LEFT, WINDOW_RIGHT, diag)
@@ -71,12 +75,14 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
                                 BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = softmax_backward(p, dp, delta[:, None])
+        if SOFTCAP:
+            ds = softcap_grad(ds, tanh_s)
         dq = mma(ds.to(k_t.dtype), tl.trans(k_t), dq, ALLOW_TF32)
     return dq
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
+def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale, softcap,
                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                 stride_vz, stride_vh, stride_vn, stride_doz, stride_doh, stride_dom,
                 stride_lz, stride_lh, stride_deltaz, stride_deltah,
@@ -86,7 +92,8 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
                 CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                 DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr):
+                DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
+                SOFTCAP: tl.constexpr):
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first, as the forward
     off_h = tl.program_id(1)
     off_hk = (off_h // GQA_GROUP).to(tl.int64)
@@ -126,16 +133,16 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale,
                                                     BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale,
+                              offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
                               seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
-                              BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32)
+                              BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, start, end, full_lo, full_hi, qk_scale,
+                              offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap,
                               seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
-                              BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32)
+                              BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
 
     store_tile(DQ + off_z * stride_dqz + off_h * stride_dqh + q_start64 * stride_dqm, offs_m, stride_dqm, offs_d,
                dq * sm_scale, D_HEAD, seqlen_q)
