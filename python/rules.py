@@ -20,7 +20,11 @@ Vocabulary
   ``head_dim`` is a power-of-two bucket (``HEAD_DIMS``): the kernel serves every
   real head dim ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``dropout``:
   Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
-  (``kernels/flash/bias.py``).  Masks (causal either alignment, sliding windows,
+  (``kernels/flash/bias.py``).  ``softcap`` (``attn_fwd``, ``attn_bwd_dkdv``,
+  ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), an *optional*
+  axis: compiled for fp16/bf16 without dropout and bias only, and present in a
+  functional (and its kernel ids) only when on, so every other functional's id and
+  tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
   none) and varlen batches are runtime arguments of every kernel.
   Every functional is compiled for every arch.
 * **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
@@ -42,7 +46,7 @@ What is compiled
 Per (functional, arch) every config of the family's config function as an
 ``aligned`` kernel plus one ``generic`` kernel (the smallest-BLOCK_M config).
 ``attn_fwd`` has two configs (main, small BLOCK_M) for fp16/bf16 without
-dropout and bias; every other functional of every family one.
+dropout, bias and softcap; every other functional of every family one.
 
 Runtime choice between kernels (implemented by the Rust runtime)
 ----------------------------------------------------------------
@@ -118,6 +122,11 @@ TF32 = [False, True]
 HEAD_DIMS = [16, 32, 64, 128, 256]
 DROPOUT = [False, True]
 BIAS = [False, True]
+#: Logit soft-capping; an optional axis (``OPTIONAL_AXES``): absent from a functional means off.
+SOFTCAP = [False, True]
+#: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
+#: so that adding one leaves the existing functionals unchanged.
+OPTIONAL_AXES = ("softcap",)
 #: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
 #: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
 #: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
@@ -167,10 +176,10 @@ ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
 _BIAS_STRIDES = _strides("b", "zhm")
-_ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"]
+_ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"]
 
 ATTN_FWD_ARGS = (
-    ["Q", "K", "V", "O", "LSE", "BIAS", "sm_scale"]
+    ["Q", "K", "V", "O", "LSE", "BIAS", "sm_scale", "softcap"]
     + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
     + _strides("l", "zh") + _BIAS_STRIDES
     + ["STORE_LSE"]
@@ -186,13 +195,13 @@ ATTN_BWD_PREPROCESS_ARGS = (
 _BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("do", "zhm")
                       + _strides("l", "zh") + _strides("delta", "zh"))
 ATTN_BWD_DKDV_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale"]
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
     + _ATTN_CONSTEXPRS
 )
 ATTN_BWD_DQ_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale"]
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
     + _ATTN_CONSTEXPRS
@@ -213,7 +222,7 @@ DEBUG_DROPOUT_MASK_ARGS = (
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
 GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "STAGES", "COMPUTE_DQ",
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "STAGES", "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
@@ -313,7 +322,7 @@ def arg_type(name: str, dtype: str) -> str:
         return "*i64"
     if name in _I32_POINTERS:
         return "*i32"
-    if name in ("sm_scale", "dropout_scale"):
+    if name in ("sm_scale", "dropout_scale", "softcap"):
         return "fp32"
     if name == "DROPOUT_THRESHOLD":
         return "u32"
@@ -375,8 +384,10 @@ def _cfg(bm, bn, w, s, waves_per_eu=None):
 
 
 def _plain16(functional: dict[str, Any]) -> bool:
-    """fp16/bf16 without dropout and bias: the functionals with the tuned two-config forward."""
-    return functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
+    """fp16/bf16 without dropout, bias and softcap: the functionals with the tuned two-config forward
+    (the softcap forward takes the small config alone, as dropout and bias do)."""
+    return (functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
+            and not functional.get("softcap"))
 
 
 # AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes, one pipeline stage
@@ -573,9 +584,10 @@ def _fits(arch: str, functional: dict[str, Any], tiles: int, rows: int) -> bool:
 def _candidates(arch, functional, heuristic, shapes, streamed, resident):
     """The heuristic's configs, then those of ``shapes`` ((BLOCK_M, BLOCK_N, warps, stages)) whose
     shared memory fits: two ``streamed`` tiles ("m": BLOCK_M rows, "n": BLOCK_N rows) per stage and
-    ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs: the heuristic's."""
+    ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs, and softcap functionals
+    (the tuner has no capped reference yet): the heuristic's."""
     out = list(heuristic(arch, functional))
-    if TARGETS[arch][0] != "cuda":
+    if TARGETS[arch][0] != "cuda" or functional.get("softcap"):
         return out
     for bm, bn, w, st in shapes:
         rows = {"m": bm, "n": bn}
@@ -715,7 +727,8 @@ def _family(name, module, args, axes, configs, candidates=None) -> Family:
                   signature=_signature_of(list(args), constexprs), configs=configs, candidates=candidates)
 
 
-_ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS}
+_ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
+              "softcap": SOFTCAP}
 
 ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs,
                    _attn_fwd_candidates)
@@ -767,11 +780,15 @@ def family(name: str) -> Family:
 
 
 def functionals(family: Family) -> list[dict[str, Any]]:
-    """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``."""
+    """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``;
+    ``softcap=True`` only for fp16/bf16 without dropout and bias; an ``OPTIONAL_AXES`` axis that is off
+    left out."""
     out = [{}]
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
-    return [f for f in out if not (f.get("tf32") and f["dtype"] != "fp32")]
+    out = [f for f in out if not (f.get("tf32") and f["dtype"] != "fp32")]
+    out = [f for f in out if not (f.get("softcap") and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
+    return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
 
 
 def module_name(family: Family) -> str:
@@ -863,6 +880,8 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
     """
     parts = [family.name]
     for axis in family.axes:
+        if axis in OPTIONAL_AXES and axis not in functional:
+            continue
         v = functional[axis]
         if axis == "dtype":
             parts.append(str(v))
@@ -892,7 +911,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
     signature = family.signature(functional, config)
     values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
               "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
-              "HAS_BIAS": bool(functional.get("bias")),
+              "HAS_BIAS": bool(functional.get("bias")), "SOFTCAP": bool(functional.get("softcap")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
               **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS}}

@@ -105,7 +105,8 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          dropout_of(0.0f, nullptr, nullptr, 0, nullptr, nullptr),
                          varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0, nullptr),
                          false,
-                         static_cast<int32_t>(Backend::kAuto)};
+                         static_cast<int32_t>(Backend::kAuto),
+                         0.0f};
     // Read only the fields the caller's version of the struct has.
     if (params.version >= 2) {
       args.mask = mask_of(params.causal, params.align, params.window_left, params.window_right);
@@ -120,6 +121,9 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
     }
     if (params.version >= 4) {
       args.backend = static_cast<int32_t>(params.backend);
+    }
+    if (params.version >= 6) {
+      args.softcap = params.softcap;
     }
     if (params.version >= 3) {
       const bool v5 = params.version >= 5;
@@ -162,7 +166,8 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
                        false,
                        static_cast<int32_t>(Backend::kAuto),
                        0,
-                       0};
+                       0,
+                       0.0f};
   *host = HostOffsets{};
   // Read only the fields the caller's version of the struct has.
   if (params.version >= 2) {
@@ -177,6 +182,9 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
     args.backend = static_cast<int32_t>(params.backend);
     args.workspace = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.workspace));
     args.workspace_bytes = params.workspace_bytes;
+  }
+  if (params.version >= 5) {
+    args.softcap = params.softcap;
   }
   if (params.version >= 2) {
     const bool v4 = params.version >= 4;

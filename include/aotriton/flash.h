@@ -52,7 +52,7 @@ constexpr int32_t kVarlenTooLong = 4;           // a sequence longer than max_se
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 5;
+  static constexpr uint32_t kVersion = 6;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -120,6 +120,12 @@ struct FwdParams {
   // had to clamp an offset. Zero it before the call and read it after (in stream order); it is
   // written only on a violation. Ignored when not packed.
   int32_t* varlen_status = nullptr;
+
+  // -- version 6 --
+  // Logit soft-capping (Gemma 2, Grok): each score s = sm_scale * q.k becomes
+  // softcap * tanh(s / softcap) before bias and mask. 0 = off; otherwise finite and positive,
+  // fp16/bf16 inputs without dropout or bias (kInvalidArgument / kUnsupportedDType otherwise).
+  float softcap = 0.0f;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -131,7 +137,7 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 // are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
 // `deterministic` is set.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 4;
+  static constexpr uint32_t kVersion = 5;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -179,6 +185,9 @@ struct BwdParams {
   uint64_t cu_seqlens_q_host_count = 0;
   uint64_t cu_seqlens_k_host_count = 0;
   int32_t* varlen_status = nullptr;
+
+  // -- version 5 --: the forward's softcap (FwdParams version 6).
+  float softcap = 0.0f;
 };
 
 // Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any

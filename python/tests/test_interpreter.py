@@ -665,9 +665,9 @@ class AttnInterpreterTest(unittest.TestCase):
         to, tlse = NpTensor(o), NpTensor(lse)
         tq_, tk_, tv_ = NpTensor(q), NpTensor(k), NpTensor(v)
         attn_fwd[(triton.cdiv(max_q, 16), H, run.B)](
-            tq_, tk_, tv_, to, tlse, run.tbias, run.sm_scale, *run.st(tq_, tk_, tv_, to), *run.lse_strides(tlse),
-            0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64), dummy(np.int64), 0,
-            HAS_BIAS=False, **run.constexprs(BLOCK_M=16, BLOCK_N=16))
+            tq_, tk_, tv_, to, tlse, run.tbias, run.sm_scale, run.softcap, *run.st(tq_, tk_, tv_, to),
+            *run.lse_strides(tlse), 0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64),
+            dummy(np.int64), 0, HAS_BIAS=False, **run.score_constexprs(BLOCK_M=16, BLOCK_N=16))
         want = 1 | 2 | 4  # VARLEN_OFFSET_OUT_OF_RANGE | VARLEN_DECREASING | VARLEN_TOO_LONG
         self.assertEqual(int(run.status[0]), want)
         for name, storage in (("O", o_storage), ("LSE", lse_storage.transpose(1, 0))):

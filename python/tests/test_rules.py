@@ -9,15 +9,17 @@ import rules
 
 #: (dtype, tf32) pairs: fp16, bf16, fp32-ieee, fp32-tf32.
 _DT = 4
+#: Softcap functionals: 16-bit without dropout and bias, every head dim.
+_SOFTCAP = 2 * 5
 FAMILY_COUNTS_SM90 = {
     # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias 2 aligned + 1 generic,
-    # everything else 1 aligned + 1 generic
-    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5) * 2,
+    # everything else (softcap too) 1 aligned + 1 generic
+    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5 + _SOFTCAP) * 2,
     # dtype x head_dim x (1 aligned + 1 generic)
     "attn_bwd_preprocess": 3 * 5 * 2,
-    # (dtype, tf32) x head_dim x dropout x bias x (1 aligned + 1 generic)
-    "attn_bwd_dkdv": _DT * 5 * 4 * 2,
-    "attn_bwd_dq": _DT * 5 * 4 * 2,
+    # (dtype, tf32) x head_dim x dropout x bias (+ softcap) x (1 aligned + 1 generic)
+    "attn_bwd_dkdv": (_DT * 5 * 4 + _SOFTCAP) * 2,
+    "attn_bwd_dq": (_DT * 5 * 4 + _SOFTCAP) * 2,
     # (dtype, tf32) x head_dim x dropout x (1 aligned + 1 generic)
     "attn_bwd_dbias": _DT * 5 * 2 * 2,
     "debug_dropout_mask": 2,
@@ -25,14 +27,15 @@ FAMILY_COUNTS_SM90 = {
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3}
-FUNCTIONALS = {"attn_fwd": _DT * 5 * 4, "attn_bwd_preprocess": 3 * 5, "attn_bwd_dkdv": _DT * 5 * 4,
-               "attn_bwd_dq": _DT * 5 * 4, "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
+FUNCTIONALS = {"attn_fwd": _DT * 5 * 4 + _SOFTCAP, "attn_bwd_preprocess": 3 * 5,
+               "attn_bwd_dkdv": _DT * 5 * 4 + _SOFTCAP, "attn_bwd_dq": _DT * 5 * 4 + _SOFTCAP,
+               "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
 
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
                    "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
                    "STORE_VARLEN_STATUS"]
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
-ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"]
+ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"]
 BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
                "stride_vz", "stride_vh", "stride_vn", "stride_doz", "stride_doh", "stride_dom",
                "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah"]
@@ -40,7 +43,7 @@ BIAS_STRIDES = ["stride_bz", "stride_bh", "stride_bm"]
 
 CONTRACT = {
     "attn_fwd": [
-        "Q", "K", "V", "O", "LSE", "BIAS", "sm_scale",
+        "Q", "K", "V", "O", "LSE", "BIAS", "sm_scale", "softcap",
         "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
         "stride_lz", "stride_lh", *BIAS_STRIDES,
@@ -53,11 +56,11 @@ CONTRACT = {
         "N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
         "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_dkdv": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", *BWD_STRIDES,
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES,
         *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
     "attn_bwd_dq": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", *BWD_STRIDES,
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES,
         *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
     "attn_bwd_dbias": [
@@ -69,12 +72,12 @@ CONTRACT = {
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
 }
-CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32"}
+CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"}
 DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
                "stride_dvn"}
 #: Non-default argument types (everything else not a pointer/stride is i32).
-SPECIAL_TYPES = {"sm_scale": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
+SPECIAL_TYPES = {"sm_scale": "fp32", "softcap": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
                  "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
                  "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
                  "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32"}
@@ -126,7 +129,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                         "debug_dropout_mask-fp32-m32n64w4s1-generic",
                         "attn_fwd_gluon-bf16-hd128-m128n128st2r168-aligned", "attn_fwd_gluon-fp16-hd64-m128n64st2r80-aligned",
                         "attn_bwd_gluon-fp16-hd64-dq0-m64n128st2r168-aligned",
-                        "attn_bwd_gluon_preprocess-bf16-hd128-m32w4s1-aligned"):
+                        "attn_bwd_gluon_preprocess-bf16-hd128-m32w4s1-aligned",
+                        "attn_fwd-bf16-tf0-hd128-drop0-bias0-softcap1-m64n64w4s2-aligned",
+                        "attn_bwd_dkdv-fp16-tf0-hd64-drop0-bias0-softcap1-m32n128w4s2-generic"):
             self.assertIn(example, ids)
 
     def test_families_and_axes(self):
@@ -137,9 +142,9 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
         axes = {f.name: f.axes for f in rules.FAMILIES}
         full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
-                "dropout": [False, True], "bias": [False, True]}
+                "dropout": [False, True], "bias": [False, True], "softcap": [False, True]}
         for name in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
-            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias"], name)
+            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap"], name)
             self.assertEqual(axes[name], full, name)
         self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
@@ -150,6 +155,10 @@ class EnumerateKernelsTest(unittest.TestCase):
         for f in rules.FAMILIES:
             for fn in rules.functionals(f):
                 self.assertFalse(fn.get("tf32") and fn["dtype"] != "fp32", fn)  # tf32 only for fp32
+                # softcap: an optional axis, named only when on, and only 16-bit without dropout and bias
+                self.assertNotIn(False, [fn.get(a, True) for a in rules.OPTIONAL_AXES], fn)
+                if fn.get("softcap"):
+                    self.assertTrue(fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"], fn)
 
     def test_every_arch(self):
         for arch in rules.TARGETS:
@@ -172,7 +181,8 @@ class EnumerateKernelsTest(unittest.TestCase):
                 aligned = [s for s in mine if s.variant == "aligned"]
                 self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
-                two = key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
+                two = (key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
+                       and not fn.get("softcap"))
                 self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
@@ -221,6 +231,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                         self.assertIs(s.constexprs["ALLOW_TF32"], s.functional["tf32"])
                     if "HAS_BIAS" in s.constexprs:
                         self.assertIs(s.constexprs["HAS_BIAS"], s.functional["bias"])
+                    if "SOFTCAP" in s.constexprs:
+                        self.assertIs(s.constexprs["SOFTCAP"], s.functional.get("softcap", False))
+                        self.assertEqual("-softcap1-" in s.id, s.constexprs["SOFTCAP"], s.id)
                     for a in s.args:
                         n, t = a["name"], a["type"]
                         if n in DATA_TENSORS:

@@ -129,6 +129,19 @@ int main() {
   p.philox_offset = &philox_state[1];
   expect("dropout p = 1", flash::attn_fwd(p, stream), Status::kInvalidArgument);
 
+  // Logit soft-capping (FwdParams version 6, BwdParams version 5).
+  p = valid_params();
+  p.softcap = -30.0f;
+  expect("softcap negative", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+  p = valid_params();
+  p.softcap = std::nanf("");
+  expect("softcap NaN", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+  {
+    flash::BwdParams gs = valid_bwd_params();
+    gs.softcap = std::numeric_limits<float>::infinity();
+    expect("backward softcap inf", flash::attn_bwd(gs, stream), Status::kInvalidArgument);
+  }
+
   p = valid_params();
   p.bias = aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(0xb0000), {kB, 3, kSq, kSk},
                                                DType::kFloat16);
@@ -337,6 +350,14 @@ int main() {
     g.backend = flash::Backend::kGluon;
     g.workspace = reinterpret_cast<void*>(0x1000008);
     expect("version-2 backward ignores v3 fields", flash::attn_bwd(g, stream), Status::kNoDriver);
+    p = valid_params();
+    p.version = 5;
+    p.softcap = -30.0f;
+    expect("version-5 params ignore softcap", flash::attn_fwd(p, stream), Status::kNoDriver);
+    g = valid_bwd_params();
+    g.version = 4;
+    g.softcap = -30.0f;
+    expect("version-4 backward ignores softcap", flash::attn_bwd(g, stream), Status::kNoDriver);
     float mask_out = 0;
     auto out = aotriton::TensorView<4>::contiguous(&mask_out, {1, 1, 1, 1}, DType::kFloat32);
     expect("debug dropout mask, no driver",

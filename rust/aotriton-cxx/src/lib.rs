@@ -76,6 +76,8 @@ mod ffi {
         allow_tf32: bool,
         /// aotriton::v2::flash::Backend value.
         backend: i32,
+        /// 0: off (FwdParams version 6).
+        softcap: f32,
     }
 
     /// aotriton::v2::flash::BwdParams.
@@ -102,6 +104,8 @@ mod ffi {
         /// 0: no workspace.
         workspace: u64,
         workspace_bytes: u64,
+        /// 0: off (BwdParams version 5).
+        softcap: f32,
     }
 
     /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
@@ -406,6 +410,7 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpe
         let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
         let mut params = flash::FwdParams::new(view!(p.q, "q"), view!(p.k, "k"), view!(p.v, "v"), view!(p.o, "o"), lse);
         params.sm_scale = p.sm_scale;
+        params.softcap = p.softcap;
         params.mask = mask(&p.mask)?;
         params.bias = optional(&p.bias, "bias")?;
         params.dropout = dropout(&p.dropout);
@@ -445,6 +450,7 @@ fn bwd_params<'a>(p: &ffi::BwdArgs, host_q: &'a [i32], host_k: &'a [i32]) -> Res
         view!(p.dv, "dv"),
     );
     params.sm_scale = p.sm_scale;
+    params.softcap = p.softcap;
     params.mask = mask(&p.mask)?;
     params.bias = optional(&p.bias, "bias")?;
     params.dbias = optional(&p.dbias, "dbias")?;
@@ -502,6 +508,7 @@ mod tests {
             },
             allow_tf32: false,
             backend: 0,
+            softcap: 0.0,
         };
         let null = ffi::StreamSpec { handle: 0, runtime: 0 };
         let out = attn_fwd(&p, &[], &[], &null);

@@ -55,6 +55,8 @@ pub struct BwdParams<'a> {
     pub dv: TensorView<4>,
     /// The forward's scale, mask, bias, dropout (same seed and offset), packing and TF32 choice.
     pub sm_scale: f32,
+    /// The forward's logit soft-capping ([`FwdParams::softcap`](super::FwdParams::softcap); 0 = off).
+    pub softcap: f32,
     /// The forward's mask.
     pub mask: Mask,
     /// The forward's bias, if it had one.
@@ -115,6 +117,7 @@ impl<'a> BwdParams<'a> {
             dk,
             dv,
             sm_scale: 1.0 / head_dim.sqrt(),
+            softcap: 0.0,
             mask: Mask::NONE,
             bias: None,
             dbias: None,
@@ -160,7 +163,8 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
     let preprocess_axes = axes(dtype, false, &shape, &[]);
     let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
-    let main_axes = axes(dtype, tf32, &shape, &features);
+    let mut main_axes = axes(dtype, tf32, &shape, &features);
+    super::push_softcap_axis(&mut main_axes, params.softcap);
     let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
     let preprocess_args = preprocess_args(params, &shape)?;
     let args = kernel_args(params, &shape, &mask)?;
@@ -368,6 +372,7 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("DK", Ptr(p.dk.ptr)),
         ("DV", Ptr(p.dv.ptr)),
         ("sm_scale", F32(p.sm_scale)),
+        ("softcap", F32(p.softcap)),
     ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
@@ -419,6 +424,7 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     check_tensor("lse", &p.lse, rows, DType::F32)?;
     check_tensor("delta", &p.delta, rows, DType::F32)?;
     super::check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
+    super::check_softcap(p.softcap, dtype, p.dropout.is_some(), p.bias.is_some())?;
     if let Some(ws) = &p.workspace {
         if ws.ptr == 0 {
             bail!(NullPointer, "workspace: pointer is null (pass no workspace instead)");

@@ -1,8 +1,9 @@
-//! `attn_fwd`: O = dropout(softmax(sm_scale · Q·Kᵀ + bias + mask)) · V, and optionally the LSE.
+//! `attn_fwd`: O = dropout(softmax(cap(sm_scale · Q·Kᵀ) + bias + mask)) · V, and optionally the LSE
+//! (`cap`: the identity, or logit soft-capping with [`FwdParams::softcap`]).
 use super::gluon;
 use super::{
     AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, check_qkv, check_rows, check_scalars,
-    check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
+    check_softcap, check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
 use crate::dispatch::{
@@ -31,6 +32,10 @@ pub struct FwdParams<'a> {
     pub lse: Option<TensorView<3>>,
     /// Scale applied to Q·Kᵀ; `new` sets 1/√D.
     pub sm_scale: f32,
+    /// Logit soft-capping (Gemma 2, Grok): each score s = sm_scale · q·k becomes
+    /// `softcap · tanh(s / softcap)` before bias and mask. 0 (what `new` sets) is off; otherwise
+    /// finite and positive, fp16/bf16 inputs without dropout or bias. The backward needs the same.
+    pub softcap: f32,
     /// Which keys each query sees; `new` sets [`Mask::NONE`].
     pub mask: Mask,
     /// Additive attention bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk]: a size
@@ -59,6 +64,7 @@ impl<'a> FwdParams<'a> {
             o,
             lse,
             sm_scale: 1.0 / head_dim.sqrt(),
+            softcap: 0.0,
             mask: Mask::NONE,
             bias: None,
             dropout: None,
@@ -99,7 +105,9 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
 }
 
 pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Axes {
-    axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())])
+    let mut axes = axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())]);
+    super::push_softcap_axis(&mut axes, p.softcap);
+    axes
 }
 
 /// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
@@ -116,6 +124,7 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("O", Ptr(p.o.ptr)),
         ("LSE", Ptr(lse.ptr)),
         ("sm_scale", F32(p.sm_scale)),
+        ("softcap", F32(p.softcap)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
     ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
@@ -164,6 +173,7 @@ pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
         check_tensor("lse", lse, [p.q.sizes[0], shape.heads_q, p.q.sizes[2]], DType::F32)?;
     }
     check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
+    check_softcap(p.softcap, p.q.dtype, p.dropout.is_some(), p.bias.is_some())?;
     let ([seed, offset], [seed_out, offset_out]) = dropout_regions(p.dropout.as_ref())?;
     let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
     let lse = match &p.lse {
@@ -309,6 +319,35 @@ pub(crate) mod tests {
             ("batch 0", Box::new(|p| set_outer_size(p, 0, 0)), ErrorKind::EmptyInput),
             ("scale NaN", Box::new(|p| p.sm_scale = f32::NAN), ErrorKind::InvalidArgument),
             ("scale inf", Box::new(|p| p.sm_scale = f32::INFINITY), ErrorKind::InvalidArgument),
+            ("softcap NaN", Box::new(|p| p.softcap = f32::NAN), ErrorKind::InvalidArgument),
+            ("softcap negative", Box::new(|p| p.softcap = -30.0), ErrorKind::InvalidArgument),
+            ("softcap inf", Box::new(|p| p.softcap = f32::INFINITY), ErrorKind::InvalidArgument),
+            (
+                "softcap with dropout",
+                Box::new(|p| {
+                    p.softcap = 30.0;
+                    p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "softcap with bias",
+                Box::new(|p| {
+                    p.softcap = 30.0;
+                    p.bias = Some(bias([B, HQ, SQ, SK]));
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "softcap fp32",
+                Box::new(|p| {
+                    p.softcap = 30.0;
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.dtype = DType::F32;
+                    }
+                }),
+                ErrorKind::UnsupportedDType,
+            ),
             ("window left -2", Box::new(|p| p.mask = Mask::window(-2, 4, MaskAlign::TopLeft)), ErrorKind::InvalidArgument),
             ("window right -5", Box::new(|p| p.mask = Mask::window(3, -5, MaskAlign::BottomRight)), ErrorKind::InvalidArgument),
             (
@@ -329,6 +368,21 @@ pub(crate) mod tests {
 
     fn bias(sizes: [u64; 4]) -> TensorView<4> {
         TensorView::contiguous(0x70000, sizes, DType::F16)
+    }
+
+    #[test]
+    fn softcap_is_an_optional_axis_and_an_argument() {
+        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let mut p = valid();
+        let (shape, mask) = check(&p).unwrap();
+        let axes = functional_axes(&p, &shape);
+        assert!(axes.as_slice().unwrap().iter().all(|(name, _)| *name != "softcap"), "off: no softcap axis");
+        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(0.0)));
+        p.softcap = 30.0;
+        let (shape, mask) = check(&p).unwrap();
+        let axes = functional_axes(&p, &shape);
+        assert!(axes.as_slice().unwrap().contains(&("softcap", "true")));
+        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(30.0)));
     }
 
     #[test]

@@ -519,6 +519,34 @@ pub(crate) fn check_scalars(shape: &AttnShape, dropout: Option<&Dropout>, sm_sca
     Ok(())
 }
 
+/// Logit soft-capping's value: 0 (off) or finite and positive, and compiled only for fp16/bf16
+/// without dropout or bias (python/rules.py, `functionals`), so anything else is refused here with
+/// its reason rather than as a missing kernel.
+pub(crate) fn check_softcap(softcap: f32, dtype: DType, dropout: bool, bias: bool) -> Result<()> {
+    if softcap == 0.0 {
+        return Ok(());
+    }
+    if !softcap.is_finite() || softcap < 0.0 {
+        bail!(InvalidArgument, "softcap is {softcap}: it must be 0 (off) or finite and positive");
+    }
+    if !matches!(dtype, DType::F16 | DType::BF16) {
+        bail!(UnsupportedDType, "softcap takes fp16 or bf16 inputs, not {}", dtype.triton_name());
+    }
+    if dropout || bias {
+        let what = if dropout { "dropout" } else { "an attention bias" };
+        bail!(InvalidArgument, "softcap is not built with {what}: pass one or the other");
+    }
+    Ok(())
+}
+
+/// Adds the `softcap` functional axis when soft-capping is on. It is an optional axis
+/// (python/rules.py, `OPTIONAL_AXES`): the functionals without it do not name it.
+pub(crate) fn push_softcap_axis(axes: &mut Axes, softcap: f32) {
+    if softcap != 0.0 {
+        axes.push("softcap", bool_axis(true));
+    }
+}
+
 /// The device memory of the dropout state, for the aliasing check: the inputs `[seed, offset]`
 /// and the outputs `[seed_out, offset_out]` (u64 each; absent ones empty).
 pub(crate) fn dropout_regions(dropout: Option<&Dropout>) -> Result<([Region<'static>; 2], [Region<'static>; 2])> {
