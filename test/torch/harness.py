@@ -19,11 +19,13 @@ def forced_backend():
     return os.environ.get("AOTRITON_BACKEND", "") or "auto"
 
 
-def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
+def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None,
+                  softcap=False):
     """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
     kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
     in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; no
-    dropout; no bias (the extension turns bool and float masks into one); not packed (varlen); forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
+    dropout; no bias (the extension turns bool and float masks into one); not packed (varlen); no
+    logit soft-capping; forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
     TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
     bytes), which every test input is once the wrapper has copied a non-unit last stride away."""
     if dtype not in (torch.float16, torch.bfloat16):
@@ -36,6 +38,8 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
         return "bias"
     if varlen:
         return "varlen"
+    if softcap:
+        return "soft-capping"
     if not backward and sm_scale is not None and not sm_scale > 0:
         return "sm_scale"
     return None
@@ -46,13 +50,14 @@ def gluon_serves(dtype, head_dim, backward=False, dropout=False, bias=False, var
     return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale) is None
 
 
-def gluon_refuses(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None):
+def gluon_refuses(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None,
+                  softcap=False):
     """The reason (see gluon_refusal) when AOTRITON_BACKEND=gluon forces such a call onto a backend
     that cannot serve it, so the call must raise kUnsupportedByBackend; None otherwise (any other
     backend, or a call Gluon serves: the test runs as usual)."""
     if forced_backend() != "gluon":
         return None
-    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale)
+    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale, softcap)
 
 
 class Runner:
@@ -152,8 +157,9 @@ def visible(sq, sk, left=-1, right=-1, align=0, causal=False, device="cuda"):
     return vis
 
 
-def attention_ref(q, k, v, scale, bias=None, vis=None, keep=None, p=0.0):
+def attention_ref(q, k, v, scale, bias=None, vis=None, keep=None, p=0.0, softcap=0.0):
     """Plain attention in the inputs' dtype: q (B,Hq,Sq,D), k/v (B,Hk,Sk,D) (GQA by repeat).
+    softcap > 0: scores capped at softcap * tanh(s / softcap) before bias and mask.
     bias: additive, broadcastable; vis: bool, broadcastable (False = hidden); keep: dropout keep
     mask (1/0), kept values scaled by 1/(1-p). Rows that see no key give 0 (no NaN, no NaN grads)."""
     g = q.shape[1] // k.shape[1]
@@ -161,6 +167,8 @@ def attention_ref(q, k, v, scale, bias=None, vis=None, keep=None, p=0.0):
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         s = s + bias
     if vis is not None:
@@ -176,11 +184,13 @@ def attention_ref(q, k, v, scale, bias=None, vis=None, keep=None, p=0.0):
     return torch.matmul(pr, v)
 
 
-def lse_ref(q, k, scale, bias=None, vis=None):
+def lse_ref(q, k, scale, bias=None, vis=None, softcap=0.0):
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k = k.repeat_interleave(g, dim=1)
     s = torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if bias is not None:
         s = s + bias.double()
     if vis is not None:

@@ -4,7 +4,8 @@
 Code written against flash_attn 2.x must work by swapping the import: (B, S, H, D) and packed
 (total, H, D) layouts, bottom-right causal and windows, GQA, softmax_scale, head dims that are not
 multiples of 8 (padded), deterministic backward, return_softmax_lse, the packed-qkv/kv variants,
-and refusals naming return_attn_probs, softcap, alibi_slopes and block_table. Bounds as
+softcap (dense and packed, forward and backward), and refusals naming return_attn_probs,
+alibi_slopes and block_table. Bounds as
 test_ops.py (compare: aotriton's error at most a few times the plain input-dtype computation's).
 
     PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_flash_attn_compat.py
@@ -25,11 +26,12 @@ R = Runner("flash_attn_compat")
 T.R, T.ARGS = R, argparse.Namespace(k=None)
 
 
-def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1)):
-    """Plain attention over (B, S, H, D) tensors, bottom-right aligned masks."""
+def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
+    """Plain attention over (B, S, H, D) tensors, bottom-right aligned masks, capped scores."""
     sq, sk = q.size(1), k.size(1)
     vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
-    return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, vis=vis).transpose(1, 2)
+    return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, vis=vis,
+                         softcap=softcap).transpose(1, 2)
 
 
 def test_dense():
@@ -48,6 +50,51 @@ def test_dense():
                       lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
                                                          window_size=window),
                       lambda q, k, v: bshd_ref(q, k, v, sc, causal, window), ["q", "k", "v"])
+
+
+def test_softcap():
+    # Caps from saturating (2 at a large scale) to Gemma 2's 50; GQA, windows, padded head dims, hd256.
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hk, sq, sk, d, causal, window, scale, cap in (
+                (2, 8, 2, 300, 300, 128, True, (-1, -1), 0.5, 5.0),
+                (1, 4, 4, 257, 513, 64, False, (64, 16), None, 30.0),
+                (1, 2, 2, 200, 200, 256, True, (-1, -1), 1.0, 2.0),
+                (2, 4, 1, 99, 131, 80, True, (-1, -1), None, 50.0)):
+            name = (f"flash_attn_func softcap {cap} {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
+                    + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
+                    + (f" scale{scale}" if scale else ""))
+            sc = 1 / math.sqrt(d) if scale is None else scale
+            T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
+                      lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                                         window_size=window, softcap=cap),
+                      lambda q, k, v: bshd_ref(q, k, v, sc, causal, window, cap), ["q", "k", "v"], softcap=True)
+    lens_q, lens_k, hq, hk, d, cap = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128, 4.0
+    cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
+    ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
+    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
+
+    def ref(q, k, v):
+        outs = [bshd_ref(q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None], 0.5, True,
+                         softcap=cap)[0] for i in range(len(lens_q))]
+        return torch.cat(outs)
+    T.compare(f"flash_attn_varlen_func softcap {cap} bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
+              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
+              lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                        softmax_scale=0.5, causal=True, softcap=cap),
+              ref, ["q", "k", "v"], varlen=True, softcap=True)
+    q = T.rnd(2, 64, 4, 64).to(torch.bfloat16)
+    out, lse = FA.flash_attn_func(q, q, q, causal=True, softcap=3.0, return_softmax_lse=True)
+    want = lse_ref(q.transpose(1, 2), q.transpose(1, 2), 1 / 8, vis=visible(64, 64, align=1, causal=True), softcap=3.0)
+    R.check("softcap: the LSE is of the capped scores", max_err(lse, want) <= 1e-2, f"err {max_err(lse, want):.2e}")
+    for name, fn in (("softcap with dropout", lambda: FA.flash_attn_func(q, q, q, dropout_p=0.1, softcap=3.0)),
+                     ("softcap fp32", lambda: FA.flash_attn_func(q.float(), q.float(), q.float(), softcap=3.0)),
+                     ("softcap negative", lambda: FA.flash_attn_func(q, q, q, softcap=-1.0))):
+        try:
+            fn()
+            R.check(f"refuses {name}", False, "no error")
+        except (RuntimeError, ValueError) as e:
+            R.check(f"refuses {name}", "softcap" in str(e), str(e)[:160])
 
 
 def test_lse_and_deterministic():
@@ -112,7 +159,6 @@ def test_refusals():
     cu = torch.tensor([0, 16], device=DEV, dtype=torch.int32)
     for name, fn in (
             ("return_attn_probs", lambda: FA.flash_attn_func(q, q, q, return_attn_probs=True)),
-            ("softcap", lambda: FA.flash_attn_func(q, q, q, softcap=30.0)),
             ("alibi_slopes", lambda: FA.flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, device=DEV))),
             ("block_table", lambda: FA.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16,
                                                               block_table=torch.zeros(1, 1, device=DEV,
@@ -129,7 +175,8 @@ def main():
         R.check("CUDA device present", False)
         R.finish()
     torch.manual_seed(0)
-    for t in (test_dense, test_lse_and_deterministic, test_packed_variants, test_varlen, test_refusals):
+    for t in (test_dense, test_softcap, test_lse_and_deterministic, test_packed_variants, test_varlen,
+              test_refusals):
         R.run(t.__name__, t)
     R.finish()
 

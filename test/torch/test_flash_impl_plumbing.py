@@ -78,10 +78,11 @@ class StandIn:
         return dq, dk, dv
 
     def fwd(self, q4, k4, v4, bias, cu_q, cu_k, max_q, max_k, sm_scale, causal, left, right, align, dropout_p,
-            allow_tf32, check_cu_seqlens, varlen_status):
+            allow_tf32, check_cu_seqlens, varlen_status, softcap=0.0):
         self.calls.append(("fwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        bias=bias, dropout_p=dropout_p, q_stride=q4.stride(), packed=cu_q is not None,
-                                       max_q=max_q, max_k=max_k)))
+                                       max_q=max_q, max_k=max_k, softcap=softcap)))
+        assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"
         assert q4.dim() == 4 and q4.stride(-1) == 1, "the kernels take (B, H, S, D) views with a unit last stride"
         out64, lse = self._forward64(q4, k4, v4, cu_q, cu_k, sm_scale, causal, left, right, align)
         out = alloc_like(q4)
@@ -89,9 +90,11 @@ class StandIn:
         return out, lse.float(), torch.tensor([1234, 5678], dtype=torch.int64)
 
     def bwd(self, dout, q4, k4, v4, out, lse, bias, bias_requires_grad, cu_q, cu_k, max_q, max_k, sm_scale, causal,
-            left, right, align, dropout_p, rng_state, allow_tf32, deterministic, check_cu_seqlens, varlen_status):
+            left, right, align, dropout_p, rng_state, allow_tf32, deterministic, check_cu_seqlens, varlen_status,
+            softcap=0.0):
         self.calls.append(("bwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        rng=rng_state.tolist(), lse_shape=tuple(lse.shape), dout_stride=dout.stride())))
+        assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"
         assert lse.dim() == 3 and lse.shape == q4.shape[:3], "LSE must be (B, Hq, Sq) ((1, Hq, total) packed)"
         assert rng_state.dtype == torch.int64 and dout.stride(-1) == 1 and lse.stride(-1) == 1
         grads = self._backward64(dout, q4, k4, v4, out, lse, cu_q, cu_k, sm_scale, causal, left, right, align)
@@ -146,9 +149,12 @@ def check_flash_attn_mapping(run):
         kind, shape, kw = seen[-1]
         run.check("flash_attn_varlen_func: packed, bottom-right causal, max lengths",
                   kind == "varlen" and kw["align"] == "bottom_right" and kw["causal"] and kw["max_q"] == 7, str(kw))
+        fa.flash_attn_func(q, k, k, softcap=30.0)
+        run.check("flash_attn_func: softcap passed on", seen[-1][2]["softcap"] == 30.0, str(seen[-1][2]))
+        fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7, softcap=2.5)
+        run.check("flash_attn_varlen_func: softcap passed on", seen[-1][2]["softcap"] == 2.5, str(seen[-1][2]))
         n = len(seen)
         for name, call in (("return_attn_probs", lambda: fa.flash_attn_func(q, k, k, return_attn_probs=True)),
-                           ("softcap", lambda: fa.flash_attn_func(q, k, k, softcap=30.0)),
                            ("alibi_slopes", lambda: fa.flash_attn_func(q, k, k, alibi_slopes=torch.ones(4))),
                            ("block_table", lambda: fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7,
                                                                              block_table=torch.zeros(1, 1)))):

@@ -24,24 +24,24 @@ R = Runner("hf_plumbing")
 CALLS = {"dense": 0, "varlen": 0}
 
 
-def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1)):
+def dense(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
     CALLS["dense"] += 1
     assert dropout_p == 0.0
     d = q.size(-1)
     scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
     vis = visible(q.size(1), k.size(1), window_size[0], window_size[1], 1, causal, device="cpu")
-    out = attention_ref(*(t.transpose(1, 2).double() for t in (q, k, v)), scale, vis=vis)
+    out = attention_ref(*(t.transpose(1, 2).double() for t in (q, k, v)), scale, vis=vis, softcap=softcap)
     return out.transpose(1, 2).to(q.dtype)
 
 
 def varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0, softmax_scale=None, causal=False,
-           window_size=(-1, -1)):
+           window_size=(-1, -1), softcap=0.0):
     CALLS["varlen"] += 1
     assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
     cq, ck = cu_q.tolist(), cu_k.tolist()
     assert max_q == max(b - a for a, b in zip(cq, cq[1:])) and max_k == max(b - a for a, b in zip(ck, ck[1:]))
     outs = [dense(q[cq[i]:cq[i + 1]].unsqueeze(0), k[ck[i]:ck[i + 1]].unsqueeze(0), v[ck[i]:ck[i + 1]].unsqueeze(0),
-                  dropout_p, softmax_scale, causal, window_size).squeeze(0) for i in range(len(cq) - 1)]
+                  dropout_p, softmax_scale, causal, window_size, softcap).squeeze(0) for i in range(len(cq) - 1)]
     return torch.cat(outs, 0)
 
 

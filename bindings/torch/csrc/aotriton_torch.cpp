@@ -2,12 +2,12 @@
 //
 //   torch.ops.aotriton.fwd(q, k, v, bias?, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
 //                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
-//                          check_cu_seqlens=False, varlen_status?=None)
+//                          check_cu_seqlens=False, varlen_status?=None, softcap=0.0)
 //       -> (out, lse, rng_state)
 //   torch.ops.aotriton.bwd(dout, q, k, v, out, lse, bias?, bias_requires_grad, cu_seqlens_q?,
 //                          cu_seqlens_k?, max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left,
 //                          window_right, align, dropout_p, rng_state, allow_tf32, deterministic,
-//                          check_cu_seqlens=False, varlen_status?=None)
+//                          check_cu_seqlens=False, varlen_status?=None, softcap=0.0)
 //       -> (dq, dk, dv, dbias)
 //   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
 //   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
@@ -266,7 +266,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
                                             double sm_scale, bool causal, int64_t window_left,
                                             int64_t window_right, int64_t align, double dropout_p,
                                             bool allow_tf32, bool check_cu_seqlens,
-                                            const c10::optional<Tensor>& varlen_status) {
+                                            const c10::optional<Tensor>& varlen_status, double softcap) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
   check_dropout_p(dropout_p);
   check_cuda(k, q, "k");
@@ -287,6 +287,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
   p.o = view_of<4>(out, "out");
   p.lse = view_of<3>(lse, "lse");
   p.sm_scale = static_cast<float>(sm_scale);
+  p.softcap = static_cast<float>(softcap);
   p.causal = causal;
   p.align = align_of(align);
   p.window_left = window_of(window_left, "window_left");
@@ -333,7 +334,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
     const c10::optional<Tensor>& cu_seqlens_q, const c10::optional<Tensor>& cu_seqlens_k,
     int64_t max_seqlen_q, int64_t max_seqlen_k, double sm_scale, bool causal, int64_t window_left,
     int64_t window_right, int64_t align, double dropout_p, const Tensor& rng_state,
-    bool allow_tf32, bool deterministic, bool check_cu_seqlens, const c10::optional<Tensor>& varlen_status) {
+    bool allow_tf32, bool deterministic, bool check_cu_seqlens, const c10::optional<Tensor>& varlen_status,
+    double softcap) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
   check_dropout_p(dropout_p);
   for (auto [t, name] : {std::pair<const Tensor*, const char*>{&dout, "dout"}, {&k, "k"}, {&v, "v"},
@@ -367,6 +369,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   p.dk = view_of<4>(dk, "dk");
   p.dv = view_of<4>(dv, "dv");
   p.sm_scale = static_cast<float>(sm_scale);
+  p.softcap = static_cast<float>(softcap);
   p.causal = causal;
   p.align = align_of(align);
   p.window_left = window_of(window_left, "window_left");
@@ -437,14 +440,15 @@ TORCH_LIBRARY(aotriton, m) {
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float sm_scale, bool causal, int window_left, "
       "int window_right, int align, float dropout_p, bool allow_tf32, bool check_cu_seqlens=False, "
-      "Tensor(a!)? varlen_status=None) -> (Tensor, Tensor, Tensor)",
+      "Tensor(a!)? varlen_status=None, float softcap=0.0) -> (Tensor, Tensor, Tensor)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? bias, "
       "bool bias_requires_grad, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float sm_scale, bool causal, int window_left, int window_right, "
       "int align, float dropout_p, Tensor rng_state, bool allow_tf32, bool deterministic, "
-      "bool check_cu_seqlens=False, Tensor(a!)? varlen_status=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool check_cu_seqlens=False, Tensor(a!)? varlen_status=None, float softcap=0.0) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "dropout_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, "
       "float dropout_p) -> Tensor");

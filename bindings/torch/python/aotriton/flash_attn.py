@@ -15,8 +15,9 @@ Results: ``out`` in q's layout. FlashAttention's ``return_attn_probs=True`` (out
 S_dmask) needs the attention probabilities, which these kernels never materialize: it raises
 ``NotImplementedError`` naming it. ``return_softmax_lse=True`` (the name FlashAttention's
 ``flash_attn_with_kvcache`` uses) returns ``(out, softmax_lse)``: fp32 natural-log LSE,
-``(B, Hq, Sq)`` or, packed, ``(Hq, total_q)``. Options aotriton does not have (``softcap`` != 0,
-``alibi_slopes``, ``block_table``) raise ``NotImplementedError`` naming them; nothing is launched.
+``(B, Hq, Sq)`` or, packed, ``(Hq, total_q)``. ``softcap`` > 0 caps the scores (fp16/bf16,
+without dropout). Options aotriton does not have (``alibi_slopes``, ``block_table``) raise
+``NotImplementedError`` naming them; nothing is launched.
 """
 import math
 
@@ -34,13 +35,11 @@ __all__ = [
 ]
 
 
-def _refuse(softcap, alibi_slopes, return_attn_probs, block_table=None):
+def _refuse(alibi_slopes, return_attn_probs, block_table=None):
     if return_attn_probs:
         raise NotImplementedError("aotriton.flash_attn: return_attn_probs=True is not supported (the attention "
                                   "probabilities are never materialized); return_softmax_lse=True returns "
                                   "(out, softmax_lse)")
-    if softcap:
-        raise NotImplementedError(f"aotriton.flash_attn: softcap={softcap} is not supported")
     if alibi_slopes is not None:
         raise NotImplementedError("aotriton.flash_attn: alibi_slopes is not supported")
     if block_table is not None:
@@ -68,11 +67,11 @@ def _result(out, lse, d, return_softmax_lse):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False):
     """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs)."""
-    _refuse(softcap, alibi_slopes, return_attn_probs)
+    _refuse(alibi_slopes, return_attn_probs)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attention(q, k, v, causal=causal, window_size=window_size, align="bottom_right",
                                       dropout_p=dropout_p, scale=scale, layout="bshd", return_aux=True,
-                                      deterministic=deterministic)
+                                      deterministic=deterministic, softcap=softcap)
     return _result(out, lse, d, return_softmax_lse)
 
 
@@ -99,12 +98,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_softmax_lse=False):
     """q (total_q, Hq, D), k/v (total_k, Hk, D), cu_seqlens int32 (B+1) -> out (total_q, Hq, D).
     Offsets are read on the device and clamped to the tensors (aotriton.torch.flash_attn_varlen)."""
-    _refuse(softcap, alibi_slopes, return_attn_probs, block_table)
+    _refuse(alibi_slopes, return_attn_probs, block_table)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                         dropout_p=dropout_p, softmax_scale=scale, causal=causal,
                                         window_size=window_size, align="bottom_right", return_aux=True,
-                                        deterministic=deterministic)
+                                        deterministic=deterministic, softcap=softcap)
     return _result(out, lse, d, return_softmax_lse)
 
 

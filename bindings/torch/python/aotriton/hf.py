@@ -16,8 +16,8 @@ token against a longer cache is causal too); ``sliding_window`` W (Mistral, Qwen
 ``use_sliding_window``, ...) as the window ``(W - 1, 0)``: query i sees keys i - W + 1 .. i, as
 transformers' sliding-window mask; padding-free packed batches (one row whose ``position_ids``
 restart, as transformers' ``DataCollatorWithFlattening`` makes them) as one packed batch of those
-sequences. Not served (``NotImplementedError`` naming them): ``softcap``, ``s_aux`` (attention
-sinks), ``position_bias``. Where transformers has no registry, :func:`patch_sdpa` swaps
+sequences. ``softcap`` (Gemma 2's attention logit soft-capping) is passed on. Not served
+(``NotImplementedError`` naming them): ``s_aux`` (attention sinks), ``position_bias``. Where transformers has no registry, :func:`patch_sdpa` swaps
 ``torch.nn.functional.scaled_dot_product_attention`` for aotriton's while a model runs.
 """
 import contextlib
@@ -56,8 +56,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     """transformers' attention-function signature: query (B, Hq, Sq, D), key/value (B, Hk, Sk, D),
     ``attention_mask`` None or the (B, Sk) padding mask (``flash_attention_mask``); returns
     ``(output (B, Sq, Hq, D), None)``."""
-    if softcap:
-        raise NotImplementedError(f"aotriton.hf: attention softcap={softcap} is not supported")
+    cap = float(softcap or 0.0)
     for name in ("s_aux", "position_bias"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"aotriton.hf: {name} is not supported")
@@ -72,9 +71,10 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if packed is not None:
             cu, longest = packed
             out = fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, longest, longest, dropout_p=dropout,
-                                            softmax_scale=scaling, causal=causal, window_size=window)
+                                            softmax_scale=scaling, causal=causal, window_size=window, softcap=cap)
             return out.unsqueeze(0), None
-        out = fa.flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window)
+        out = fa.flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
+                                 softcap=cap)
         return out, None
     kv_mask = attention_mask[:, -k.shape[1]:].bool()
     q_mask = kv_mask[:, -q.shape[1]:]
@@ -83,7 +83,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     v_packed = v[kv_mask]
     out_packed = fa.flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max(max_q, 1), max(max_k, 1),
                                            dropout_p=dropout, softmax_scale=scaling, causal=causal,
-                                           window_size=window)
+                                           window_size=window, softcap=cap)
     out = out_packed.new_zeros(q.shape)
     out[q_mask] = out_packed
     return out, None

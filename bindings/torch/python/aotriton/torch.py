@@ -95,7 +95,8 @@ def _register_fakes():
 
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
-                  window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None):
+                  window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
+                  softcap=0.0):
         b, h, s, d = q.shape
         out = like(q)
         lse = q.new_empty((b, h, s), dtype=torch.float32)
@@ -105,7 +106,7 @@ def _register_fakes():
     @torch.library.register_fake("aotriton::bwd")
     def _bwd_fake(dout, q, k, v, out, lse, bias, bias_requires_grad, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p, rng_state,
-                  allow_tf32, deterministic, check_cu_seqlens=False, varlen_status=None):
+                  allow_tf32, deterministic, check_cu_seqlens=False, varlen_status=None, softcap=0.0):
         dq = like(q)
         dk = like(k)
         dv = like(v)
@@ -184,15 +185,16 @@ class _FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
                 window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
-                deterministic=False):
+                deterministic=False, softcap=0.0):
         out, lse, rng_state = _ops().fwd(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
-                                         check_cu_seqlens, varlen_status)
+                                         check_cu_seqlens, varlen_status, softcap)
         ctx.save_for_backward(q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k)
         ctx.args = (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
                     allow_tf32)
         ctx.varlen_status = varlen_status
         ctx.deterministic = deterministic
+        ctx.softcap = softcap
         ctx.mark_non_differentiable(lse, rng_state)
         return out, lse, rng_state
 
@@ -208,8 +210,8 @@ class _FlashAttnFunction(torch.autograd.Function):
                                        max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right,
                                        align, dropout_p, rng_state, allow_tf32,
                                        ctx.deterministic or torch.are_deterministic_algorithms_enabled(), False,
-                                       ctx.varlen_status)
-        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 14
+                                       ctx.varlen_status, ctx.softcap)
+        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 15
 
 
 def _unit_last_stride(t):
@@ -268,6 +270,15 @@ def _check_dropout(dropout_p):
     return p
 
 
+def _check_softcap(softcap):
+    """softcap as a float: 0 (off) or finite and positive (the library checks the dtype and the
+    options it combines with)."""
+    value = float(softcap)
+    if not (value == 0.0 or (math.isfinite(value) and value > 0.0)):
+        raise ValueError(f"aotriton: softcap must be 0 (off) or finite and positive, got {softcap}")
+    return value
+
+
 def _bias_from_mask(mask, shape, dtype, name):
     """An additive bias [B or 1, Hq or 1, Sq or 1, Sk] (unit last stride) from a bool mask (True =
     take part; -> 0 / -inf) or a float mask, broadcast like torch SDPA. Autograd flows through the
@@ -302,12 +313,12 @@ def _bias_from_mask(mask, shape, dtype, name):
 
 def _attention(q, k, v, bias, sm_scale, causal, window_left, window_right, align, dropout_p,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, check_cu_seqlens=False,
-               varlen_status=None, deterministic=False):
+               varlen_status=None, deterministic=False, softcap=0.0):
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     return _FlashAttnFunction.apply(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                     float(sm_scale), bool(causal), int(window_left), int(window_right), int(align),
                                     float(dropout_p), _allow_tf32(q.dtype), bool(check_cu_seqlens), varlen_status,
-                                    bool(deterministic))
+                                    bool(deterministic), float(softcap))
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -363,7 +374,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left", bias=None, dropout_p=0.0,
-                    scale=None, layout="bhsd", return_aux=False, deterministic=False):
+                    scale=None, layout="bhsd", return_aux=False, deterministic=False, softcap=0.0):
     """Attention over padded batches with every aotriton option.
 
     ``layout="bhsd"``: q ``(B, Hq, Sq, D)``, k/v ``(B, Hk, Sk, D)``; ``"bshd"``: ``(B, S, H, D)``
@@ -376,7 +387,9 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     ``return_aux=True`` returns ``(out, lse, rng_state)``: the natural-log log-sum-exp fp32
     ``(B, Hq, Sq)`` (+inf for rows with no key) and the int64[2] (seed, offset) of the dropout.
     ``deterministic=True``: the backward sums dq in a fixed order (as under
-    ``torch.use_deterministic_algorithms``).
+    ``torch.use_deterministic_algorithms``). ``softcap`` > 0: logit soft-capping (Gemma 2), each
+    scaled score s becomes ``softcap * tanh(s / softcap)`` before bias and mask; fp16/bf16 without
+    dropout or bias (0, the default, is off).
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"aotriton: layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -402,7 +415,7 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     bias = _bias_from_mask(bias, (b, hq, sq, sk), q.dtype, "bias")
     out, lse, rng_state = _attention(q, k, v, bias, sm_scale, causal, left, right, code, p,
-                                     deterministic=deterministic)
+                                     deterministic=deterministic, softcap=_check_softcap(softcap))
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse, rng_state) if return_aux else out
@@ -410,7 +423,7 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                       softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False,
-                      check_cu_seqlens=False, varlen_status=None, deterministic=False):
+                      check_cu_seqlens=False, varlen_status=None, deterministic=False, softcap=0.0):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
 
     q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``; sequence b owns query tokens
@@ -433,7 +446,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     device-to-host copy that waits for the stream: a sync per call, and not allowed under CUDA
     graph capture) and checks them (start at 0, non-decreasing, within the tensors, no sequence
     above the max lengths); invalid offsets raise ``ValueError`` naming the problem and nothing is
-    launched. ``deterministic=True``: the backward sums dq in a fixed order.
+    launched. ``deterministic=True``: the backward sums dq in a fixed order. ``softcap``: as
+    :func:`flash_attention`'s.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -467,7 +481,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                           varlen_status.dtype == torch.int32 and varlen_status.numel() == 1):
         raise ValueError("aotriton: varlen_status must be a one-element int32 CUDA tensor (zeroed by the caller)")
     out, lse, rng_state = _attention(q4, k4, v4, None, sm_scale, causal, left, right, code, p,
-                                     cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status, deterministic)
+                                     cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status, deterministic,
+                                     _check_softcap(softcap))
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0), rng_state) if return_aux else out
 
