@@ -2,8 +2,9 @@
 //
 // Forward cases (both dtypes, head dims 64/128, causal on/off, ragged sequence lengths, Sq != Sk
 // both ways, B x S x H x D memory viewed as B x H x S x D, a Q pointer that is only 2-byte
-// aligned, padded rows) and 12 forward + backward cases (GQA / MQA, padded head dims such as 72,
-// causal bottom-right, sliding windows, rows that see no key, a forward without LSE) run on a
+// aligned, padded rows) and 14 forward + backward cases (GQA / MQA, padded head dims such as 72,
+// causal bottom-right, sliding windows, rows that see no key, a forward without LSE, logit
+// soft-capping) run on a
 // non-default stream of device 0; every output element is compared against a float64 CPU
 // reference (written row by row here, independently of the Rust suite's). The error allowed is
 // scaled by the error of the same math done naively in the input precision:
@@ -267,6 +268,8 @@ struct Case {
   int32_t window_left = -1, window_right = -1;
   bool backward = false;         // forward + backward (else forward only)
   bool fwd_without_lse = false;  // a forward with lse.data = nullptr first
+  float softcap = 0.0f;          // logit soft-capping (FwdParams version 6); 0 = off
+  float sm_scale = 0.0f;         // 0: 1/sqrt(D)
 
   size_t group() const { return heads_q / heads_k; }
   // Query row i sees key j (< Sk) iff i + off - left <= j <= i + off + right; -1 = unbounded side.
@@ -293,7 +296,9 @@ struct Case {
     std::snprintf(buf, sizeof buf, "%s %s D=%-3zu G=%zu Hq=%zu Hk=%zu B=%zu Sq=%-4zu Sk=%-4zu mask=%-16s layout=%-6s%s",
                   backward ? "fwd+bwd" : "fwd    ", lowp_name(dtype), head_dim, group(), heads_q, heads_k, batch,
                   seqlen_q, seqlen_k, mask_name().c_str(), layout_name(layout), fwd_without_lse ? " +fwd-no-lse" : "");
-    return buf;
+    std::string text = buf;
+    if (softcap > 0) text += " softcap=" + std::to_string(softcap).substr(0, 4) + " scale=" + std::to_string(sm_scale).substr(0, 4);
+    return text;
   }
 };
 
@@ -349,6 +354,15 @@ std::vector<Case> make_cases() {
   nolse.fwd_without_lse = true;
   out.push_back(nolse);
   out.push_back(bwd_case(Lowp::kF16, 24, 8, 4, 1, 513, 77, L::kBshd, false, BR, 3, -1));   // (l, -1)
+  // Logit soft-capping: a saturating cap with GQA and causal BR, Gemma 2's 50 with a window.
+  Case capped = bwd_case(Lowp::kBF16, 128, 8, 2, 1, 250, 250, L::kBshd, true, BR, -1, -1);
+  capped.softcap = 4.0f;
+  capped.sm_scale = 0.5f;
+  out.push_back(capped);
+  Case gemma = bwd_case(Lowp::kF16, 256, 4, 2, 1, 131, 200, L::kBhsd, false, TL, 64, 16);
+  gemma.softcap = 50.0f;
+  gemma.sm_scale = 1.0f;
+  out.push_back(gemma);
   return out;
 }
 
@@ -495,8 +509,8 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
   const float* v = &in.v[kv];
   std::vector<double> dk64(sk * d, 0), dv64(sk * d, 0);
   std::vector<float> dk32(sk * d, 0), dv32(sk * d, 0);
-  std::vector<double> s64(sk), p64(sk), o64(d), dq64(d);
-  std::vector<float> s32(sk), p32(sk), o32(d), dq32(d);
+  std::vector<double> s64(sk), p64(sk), o64(d), dq64(d), t64(sk, 0.0);
+  std::vector<float> s32(sk), p32(sk), o32(d), dq32(d), t32(sk, 0.0f);
   std::vector<size_t> js;
   for (size_t hq = hk * g; hq < (hk + 1) * g; ++hq) {
     const size_t bh = b * c.heads_q + hq;
@@ -521,6 +535,12 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
         }
         s64[j] = a64 * scale64;
         s32[j] = round_to(c.dtype, a32 * sm_scale);
+        if (c.softcap > 0) {  // s = cap * tanh(s / cap); t kept for the backward's 1 - t^2
+          t64[j] = std::tanh(s64[j] / c.softcap);
+          t32[j] = round_to(c.dtype, std::tanh(s32[j] / c.softcap));
+          s64[j] = c.softcap * t64[j];
+          s32[j] = round_to(c.dtype, c.softcap * t32[j]);
+        }
         m64 = std::max(m64, s64[j]);
         m32 = std::max(m32, s32[j]);
       }
@@ -564,8 +584,12 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
           dp32 += doi[t] * v[j * d + t];
         }
         dp32 = round_to(c.dtype, dp32);
-        const double ds64 = p64[j] * (dp64 - delta64);
-        const float ds32 = round_to(c.dtype, p32[j] * (dp32 - delta32));
+        double ds64 = p64[j] * (dp64 - delta64);
+        float ds32 = round_to(c.dtype, p32[j] * (dp32 - delta32));
+        if (c.softcap > 0) {
+          ds64 *= 1.0 - t64[j] * t64[j];
+          ds32 = round_to(c.dtype, ds32 * (1.0f - t32[j] * t32[j]));
+        }
         for (size_t t = 0; t < d; ++t) {
           dq64[t] += ds64 * k[j * d + t];
           dq32[t] += ds32 * k[j * d + t];
@@ -671,7 +695,7 @@ struct GluonTraits {
   bool lowp;        // fp16 / bf16
   size_t head_dim;
   bool tma_layout;  // every tensor meets TMA's rules
-  bool features;    // dropout, bias or a packed batch
+  bool features;    // dropout, bias, a packed batch or soft-capping
   bool serves() const { return lowp && !features && tma_layout && head_dim <= 256u; }
 };
 
@@ -789,7 +813,7 @@ bool lse_ok(const std::vector<double>& got, const std::vector<double>& exact, co
 Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   using aotriton::Status;
   namespace fl = aotriton::v2::flash;
-  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float sm_scale = c.sm_scale > 0 ? c.sm_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const size_t b = c.batch, hq = c.heads_q, hk = c.heads_k, sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
   auto draw = [&](size_t n) {
     std::vector<float> x(n);
@@ -824,6 +848,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   fp.align = c.align;
   fp.window_left = c.window_left;
   fp.window_right = c.window_right;
+  fp.softcap = c.softcap;
   fp.backend = g_backend;
 
   // The backward's buffers and parameters (set up before the forward: a forced Gluon backend
@@ -852,6 +877,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     bp.align = c.align;
     bp.window_left = c.window_left;
     bp.window_right = c.window_right;
+    bp.softcap = c.softcap;
     bp.backend = g_backend;
   }
   auto bwd_untouched = [&] {
@@ -861,7 +887,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
 
   // Forced Gluon: a case outside its rule must be refused, nothing written.
   if (forced_gluon()) {
-    const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd, false};
+    const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd, c.softcap > 0};
     if (!traits.serves()) {
       std::string note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);

@@ -56,7 +56,7 @@ pub(crate) struct Traits {
     pub head_dim: usize,
     /// Every tensor meets TMA's rules: 16-byte aligned base, strides of 16-byte multiples.
     pub tma_layout: bool,
-    /// Dropout, bias or a packed (varlen) batch.
+    /// Dropout, bias, a packed (varlen) batch or logit soft-capping.
     pub features: bool,
 }
 

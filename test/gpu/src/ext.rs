@@ -19,6 +19,8 @@
 //!   elements, |kept/n − (1−p)| ≤ 5σ).
 //! * CUDA graph: forward + backward with dropout captured once, replayed after a new offset is
 //!   written into the offset buffer; bitwise equal to an eager run with that offset.
+//! * Logit soft-capping (`softcap`): the same checks against the capped reference, dense and
+//!   packed, and refused by a forced Gluon backend.
 use super::*;
 use crate::philox::HostDropout;
 use crate::reference::{Outputs, Precision};
@@ -99,6 +101,10 @@ pub(crate) struct Ext {
     /// Packed batch: per-sequence q and k lengths, and whether the host copies are passed.
     pub varlen: Option<(Vec<usize>, Vec<usize>, bool)>,
     pub deterministic: bool,
+    /// Logit soft-capping (0 = off) and the sm_scale to use instead of 1/√D (larger scores reach
+    /// the cap's saturated range).
+    pub softcap: f32,
+    pub sm_scale: Option<f32>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -117,6 +123,8 @@ fn ext(prec: Precision, d: usize, hq: usize, hk: usize, b: usize, sq: usize, sk:
         dropout: None,
         varlen: None,
         deterministic: false,
+        softcap: 0.0,
+        sm_scale: None,
     }
 }
 
@@ -154,6 +162,11 @@ impl Ext {
     }
     fn det(mut self) -> Self {
         self.deterministic = true;
+        self
+    }
+    fn softcap(mut self, cap: f32, sm_scale: Option<f32>) -> Self {
+        self.softcap = cap;
+        self.sm_scale = sm_scale;
         self
     }
     pub fn group(&self) -> usize {
@@ -224,6 +237,12 @@ impl Ext {
         }
         if self.deterministic {
             let _ = write!(s, " deterministic ×{REPEATS} +2nd stream");
+        }
+        if self.softcap > 0.0 {
+            let _ = write!(s, " softcap={}", self.softcap);
+        }
+        if let Some(scale) = self.sm_scale {
+            let _ = write!(s, " scale={scale}");
         }
         s
     }
@@ -307,6 +326,14 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
             .bias([t, f, t])
             .dropout(0.15)
             .det(),
+        // Logit soft-capping: saturating caps (scores far beyond them at sm_scale 0.5-1) to Gemma 2's
+        // 50; GQA, masks, (B, S, H, D), hd256 and a padded head dim, a packed batch, deterministic.
+        ext(b16, 128, 8, 2, 2, 251, 251, causal_br).softcap(5.0, Some(0.5)),
+        ext(h16, 64, 4, 4, 1, 200, 173, mk(16, 5, false)).softcap(1.0, Some(1.0)).bshd(),
+        ext(b16, 256, 2, 1, 1, 97, 131, none).softcap(30.0, None),
+        ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).softcap(2.0, Some(0.7)),
+        packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_tl, true).softcap(3.0, Some(0.5)),
+        ext(h16, 128, 4, 2, 1, 129, 250, none).softcap(50.0, Some(1.0)).det(),
     ]
 }
 
@@ -315,7 +342,7 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
 pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
     let half = |c: &Ext| matches!(c.prec, Precision::Half(_));
     let plain = |c: &Ext| half(c) && c.varlen.is_none() && !c.deterministic;
-    let picks: [&dyn Fn(&Ext) -> bool; 7] = [
+    let picks: [&dyn Fn(&Ext) -> bool; 8] = [
         &|c| plain(c) && c.dropout.is_some() && c.bias.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_some(),
@@ -323,6 +350,7 @@ pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
         &|c| c.prec == Precision::F32 && c.varlen.is_none(),
         &|c| c.prec == Precision::Tf32,
         &|c| c.deterministic,
+        &|c| c.softcap > 0.0,
     ];
     let mut chosen: Vec<usize> = picks
         .iter()
@@ -521,6 +549,7 @@ fn references(
             d_o,
             bias: bias_full,
             dropout: keep.map(|m| (m, r)),
+            softcap: c.softcap,
         };
         let (exact, naive) = reference::compute(&problem);
         return Refs { exact, naive };
@@ -604,6 +633,7 @@ fn references(
                 d_o: &dos,
                 bias: bias_s.as_deref(),
                 dropout: keep_s.as_deref().map(|m| (m, r)),
+                softcap: c.softcap,
             };
             reference::compute(&problem)
         };
@@ -641,7 +671,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     let prec = c.prec;
     let dtype = api_dtype(prec);
     let (hq, hk, d) = (c.hq, c.hk, c.d);
-    let sm_scale = 1.0 / (d as f32).sqrt();
+    let sm_scale = c.sm_scale.unwrap_or(1.0 / (d as f32).sqrt());
     let pl = places(c);
     let fail = |what: String| {
         Ok(Outcome {
@@ -711,6 +741,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         Some(lse_dev.view(DType::F32)),
     );
     fp.sm_scale = sm_scale;
+    fp.softcap = c.softcap;
     fp.mask = api_mask(&c.mask);
     fp.bias = bias_dev.as_ref().map(|t| t.view(dtype));
     fp.dropout = drop.as_ref().map(|dr| dr.api(true));
@@ -729,6 +760,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         dv_dev.view(dtype),
     );
     bp.sm_scale = sm_scale;
+    bp.softcap = c.softcap;
     bp.mask = fp.mask;
     bp.bias = fp.bias;
     bp.dbias = dbias_dev.as_ref().map(|t| t.view(dtype));
@@ -742,7 +774,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         dtype,
         head_dim: d,
         tma_layout: true,
-        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some(),
+        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0,
     };
     if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);

@@ -318,6 +318,7 @@ fn reference(c: &LCase, seed: u64) -> (reference::Outputs, reference::Outputs) {
         d_o: &d_o,
         bias: None,
         dropout: None,
+        softcap: 0.0,
     };
     reference::compute(&problem)
 }

@@ -1030,6 +1030,7 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         d_o: &d_o,
         bias: None,
         dropout: None,
+        softcap: 0.0,
     };
     let (exact, naive) = reference::compute(&problem);
     let ref_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -1776,6 +1777,7 @@ mod tests {
                 d_o: &d_o,
                 bias: None,
                 dropout: None,
+                softcap: 0.0,
             };
             let _ = reference::compute(&problem);
             println!("{:8.0} ms  {}", t.elapsed().as_secs_f64() * 1e3, c.describe());

@@ -111,6 +111,8 @@ pub struct Problem<'a> {
     pub bias: Option<&'a [f32]>,
     /// Dropout: keep-mask B×Hq×Sq×Sk (1 kept) and the scale 1/(1−p).
     pub dropout: Option<(&'a [u8], f32)>,
+    /// Logit soft-capping: scale·q·k becomes cap·tanh(scale·q·k / cap) before the bias; 0 = off.
+    pub softcap: f32,
 }
 
 /// Outputs in logical order: O, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no key);
@@ -144,6 +146,7 @@ pub trait Real:
     fn of(x: f32) -> Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
+    fn tanh(self) -> Self;
     fn to_f64(self) -> f64;
 }
 
@@ -158,6 +161,9 @@ impl Real for f64 {
     }
     fn ln(self) -> Self {
         f64::ln(self)
+    }
+    fn tanh(self) -> Self {
+        f64::tanh(self)
     }
     fn to_f64(self) -> f64 {
         self
@@ -175,6 +181,9 @@ impl Real for f32 {
     }
     fn ln(self) -> Self {
         f32::ln(self)
+    }
+    fn tanh(self) -> Self {
+        f32::tanh(self)
     }
     fn to_f64(self) -> f64 {
         self as f64
@@ -254,13 +263,26 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
             .collect::<Vec<T>>()
     });
 
-    // S = scale · Q Kᵀ + bias (Sq×Sk), then P = softmax over visible keys, LSE.
-    let s: Vec<T> = mm(&q, &transpose(&k, sk, d), sq, d, sk, round_in)
+    // S = cap(scale · Q Kᵀ) + bias (Sq×Sk), then P = softmax over visible keys, LSE. With
+    // soft-capping cap(x) = c·tanh(x / c), and `tanh` keeps the tanh for the backward.
+    let cap = T::of(p.softcap);
+    let mut tanh = Vec::new();
+    let scores: Vec<T> = mm(&q, &transpose(&k, sk, d), sq, d, sk, round_in)
+        .into_iter()
+        .map(|x| round(x * scale))
+        .collect();
+    let capped: Vec<T> = if p.softcap > 0.0 {
+        tanh = scores.iter().map(|&x| round((x / cap).tanh())).collect();
+        tanh.iter().map(|&t| round(cap * t)).collect()
+    } else {
+        scores
+    };
+    let s: Vec<T> = capped
         .into_iter()
         .enumerate()
         .map(|(at, x)| match &bias {
-            Some(bias) => round(x * scale + bias[at]),
-            None => round(x * scale),
+            Some(bias) => round(x + bias[at]),
+            None => x,
         })
         .collect();
     let mut pr = vec![T::ZERO; sq * sk]; // P before rounding
@@ -314,12 +336,18 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
             ds[i * sk + j] = round(pm[i * sk + j] * (dp[i * sk + j] - delta));
         }
     }
+    // Through the cap: ∂cap(x)/∂x = 1 − tanh²; dBias is the gradient after it (`ds` above).
+    let ds_scores: Vec<T> = if tanh.is_empty() {
+        ds.clone()
+    } else {
+        ds.iter().zip(&tanh).map(|(&g, &t)| round(g * (T::of(1.0) - t * t))).collect()
+    };
     // dQ = scale · dS K; dK = scale · dSᵀ Q.
-    let dq: Vec<T> = mm(&ds, &k, sq, sk, d, round_in)
+    let dq: Vec<T> = mm(&ds_scores, &k, sq, sk, d, round_in)
         .into_iter()
         .map(|x| round(scale * x))
         .collect();
-    let dk: Vec<T> = mm(&transpose(&ds, sq, sk), &q, sk, sq, d, round_in)
+    let dk: Vec<T> = mm(&transpose(&ds_scores, sq, sk), &q, sk, sq, d, round_in)
         .into_iter()
         .map(|x| scale * x)
         .collect();
@@ -464,7 +492,10 @@ mod tests {
                             let dot: f64 = (0..d)
                                 .map(|t| q[qb + i * d + t] as f64 * k[kb + j * d + t] as f64)
                                 .sum();
-                            (j, dot * p.sm_scale as f64 + bias.map_or(0.0, |b| b[at(j)] as f64))
+                            let x = dot * p.sm_scale as f64;
+                            let c = p.softcap as f64;
+                            let x = if c > 0.0 { c * (x / c).tanh() } else { x };
+                            (j, x + bias.map_or(0.0, |b| b[at(j)] as f64))
                         })
                         .collect();
                     let z: f64 = scores.iter().map(|(_, s)| s.exp()).sum();
@@ -489,7 +520,8 @@ mod tests {
     }
 
     /// The analytic gradients match central finite differences of L = Σ O ∘ dO, for GQA, each
-    /// mask kind, and a row with no visible key; O and LSE match a direct evaluation.
+    /// mask kind (two of them with soft-capping), and a row with no visible key; O and LSE match a
+    /// direct evaluation.
     #[test]
     fn gradients_match_finite_differences() {
         let masks = [
@@ -537,6 +569,7 @@ mod tests {
                 d_o: &d_o,
                 bias: None,
                 dropout: None,
+                softcap: if mi % 2 == 1 { 1.5 } else { 0.0 },
             };
             let (exact, _) = compute(&p);
             // Sq > Sk bottom-right causal: rows 0 and 1 see nothing.
@@ -619,6 +652,7 @@ mod tests {
                 d_o: &d_o,
                 bias: Some(&bias),
                 dropout: Some((&keep, 1.0 / 0.7)),
+                softcap: 0.0,
             };
             let (exact, naive) = compute(&p);
             assert_eq!(exact.ds.len(), bias.len());
