@@ -32,6 +32,10 @@
 //! the generator's offset by that much between calls. Seed and offset are read from device
 //! memory, so a captured CUDA graph can be replayed with a new offset.
 //!
+//! Logit soft-capping ([`FwdParams::softcap`], Gemma 2, Grok): each score `s = sm_scale · q·k`
+//! becomes `softcap · tanh(s / softcap)` before bias and mask, and the LSE is of the capped
+//! scores; the backward takes the same `softcap`. fp16/bf16 without dropout or bias.
+//!
 //! # Backends
 //!
 //! Each operator has two kernel families ([`Backend`]): the portable `triton.language` family,
@@ -45,7 +49,8 @@
 //!   `attn_bwd_gluon_dq_convert` for the dtype and head-dim bucket);
 //! - the dtype is fp16 or bf16;
 //! - the head dim is at most 256; it is served by the bucket 64, 128 or 256 at or above it;
-//! - no dropout, no bias (nor dbias), not a packed (varlen) batch; forward: `sm_scale > 0`;
+//! - no dropout, no bias (nor dbias), not a packed (varlen) batch, no `softcap`; forward:
+//!   `sm_scale > 0`;
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
 //!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are
 //!   positive multiples of 16 bytes below 2^40 (dimensions of size 1 excepted), sizes < 2^32;
