@@ -34,40 +34,38 @@ def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
                          softcap=softcap).transpose(1, 2)
 
 
+def compare_dense(dtype, b, hq, hk, sq, sk, d, causal, window, scale, cap=0.0):
+    """flash_attn_func over (B, S, H, D) inputs against float64 (cap > 0: logit soft-capping)."""
+    name = (f"flash_attn_func {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
+            + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
+            + (f" scale{scale}" if scale else "") + (f" softcap{cap}" if cap else ""))
+    sc = 1 / math.sqrt(d) if scale is None else scale
+    T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
+              lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
+                                                 softcap=cap),
+              lambda q, k, v: bshd_ref(q, k, v, sc, causal, window, cap), ["q", "k", "v"], softcap=cap > 0)
+
+
 def test_dense():
     for dtype in (torch.bfloat16, torch.float16):
-        for b, hq, hk, sq, sk, d, causal, window, scale in (
+        for case in (
                 (2, 8, 8, 512, 512, 128, True, (-1, -1), None),
                 (2, 8, 2, 200, 555, 64, True, (-1, -1), None),      # bottom-right causal, Sq < Sk
                 (1, 4, 4, 300, 300, 128, False, (64, 16), 0.1),     # sliding window both sides
                 (1, 4, 1, 257, 257, 80, True, (100, -1), None),     # MQA, window with causal
                 (2, 2, 2, 99, 131, 100, False, (-1, -1), None)):    # head dim 100: padded to 104
-            name = (f"flash_attn_func {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
-                    + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
-                    + (f" scale{scale}" if scale else ""))
-            sc = 1 / math.sqrt(d) if scale is None else scale
-            T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
-                      lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                                         window_size=window),
-                      lambda q, k, v: bshd_ref(q, k, v, sc, causal, window), ["q", "k", "v"])
+            compare_dense(dtype, *case)
 
 
 def test_softcap():
     # Caps from saturating (2 at a large scale) to Gemma 2's 50; GQA, windows, padded head dims, hd256.
     for dtype in (torch.bfloat16, torch.float16):
-        for b, hq, hk, sq, sk, d, causal, window, scale, cap in (
+        for case in (
                 (2, 8, 2, 300, 300, 128, True, (-1, -1), 0.5, 5.0),
                 (1, 4, 4, 257, 513, 64, False, (64, 16), None, 30.0),
                 (1, 2, 2, 200, 200, 256, True, (-1, -1), 1.0, 2.0),
                 (2, 4, 1, 99, 131, 80, True, (-1, -1), None, 50.0)):
-            name = (f"flash_attn_func softcap {cap} {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
-                    + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
-                    + (f" scale{scale}" if scale else ""))
-            sc = 1 / math.sqrt(d) if scale is None else scale
-            T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
-                      lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
-                                                         window_size=window, softcap=cap),
-                      lambda q, k, v: bshd_ref(q, k, v, sc, causal, window, cap), ["q", "k", "v"], softcap=True)
+            compare_dense(dtype, *case)
     lens_q, lens_k, hq, hk, d, cap = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128, 4.0
     cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
     ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
