@@ -750,6 +750,7 @@ mod tests {
             d_o: &d_o,
             bias: None,
             dropout: None,
+            softcap: 0.0,
         };
         let (e, n) = compute(&p);
         let err = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
