@@ -131,7 +131,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                         "attn_bwd_gluon-fp16-hd64-dq0-m64n128st2r168-aligned",
                         "attn_bwd_gluon_preprocess-bf16-hd128-m32w4s1-aligned",
                         "attn_fwd-bf16-tf0-hd128-drop0-bias0-softcap1-m64n64w4s2-aligned",
-                        "attn_bwd_dkdv-fp16-tf0-hd64-drop0-bias0-softcap1-m32n128w4s2-generic"):
+                        "attn_bwd_dkdv-fp16-tf0-hd64-drop0-bias0-softcap1-m32n128w8s3-generic"):
             self.assertIn(example, ids)
 
     def test_families_and_axes(self):
