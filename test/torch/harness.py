@@ -13,6 +13,13 @@ REFUSAL = "kUnsupportedByBackend"
 GLUON_MAX_HEAD_DIM = 256  # both passes (the backward's bucket 256 is bwd_wide.py)
 
 
+def gqa_kwargs(fn):
+    """``{"enable_gqa": True}`` where ``fn`` (torch's ``varlen_attn``) has that switch (torch >= 2.15
+    refuses Hq != Hk without it), else nothing (2.11 takes GQA as is)."""
+    import inspect
+    return {"enable_gqa": True} if "enable_gqa" in inspect.signature(fn).parameters else {}
+
+
 def forced_backend():
     """AOTRITON_BACKEND as the extension reads it (backend_from_env): auto (default, also when
     empty), portable or gluon."""

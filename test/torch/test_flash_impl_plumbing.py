@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from harness import Runner, attention_ref, lse_ref, max_err, visible
+from harness import Runner, attention_ref, gqa_kwargs, lse_ref, max_err, visible
 
 import aotriton.torch as aot
 from aotriton import flash_impl
@@ -260,7 +260,8 @@ def main():
     v = rand(sum(lens_k), hk, d, dtype=torch.float32).requires_grad_()
     for window in ((-1, 0), (-1, -1), (3, 0)):
         case = f"varlen_attn window={window}"
-        res = run.run(case, varlen_attn, q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window)
+        res = run.run(case, varlen_attn, q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window,
+                      **gqa_kwargs(varlen_attn))
         if res is None:
             continue
         g = rand(*res.shape, dtype=torch.float32)
@@ -281,7 +282,7 @@ def main():
                   fwd["packed"] and fwd["align"] == 1 and fwd["right"] == window[1] and fwd["left"] == window[0],
                   str(fwd))
     out, lse = varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                           return_aux=torch.nn.attention.varlen.AuxRequest(lse=True))
+                           return_aux=torch.nn.attention.varlen.AuxRequest(lse=True), **gqa_kwargs(varlen_attn))
     run.check("varlen_attn lse", tuple(lse.shape) in ((sum(lens_q), h), (h, sum(lens_q))), str(tuple(lse.shape)))
 
     # What the implementation refuses, by name, with nothing sent.

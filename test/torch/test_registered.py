@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, lse_ref, max_err, visible
+from harness import Runner, attention_ref, gqa_kwargs, lse_ref, max_err, visible
 
 import aotriton.torch as A
 import test_ops as T  # its compare(): three-way (ours, float64, input-dtype reference) bounds
@@ -154,7 +154,8 @@ def test_varlen():
         name = f"varlen_attn bf16 q{lens_q} k{lens_k} Hq{hq} Hk{hk} D{d} window{window}"
 
         def ours(q, k, v):
-            return varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window)
+            return varlen_attn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), window_size=window,
+                               **gqa_kwargs(varlen_attn))
 
         def ref(q, k, v):
             outs = []
