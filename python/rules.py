@@ -939,8 +939,9 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
     """Every kernel to compile for ``arch``, sorted by id (ids are unique).
 
     Per functional: the family's ``configs`` (the heuristic: dispatch's fallback), plus the configs
-    the tuning database ``tuning`` (a ``tuning.Database`` of this arch, or None) names as winners,
-    each ``aligned`` kernel carrying the cells it won; ``for_tuning``: plus every candidate of the
+    the tuning database ``tuning`` (a ``tuning.Database`` of this arch, or None) names as winners
+    (ties with the heuristic's or another winner folded: ``tuning.fold_ties``), each ``aligned``
+    kernel carrying the cells it serves; ``for_tuning``: plus every candidate of the
     family (a tuning build, for tune.py). One ``generic`` kernel per functional (the smallest
     config of the heuristic, so that tuning never moves it)."""
     target_of(arch)
@@ -955,7 +956,8 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
             configs = list(heuristic)
             offered = family.candidates(arch, functional) if family.candidates else list(configs)
             by_tag = {config_tag(c): c for c in offered + configs}
-            won = tuning.winners(family.name, functional) if tuning is not None else {}
+            won = (tuning.winners(family.name, functional, compiled=[config_tag(c) for c in heuristic])
+                   if tuning is not None else {})
             for tag in won:
                 if tag not in by_tag:
                     raise ValueError(f"tuning database {tuning.source}: {family.name} {functional} names config "

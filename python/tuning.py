@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 FORMAT = 1
@@ -63,6 +64,10 @@ BACKENDS = ("gluon", "portable")
 GLUON_FAMILIES = {"attn_fwd": ("attn_fwd_gluon",), "attn_bwd": ("attn_bwd_gluon",)}
 #: The seed's rule: a candidate whose error exceeds this times the best candidate's is rejected.
 ERROR_FACTOR = 3.0
+#: A winner by less than this factor over a config compiled anyway gets no kernel of its own
+#: (``fold_ties``): 2 %, below the run-to-run spread of a cell on the H200 (3-6 %, README, Tuning),
+#: for about 40 fewer sm_90 kernels.
+TIE = 1.02
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TUNING_DIR = os.path.join(REPO, "tuning")
@@ -96,6 +101,27 @@ def functional_key(functional: dict[str, Any]) -> str:
     return json.dumps(functional, sort_keys=True, separators=(",", ":"))
 
 
+def fold_ties(cells: list[dict[str, Any]], compiled: set[str]) -> list[str]:
+    """The config serving each of a functional's cells (its entries): the winner, unless a config
+    only wins cells whose runner-up is within ``TIE`` of it and is compiled anyway (the
+    heuristic's configs ``compiled``, or the config serving other cells): then those cells take
+    their runner-up and the config gets no kernel. Configs are folded one at a time, those serving
+    the fewest cells first (ties by name), until none can be."""
+    pick = [e["winner"] for e in cells]
+    while True:
+        kept = set(pick) | compiled
+        def foldable(tag: str) -> bool:
+            mine = [e for e, p in zip(cells, pick) if p == tag]
+            return tag not in compiled and all(
+                e["winner"] == tag and e.get("runner_up") in kept - {tag}
+                and e["runner_up_ms"] <= e["winner_ms"] * TIE for e in mine)
+        order = sorted(set(pick), key=lambda t: (pick.count(t), t))
+        tag = next((t for t in order if foldable(t)), None)
+        if tag is None:
+            return pick
+        pick = [e["runner_up"] if p == tag else p for e, p in zip(cells, pick)]
+
+
 class Database:
     """A loaded, checked tuning database of one arch."""
 
@@ -108,18 +134,20 @@ class Database:
         self.entries: list[dict[str, Any]] = data["entries"]
         self.backends: list[dict[str, Any]] = data.get("backends", [])
 
-    def winners(self, family: str, functional: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-        """config tag -> the cells it won for this functional: ``{"mask", "seqlen_q": [lo, hi],
-        "seqlen_k": [lo, hi]}`` (hi None = unbounded), in entry order."""
+    def winners(self, family: str, functional: dict[str, Any],
+                compiled: Iterable[str] = ()) -> dict[str, list[dict[str, Any]]]:
+        """config tag -> the cells it serves for this functional: ``{"mask", "seqlen_q": [lo, hi],
+        "seqlen_k": [lo, hi]}`` (hi None = unbounded), in entry order. ``compiled``: the configs the
+        build compiles anyway (the heuristic's); with them, ties are folded (``fold_ties``)."""
         key = functional_key(functional)
+        cells = [e for e in self.entries if e["family"] == family and functional_key(e["functional"]) == key]
         out: dict[str, list[dict[str, Any]]] = {}
-        for e in self.entries:
-            if e["family"] == family and functional_key(e["functional"]) == key:
-                out.setdefault(e["winner"], []).append({
-                    "mask": e["mask"],
-                    "seqlen_q": bin_range(e["seqlen_q_bin"], self.edges),
-                    "seqlen_k": bin_range(e["seqlen_k_bin"], self.edges),
-                })
+        for e, tag in zip(cells, fold_ties(cells, set(compiled))):
+            out.setdefault(tag, []).append({
+                "mask": e["mask"],
+                "seqlen_q": bin_range(e["seqlen_q_bin"], self.edges),
+                "seqlen_k": bin_range(e["seqlen_k_bin"], self.edges),
+            })
         return out
 
     def portable_cells(self, family: str, functional: dict[str, Any]) -> list[dict[str, Any]]:

@@ -67,6 +67,26 @@ class DatabaseTest(unittest.TestCase):
         self.assertEqual(won["m128n64w4s2"], [{"mask": "causal", "seqlen_q": [8192, None], "seqlen_k": [8192, None]}])
         self.assertEqual(d.winners("attn_bwd_dq", BF16_128), {})
 
+    def test_ties_fold_into_configs_compiled_anyway(self):
+        tie = 1 + (tuning.TIE - 1) / 2
+        # m64n64w4s2 wins two cells by under TIE over the heuristic's m128n64w4s2: folded into it.
+        # m32n64w4s2 wins its cell by 10 %: kept. m16n64w4s2 has no runner-up: kept.
+        d = db(entry(q=0, k=0, winner="m64n64w4s2", ms=1.0, runner_up="m128n64w4s2", runner_up_ms=tie),
+               entry(q=1, k=1, winner="m64n64w4s2", ms=2.0, runner_up="m128n64w4s2", runner_up_ms=2.0 * tie),
+               entry(q=2, k=2, winner="m32n64w4s2", ms=1.0, runner_up="m128n64w4s2", runner_up_ms=1.1),
+               entry(q=3, k=3, mask="causal", winner="m16n64w4s2", ms=1.0))
+        self.assertEqual(set(d.winners("attn_fwd", BF16_128)), {"m64n64w4s2", "m32n64w4s2", "m16n64w4s2"})
+        won = d.winners("attn_fwd", BF16_128, compiled=["m128n64w4s2"])
+        self.assertEqual(set(won), {"m128n64w4s2", "m32n64w4s2", "m16n64w4s2"})
+        self.assertEqual([c["seqlen_q"][0] for c in won["m128n64w4s2"]], [0, 512])
+        # A winner that ties with another cell's winner folds into it, the one serving fewer
+        # cells first; a cell moved onto a config keeps that config from folding in turn.
+        d = db(entry(q=0, k=0, winner="m64n32w4s2", ms=1.0, runner_up="m64n64w4s2", runner_up_ms=tie),
+               entry(q=1, k=1, winner="m64n64w4s2", ms=1.0, runner_up="m128n64w4s2", runner_up_ms=tie),
+               entry(q=2, k=2, winner="m64n64w4s2", ms=1.0, runner_up="m128n64w4s2", runner_up_ms=tie))
+        won = d.winners("attn_fwd", BF16_128, compiled=["m128n64w4s2"])
+        self.assertEqual({t: [c["seqlen_q"][0] for c in cells] for t, cells in won.items()}, {"m64n64w4s2": [0, 512, 2048]})
+
     def test_canonical_text_and_diff(self):
         a = db(entry(q=1, k=1), entry(q=2, k=2, winner="m64n64w4s2", ms=2.0))
         b = db(entry(q=2, k=2, winner="m128n128w8s3", ms=1.5), entry(q=3, k=3))
