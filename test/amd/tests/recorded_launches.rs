@@ -117,6 +117,8 @@ struct Case {
     varlen: Option<Packed>,
     tf32: bool,
     deterministic: bool,
+    /// Logit soft-capping (0: off).
+    softcap: f32,
     /// Bytes added to q's address (the generic variant must then serve the kernels reading q).
     q_offset: u64,
     stream: u64,
@@ -151,6 +153,7 @@ const BASE: Case = Case {
     varlen: None,
     tf32: false,
     deterministic: false,
+    softcap: 0.0,
     q_offset: 0,
     stream: STREAM,
     backward: true,
@@ -236,6 +239,7 @@ fn cases() -> Vec<Case> {
             ..BASE
         },
         Case { name: "fp16-deterministic", deterministic: true, mask: CAUSAL_TL, ..BASE },
+        Case { name: "bf16-softcap-gqa", dtype: BF16, hq: 8, hk: 2, sq: 100, sk: 130, mask: CAUSAL_BR, softcap: 30.0, ..BASE },
         Case { name: "bf16-bshd", dtype: BF16, hk: 2, sq: 120, sk: 120, layout: Layout::Bshd, ..BASE },
         Case {
             name: "fp16-unaligned-q",
@@ -463,6 +467,7 @@ fn fwd_params(c: &Case, t: &Tensors) -> FwdParams<'static> {
         p.sm_scale = scale;
     }
     p.mask = c.mask;
+    p.softcap = c.softcap;
     p.bias = t.bias.map(|b| view4(&b, c.dtype));
     p.dropout = api_dropout(c, true);
     p.varlen = packed(c);
@@ -478,6 +483,7 @@ fn bwd_params(c: &Case, t: &Tensors) -> BwdParams<'static> {
         p.sm_scale = scale;
     }
     p.mask = c.mask;
+    p.softcap = c.softcap;
     p.bias = t.bias.map(|b| v(&b));
     p.dbias = t.dbias.map(|b| v(&b));
     p.dropout = api_dropout(c, false);
@@ -581,6 +587,7 @@ fn fwd_expect(c: &Case, t: &Tensors) -> Expect {
     e.insert("LSE", Val::Ptr(if c.lse { t.lse.ptr } else { 0 }));
     e.insert("BIAS", Val::Ptr(t.bias.map_or(0, |b| b.ptr)));
     e.insert("sm_scale", Val::F32(scale(c)));
+    e.insert("softcap", Val::F32(c.softcap));
     put_strides(&mut e, ["stride_qz", "stride_qh", "stride_qm"], &t.q, packed);
     put_strides(&mut e, ["stride_kz", "stride_kh", "stride_kn"], &t.k, packed);
     put_strides(&mut e, ["stride_vz", "stride_vh", "stride_vn"], &t.v, packed);
@@ -610,6 +617,7 @@ fn bwd_expect(c: &Case, t: &Tensors) -> Expect {
     e.insert("BIAS", Val::Ptr(t.bias.map_or(0, |b| b.ptr)));
     e.insert("DBIAS", Val::Ptr(t.dbias.map_or(0, |b| b.ptr)));
     e.insert("sm_scale", Val::F32(scale(c)));
+    e.insert("softcap", Val::F32(c.softcap));
     put_strides(&mut e, ["stride_qz", "stride_qh", "stride_qm"], &t.q, packed);
     put_strides(&mut e, ["stride_kz", "stride_kh", "stride_kn"], &t.k, packed);
     put_strides(&mut e, ["stride_vz", "stride_vh", "stride_vn"], &t.v, packed);
@@ -719,6 +727,10 @@ fn axes(c: &Case, family: &str) -> Vec<(&'static str, String)> {
     }
     if matches!(family, "attn_fwd" | "attn_bwd_dkdv" | "attn_bwd_dq") {
         axes.push(("bias", b(c.bias.is_some())));
+        // An optional axis: named only when on.
+        if c.softcap != 0.0 {
+            axes.push(("softcap", b(true)));
+        }
     }
     axes
 }
