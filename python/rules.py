@@ -21,10 +21,10 @@ Vocabulary
   real head dim ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``dropout``:
   Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
   (``kernels/flash/bias.py``).  ``softcap`` (``attn_fwd``, ``attn_bwd_dkdv``,
-  ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), an *optional*
-  axis: compiled for fp16/bf16 without dropout and bias only, and present in a
-  functional (and its kernel ids) only when on, so every other functional's id and
-  tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
+  ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), and ``alibi``
+  (``kernels/flash/alibi.py``): *optional* axes, compiled for fp16/bf16 without
+  dropout, bias or each other only, and present in a functional (and its kernel ids)
+  only when on, so every other functional's id and tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
   none) and varlen batches are runtime arguments of every kernel.
   Every functional is compiled for every arch.
 * **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
@@ -124,9 +124,11 @@ DROPOUT = [False, True]
 BIAS = [False, True]
 #: Logit soft-capping; an optional axis (``OPTIONAL_AXES``): absent from a functional means off.
 SOFTCAP = [False, True]
+#: ALiBi slopes; an optional axis like softcap.
+ALIBI = [False, True]
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
-OPTIONAL_AXES = ("softcap",)
+OPTIONAL_AXES = ("softcap", "alibi")
 #: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
 #: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
 #: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
@@ -150,7 +152,7 @@ _ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom"
 #: stride argument prefix -> tensor
 _STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o": "O", "stride_do": "DO",
                   "stride_dq": "DQ", "stride_dk": "DK", "stride_dv": "DV", "stride_l": "LSE",
-                  "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS"}
+                  "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS", "stride_a": "ALIBI_SLOPES"}
 #: i64 pointers of the dropout group.
 _I64_POINTERS = ("PHILOX_SEED", "PHILOX_OFFSET", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT")
 #: i32 pointers of the varlen group.
@@ -176,12 +178,14 @@ ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
 _BIAS_STRIDES = _strides("b", "zhm")
-_ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"]
+#: The ALiBi slopes' batch stride (0: one slope per query head for every sequence).
+_ALIBI_STRIDES = _strides("a", "z")
+_ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"]
 
 ATTN_FWD_ARGS = (
-    ["Q", "K", "V", "O", "LSE", "BIAS", "sm_scale", "softcap"]
+    ["Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
     + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
-    + _strides("l", "zh") + _BIAS_STRIDES
+    + _strides("l", "zh") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ["STORE_LSE"]
     + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS
     + _ATTN_CONSTEXPRS
@@ -195,14 +199,14 @@ ATTN_BWD_PREPROCESS_ARGS = (
 _BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("do", "zhm")
                       + _strides("l", "zh") + _strides("delta", "zh"))
 ATTN_BWD_DKDV_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", "softcap"]
-    + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
+    + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
     + _ATTN_CONSTEXPRS
 )
 ATTN_BWD_DQ_ARGS = (
-    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", "softcap"]
-    + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES
+    ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
+    + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
     + _ATTN_CONSTEXPRS
 )
@@ -222,7 +226,8 @@ DEBUG_DROPOUT_MASK_ARGS = (
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
 GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "STAGES", "COMPUTE_DQ",
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI", "STAGES",
+               "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
@@ -316,7 +321,7 @@ def arg_type(name: str, dtype: str) -> str:
     """Triton type of one (non-constexpr) argument; the same rules for every family."""
     if name in _DATA_TENSORS:
         return f"*{dtype}"
-    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS:
+    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name == "ALIBI_SLOPES":
         return "*fp32"
     if name in _I64_POINTERS:
         return "*i64"
@@ -387,7 +392,7 @@ def _plain16(functional: dict[str, Any]) -> bool:
     """fp16/bf16 without dropout, bias and softcap: the functionals with the tuned two-config forward
     (the softcap forward takes the small config alone, as dropout and bias do)."""
     return (functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
-            and not functional.get("softcap"))
+            and not functional.get("softcap") and not functional.get("alibi"))
 
 
 # AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes, one pipeline stage
@@ -490,7 +495,7 @@ def _plain(functional: dict[str, Any]) -> bool:
     dropout/bias picks (on sm_90 the timed hd128 dK/dV config spilled 441 registers with softcap,
     the dropout pick 40)."""
     return (functional["dtype"] in ("fp16", "bf16") and not functional.get("dropout") and not functional.get("bias")
-            and not functional.get("softcap"))
+            and not functional.get("softcap") and not functional.get("alibi"))
 
 
 def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -591,7 +596,7 @@ def _candidates(arch, functional, heuristic, shapes, streamed, resident):
     ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs, and softcap functionals
     (the tuner has no capped reference yet): the heuristic's."""
     out = list(heuristic(arch, functional))
-    if TARGETS[arch][0] != "cuda" or functional.get("softcap"):
+    if TARGETS[arch][0] != "cuda" or functional.get("softcap") or functional.get("alibi"):
         return out
     for bm, bn, w, st in shapes:
         rows = {"m": bm, "n": bn}
@@ -732,7 +737,7 @@ def _family(name, module, args, axes, configs, candidates=None) -> Family:
 
 
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
-              "softcap": SOFTCAP}
+              "softcap": SOFTCAP, "alibi": ALIBI}
 
 ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs,
                    _attn_fwd_candidates)
@@ -791,7 +796,10 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
     out = [f for f in out if not (f.get("tf32") and f["dtype"] != "fp32")]
-    out = [f for f in out if not (f.get("softcap") and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
+    # The score modifiers (softcap, alibi): 16-bit, without dropout, bias or each other.
+    out = [f for f in out if not ((f.get("softcap") or f.get("alibi"))
+                                  and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
+    out = [f for f in out if not (f.get("softcap") and f.get("alibi"))]
     return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
 
 
@@ -916,6 +924,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
     values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
               "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
               "HAS_BIAS": bool(functional.get("bias")), "SOFTCAP": bool(functional.get("softcap")),
+              "HAS_ALIBI": bool(functional.get("alibi")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
               **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS}}

@@ -247,6 +247,15 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
     return [x.astype(np.float64) for x in (o, lse, dq, dk, dv, ds)]
 
 
+def alibi_bias(slopes, B, Hq, sq, sk, mask):
+    """ALiBi as a float64 additive bias ``[B, Hq, sq, sk]``: ``-slope * |i + diag - j|`` with the mask's
+    alignment offset (bottom-right: ``sk - sq``; top-left and no mask: 0, as the runtime passes it)."""
+    diag = sk - sq if (mask.kind != "none" and mask.align == "br") else 0
+    dist = np.abs(np.arange(sq)[:, None] + diag - np.arange(sk)[None, :]).astype(np.float64)
+    s = np.broadcast_to(np.asarray(slopes, np.float64).reshape(-1, Hq), (B, Hq))
+    return -s[:, :, None, None] * dist
+
+
 def _strides(*tensors, n=3):
     return [s for t in tensors for s in t.stride()[:n]]
 
@@ -255,9 +264,13 @@ class Launch:
     """One problem in the kernels' terms: ``[B?, H, S, D]`` views (packed when varlen), lengths, groups."""
 
     def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None, max_lens=None,
-                 softcap=0.0):
+                 softcap=0.0, alibi=None):
         self.q, self.k, self.v = q, k, v
         self.softcap = softcap
+        # ALiBi slopes, fp32 [Hq] or [B, Hq]: the pointer and its batch stride (0 for [Hq]).
+        self.alibi = alibi
+        self.talibi = NpTensor(np.ascontiguousarray(alibi, np.float32)) if alibi is not None else dummy()
+        self.stride_az = (alibi.shape[-1] if alibi.ndim == 2 else 0) if alibi is not None else 0
         self.dtype = q.dtype
         self.mask, self.sm_scale, self.dropout = mask, sm_scale, dropout
         self.varlen = cu_q is not None
@@ -300,8 +313,8 @@ class Launch:
         return dict(HEAD_DIM=bucket(self.D), DROPOUT=self.dropout is not None, ALLOW_TF32=False, **blocks)
 
     def score_constexprs(self, **blocks):
-        """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``."""
-        return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0)
+        """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``, ``HAS_ALIBI``."""
+        return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0, HAS_ALIBI=self.alibi is not None)
 
     def lse_shape(self):
         return (1, self.Hq, self.q.shape[2]) if self.varlen else (self.B, self.Hq, self.n_ctx_q)
@@ -316,8 +329,9 @@ class Launch:
         self.philox_out = (np.full(1, -1, np.int64), np.full(1, -1, np.int64))
         tq, tk, tv, to, tlse = (NpTensor(x) for x in (self.q, self.k, self.v, o, lse))
         grid = (triton.cdiv(self.n_ctx_q, block_m), self.Hq, self.B)
-        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.sm_scale, self.softcap, *self.st(tq, tk, tv, to),
-                       *self.lse_strides(tlse), *self.bias_strides(), store_lse,
+        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.talibi, self.sm_scale, self.softcap,
+                       *self.st(tq, tk, tv, to), *self.lse_strides(tlse), *self.bias_strides(), self.stride_az,
+                       store_lse,
                        *self.attention_args(), *self.dropout_args(),
                        NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox,
                        HAS_BIAS=self.bias is not None, **self.score_constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
@@ -339,13 +353,13 @@ class Launch:
         tail = (*self.attention_args(), *self.dropout_args())
         bm, bn = blocks_dkdv
         attn_bwd_dkdv[(triton.cdiv(self.n_ctx_k, bn), self.Hk, self.B)](
-            tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.sm_scale, self.softcap, *common,
-            *self.st(tdk, tdv), *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None,
+            tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.talibi, self.sm_scale, self.softcap, *common,
+            *self.st(tdk, tdv), *self.bias_strides(), self.stride_az, *tail, HAS_BIAS=self.bias is not None,
             **self.score_constexprs(BLOCK_M=bm, BLOCK_N=bn))
         bm, bn = blocks_dq
         attn_bwd_dq[(triton.cdiv(self.n_ctx_q, bm), self.Hq, self.B)](
-            tq, tk, tv, tdo, tlse, tdelta, tdq, self.tbias, self.sm_scale, self.softcap, *common, *self.st(tdq),
-            *self.bias_strides(), *tail, HAS_BIAS=self.bias is not None,
+            tq, tk, tv, tdo, tlse, tdelta, tdq, self.tbias, self.talibi, self.sm_scale, self.softcap, *common,
+            *self.st(tdq), *self.bias_strides(), self.stride_az, *tail, HAS_BIAS=self.bias is not None,
             **self.score_constexprs(BLOCK_M=bm, BLOCK_N=bn))
         return delta, dq, dk, dv
 
@@ -388,10 +402,11 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None):
+              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None):
         """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
         ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``; ``softcap`` > 0: capped scores;
-        ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range)."""
+        ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range);
+        ``alibi``: None, or fp32 ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (checked as a float64 additive bias)."""
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
@@ -407,9 +422,14 @@ class AttnInterpreterTest(unittest.TestCase):
         vis = mask.visible(Sq, Sk)
         keep = dropout.keep(B, Hq, Sq, Sk) if dropout else None
         dscale = dropout.scale if dropout else 1.0
-        ref = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, softcap=softcap)
-        naive = reference(q, k, v, do, vis, sm_scale, bias_view, keep, dscale, naive=True, softcap=softcap)
-        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, softcap=softcap)
+        ref_bias = bias_view
+        if alibi is not None:
+            what += f" alibi{tuple(alibi.shape)}"
+            extra = alibi_bias(alibi, B, Hq, Sq, Sk, mask)
+            ref_bias = extra if bias_view is None else bias_view.astype(np.float64) + extra
+        ref = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, softcap=softcap)
+        naive = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, naive=True, softcap=softcap)
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, softcap=softcap, alibi=alibi)
         o, lse = run.fwd(*fwd_blocks, store_philox=1)
         self.assert_close("O", o, ref[0], naive[0], 3, what, tol)
         self.assertFalse(np.isnan(lse).any(), f"LSE not fully written / NaN: {what}")
@@ -534,8 +554,39 @@ class AttnInterpreterTest(unittest.TestCase):
         o1, _ = Launch(q, k, v, Mask(), 1.0, softcap=1.0).fwd(16, 16)
         self.assertGreater(np.abs(o0 - o1).max(), 0.1)
 
+    # -- ALiBi ------------------------------------------------------------------------------------------
+
+    def test_alibi(self):
+        # Slopes per head ([Hq]) and per sequence and head ([B, Hq]); masks of either alignment (the
+        # bias is 0 on the mask's diagonal), GQA, (B, S, H, D) strides, fp32, with softcap.
+        rng = np.random.default_rng(9)
+        slopes = lambda *shape: rng.uniform(0.05, 1.0, shape).astype(np.float32)  # noqa: E731
+        cases = [
+            dict(args=(1, 4, 2, 37, 29, 24, Mask("causal", align="br")), alibi=slopes(4)),
+            dict(args=(2, 2, 2, 31, 45, 16, Mask()), alibi=slopes(2, 2), bshd=True),
+            dict(args=(1, 2, 1, 33, 33, 40, Mask("window", 5, 3)), alibi=slopes(2)),
+            dict(args=(2, 2, 1, 29, 41, 16, Mask("causal")), alibi=slopes(2, 2), dtype=np.float32),
+            dict(args=(1, 2, 2, 40, 40, 16, Mask("causal", align="br")), alibi=slopes(2), softcap=3.0, scale=0.5),
+        ]
+        for c in cases:
+            with self.subTest(case=c):
+                self.check(*c["args"], alibi=c["alibi"], bshd=c.get("bshd", False), dtype=c.get("dtype", np.float16),
+                           softcap=c.get("softcap", 0.0), scale=c.get("scale"))
+
+    def test_alibi_changes_the_result(self):
+        rng = np.random.default_rng(6)
+        q, k, v = (rng.standard_normal((1, 2, 21, 16)).astype(np.float32) for _ in range(3))
+        o0, _ = Launch(q, k, v, Mask(), 0.25).fwd(16, 16)
+        o1, _ = Launch(q, k, v, Mask(), 0.25, alibi=np.array([0.5, 1.0], np.float32)).fwd(16, 16)
+        self.assertGreater(np.abs(o0 - o1).max(), 0.1)
+
     def test_softcap_varlen(self):
         self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"), softcap=3.0)
+
+    def test_alibi_varlen(self):
+        slopes = np.array([[0.1, 0.7, 0.3, 1.0], [0.5, 0.2, 0.9, 0.05], [0.3, 0.3, 0.6, 0.6]], np.float32)
+        self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"), alibi=slopes)
+        self.check_varlen([13, 0, 6], [17, 21, 0], 4, 2, 16, Mask(), alibi=slopes[0])
 
     # -- dropout ----------------------------------------------------------------------------------------
 
@@ -580,7 +631,8 @@ class AttnInterpreterTest(unittest.TestCase):
     # -- varlen -------------------------------------------------------------------------------------------
 
     def check_varlen(self, lens_q, lens_k, Hq, Hk, D, mask, dtype=np.float16, dropout=None, bias=None, seed=0,
-                     fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16), softcap=0.0):
+                     fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16), softcap=0.0,
+                     alibi=None):
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -598,8 +650,9 @@ class AttnInterpreterTest(unittest.TestCase):
         keep = dropout.keep(B, Hq, nq, nk) if dropout else None
         sm_scale = 1.0 / np.sqrt(D)
         what = (f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} "
-                f"{np.dtype(dtype).name} softcap={softcap}")
-        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k, softcap=softcap)
+                f"{np.dtype(dtype).name} softcap={softcap} alibi={None if alibi is None else alibi.shape}")
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k, softcap=softcap,
+                     alibi=alibi)
         o, lse = run.fwd(*fwd_blocks)
         delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
         for name, arr in (("O", o), ("LSE", lse), ("DELTA", delta), ("dQ", dq), ("dK", dk), ("dV", dv)):
@@ -609,8 +662,12 @@ class AttnInterpreterTest(unittest.TestCase):
             qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
             sq, sk = qe - qs, ke - ks
             sub = lambda x, s, e: x[:, :, s:e]  # noqa: E731
+            seq_bias = None if bias is None else bias_view[b:b + 1, :, :sq, :sk].astype(np.float64)
+            if alibi is not None:  # sequence b's slopes ([B, Hq]) or the heads' ([Hq])
+                extra = alibi_bias(alibi[b] if alibi.ndim == 2 else alibi, 1, Hq, sq, sk, mask)
+                seq_bias = extra if seq_bias is None else seq_bias + extra
             args = (sub(q, qs, qe), sub(k, ks, ke), sub(v, ks, ke), sub(do, qs, qe), mask.visible(sq, sk), sm_scale,
-                    None if bias is None else bias_view[b:b + 1, :, :sq, :sk],
+                    seq_bias,
                     None if keep is None else keep[b:b + 1, :, :sq, :sk], dropout.scale if dropout else 1.0)
             ref, naive = reference(*args, softcap=softcap), reference(*args, naive=True, softcap=softcap)
             w = f"{what} seq {b} (sq {sq}, sk {sk})"
@@ -665,8 +722,8 @@ class AttnInterpreterTest(unittest.TestCase):
         to, tlse = NpTensor(o), NpTensor(lse)
         tq_, tk_, tv_ = NpTensor(q), NpTensor(k), NpTensor(v)
         attn_fwd[(triton.cdiv(max_q, 16), H, run.B)](
-            tq_, tk_, tv_, to, tlse, run.tbias, run.sm_scale, run.softcap, *run.st(tq_, tk_, tv_, to),
-            *run.lse_strides(tlse), 0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64),
+            tq_, tk_, tv_, to, tlse, run.tbias, run.talibi, run.sm_scale, run.softcap, *run.st(tq_, tk_, tv_, to),
+            *run.lse_strides(tlse), 0, 0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64),
             dummy(np.int64), 0, HAS_BIAS=False, **run.score_constexprs(BLOCK_M=16, BLOCK_N=16))
         want = 1 | 2 | 4  # VARLEN_OFFSET_OUT_OF_RANGE | VARLEN_DECREASING | VARLEN_TOO_LONG
         self.assertEqual(int(run.status[0]), want)

@@ -9,8 +9,8 @@ import rules
 
 #: (dtype, tf32) pairs: fp16, bf16, fp32-ieee, fp32-tf32.
 _DT = 4
-#: Softcap functionals: 16-bit without dropout and bias, every head dim.
-_SOFTCAP = 2 * 5
+#: Softcap and ALiBi functionals (each): 16-bit without dropout and bias, every head dim.
+_SOFTCAP = 2 * 5 * 2
 FAMILY_COUNTS_SM90 = {
     # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias 2 aligned + 1 generic,
     # everything else (softcap too) 1 aligned + 1 generic
@@ -35,7 +35,7 @@ ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "
                    "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
                    "STORE_VARLEN_STATUS"]
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
-ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"]
+ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"]
 BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
                "stride_vz", "stride_vh", "stride_vn", "stride_doz", "stride_doh", "stride_dom",
                "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah"]
@@ -43,10 +43,10 @@ BIAS_STRIDES = ["stride_bz", "stride_bh", "stride_bm"]
 
 CONTRACT = {
     "attn_fwd": [
-        "Q", "K", "V", "O", "LSE", "BIAS", "sm_scale", "softcap",
+        "Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap",
         "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
-        "stride_lz", "stride_lh", *BIAS_STRIDES,
+        "stride_lz", "stride_lh", *BIAS_STRIDES, "stride_az",
         "STORE_LSE", *ATTENTION_GROUP, *DROPOUT_GROUP, "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
         *ATTN_CONSTEXPRS],
     "attn_bwd_preprocess": [
@@ -56,12 +56,12 @@ CONTRACT = {
         "N_CTX_Q", "D_HEAD", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
         "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_dkdv": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "sm_scale", "softcap", *BWD_STRIDES,
-        "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES,
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
+        "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES, "stride_az",
         *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
     "attn_bwd_dq": [
-        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "sm_scale", "softcap", *BWD_STRIDES,
-        "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES,
+        "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
+        "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES, "stride_az",
         *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
     "attn_bwd_dbias": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale", *BWD_STRIDES,
@@ -72,7 +72,7 @@ CONTRACT = {
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
 }
-CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP"}
+CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"}
 DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
                "stride_dvn"}
@@ -80,9 +80,9 @@ ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom",
 SPECIAL_TYPES = {"sm_scale": "fp32", "softcap": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
                  "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
                  "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                 "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32"}
+                 "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32", "ALIBI_SLOPES": "*fp32"}
 STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ", "dk": "DK", "dv": "DV", "b": "BIAS",
-                 "db": "DBIAS", "l": "LSE", "delta": "DELTA"}
+                 "db": "DBIAS", "l": "LSE", "delta": "DELTA", "a": "ALIBI_SLOPES"}
 
 
 _WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
@@ -131,6 +131,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                         "attn_bwd_gluon-fp16-hd64-dq0-m64n128st2r168-aligned",
                         "attn_bwd_gluon_preprocess-bf16-hd128-m32w4s1-aligned",
                         "attn_fwd-bf16-tf0-hd128-drop0-bias0-softcap1-m64n64w4s2-aligned",
+                        "attn_fwd-fp16-tf0-hd64-drop0-bias0-alibi1-m64n64w4s3-generic",
                         "attn_bwd_dkdv-fp16-tf0-hd64-drop0-bias0-softcap1-m32n128w8s3-generic"):
             self.assertIn(example, ids)
 
@@ -142,9 +143,10 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
         axes = {f.name: f.axes for f in rules.FAMILIES}
         full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
-                "dropout": [False, True], "bias": [False, True], "softcap": [False, True]}
+                "dropout": [False, True], "bias": [False, True], "softcap": [False, True], "alibi": [False, True]}
         for name in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
-            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap"], name)
+            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap", "alibi"],
+                             name)
             self.assertEqual(axes[name], full, name)
         self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
@@ -182,7 +184,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
                 two = (key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
-                       and not fn.get("softcap"))
+                       and not fn.get("softcap") and not fn.get("alibi"))
                 self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
@@ -234,6 +236,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                     if "SOFTCAP" in s.constexprs:
                         self.assertIs(s.constexprs["SOFTCAP"], s.functional.get("softcap", False))
                         self.assertEqual("-softcap1-" in s.id, s.constexprs["SOFTCAP"], s.id)
+                    if "HAS_ALIBI" in s.constexprs:
+                        self.assertIs(s.constexprs["HAS_ALIBI"], s.functional.get("alibi", False))
+                        self.assertEqual("-alibi1-" in s.id, s.constexprs["HAS_ALIBI"], s.id)
                     for a in s.args:
                         n, t = a["name"], a["type"]
                         if n in DATA_TENSORS:

@@ -4,8 +4,8 @@ For one block of keys of one K/V head::
 
     dV = sum_h sum_i (P * M * scale)^T dO        dK = sm_scale * sum_h sum_i dS^T Q
 
-with ``P = exp(s - lse)``, ``s = cap(sm_scale * q.k) + bias`` (``cap``: ``softcap.py``, with
-``SOFTCAP``; recomputed from the forward's LSE, exp2 form), ``dP = (dO V^T) * M * scale`` (``M`` the dropout keep
+with ``P = exp(s - lse)``, ``s = cap(sm_scale * q.k) + alibi + bias`` (``cap``: ``softcap.py``, with
+``SOFTCAP``; ``alibi``: ``alibi.py``, with ``HAS_ALIBI``; recomputed from the forward's LSE, exp2 form), ``dP = (dO V^T) * M * scale`` (``M`` the dropout keep
 mask, ``scale = dropout_scale``; without dropout ``M = 1``, ``scale = 1``),
 ``dS = P * (dP - delta)`` (``delta`` from ``attn_bwd_preprocess``), ``h`` over
 the ``GQA_GROUP`` query heads that share this K/V head and ``i`` over the query
@@ -13,14 +13,14 @@ blocks that can see the key block.  The group sum happens inside one program
 (no atomics): dK/dV are written once, overwritten (not accumulated), and
 bitwise reproducible run to run.
 
-Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS``;
+Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES``;
 ``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
-bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
+bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
-BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP``.
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI``.
 
 Tensors as in ``fwd.py`` (varlen: ``varlen.py``; bias: ``bias.py``; dropout:
 ``dropout.py``, the same stream as the forward).  ``LSE``/``DELTA`` fp32
@@ -35,6 +35,7 @@ query-block ranges, computed once per program).
 import triton
 import triton.language as tl
 
+from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, query_block_bounds, score_mask
@@ -49,12 +50,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                           stride_qm, stride_dom, stride_bm,
-                          offs_n, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap,
+                          offs_n, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
                           seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                           philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale, start_n,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                           DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                          SOFTCAP: tl.constexpr):
+                          SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Accumulate the query blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``(dk, dv)`` (``mask.block_walk``).
 
     Works in the transposed orientation: scores ``[BLOCK_N, BLOCK_M]`` (keys x queries).
@@ -70,6 +71,8 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
         s_t = mma(k, q_t, None, ALLOW_TF32) * qk_scale                                 # [BLOCK_N, BLOCK_M]
         if SOFTCAP:
             s_t, tanh_t = soft_cap(s_t, softcap)
+        if HAS_ALIBI:
+            s_t += alibi_bias_log2(alibi_slope, rows[None, :], offs_n[:, None], diag)
         if MASKED:
             visible = score_mask(rows[None, :], offs_n[:, None], seqlen_q, seqlen_k,
                                  WINDOW_LEFT, WINDOW_RIGHT, diag)
@@ -100,18 +103,18 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale, softcap,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale, softcap,
                   stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                   stride_vz, stride_vh, stride_vn, stride_doz, stride_doh, stride_dom,
                   stride_lz, stride_lh, stride_deltaz, stride_deltah,
                   stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
-                  stride_bz, stride_bh, stride_bm,
+                  stride_bz, stride_bh, stride_bm, stride_az,
                   N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
                   CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                   DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                  SOFTCAP: tl.constexpr):
+                  SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     start_n = tl.program_id(0)
     off_hk = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2)
@@ -150,25 +153,28 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, sm_scale, softcap,
         lse_base = LSE + off_z64 * stride_lz + off_h * stride_lh + q_start
         delta_base = DELTA + off_z64 * stride_deltaz + off_h * stride_deltah + q_start
         bias_base = BIAS + off_z64 * stride_bz + off_h * stride_bh
+        alibi_slope = 0.0
+        if HAS_ALIBI:
+            alibi_slope = alibi_slope_log2(ALIBI_SLOPES, stride_az, off_z64, off_h)
         philox_head = 0
         if DROPOUT:
             philox_head = dropout_head_offset(philox_offset, off_z, off_h, n_heads_q, N_CTX_Q, N_CTX_K)
         # Query blocks that see the whole key block: no mask code.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                                       offs_n, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
                                        seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
-                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
         # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, start, end, full_lo, full_hi, qk_scale, softcap,
+                                       offs_n, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
                                        seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
-                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     if DROPOUT:
         dv = dv * dropout_scale

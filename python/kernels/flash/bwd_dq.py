@@ -4,20 +4,21 @@ For one block of query rows of one query head::
 
     dQ = sm_scale * sum_j dS K,   dS = P * (dP - delta),   dP = (dO V^T) * M * scale,   P = exp(s - lse)
 
-with ``s = cap(sm_scale * q.k) + bias`` (``cap``: ``softcap.py``, with ``SOFTCAP``;
+with ``s = cap(sm_scale * q.k) + alibi + bias`` (``cap``: ``softcap.py``, with ``SOFTCAP``; ``alibi``:
+``alibi.py``, with ``HAS_ALIBI``;
 P recomputed from the forward's LSE in the exp2 form), ``M``/``scale`` the dropout keep mask and ``dropout_scale`` (1
 without dropout), ``delta`` from ``attn_bwd_preprocess``; dS cast to the input
 dtype for the dot, fp32 accumulator.  ``DQ`` is overwritten.  Rows that see no
 key (LSE = +inf) get P = 0, hence dQ = 0.
 
-Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DQ, BIAS``;
+Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES``;
 ``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dq: z/h/row;
-bias: z/h/row); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
+bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
-BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP``.
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI``.
 
 Tensors as in ``fwd.py`` (GQA: query head ``h`` reads K/V head ``h // GQA_GROUP``;
 varlen, bias, dropout: ``varlen.py``, ``bias.py``, ``dropout.py``).
@@ -27,6 +28,7 @@ forward).  Masks and key-block loop bounds are the forward's (``mask.py``).
 import triton
 import triton.language as tl
 
+from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
@@ -40,12 +42,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                         offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap,
+                         offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
                          seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                          philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                         SOFTCAP: tl.constexpr):
+                         SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Accumulate the key blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``dq`` (``mask.block_walk``)."""
     offs_n = tl.arange(0, BLOCK_N)
     n_lead, n_blocks = block_walk(lo, hi, skip_lo, skip_hi, BLOCK_N)
@@ -57,6 +59,8 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
         s = mma(q, k_t, None, ALLOW_TF32) * qk_scale
         if SOFTCAP:
             s, tanh_s = soft_cap(s, softcap)
+        if HAS_ALIBI:
+            s += alibi_bias_log2(alibi_slope, offs_m[:, None], cols[None, :], diag)
         if MASKED:
             visible = score_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k,
                                  WINDOW_LEFT, WINDOW_RIGHT, diag)
@@ -82,18 +86,18 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale, softcap,
+def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softcap,
                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
                 stride_vz, stride_vh, stride_vn, stride_doz, stride_doh, stride_dom,
                 stride_lz, stride_lh, stride_deltaz, stride_deltah,
                 stride_dqz, stride_dqh, stride_dqm,
-                stride_bz, stride_bh, stride_bm,
+                stride_bz, stride_bh, stride_bm, stride_az,
                 N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
                 CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                 DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                SOFTCAP: tl.constexpr):
+                SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first, as the forward
     off_h = tl.program_id(1)
     off_hk = (off_h // GQA_GROUP).to(tl.int64)
@@ -117,6 +121,9 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale, softcap,
     k_base = K + off_z * stride_kz + off_hk * stride_kh + k_start64 * stride_kn
     v_base = V + off_z * stride_vz + off_hk * stride_vh + k_start64 * stride_vn
     bias_base = BIAS + off_z * stride_bz + off_h * stride_bh
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = alibi_slope_log2(ALIBI_SLOPES, stride_az, off_z, off_h)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q = load_tile(Q + off_z * stride_qz + off_h * stride_qh + q_start64 * stride_qm, offs_m, stride_qm, offs_d,
@@ -133,16 +140,16 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, sm_scale, softcap,
                                                     BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                              offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
                               seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
-                              BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                              BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap,
+                              offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
                               seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
-                              BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                              BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     store_tile(DQ + off_z * stride_dqz + off_h * stride_dqh + q_start64 * stride_dqm, offs_m, stride_dqm, offs_d,
                dq * sm_scale, D_HEAD, seqlen_q)

@@ -1,16 +1,17 @@
 """FlashAttention-2 forward: ``attn_fwd``.
 
-Computes ``O = dropout(softmax(cap(sm_scale * Q K^T) + bias + mask)) V`` per (batch, query head),
-``cap`` the identity, or ``softcap * tanh(x / softcap)`` with ``SOFTCAP`` (``softcap.py``).
+Computes ``O = dropout(softmax(cap(sm_scale * Q K^T) + alibi + bias + mask)) V`` per (batch, query
+head), ``cap`` the identity, or ``softcap * tanh(x / softcap)`` with ``SOFTCAP`` (``softcap.py``);
+``alibi`` 0, or ``-slope_h * |i + diag - j|`` with ``HAS_ALIBI`` (``alibi.py``).
 
-Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS``; ``sm_scale, softcap``; strides
-(q, k, v, o: z/h/row; lse: z/h; bias: z/h/row); ``STORE_LSE``; the attention
+Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS, ALIBI_SLOPES``; ``sm_scale, softcap``; strides
+(q, k, v, o: z/h/row; lse: z/h; bias: z/h/row; alibi slopes: z); ``STORE_LSE``; the attention
 group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
 ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group
 ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``
 and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``;
-constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP``.
+constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI``.
 Unused groups (bias without ``HAS_BIAS``, dropout without ``DROPOUT``, cu_seqlens
 without ``IS_VARLEN``) may be null pointers / zeros.
 
@@ -49,6 +50,7 @@ input dtype for the PV product, ``dropout_scale`` applied once in the epilogue.
 import triton
 import triton.language as tl
 
+from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
@@ -62,12 +64,12 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                      offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap,
+                      offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
                       seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                       DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                      SOFTCAP: tl.constexpr):
+                      SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Accumulate the key blocks of ``[lo, hi)`` outside ``[skip_lo, skip_hi)`` into ``(acc, l_i, m_i)``.
 
     ``MASKED=False`` is the hot path: every key of every block is inside the
@@ -84,6 +86,8 @@ def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, st
         s = mma(q, k, None, ALLOW_TF32) * qk_scale
         if SOFTCAP:
             s, _ = soft_cap(s, softcap)
+        if HAS_ALIBI:
+            s += alibi_bias_log2(alibi_slope, offs_m[:, None], cols[None, :], diag)
         if MASKED:
             visible = score_mask(offs_m[:, None], cols[None, :], seqlen_q, seqlen_k,
                                  WINDOW_LEFT, WINDOW_RIGHT, diag)
@@ -106,20 +110,21 @@ def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, st
 
 
 @triton.jit
-def attn_fwd(Q, K, V, O, LSE, BIAS, sm_scale, softcap,
+def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, sm_scale, softcap,
              stride_qz, stride_qh, stride_qm,
              stride_kz, stride_kh, stride_kn,
              stride_vz, stride_vh, stride_vn,
              stride_oz, stride_oh, stride_om,
              stride_lz, stride_lh,
-             stride_bz, stride_bh, stride_bm,
+             stride_bz, stride_bh, stride_bm, stride_az,
              STORE_LSE,
              N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
              CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
              DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
              PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr, SOFTCAP: tl.constexpr):
+             DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr, SOFTCAP: tl.constexpr,
+             HAS_ALIBI: tl.constexpr):
     # -- program scheduling ------------------------------------------------
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first (causal)
     off_h = tl.program_id(1)
@@ -149,6 +154,9 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, sm_scale, softcap,
     v_base = V + off_z * stride_vz + off_hk * stride_vh + k_start.to(tl.int64) * stride_vn
     o_base = O + off_z * stride_oz + off_h * stride_oh + q_start.to(tl.int64) * stride_om
     bias_base = BIAS + off_z * stride_bz + off_h * stride_bh
+    alibi_slope = 0.0
+    if HAS_ALIBI:
+        alibi_slope = alibi_slope_log2(ALIBI_SLOPES, stride_az, off_z, off_h)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -164,16 +172,16 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, sm_scale, softcap,
                                                     BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                                      offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                                      offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
                                       seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
-                                      BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                                      BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                                      offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap,
+                                      offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
                                       seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
-                                      BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP)
+                                      BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     # -- epilogue ------------------------------------------------------------
     o, lse = softmax_epilogue(acc, m_i, l_i)
