@@ -373,6 +373,9 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("DV", Ptr(p.dv.ptr)),
         ("sm_scale", F32(p.sm_scale)),
         ("softcap", F32(p.softcap)),
+        // ALiBi is not offered by the API yet: no slopes (HAS_ALIBI kernels are never chosen).
+        ("ALIBI_SLOPES", Ptr(0)),
+        ("stride_az", I64(0)),
     ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));

@@ -126,6 +126,9 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("sm_scale", F32(p.sm_scale)),
         ("softcap", F32(p.softcap)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
+        // ALiBi is not offered by the API yet: no slopes (HAS_ALIBI kernels are never chosen).
+        ("ALIBI_SLOPES", Ptr(0)),
+        ("stride_az", ArgValue::I64(0)),
     ]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
