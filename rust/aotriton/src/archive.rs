@@ -124,8 +124,8 @@ const TUNED_VERSION: u32 = 3;
 const SHARED_VERSION: u32 = 4;
 
 /// The functionals with equal keys share one xz stream (version 4 on): the same family and axes,
-/// except that fp16 and bf16 count as one dtype, TF32 on and off as one, and soft-capping on and
-/// off as one. Their kernels are near-identical machine code, which one stream compresses about a
+/// except that fp16 and bf16 count as one dtype, TF32 on and off as one, and the score modifiers
+/// (the optional axes `softcap` and `alibi`) on and off as one. Their kernels are near-identical machine code, which one stream compresses about a
 /// fifth smaller than two, for more bytes decoded when one of them is first used; a 16-bit call
 /// decodes no fp32 code (sharing across all three dtypes saved only 2 % more and tripled that).
 pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTreeMap<String, String>) {
@@ -137,6 +137,7 @@ pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTr
     }
     key.remove("tf32");
     key.remove("softcap");
+    key.remove("alibi");
     (family.to_string(), key)
 }
 /// Most dimensions of a TMA descriptor.

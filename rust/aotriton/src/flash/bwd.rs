@@ -15,7 +15,7 @@
 //! `attn_bwd_dq` kernel instead of the reduce-adds.
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, Workspace, axes, bias_args, broadcast_strides,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, Workspace, axes, bias_args, broadcast_strides,
     check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, dropout_regions, mask_args,
     optional_input, strides3, strides4, varlen_regions,
 };
@@ -57,6 +57,8 @@ pub struct BwdParams<'a> {
     pub sm_scale: f32,
     /// The forward's logit soft-capping ([`FwdParams::softcap`](super::FwdParams::softcap); 0 = off).
     pub softcap: f32,
+    /// The forward's ALiBi slopes ([`FwdParams::alibi_slopes`](super::FwdParams::alibi_slopes)).
+    pub alibi_slopes: Option<TensorView<2>>,
     /// The forward's mask.
     pub mask: Mask,
     /// The forward's bias, if it had one.
@@ -118,6 +120,7 @@ impl<'a> BwdParams<'a> {
             dv,
             sm_scale: 1.0 / head_dim.sqrt(),
             softcap: 0.0,
+            alibi_slopes: None,
             mask: Mask::NONE,
             bias: None,
             dbias: None,
@@ -164,7 +167,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let preprocess_axes = axes(dtype, false, &shape, &[]);
     let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
     let mut main_axes = axes(dtype, tf32, &shape, &features);
-    super::push_softcap_axis(&mut main_axes, params.softcap);
+    score_modifiers(params).push_axes(&mut main_axes);
     let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
     let preprocess_args = preprocess_args(params, &shape)?;
     let args = kernel_args(params, &shape, &mask)?;
@@ -314,6 +317,7 @@ fn check_aliasing(p: &BwdParams) -> Result<()> {
             Region::input("d_o", &p.d_o)?,
             Region::input("lse", &p.lse)?,
             optional_input("bias", p.bias.as_ref())?,
+            score_modifiers(p).region()?,
             seed,
             offset,
             cu_q,
@@ -356,6 +360,10 @@ pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Result<ArgLis
     Ok(args)
 }
 
+pub(crate) fn score_modifiers<'p>(p: &'p BwdParams) -> ScoreModifiers<'p> {
+    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref() }
+}
+
 /// Arguments of `attn_bwd_dkdv`, `attn_bwd_dq` and `attn_bwd_dbias` by name (each takes the ones
 /// it declares).
 pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
@@ -372,11 +380,8 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("DK", Ptr(p.dk.ptr)),
         ("DV", Ptr(p.dv.ptr)),
         ("sm_scale", F32(p.sm_scale)),
-        ("softcap", F32(p.softcap)),
-        // ALiBi is not offered by the API yet: no slopes (HAS_ALIBI kernels are never chosen).
-        ("ALIBI_SLOPES", Ptr(0)),
-        ("stride_az", I64(0)),
     ]);
+    args.extend(score_modifiers(p).args());
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
@@ -427,7 +432,7 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     check_tensor("lse", &p.lse, rows, DType::F32)?;
     check_tensor("delta", &p.delta, rows, DType::F32)?;
     super::check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
-    super::check_softcap(p.softcap, dtype, p.dropout.is_some(), p.bias.is_some())?;
+    score_modifiers(p).check(&shape, dtype, p.dropout.is_some(), p.bias.is_some())?;
     if let Some(ws) = &p.workspace {
         if ws.ptr == 0 {
             bail!(NullPointer, "workspace: pointer is null (pass no workspace instead)");

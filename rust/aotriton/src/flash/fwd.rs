@@ -1,9 +1,10 @@
-//! `attn_fwd`: O = dropout(softmax(cap(sm_scale · Q·Kᵀ) + bias + mask)) · V, and optionally the LSE
-//! (`cap`: the identity, or logit soft-capping with [`FwdParams::softcap`]).
+//! `attn_fwd`: O = dropout(softmax(cap(sm_scale · Q·Kᵀ) + alibi + bias + mask)) · V, and optionally
+//! the LSE (`cap`: the identity, or logit soft-capping with [`FwdParams::softcap`]; `alibi`: 0, or
+//! the linear bias of [`FwdParams::alibi_slopes`]).
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, Varlen, axes, bias_args, check_qkv, check_rows, check_scalars,
-    check_softcap, check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
+    AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, axes, bias_args, check_qkv, check_rows,
+    check_scalars, check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
 use crate::dispatch::{
@@ -34,8 +35,15 @@ pub struct FwdParams<'a> {
     pub sm_scale: f32,
     /// Logit soft-capping (Gemma 2, Grok): each score s = sm_scale · q·k becomes
     /// `softcap · tanh(s / softcap)` before bias and mask. 0 (what `new` sets) is off; otherwise
-    /// finite and positive, fp16/bf16 inputs without dropout or bias. The backward needs the same.
+    /// finite and positive, fp16/bf16 inputs without dropout, bias or ALiBi. The backward needs the
+    /// same.
     pub softcap: f32,
+    /// ALiBi (BLOOM, MPT): fp32 slopes, sizes [B or 1, Hq] (B: sequences of a packed batch; 1: the
+    /// same slopes for every sequence). Query head h adds `-slope[h] · |i + Sk - Sq - j|` to score
+    /// (i, j) with a bottom-right mask, `-slope[h] · |i - j|` otherwise (FlashAttention's
+    /// convention), after `softcap` and before the mask. fp16/bf16 inputs without dropout, bias or
+    /// softcap; the backward needs the same slopes (they get no gradient).
+    pub alibi_slopes: Option<TensorView<2>>,
     /// Which keys each query sees; `new` sets [`Mask::NONE`].
     pub mask: Mask,
     /// Additive attention bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk]: a size
@@ -65,6 +73,7 @@ impl<'a> FwdParams<'a> {
             lse,
             sm_scale: 1.0 / head_dim.sqrt(),
             softcap: 0.0,
+            alibi_slopes: None,
             mask: Mask::NONE,
             bias: None,
             dropout: None,
@@ -106,8 +115,12 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
 
 pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Axes {
     let mut axes = axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())]);
-    super::push_softcap_axis(&mut axes, p.softcap);
+    score_modifiers(p).push_axes(&mut axes);
     axes
+}
+
+pub(crate) fn score_modifiers<'p>(p: &'p FwdParams) -> ScoreModifiers<'p> {
+    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref() }
 }
 
 /// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
@@ -124,12 +137,9 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("O", Ptr(p.o.ptr)),
         ("LSE", Ptr(lse.ptr)),
         ("sm_scale", F32(p.sm_scale)),
-        ("softcap", F32(p.softcap)),
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
-        // ALiBi is not offered by the API yet: no slopes (HAS_ALIBI kernels are never chosen).
-        ("ALIBI_SLOPES", Ptr(0)),
-        ("stride_az", ArgValue::I64(0)),
     ]);
+    args.extend(score_modifiers(p).args());
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
@@ -176,7 +186,7 @@ pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
         check_tensor("lse", lse, [p.q.sizes[0], shape.heads_q, p.q.sizes[2]], DType::F32)?;
     }
     check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
-    check_softcap(p.softcap, p.q.dtype, p.dropout.is_some(), p.bias.is_some())?;
+    score_modifiers(p).check(&shape, p.q.dtype, p.dropout.is_some(), p.bias.is_some())?;
     let ([seed, offset], [seed_out, offset_out]) = dropout_regions(p.dropout.as_ref())?;
     let ([cu_q, cu_k], status) = varlen_regions(p.varlen.as_ref())?;
     let lse = match &p.lse {
@@ -185,7 +195,7 @@ pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
     };
     check_no_aliasing(
         &[Region::output("o", &p.o)?, lse, seed_out, offset_out, status],
-        &[Region::input("q", &p.q)?, Region::input("k", &p.k)?, Region::input("v", &p.v)?, optional_input("bias", p.bias.as_ref())?, seed, offset, cu_q, cu_k],
+        &[Region::input("q", &p.q)?, Region::input("k", &p.k)?, Region::input("v", &p.v)?, optional_input("bias", p.bias.as_ref())?, score_modifiers(p).region()?, seed, offset, cu_q, cu_k],
     )?;
     // Bias and dropout are checked where their arguments are built (`kernel_args`, which
     // `attn_fwd` runs before touching the GPU).
@@ -351,6 +361,46 @@ pub(crate) mod tests {
                 }),
                 ErrorKind::UnsupportedDType,
             ),
+            ("alibi fp16 slopes", Box::new(|p| p.alibi_slopes = Some(TensorView::contiguous(6 << 32, [1, HQ], DType::F16))), ErrorKind::DTypeMismatch),
+            ("alibi slopes per key head", Box::new(|p| p.alibi_slopes = Some(slopes([1, HK]))), ErrorKind::ShapeMismatch),
+            ("alibi slopes batch 3", Box::new(|p| p.alibi_slopes = Some(slopes([3, HQ]))), ErrorKind::ShapeMismatch),
+            ("alibi slopes null", Box::new(|p| p.alibi_slopes = Some(TensorView::contiguous(0, [1, HQ], DType::F32))), ErrorKind::NullPointer),
+            (
+                "alibi slopes strided heads",
+                Box::new(|p| p.alibi_slopes = Some(TensorView::new(6 << 32, [B, HQ], [1, 2], DType::F32))),
+                ErrorKind::BadStrides,
+            ),
+            (
+                "alibi slopes inside o",
+                Box::new(|p| p.alibi_slopes = Some(TensorView::contiguous(p.o.ptr + 64, [1, HQ], DType::F32))),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "alibi with softcap",
+                Box::new(|p| {
+                    p.alibi_slopes = Some(slopes([B, HQ]));
+                    p.softcap = 30.0;
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "alibi with dropout",
+                Box::new(|p| {
+                    p.alibi_slopes = Some(slopes([1, HQ]));
+                    p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "alibi fp32",
+                Box::new(|p| {
+                    p.alibi_slopes = Some(slopes([1, HQ]));
+                    for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
+                        t.dtype = DType::F32;
+                    }
+                }),
+                ErrorKind::UnsupportedDType,
+            ),
             ("window left -2", Box::new(|p| p.mask = Mask::window(-2, 4, MaskAlign::TopLeft)), ErrorKind::InvalidArgument),
             ("window right -5", Box::new(|p| p.mask = Mask::window(3, -5, MaskAlign::BottomRight)), ErrorKind::InvalidArgument),
             (
@@ -371,6 +421,30 @@ pub(crate) mod tests {
 
     fn bias(sizes: [u64; 4]) -> TensorView<4> {
         TensorView::contiguous(0x70000, sizes, DType::F16)
+    }
+
+    /// fp32 ALiBi slopes on their own fake address.
+    fn slopes(sizes: [u64; 2]) -> TensorView<2> {
+        TensorView::contiguous(6 << 32, sizes, DType::F32)
+    }
+
+    #[test]
+    fn alibi_is_an_optional_axis_and_arguments() {
+        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let mut p = valid();
+        let (shape, mask) = check(&p).unwrap();
+        assert!(functional_axes(&p, &shape).as_slice().unwrap().iter().all(|(name, _)| *name != "alibi"), "off: no alibi axis");
+        let args = kernel_args(&p, &shape, &mask).unwrap();
+        assert_eq!((arg(&args, "ALIBI_SLOPES"), arg(&args, "stride_az")), (Some(ArgValue::Ptr(0)), Some(ArgValue::I64(0))));
+        // One row of slopes for every sequence: batch stride 0; one row per sequence: its stride.
+        for (sizes, stride_az) in [([1, HQ], 0), ([B, HQ], HQ as i64)] {
+            p.alibi_slopes = Some(slopes(sizes));
+            let (shape, mask) = check(&p).unwrap();
+            assert!(functional_axes(&p, &shape).as_slice().unwrap().contains(&("alibi", "true")));
+            let args = kernel_args(&p, &shape, &mask).unwrap();
+            assert_eq!(arg(&args, "ALIBI_SLOPES"), Some(ArgValue::Ptr(6 << 32)));
+            assert_eq!(arg(&args, "stride_az"), Some(ArgValue::I64(stride_az)));
+        }
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub(crate) enum Unsupported {
     Varlen,
     /// Logit soft-capping (`softcap` > 0).
     Softcap,
+    /// ALiBi slopes.
+    Alibi,
     /// The forward takes the row maximum before scaling, so it needs `sm_scale > 0`.
     NonPositiveScale,
     /// A tensor TMA cannot address (`"workspace"`: the workspace views would be too large).
@@ -65,6 +67,7 @@ impl fmt::Display for Unsupported {
             Unsupported::Bias => write!(f, "it has no attention bias (use the portable backend)"),
             Unsupported::Varlen => write!(f, "it does not take packed (varlen) batches (use the portable backend)"),
             Unsupported::Softcap => write!(f, "it has no logit soft-capping (use the portable backend)"),
+            Unsupported::Alibi => write!(f, "it has no ALiBi (use the portable backend)"),
             Unsupported::NonPositiveScale => write!(f, "its forward needs sm_scale > 0"),
             Unsupported::Tma { tensor, problem } => write!(f, "{tensor}: {problem}"),
             Unsupported::Misaligned { tensor, ptr } => {
@@ -127,7 +130,7 @@ fn common_inputs(
     dtype: DType,
     shape: &AttnShape,
     buckets: &[(u64, &'static str)],
-    features: [(bool, Unsupported); 4],
+    features: [(bool, Unsupported); 5],
     tensors: &[(&'static str, TensorArg)],
 ) -> Result<GluonShape, Unsupported> {
     if !matches!(dtype, DType::F16 | DType::BF16) {
@@ -154,6 +157,7 @@ pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.bias.is_some(), Unsupported::Bias),
         (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
+        (p.alibi_slopes.is_some(), Unsupported::Alibi),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
     let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
@@ -180,6 +184,7 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.bias.is_some() || p.dbias.is_some(), Unsupported::Bias),
         (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
+        (p.alibi_slopes.is_some(), Unsupported::Alibi),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o), ("d_o", &p.d_o), ("dq", &p.dq), ("dk", &p.dk), ("dv", &p.dv)]
         .map(|(n, t)| (n, TensorArg::from_view(t)));
@@ -583,6 +588,7 @@ mod tests {
         assert_eq!(reason(&|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000))), Unsupported::Dropout);
         assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
         assert_eq!(reason(&|p| p.softcap = 30.0), Unsupported::Softcap);
+        assert_eq!(reason(&|p| p.alibi_slopes = Some(TensorView::contiguous(0x1000, [1, HQ], DType::F32))), Unsupported::Alibi);
         assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: at(5) + 4 });
         assert_eq!(reason(&|p| p.sm_scale = -0.125), Unsupported::NonPositiveScale);
         assert_eq!(reason(&|p| p.sm_scale = 0.0), Unsupported::NonPositiveScale);

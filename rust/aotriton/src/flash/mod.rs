@@ -524,31 +524,80 @@ pub(crate) fn check_scalars(shape: &AttnShape, dropout: Option<&Dropout>, sm_sca
     Ok(())
 }
 
-/// Logit soft-capping's value: 0 (off) or finite and positive, and compiled only for fp16/bf16
-/// without dropout or bias (python/rules.py, `functionals`), so anything else is refused here with
-/// its reason rather than as a missing kernel.
-pub(crate) fn check_softcap(softcap: f32, dtype: DType, dropout: bool, bias: bool) -> Result<()> {
-    if softcap == 0.0 {
-        return Ok(());
-    }
-    if !softcap.is_finite() || softcap < 0.0 {
-        bail!(InvalidArgument, "softcap is {softcap}: it must be 0 (off) or finite and positive");
-    }
-    if !matches!(dtype, DType::F16 | DType::BF16) {
-        bail!(UnsupportedDType, "softcap takes fp16 or bf16 inputs, not {}", dtype.triton_name());
-    }
-    if dropout || bias {
-        let what = if dropout { "dropout" } else { "an attention bias" };
-        bail!(InvalidArgument, "softcap is not built with {what}: pass one or the other");
-    }
-    Ok(())
+/// The score modifiers of a call (python/kernels/flash/softcap.py and alibi.py): logit
+/// soft-capping and ALiBi. Each is an optional functional axis compiled for fp16/bf16 only,
+/// without dropout, bias or the other (python/rules.py, `functionals`), so anything else is
+/// refused here with its reason rather than as a missing kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct ScoreModifiers<'p> {
+    /// 0: off.
+    pub softcap: f32,
+    /// fp32 slopes, [B or 1, Hq].
+    pub alibi_slopes: Option<&'p TensorView<2>>,
 }
 
-/// Adds the `softcap` functional axis when soft-capping is on. It is an optional axis
-/// (python/rules.py, `OPTIONAL_AXES`): the functionals without it do not name it.
-pub(crate) fn push_softcap_axis(axes: &mut Axes, softcap: f32) {
-    if softcap != 0.0 {
-        axes.push("softcap", bool_axis(true));
+impl ScoreModifiers<'_> {
+    /// Checks the values and the combination (`shape`: the call's, for the slopes' sizes).
+    pub(crate) fn check(&self, shape: &AttnShape, dtype: DType, dropout: bool, bias: bool) -> Result<()> {
+        let softcap = self.softcap;
+        if softcap != 0.0 && (!softcap.is_finite() || softcap < 0.0) {
+            bail!(InvalidArgument, "softcap is {softcap}: it must be 0 (off) or finite and positive");
+        }
+        if let Some(slopes) = self.alibi_slopes {
+            slopes.check_layout("alibi_slopes")?;
+            if slopes.dtype != DType::F32 {
+                bail!(DTypeMismatch, "alibi_slopes is {}, expected fp32", slopes.dtype.triton_name());
+            }
+            if !(slopes.sizes[0] == 1 || slopes.sizes[0] == shape.batch) || slopes.sizes[1] != shape.heads_q {
+                bail!(
+                    ShapeMismatch,
+                    "alibi_slopes.sizes is {:?}: it must be [B or 1, Hq] = [{} or 1, {}] (one slope per query head)",
+                    slopes.sizes,
+                    shape.batch,
+                    shape.heads_q
+                );
+            }
+        }
+        let what = match (softcap != 0.0, self.alibi_slopes.is_some()) {
+            (false, false) => return Ok(()),
+            (true, true) => bail!(InvalidArgument, "softcap and alibi_slopes are not built together: pass one or the other"),
+            (true, false) => "softcap",
+            (false, true) => "alibi_slopes",
+        };
+        if !matches!(dtype, DType::F16 | DType::BF16) {
+            bail!(UnsupportedDType, "{what} takes fp16 or bf16 inputs, not {}", dtype.triton_name());
+        }
+        if dropout || bias {
+            let other = if dropout { "dropout" } else { "an attention bias" };
+            bail!(InvalidArgument, "{what} is not built with {other}: pass one or the other");
+        }
+        Ok(())
+    }
+
+    /// Adds the optional functional axes that are on (python/rules.py, `OPTIONAL_AXES`: the
+    /// functionals without one do not name it).
+    pub(crate) fn push_axes(&self, axes: &mut Axes) {
+        if self.softcap != 0.0 {
+            axes.push("softcap", bool_axis(true));
+        }
+        if self.alibi_slopes.is_some() {
+            axes.push("alibi", bool_axis(true));
+        }
+    }
+
+    /// The kernels' arguments: `softcap`, and the slopes with their batch stride (0 when one row
+    /// of slopes serves every sequence; a null pointer when off, which those kernels never read).
+    pub(crate) fn args(&self) -> [(&'static str, ArgValue); 3] {
+        let (ptr, stride_az) = match self.alibi_slopes {
+            None => (0, 0),
+            Some(s) => (s.ptr, if s.sizes[0] == 1 { 0 } else { s.strides[0] }),
+        };
+        [("softcap", ArgValue::F32(self.softcap)), ("ALIBI_SLOPES", ArgValue::Ptr(ptr)), ("stride_az", ArgValue::I64(stride_az))]
+    }
+
+    /// The slopes' device memory (an input), for the aliasing check.
+    pub(crate) fn region(&self) -> Result<Region<'static>> {
+        optional_input("alibi_slopes", self.alibi_slopes)
     }
 }
 
