@@ -106,7 +106,8 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          varlen_of(TensorView<1>{}, TensorView<1>{}, 0, 0, nullptr),
                          false,
                          static_cast<int32_t>(Backend::kAuto),
-                         0.0f};
+                         0.0f,
+                         bridge::TensorView2{}};
     // Read only the fields the caller's version of the struct has.
     if (params.version >= 2) {
       args.mask = mask_of(params.causal, params.align, params.window_left, params.window_right);
@@ -124,6 +125,9 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
     }
     if (params.version >= 6) {
       args.softcap = params.softcap;
+    }
+    if (params.version >= 7) {
+      args.alibi_slopes = to_bridge<2, bridge::TensorView2>(params.alibi_slopes);
     }
     if (params.version >= 3) {
       const bool v5 = params.version >= 5;
@@ -167,7 +171,8 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
                        static_cast<int32_t>(Backend::kAuto),
                        0,
                        0,
-                       0.0f};
+                       0.0f,
+                       bridge::TensorView2{}};
   *host = HostOffsets{};
   // Read only the fields the caller's version of the struct has.
   if (params.version >= 2) {
@@ -185,6 +190,9 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
   }
   if (params.version >= 5) {
     args.softcap = params.softcap;
+  }
+  if (params.version >= 6) {
+    args.alibi_slopes = to_bridge<2, bridge::TensorView2>(params.alibi_slopes);
   }
   if (params.version >= 2) {
     const bool v4 = params.version >= 4;

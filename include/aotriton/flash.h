@@ -28,7 +28,7 @@ enum class MaskAlign : int32_t {
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
 // the dtype and head dim; fp16/bf16; head dim <= 256; no dropout,
-// no bias, not packed (varlen), no softcap; forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
+// no bias, not packed (varlen), no softcap or ALiBi; forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
 // 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
 // least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
 // kUnsupportedByBackend (message: the reason) and launches nothing.
@@ -52,7 +52,7 @@ constexpr int32_t kVarlenTooLong = 4;           // a sequence longer than max_se
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 6;
+  static constexpr uint32_t kVersion = 7;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -126,6 +126,15 @@ struct FwdParams {
   // softcap * tanh(s / softcap) before bias and mask. 0 = off; otherwise finite and positive,
   // fp16/bf16 inputs without dropout or bias (kInvalidArgument / kUnsupportedDType otherwise).
   float softcap = 0.0f;
+
+  // -- version 7 --
+  // ALiBi (BLOOM, MPT): fp32 slopes, sizes [B or 1, Hq] (B: sequences of a packed batch; 1: the
+  // same for every sequence), last stride 1; null data = off. Query head h adds
+  // -slope[h] * |i + off - j| to score (i, j) after softcap and before the mask, with off the
+  // mask's diagonal offset (0 for kTopLeft, Sk - Sq for kBottomRight: FlashAttention measures
+  // from the bottom-right diagonal, so pass align = kBottomRight for its convention, also with
+  // no window). fp16/bf16 inputs without dropout, bias or softcap.
+  TensorView<2> alibi_slopes;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -137,7 +146,7 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 // are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
 // `deterministic` is set.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 5;
+  static constexpr uint32_t kVersion = 6;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -188,6 +197,9 @@ struct BwdParams {
 
   // -- version 5 --: the forward's softcap (FwdParams version 6).
   float softcap = 0.0f;
+
+  // -- version 6 --: the forward's ALiBi slopes (FwdParams version 7); they get no gradient.
+  TensorView<2> alibi_slopes;
 };
 
 // Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any

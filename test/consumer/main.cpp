@@ -142,6 +142,25 @@ int main() {
     expect("backward softcap inf", flash::attn_bwd(gs, stream), Status::kInvalidArgument);
   }
 
+  // ALiBi slopes (FwdParams version 7, BwdParams version 6): fp32, [B or 1, Hq].
+  p = valid_params();
+  p.alibi_slopes = aotriton::TensorView<2>::contiguous(reinterpret_cast<const void*>(0xa0000), {1, kHq},
+                                                       DType::kFloat16);
+  expect("alibi slopes fp16", flash::attn_fwd(p, stream), Status::kDTypeMismatch);
+  p.alibi_slopes = aotriton::TensorView<2>::contiguous(reinterpret_cast<const void*>(0xa0000), {1, kHk},
+                                                       DType::kFloat32);
+  expect("alibi slopes per key head", flash::attn_fwd(p, stream), Status::kShapeMismatch);
+  p.alibi_slopes = aotriton::TensorView<2>::contiguous(reinterpret_cast<const void*>(0xa0000), {kB, kHq},
+                                                       DType::kFloat32);
+  p.softcap = 30.0f;
+  expect("alibi with softcap", flash::attn_fwd(p, stream), Status::kInvalidArgument);
+  {
+    flash::BwdParams ga = valid_bwd_params();
+    ga.alibi_slopes = aotriton::TensorView<2>::contiguous(reinterpret_cast<const void*>(0xa0000), {3, kHq},
+                                                          DType::kFloat32);
+    expect("backward alibi slopes batch 3", flash::attn_bwd(ga, stream), Status::kShapeMismatch);
+  }
+
   p = valid_params();
   p.bias = aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(0xb0000), {kB, 3, kSq, kSk},
                                                DType::kFloat16);
@@ -358,6 +377,15 @@ int main() {
     g.version = 4;
     g.softcap = -30.0f;
     expect("version-4 backward ignores softcap", flash::attn_bwd(g, stream), Status::kNoDriver);
+    p = valid_params();
+    p.version = 6;
+    p.alibi_slopes = aotriton::TensorView<2>::contiguous(reinterpret_cast<const void*>(0xa0000), {1, 1},
+                                                         DType::kFloat16);
+    expect("version-6 params ignore alibi_slopes", flash::attn_fwd(p, stream), Status::kNoDriver);
+    g = valid_bwd_params();
+    g.version = 5;
+    g.alibi_slopes = p.alibi_slopes;
+    expect("version-5 backward ignores alibi_slopes", flash::attn_bwd(g, stream), Status::kNoDriver);
     float mask_out = 0;
     auto out = aotriton::TensorView<4>::contiguous(&mask_out, {1, 1, 1, 1}, DType::kFloat32);
     expect("debug dropout mask, no driver",

@@ -78,6 +78,8 @@ mod ffi {
         backend: i32,
         /// 0: off (FwdParams version 6).
         softcap: f32,
+        /// ptr 0: none (FwdParams version 7).
+        alibi_slopes: TensorView2,
     }
 
     /// aotriton::v2::flash::BwdParams.
@@ -106,6 +108,8 @@ mod ffi {
         workspace_bytes: u64,
         /// 0: off (BwdParams version 5).
         softcap: f32,
+        /// ptr 0: none (BwdParams version 6).
+        alibi_slopes: TensorView2,
     }
 
     /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
@@ -120,7 +124,7 @@ mod ffi {
         message: String,
     }
 
-    /// The seed's TensorView<2> (softmax_lse, delta: (B·Hq, Sq) rows).
+    /// A TensorView<2>: the ALiBi slopes; the seed's softmax_lse, delta ((B·Hq, Sq) rows) and A.
     struct TensorView2 {
         ptr: u64,
         sizes: [u64; 2],
@@ -411,6 +415,7 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpe
         let mut params = flash::FwdParams::new(view!(p.q, "q"), view!(p.k, "k"), view!(p.v, "v"), view!(p.o, "o"), lse);
         params.sm_scale = p.sm_scale;
         params.softcap = p.softcap;
+        params.alibi_slopes = if p.alibi_slopes.ptr == 0 { None } else { Some(view!(p.alibi_slopes, "alibi_slopes")) };
         params.mask = mask(&p.mask)?;
         params.bias = optional(&p.bias, "bias")?;
         params.dropout = dropout(&p.dropout);
@@ -451,6 +456,7 @@ fn bwd_params<'a>(p: &ffi::BwdArgs, host_q: &'a [i32], host_k: &'a [i32]) -> Res
     );
     params.sm_scale = p.sm_scale;
     params.softcap = p.softcap;
+    params.alibi_slopes = if p.alibi_slopes.ptr == 0 { None } else { Some(view!(p.alibi_slopes, "alibi_slopes")) };
     params.mask = mask(&p.mask)?;
     params.bias = optional(&p.bias, "bias")?;
     params.dbias = optional(&p.dbias, "dbias")?;
@@ -509,6 +515,7 @@ mod tests {
             allow_tf32: false,
             backend: 0,
             softcap: 0.0,
+            alibi_slopes: ffi::TensorView2 { ptr: 0, sizes: [0; 2], strides: [0; 2], dtype: 0 },
         };
         let null = ffi::StreamSpec { handle: 0, runtime: 0 };
         let out = attn_fwd(&p, &[], &[], &null);

@@ -21,6 +21,9 @@
 //!   written into the offset buffer; bitwise equal to an eager run with that offset.
 //! * Logit soft-capping (`softcap`): the same checks against the capped reference, dense and
 //!   packed, and refused by a forced Gluon backend.
+//! * ALiBi (`alibi_slopes`, [B or 1, Hq]): against the reference with the linear bias
+//!   `-slope · |i + off - j|` as an additive bias (off: the mask's diagonal, per sequence when
+//!   packed), with every mask alignment, GQA, a packed batch; refused by a forced Gluon backend.
 use super::*;
 use crate::philox::HostDropout;
 use crate::reference::{Outputs, Precision};
@@ -105,6 +108,8 @@ pub(crate) struct Ext {
     /// the cap's saturated range).
     pub softcap: f32,
     pub sm_scale: Option<f32>,
+    /// ALiBi slopes: `Some(true)` one row per sequence ([B, Hq]), `Some(false)` one shared row.
+    pub alibi: Option<bool>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -125,6 +130,7 @@ fn ext(prec: Precision, d: usize, hq: usize, hk: usize, b: usize, sq: usize, sk:
         deterministic: false,
         softcap: 0.0,
         sm_scale: None,
+        alibi: None,
     }
 }
 
@@ -169,8 +175,21 @@ impl Ext {
         self.sm_scale = sm_scale;
         self
     }
+    fn alibi(mut self, per_sequence: bool) -> Self {
+        self.alibi = Some(per_sequence);
+        self
+    }
     pub fn group(&self) -> usize {
         self.hq / self.hk
+    }
+    /// The ALiBi slopes, [B or 1, Hq] row-major: BLOOM's geometric series 2^(-8(h+1)/Hq), scaled
+    /// per sequence when each has its own row (so a wrong row is seen).
+    fn alibi_slopes(&self) -> Option<(usize, Vec<f32>)> {
+        self.alibi.map(|per_sequence| {
+            let rows = if per_sequence { self.b } else { 1 };
+            let slope = |z: usize, h: usize| (-8.0 * (h + 1) as f32 / self.hq as f32).exp2() * (1.0 + 0.5 * z as f32);
+            (rows, (0..rows).flat_map(|z| (0..self.hq).map(move |h| slope(z, h))).collect())
+        })
     }
     fn bias_sizes(&self) -> Option<[usize; 4]> {
         self.bias.map(|[z, h, m]| {
@@ -243,6 +262,9 @@ impl Ext {
         }
         if let Some(scale) = self.sm_scale {
             let _ = write!(s, " scale={scale}");
+        }
+        if let Some(per_sequence) = self.alibi {
+            let _ = write!(s, " alibi=[{},Hq]", if per_sequence { "B" } else { "1" });
         }
         s
     }
@@ -334,6 +356,16 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
         ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).softcap(2.0, Some(0.7)),
         packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_tl, true).softcap(3.0, Some(0.5)),
         ext(h16, 128, 4, 2, 1, 129, 250, none).softcap(50.0, Some(1.0)).det(),
+        // ALiBi: BLOOM's slopes (distances up to 250: biases to -125), per sequence or shared,
+        // every alignment (FlashAttention's bottom-right with no window too), GQA, (B, S, H, D),
+        // hd256 and a padded head dim, a packed batch with empty and length-1 sequences,
+        // deterministic.
+        ext(b16, 128, 8, 2, 2, 251, 251, causal_br).alibi(true),
+        ext(h16, 64, 4, 4, 1, 200, 173, mk(-1, -1, true)).alibi(false).bshd(),
+        ext(b16, 256, 2, 1, 2, 97, 131, mk(16, 5, false)).alibi(true),
+        ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).alibi(false),
+        packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_br, true).alibi(true),
+        ext(h16, 128, 4, 2, 2, 129, 250, none).alibi(true).det(),
     ]
 }
 
@@ -342,7 +374,7 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
 pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
     let half = |c: &Ext| matches!(c.prec, Precision::Half(_));
     let plain = |c: &Ext| half(c) && c.varlen.is_none() && !c.deterministic;
-    let picks: [&dyn Fn(&Ext) -> bool; 8] = [
+    let picks: [&dyn Fn(&Ext) -> bool; 9] = [
         &|c| plain(c) && c.dropout.is_some() && c.bias.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_some(),
@@ -351,6 +383,7 @@ pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
         &|c| c.prec == Precision::Tf32,
         &|c| c.deterministic,
         &|c| c.softcap > 0.0,
+        &|c| c.alibi.is_some(),
     ];
     let mut chosen: Vec<usize> = picks
         .iter()
@@ -660,6 +693,28 @@ fn references(
     refs
 }
 
+/// ALiBi as the reference's additive bias, B×Hq×Sq×Sk (Sq, Sk: the longest sequences when
+/// packed): `-slope · |i + off - j|` at positions inside each sequence, off = Sk - Sq of that
+/// sequence for a bottom-right mask, else 0.
+fn alibi_bias(c: &Ext, rows: usize, slopes: &[f32]) -> Vec<f32> {
+    let (b, hq, sq, sk) = (c.b, c.hq, c.sq, c.sk);
+    let lengths: Vec<(usize, usize)> = match c.cu() {
+        Some((cq, ck)) => (0..b).map(|z| (cq[z + 1] - cq[z], ck[z + 1] - ck[z])).collect(),
+        None => vec![(sq, sk); b],
+    };
+    let mut full = Vec::with_capacity(b * hq * sq * sk);
+    for (z, &(lq, lk)) in lengths.iter().enumerate() {
+        let off = if c.mask.bottom_right { lk as i64 - lq as i64 } else { 0 };
+        for h in 0..hq {
+            let slope = slopes[if rows == 1 { 0 } else { z } * hq + h];
+            for i in 0..sq {
+                full.extend((0..sk).map(|j| -slope * (i as i64 + off - j as i64).abs() as f32));
+            }
+        }
+    }
+    full
+}
+
 /// Keeps the elements whose reference is not NaN (tail tokens of packed tensors).
 fn live(got: &[f64], exact: &[f64], naive: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let idx: Vec<usize> = (0..exact.len()).filter(|&i| !exact[i].is_nan()).collect();
@@ -700,6 +755,11 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     let bias_dev = match (bias_sizes, &bias_vals) {
         (Some(sz), Some(vals)) => Some(DevTensor::new(contiguous(sz), Some(&enc(vals)), E::POISON, stream)?),
         _ => None,
+    };
+    let slopes = c.alibi_slopes();
+    let alibi_dev = match &slopes {
+        Some((rows, vals)) => Some(DevTensor::new(contiguous([*rows, hq]), Some(vals), f32::NAN, stream)?),
+        None => None,
     };
     let dbias_dev = match bias_sizes {
         Some(sz) => Some(DevTensor::new(contiguous(sz), None, E::POISON, stream)?),
@@ -742,6 +802,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     );
     fp.sm_scale = sm_scale;
     fp.softcap = c.softcap;
+    fp.alibi_slopes = alibi_dev.as_ref().map(|t| t.view(DType::F32));
     fp.mask = api_mask(&c.mask);
     fp.bias = bias_dev.as_ref().map(|t| t.view(dtype));
     fp.dropout = drop.as_ref().map(|dr| dr.api(true));
@@ -761,6 +822,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     );
     bp.sm_scale = sm_scale;
     bp.softcap = c.softcap;
+    bp.alibi_slopes = fp.alibi_slopes;
     bp.mask = fp.mask;
     bp.bias = fp.bias;
     bp.dbias = dbias_dev.as_ref().map(|t| t.view(dtype));
@@ -774,7 +836,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         dtype,
         head_dim: d,
         tma_layout: true,
-        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0,
+        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0 || c.alibi.is_some(),
     };
     if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
@@ -855,6 +917,11 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     {
         changed.push("cu_seqlens");
     }
+    if let Some(t) = &alibi_dev
+        && t.read(stream)? != t.host
+    {
+        changed.push("alibi_slopes");
+    }
     if !changed.is_empty() {
         pass = false;
         notes.push(format!("inputs changed: {}!", changed.join(",")));
@@ -915,6 +982,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         }
         full
     });
+    let bias_full = bias_full.or_else(|| slopes.as_ref().map(|(rows, vals)| alibi_bias(c, *rows, vals)));
     let refs = references(c, &q, &k, &v, &d_o, bias_full.as_deref(), keep.as_deref(), sm_scale);
     let ref_ms = started.elapsed().as_secs_f64() * 1e3;
 

@@ -124,6 +124,7 @@ struct Case {
 fn mask_name(m: &MaskSpec) -> String {
     let align = if m.bottom_right { "BR" } else { "TL" };
     match (m.left, m.right) {
+        (-1, -1) if m.bottom_right => "none-BR".to_string(),
         (-1, -1) => "none".to_string(),
         (-1, 0) => format!("causal-{align}"),
         (l, r) => format!("win({l},{r})-{align}"),
@@ -720,7 +721,8 @@ fn api_mask(m: &MaskSpec) -> Mask {
         MaskAlign::TopLeft
     };
     match (m.left, m.right) {
-        (-1, -1) => Mask::NONE,
+        // No window, but the diagonal (ALiBi measures from it) where the case puts it.
+        (-1, -1) => Mask { align, ..Mask::NONE },
         (-1, 0) => Mask::causal(align),
         (l, r) => Mask::window(l as i32, r as i32, align),
     }

@@ -39,9 +39,11 @@ pub struct FwdParams<'a> {
     /// same.
     pub softcap: f32,
     /// ALiBi (BLOOM, MPT): fp32 slopes, sizes [B or 1, Hq] (B: sequences of a packed batch; 1: the
-    /// same slopes for every sequence). Query head h adds `-slope[h] · |i + Sk - Sq - j|` to score
-    /// (i, j) with a bottom-right mask, `-slope[h] · |i - j|` otherwise (FlashAttention's
-    /// convention), after `softcap` and before the mask. fp16/bf16 inputs without dropout, bias or
+    /// same slopes for every sequence). Query head h adds `-slope[h] · |i + off - j|` to score
+    /// (i, j), after `softcap` and before the mask, with `off` the mask's diagonal: 0 when
+    /// `mask.align` is top-left (as in [`Mask::NONE`]), Sk − Sq when bottom-right. FlashAttention
+    /// measures from the bottom-right diagonal whether or not it masks: give such callers a
+    /// bottom-right mask (unbounded windows for none). fp16/bf16 inputs without dropout, bias or
     /// softcap; the backward needs the same slopes (they get no gradient).
     pub alibi_slopes: Option<TensorView<2>>,
     /// Which keys each query sees; `new` sets [`Mask::NONE`].
