@@ -4,8 +4,8 @@
 Code written against flash_attn 2.x must work by swapping the import: (B, S, H, D) and packed
 (total, H, D) layouts, bottom-right causal and windows, GQA, softmax_scale, head dims that are not
 multiples of 8 (padded), deterministic backward, return_softmax_lse, the packed-qkv/kv variants,
-softcap (dense and packed, forward and backward), and refusals naming return_attn_probs,
-alibi_slopes and block_table. Bounds as
+softcap and alibi_slopes (dense and packed, forward and backward), and refusals naming
+return_attn_probs and block_table. Bounds as
 test_ops.py (compare: aotriton's error at most a few times the plain input-dtype computation's).
 
     PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_flash_attn_compat.py
@@ -22,6 +22,7 @@ import aotriton.flash_attn as FA
 import test_ops as T
 
 DEV = "cuda"
+F64 = torch.float64
 R = Runner("flash_attn_compat")
 T.R, T.ARGS = R, argparse.Namespace(k=None)
 
@@ -95,6 +96,88 @@ def test_softcap():
             R.check(f"refuses {name}", "softcap" in str(e), str(e)[:160])
 
 
+def alibi_bias(slopes, sq, sk):
+    """FlashAttention's ALiBi as an additive bias (B or 1, Hq, Sq, Sk): -slope * |i + Sk - Sq - j|."""
+    i = torch.arange(sq, device=DEV, dtype=F64)[:, None]
+    j = torch.arange(sk, device=DEV, dtype=F64)[None, :]
+    slopes = slopes.reshape(-1, slopes.shape[-1]).to(F64)
+    return -slopes[:, :, None, None] * (i + sk - sq - j).abs()
+
+
+def bloom_slopes(hq, rows=1):
+    """BLOOM's slopes 2^(-8(h+1)/Hq), scaled per row (a wrong row shows), fp32 (rows, Hq)."""
+    h = torch.arange(1, hq + 1, device=DEV, dtype=torch.float32)
+    base = torch.exp2(-8.0 * h / hq)
+    return torch.stack([base * (1 + 0.5 * r) for r in range(rows)])
+
+
+def test_alibi():
+    # Slopes shared (Hq,) or per sequence (B, Hq); causal, no mask (FlashAttention measures from the
+    # bottom-right diagonal regardless), windows, GQA, Sq != Sk both ways, padded head dims, hd256.
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hk, sq, sk, d, causal, window, per_seq in (
+                (2, 8, 2, 300, 300, 128, True, (-1, -1), True),
+                (1, 4, 4, 257, 513, 64, False, (-1, -1), False),
+                (2, 4, 2, 200, 150, 96, False, (64, 16), True),
+                (1, 2, 1, 129, 200, 256, True, (-1, -1), False),
+                (2, 4, 4, 99, 131, 80, True, (32, -1), True)):
+            slopes = bloom_slopes(hq, b if per_seq else 1)
+            arg = slopes if per_seq else slopes[0]
+            name = (f"flash_attn_func alibi{list(slopes.shape)} {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
+                    + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else ""))
+            bias = alibi_bias(slopes, sq, sk)
+            sc = 1 / math.sqrt(d)
+
+            def ref(q, k, v, bias=bias, causal=causal, window=window, sq=sq, sk=sk, sc=sc):
+                vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
+                return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sc,
+                                     bias=bias.to(q.dtype), vis=vis).transpose(1, 2)
+            T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
+                      lambda q, k, v, arg=arg, causal=causal, window=window: FA.flash_attn_func(
+                          q, k, v, causal=causal, window_size=window, alibi_slopes=arg),
+                      ref, ["q", "k", "v"], alibi=True)
+    # A packed batch: positions and the diagonal are each sequence's own; empty and short sequences.
+    lens_q, lens_k, hq, hk, d = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128
+    cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
+    ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
+    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
+    slopes = bloom_slopes(hq, len(lens_q))
+
+    def ref(q, k, v):
+        outs = []
+        for i in range(len(lens_q)):
+            lq, lk = lens_q[i], lens_k[i]
+            vis = visible(lq, lk, align=1, causal=True)
+            bias = alibi_bias(slopes[i], lq, lk).to(q.dtype)
+            outs.append(attention_ref(q[cq[i]:cq[i + 1]][None].transpose(1, 2), k[ck[i]:ck[i + 1]][None].transpose(1, 2),
+                                      v[ck[i]:ck[i + 1]][None].transpose(1, 2), 0.5, bias=bias, vis=vis)
+                        .transpose(1, 2)[0])
+        return torch.cat(outs)
+    T.compare(f"flash_attn_varlen_func alibi[4, 4] bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
+              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
+              lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                        softmax_scale=0.5, causal=True, alibi_slopes=slopes),
+              ref, ["q", "k", "v"], varlen=True, alibi=True)
+    q = T.rnd(2, 64, 4, 64).to(torch.bfloat16)
+    slopes = bloom_slopes(4)
+    for name, fn, words in (
+            ("alibi with dropout", lambda: FA.flash_attn_func(q, q, q, dropout_p=0.1, alibi_slopes=slopes[0]),
+             ("alibi", "dropout")),
+            ("alibi with softcap", lambda: FA.flash_attn_func(q, q, q, softcap=3.0, alibi_slopes=slopes[0]),
+             ("alibi", "softcap")),
+            ("alibi fp32 inputs", lambda: FA.flash_attn_func(q.float(), q.float(), q.float(), alibi_slopes=slopes[0]),
+             ("alibi",)),
+            ("alibi slopes per key head", lambda: FA.flash_attn_func(q, q[:, :, :2], q[:, :, :2],
+                                                                     alibi_slopes=slopes[0, :2]), ("alibi",)),
+            ("alibi fp16 slopes", lambda: FA.flash_attn_func(q, q, q, alibi_slopes=slopes[0].half()), ("alibi",))):
+        try:
+            fn()
+            R.check(f"refuses {name}", False, "no error")
+        except (RuntimeError, ValueError, TypeError) as e:
+            R.check(f"refuses {name}", all(w in str(e) for w in words), str(e)[:160])
+
+
 def test_lse_and_deterministic():
     b, h, s, d = 2, 4, 333, 64
     q, k, v = (T.rnd(b, s, h, d).to(torch.bfloat16).requires_grad_() for _ in range(3))
@@ -157,7 +240,6 @@ def test_refusals():
     cu = torch.tensor([0, 16], device=DEV, dtype=torch.int32)
     for name, fn in (
             ("return_attn_probs", lambda: FA.flash_attn_func(q, q, q, return_attn_probs=True)),
-            ("alibi_slopes", lambda: FA.flash_attn_func(q, q, q, alibi_slopes=torch.ones(2, device=DEV))),
             ("block_table", lambda: FA.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16,
                                                               block_table=torch.zeros(1, 1, device=DEV,
                                                                                       dtype=torch.int32)))):
@@ -173,7 +255,7 @@ def main():
         R.check("CUDA device present", False)
         R.finish()
     torch.manual_seed(0)
-    for t in (test_dense, test_softcap, test_lse_and_deterministic, test_packed_variants, test_varlen,
+    for t in (test_dense, test_softcap, test_alibi, test_lse_and_deterministic, test_packed_variants, test_varlen,
               test_refusals):
         R.run(t.__name__, t)
     R.finish()

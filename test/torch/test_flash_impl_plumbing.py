@@ -78,11 +78,12 @@ class StandIn:
         return dq, dk, dv
 
     def fwd(self, q4, k4, v4, bias, cu_q, cu_k, max_q, max_k, sm_scale, causal, left, right, align, dropout_p,
-            allow_tf32, check_cu_seqlens, varlen_status, softcap=0.0):
+            allow_tf32, check_cu_seqlens, varlen_status, softcap=0.0, alibi_slopes=None):
         self.calls.append(("fwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        bias=bias, dropout_p=dropout_p, q_stride=q4.stride(), packed=cu_q is not None,
                                        max_q=max_q, max_k=max_k, softcap=softcap)))
         assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"
+        assert alibi_slopes is None, "the registered functions refuse torch's alibi_slopes"
         assert q4.dim() == 4 and q4.stride(-1) == 1, "the kernels take (B, H, S, D) views with a unit last stride"
         out64, lse = self._forward64(q4, k4, v4, cu_q, cu_k, sm_scale, causal, left, right, align)
         out = alloc_like(q4)
@@ -91,10 +92,11 @@ class StandIn:
 
     def bwd(self, dout, q4, k4, v4, out, lse, bias, bias_requires_grad, cu_q, cu_k, max_q, max_k, sm_scale, causal,
             left, right, align, dropout_p, rng_state, allow_tf32, deterministic, check_cu_seqlens, varlen_status,
-            softcap=0.0):
+            softcap=0.0, alibi_slopes=None):
         self.calls.append(("bwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        rng=rng_state.tolist(), lse_shape=tuple(lse.shape), dout_stride=dout.stride())))
         assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"
+        assert alibi_slopes is None, "the registered functions refuse torch's alibi_slopes"
         assert lse.dim() == 3 and lse.shape == q4.shape[:3], "LSE must be (B, Hq, Sq) ((1, Hq, total) packed)"
         assert rng_state.dtype == torch.int64 and dout.stride(-1) == 1 and lse.stride(-1) == 1
         grads = self._backward64(dout, q4, k4, v4, out, lse, cu_q, cu_k, sm_scale, causal, left, right, align)
@@ -153,9 +155,15 @@ def check_flash_attn_mapping(run):
         run.check("flash_attn_func: softcap passed on", seen[-1][2]["softcap"] == 30.0, str(seen[-1][2]))
         fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7, softcap=2.5)
         run.check("flash_attn_varlen_func: softcap passed on", seen[-1][2]["softcap"] == 2.5, str(seen[-1][2]))
+        slopes = torch.rand(4)
+        fa.flash_attn_func(q, k, k, alibi_slopes=slopes)
+        run.check("flash_attn_func: alibi_slopes passed on, bottom-right", seen[-1][2]["alibi_slopes"] is slopes
+                  and seen[-1][2]["align"] == "bottom_right", str(seen[-1][2]))
+        fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7, alibi_slopes=slopes[None].expand(2, 4))
+        run.check("flash_attn_varlen_func: alibi_slopes passed on", seen[-1][2]["alibi_slopes"].shape == (2, 4),
+                  str(seen[-1][2]))
         n = len(seen)
         for name, call in (("return_attn_probs", lambda: fa.flash_attn_func(q, k, k, return_attn_probs=True)),
-                           ("alibi_slopes", lambda: fa.flash_attn_func(q, k, k, alibi_slopes=torch.ones(4))),
                            ("block_table", lambda: fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7,
                                                                              block_table=torch.zeros(1, 1)))):
             try:

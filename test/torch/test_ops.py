@@ -43,7 +43,7 @@ def wanted(name):
 
 
 def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, grad_factor=5.0, atol=1e-3,
-            dropout=False, bias=False, varlen=False, sm_scale=None, softcap=False):
+            dropout=False, bias=False, varlen=False, sm_scale=None, softcap=False, alibi=False):
     """inputs: name -> float64 tensor. Runs fn_ours on dtype copies and fn_ref on float64 and dtype
     copies, backpropagates one random dout, and checks output + gradients of grad_names.
     dropout/bias/varlen/sm_scale describe fn_ours's call (its head dim is inputs["q"]'s last) for
@@ -53,8 +53,8 @@ def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, gr
     if not wanted(name):
         return
     head_dim = next(iter(inputs.values())).shape[-1]
-    why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale, softcap)
-    why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale, softcap)
+    why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale, softcap, alibi)
+    why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale, softcap, alibi)
 
     def leaves(dt):
         return {n: t.to(dt).detach().requires_grad_(n in grad_names) for n, t in inputs.items()}

@@ -58,6 +58,7 @@ mod addr {
     pub const OFFSET: u64 = 0xd000_0010;
     pub const SEED_OUT: u64 = 0xd000_0020;
     pub const OFFSET_OUT: u64 = 0xd000_0030;
+    pub const ALIBI: u64 = 0xd000_1000;
     pub const CU_Q: u64 = 0xe000_0000;
     pub const CU_K: u64 = 0xe000_1000;
     pub const OUT: u64 = 0xf000_0000;
@@ -119,6 +120,8 @@ struct Case {
     deterministic: bool,
     /// Logit soft-capping (0: off).
     softcap: f32,
+    /// Rows of ALiBi slopes ([rows, Hq] fp32 at `addr::ALIBI`): 0 off, 1 shared, B per sequence.
+    alibi_rows: u64,
     /// Bytes added to q's address (the generic variant must then serve the kernels reading q).
     q_offset: u64,
     stream: u64,
@@ -154,6 +157,7 @@ const BASE: Case = Case {
     tf32: false,
     deterministic: false,
     softcap: 0.0,
+    alibi_rows: 0,
     q_offset: 0,
     stream: STREAM,
     backward: true,
@@ -239,6 +243,8 @@ fn cases() -> Vec<Case> {
             ..BASE
         },
         Case { name: "fp16-deterministic", deterministic: true, mask: CAUSAL_TL, ..BASE },
+        Case { name: "bf16-alibi-per-sequence-gqa", dtype: BF16, hq: 8, hk: 2, sq: 100, sk: 130, mask: CAUSAL_BR, alibi_rows: 2, ..BASE },
+        Case { name: "fp16-alibi-shared-bottom-right", sq: 90, sk: 70, mask: window(-1, -1, MaskAlign::BottomRight), alibi_rows: 1, ..BASE },
         Case { name: "bf16-softcap-gqa", dtype: BF16, hq: 8, hk: 2, sq: 100, sk: 130, mask: CAUSAL_BR, softcap: 30.0, ..BASE },
         Case { name: "bf16-bshd", dtype: BF16, hk: 2, sq: 120, sk: 120, layout: Layout::Bshd, ..BASE },
         Case {
@@ -460,6 +466,10 @@ fn api_dropout(c: &Case, forward: bool) -> Option<Dropout> {
     })
 }
 
+fn alibi(c: &Case) -> Option<TensorView<2>> {
+    (c.alibi_rows != 0).then(|| TensorView::contiguous(addr::ALIBI, [c.alibi_rows, c.hq], DType::F32))
+}
+
 fn fwd_params(c: &Case, t: &Tensors) -> FwdParams<'static> {
     let lse = c.lse.then(|| view3(&t.lse));
     let mut p = FwdParams::new(view4(&t.q, c.dtype), view4(&t.k, c.dtype), view4(&t.v, c.dtype), view4(&t.o, c.dtype), lse);
@@ -468,6 +478,7 @@ fn fwd_params(c: &Case, t: &Tensors) -> FwdParams<'static> {
     }
     p.mask = c.mask;
     p.softcap = c.softcap;
+    p.alibi_slopes = alibi(c);
     p.bias = t.bias.map(|b| view4(&b, c.dtype));
     p.dropout = api_dropout(c, true);
     p.varlen = packed(c);
@@ -484,6 +495,7 @@ fn bwd_params(c: &Case, t: &Tensors) -> BwdParams<'static> {
     }
     p.mask = c.mask;
     p.softcap = c.softcap;
+    p.alibi_slopes = alibi(c);
     p.bias = t.bias.map(|b| v(&b));
     p.dbias = t.dbias.map(|b| v(&b));
     p.dropout = api_dropout(c, false);
@@ -588,6 +600,8 @@ fn fwd_expect(c: &Case, t: &Tensors) -> Expect {
     e.insert("BIAS", Val::Ptr(t.bias.map_or(0, |b| b.ptr)));
     e.insert("sm_scale", Val::F32(scale(c)));
     e.insert("softcap", Val::F32(c.softcap));
+    e.insert("ALIBI_SLOPES", Val::Ptr(if c.alibi_rows != 0 { addr::ALIBI } else { 0 }));
+    e.insert("stride_az", int(if c.alibi_rows > 1 { c.hq as i64 } else { 0 }));
     put_strides(&mut e, ["stride_qz", "stride_qh", "stride_qm"], &t.q, packed);
     put_strides(&mut e, ["stride_kz", "stride_kh", "stride_kn"], &t.k, packed);
     put_strides(&mut e, ["stride_vz", "stride_vh", "stride_vn"], &t.v, packed);
@@ -618,6 +632,8 @@ fn bwd_expect(c: &Case, t: &Tensors) -> Expect {
     e.insert("DBIAS", Val::Ptr(t.dbias.map_or(0, |b| b.ptr)));
     e.insert("sm_scale", Val::F32(scale(c)));
     e.insert("softcap", Val::F32(c.softcap));
+    e.insert("ALIBI_SLOPES", Val::Ptr(if c.alibi_rows != 0 { addr::ALIBI } else { 0 }));
+    e.insert("stride_az", int(if c.alibi_rows > 1 { c.hq as i64 } else { 0 }));
     put_strides(&mut e, ["stride_qz", "stride_qh", "stride_qm"], &t.q, packed);
     put_strides(&mut e, ["stride_kz", "stride_kh", "stride_kn"], &t.k, packed);
     put_strides(&mut e, ["stride_vz", "stride_vh", "stride_vn"], &t.v, packed);
@@ -730,6 +746,9 @@ fn axes(c: &Case, family: &str) -> Vec<(&'static str, String)> {
         // An optional axis: named only when on.
         if c.softcap != 0.0 {
             axes.push(("softcap", b(true)));
+        }
+        if c.alibi_rows != 0 {
+            axes.push(("alibi", b(true)));
         }
     }
     axes

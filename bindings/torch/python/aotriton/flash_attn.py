@@ -16,8 +16,9 @@ S_dmask) needs the attention probabilities, which these kernels never materializ
 ``NotImplementedError`` naming it. ``return_softmax_lse=True`` (the name FlashAttention's
 ``flash_attn_with_kvcache`` uses) returns ``(out, softmax_lse)``: fp32 natural-log LSE,
 ``(B, Hq, Sq)`` or, packed, ``(Hq, total_q)``. ``softcap`` > 0 caps the scores (fp16/bf16,
-without dropout). Options aotriton does not have (``alibi_slopes``, ``block_table``) raise
-``NotImplementedError`` naming them; nothing is launched.
+without dropout). ``alibi_slopes`` (fp32 ``(Hq,)`` or ``(B, Hq)``) adds FlashAttention's ALiBi,
+``-slope * |i + Sk - Sq - j|`` (fp16/bf16, without dropout or softcap). An option aotriton does
+not have (``block_table``) raises ``NotImplementedError`` naming it; nothing is launched.
 """
 import math
 
@@ -35,13 +36,11 @@ __all__ = [
 ]
 
 
-def _refuse(alibi_slopes, return_attn_probs, block_table=None):
+def _refuse(return_attn_probs, block_table=None):
     if return_attn_probs:
         raise NotImplementedError("aotriton.flash_attn: return_attn_probs=True is not supported (the attention "
                                   "probabilities are never materialized); return_softmax_lse=True returns "
                                   "(out, softmax_lse)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("aotriton.flash_attn: alibi_slopes is not supported")
     if block_table is not None:
         raise NotImplementedError("aotriton.flash_attn: block_table (paged KV) is not supported")
 
@@ -67,11 +66,11 @@ def _result(out, lse, d, return_softmax_lse):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False):
     """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs)."""
-    _refuse(alibi_slopes, return_attn_probs)
+    _refuse(return_attn_probs)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attention(q, k, v, causal=causal, window_size=window_size, align="bottom_right",
                                       dropout_p=dropout_p, scale=scale, layout="bshd", return_aux=True,
-                                      deterministic=deterministic, softcap=softcap)
+                                      deterministic=deterministic, softcap=softcap, alibi_slopes=alibi_slopes)
     return _result(out, lse, d, return_softmax_lse)
 
 
@@ -98,12 +97,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_softmax_lse=False):
     """q (total_q, Hq, D), k/v (total_k, Hk, D), cu_seqlens int32 (B+1) -> out (total_q, Hq, D).
     Offsets are read on the device and clamped to the tensors (aotriton.torch.flash_attn_varlen)."""
-    _refuse(alibi_slopes, return_attn_probs, block_table)
+    _refuse(return_attn_probs, block_table)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                         dropout_p=dropout_p, softmax_scale=scale, causal=causal,
                                         window_size=window_size, align="bottom_right", return_aux=True,
-                                        deterministic=deterministic, softcap=softcap)
+                                        deterministic=deterministic, softcap=softcap,
+                                        alibi_slopes=alibi_slopes)
     return _result(out, lse, d, return_softmax_lse)
 
 
