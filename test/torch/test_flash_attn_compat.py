@@ -27,12 +27,34 @@ R = Runner("flash_attn_compat")
 T.R, T.ARGS = R, argparse.Namespace(k=None)
 
 
-def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0):
-    """Plain attention over (B, S, H, D) tensors, bottom-right aligned masks, capped scores."""
+def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, bias=None):
+    """Plain attention over (B, S, H, D) tensors, bottom-right aligned masks, capped scores, an
+    additive (B or 1, Hq, Sq, Sk) bias (float64, taken in the inputs' dtype)."""
     sq, sk = q.size(1), k.size(1)
     vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
-    return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, vis=vis,
-                         softcap=softcap).transpose(1, 2)
+    return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale, vis=vis, softcap=softcap,
+                         bias=None if bias is None else bias.to(q.dtype)).transpose(1, 2)
+
+
+def compare_packed(label, seq_ref, **options):
+    """flash_attn_varlen_func with `options` over a packed bf16 batch (an empty and short
+    sequences, GQA 4/2, hd128, bottom-right causal, scale 0.5) against float64. seq_ref(i, q, k, v):
+    the reference of sequence i, (1, S, H, D) tensors."""
+    lens_q, lens_k, hq, hk, d = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128
+    cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
+    ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
+    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
+    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
+
+    def ref(q, k, v):
+        return torch.cat([seq_ref(i, q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None])[0]
+                          for i in range(len(lens_q))])
+    T.compare(f"flash_attn_varlen_func {label} bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
+              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
+              lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
+                                                        softmax_scale=0.5, causal=True, **options),
+              ref, ["q", "k", "v"], varlen=True, softcap=options.get("softcap", 0.0) > 0,
+              alibi=options.get("alibi_slopes") is not None)
 
 
 def compare_dense(dtype, b, hq, hk, sq, sk, d, causal, window, scale, cap=0.0):
@@ -67,21 +89,8 @@ def test_softcap():
                 (1, 2, 2, 200, 200, 256, True, (-1, -1), 1.0, 2.0),
                 (2, 4, 1, 99, 131, 80, True, (-1, -1), None, 50.0)):
             compare_dense(dtype, *case)
-    lens_q, lens_k, hq, hk, d, cap = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128, 4.0
-    cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
-    ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
-    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
-    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
-
-    def ref(q, k, v):
-        outs = [bshd_ref(q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None], 0.5, True,
-                         softcap=cap)[0] for i in range(len(lens_q))]
-        return torch.cat(outs)
-    T.compare(f"flash_attn_varlen_func softcap {cap} bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
-              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
-              lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                        softmax_scale=0.5, causal=True, softcap=cap),
-              ref, ["q", "k", "v"], varlen=True, softcap=True)
+    cap = 4.0
+    compare_packed(f"softcap {cap}", lambda i, q, k, v: bshd_ref(q, k, v, 0.5, True, softcap=cap), softcap=cap)
     q = T.rnd(2, 64, 4, 64).to(torch.bfloat16)
     out, lse = FA.flash_attn_func(q, q, q, causal=True, softcap=3.0, return_softmax_lse=True)
     want = lse_ref(q.transpose(1, 2), q.transpose(1, 2), 1 / 8, vis=visible(64, 64, align=1, causal=True), softcap=3.0)
@@ -126,39 +135,17 @@ def test_alibi():
             name = (f"flash_attn_func alibi{list(slopes.shape)} {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
                     + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else ""))
             bias = alibi_bias(slopes, sq, sk)
-            sc = 1 / math.sqrt(d)
-
-            def ref(q, k, v, bias=bias, causal=causal, window=window, sq=sq, sk=sk, sc=sc):
-                vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
-                return attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), sc,
-                                     bias=bias.to(q.dtype), vis=vis).transpose(1, 2)
             T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
                       lambda q, k, v, arg=arg, causal=causal, window=window: FA.flash_attn_func(
                           q, k, v, causal=causal, window_size=window, alibi_slopes=arg),
-                      ref, ["q", "k", "v"], alibi=True)
-    # A packed batch: positions and the diagonal are each sequence's own; empty and short sequences.
-    lens_q, lens_k, hq, hk, d = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128
-    cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
-    ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
-    cu_q = torch.tensor(cq, device=DEV, dtype=torch.int32)
-    cu_k = torch.tensor(ck, device=DEV, dtype=torch.int32)
-    slopes = bloom_slopes(hq, len(lens_q))
-
-    def ref(q, k, v):
-        outs = []
-        for i in range(len(lens_q)):
-            lq, lk = lens_q[i], lens_k[i]
-            vis = visible(lq, lk, align=1, causal=True)
-            bias = alibi_bias(slopes[i], lq, lk).to(q.dtype)
-            outs.append(attention_ref(q[cq[i]:cq[i + 1]][None].transpose(1, 2), k[ck[i]:ck[i + 1]][None].transpose(1, 2),
-                                      v[ck[i]:ck[i + 1]][None].transpose(1, 2), 0.5, bias=bias, vis=vis)
-                        .transpose(1, 2)[0])
-        return torch.cat(outs)
-    T.compare(f"flash_attn_varlen_func alibi[4, 4] bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
-              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
-              lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                        softmax_scale=0.5, causal=True, alibi_slopes=slopes),
-              ref, ["q", "k", "v"], varlen=True, alibi=True)
+                      lambda q, k, v, bias=bias, causal=causal, window=window, d=d: bshd_ref(
+                          q, k, v, 1 / math.sqrt(d), causal, window, bias=bias),
+                      ["q", "k", "v"], alibi=True)
+    # A packed batch: positions and the diagonal are each sequence's own; one row of slopes each.
+    slopes = bloom_slopes(4, 4)
+    compare_packed("alibi[4, 4]", lambda i, q, k, v: bshd_ref(q, k, v, 0.5, True,
+                                                                bias=alibi_bias(slopes[i], q.size(1), k.size(1))),
+                   alibi_slopes=slopes)
     q = T.rnd(2, 64, 4, 64).to(torch.bfloat16)
     slopes = bloom_slopes(4)
     for name, fn, words in (
