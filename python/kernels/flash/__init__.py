@@ -12,6 +12,7 @@ forward and backward alike (split by concern, like FlashAttention-3's ``hopper/`
 * ``dropout.py``        -- the Philox dropout stream and its counter layout;
 * ``bias.py``           -- the additive bias load;
 * ``softcap.py``        -- logit soft-capping ``cap * tanh(s / cap)`` and its gradient;
+* ``alibi.py``          -- ALiBi's linear bias ``-slope * |i + diag - j|``;
 * ``fwd.py``            -- ``attn_fwd``: O and (optionally) LSE;
 * ``bwd_preprocess.py`` -- ``attn_bwd_preprocess``: ``delta = rowsum(dO * O)``;
 * ``bwd_dkdv.py``       -- ``attn_bwd_dkdv``: dK, dV per K/V block, summed over the GQA group in-program;
