@@ -21,10 +21,12 @@ Vocabulary
   real head dim ``D_HEAD`` (runtime, a multiple of 8) up to it.  ``dropout``:
   Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
   (``kernels/flash/bias.py``).  ``softcap`` (``attn_fwd``, ``attn_bwd_dkdv``,
-  ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), and ``alibi``
-  (``kernels/flash/alibi.py``): *optional* axes, compiled for fp16/bf16 without
-  dropout, bias or each other only, and present in a functional (and its kernel ids)
-  only when on, so every other functional's id and tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
+  ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), ``alibi``
+  (``kernels/flash/alibi.py``) and ``sinks`` (``attn_fwd`` only: attention sinks,
+  ``kernels/flash/sinks.py``; their gradient is ``attn_bwd_dsink``'s): *optional* axes,
+  compiled for fp16/bf16 without dropout, bias or each other only, and present in a
+  functional (and its kernel ids) only when on, so every other functional's id and
+  tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
   none) and varlen batches are runtime arguments of every kernel.
   Every functional is compiled for every arch.
 * **config**     -- performance parameters (BLOCK_M, BLOCK_N where the family has
@@ -46,7 +48,7 @@ What is compiled
 Per (functional, arch) every config of the family's config function as an
 ``aligned`` kernel plus one ``generic`` kernel (the smallest-BLOCK_M config).
 ``attn_fwd`` has two configs (main, small BLOCK_M) for fp16/bf16 without
-dropout, bias and softcap; every other functional of every family one.
+dropout, bias and the optional axes; every other functional of every family one.
 
 Runtime choice between kernels (implemented by the Rust runtime)
 ----------------------------------------------------------------
@@ -126,9 +128,12 @@ BIAS = [False, True]
 SOFTCAP = [False, True]
 #: ALiBi slopes; an optional axis like softcap.
 ALIBI = [False, True]
+#: Attention sinks (a logit per query head in the softmax normaliser); forward only: the backward's
+#: dQ/dK/dV kernels see the sink through the LSE, and its gradient has its own family.
+SINKS = [False, True]
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
-OPTIONAL_AXES = ("softcap", "alibi")
+OPTIONAL_AXES = ("softcap", "alibi", "sinks")
 #: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
 #: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
 #: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
@@ -183,12 +188,12 @@ _ALIBI_STRIDES = _strides("a", "z")
 _ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"]
 
 ATTN_FWD_ARGS = (
-    ["Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
+    ["Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "SINKS", "sm_scale", "softcap"]
     + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
     + _strides("l", "zh") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ["STORE_LSE"]
     + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS
-    + _ATTN_CONSTEXPRS
+    + _ATTN_CONSTEXPRS + ["HAS_SINKS"]
 )
 ATTN_BWD_PREPROCESS_ARGS = (
     ["O", "DO", "DELTA"]
@@ -217,6 +222,11 @@ ATTN_BWD_DBIAS_ARGS = (
     + ATTENTION_GROUP + DROPOUT_GROUP
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"]
 )
+ATTN_BWD_DSINK_ARGS = (
+    ["LSE", "DELTA", "SINKS", "DSINK"] + _strides("l", "zh") + _strides("delta", "zh")
+    + ["N_BATCH", "N_CTX_Q", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
+    + ["BLOCK_M"]
+)
 DEBUG_DROPOUT_MASK_ARGS = (
     ["OUT"] + _strides("o", "zhm")
     + ["N_CTX_Q", "N_CTX_K", "N_HEADS", "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
@@ -226,7 +236,8 @@ DEBUG_DROPOUT_MASK_ARGS = (
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
 GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI", "STAGES",
+_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
+               "STAGES",
                "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
 
@@ -321,7 +332,7 @@ def arg_type(name: str, dtype: str) -> str:
     """Triton type of one (non-constexpr) argument; the same rules for every family."""
     if name in _DATA_TENSORS:
         return f"*{dtype}"
-    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name == "ALIBI_SLOPES":
+    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name in ("ALIBI_SLOPES", "SINKS", "DSINK"):
         return "*fp32"
     if name in _I64_POINTERS:
         return "*i64"
@@ -377,6 +388,11 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
 # Configs
 # --------------------------------------------------------------------------
 
+def _optional_on(functional: dict[str, Any]) -> bool:
+    """Whether one of the ``OPTIONAL_AXES`` (softcap, alibi, sinks) is on."""
+    return any(functional.get(a) for a in OPTIONAL_AXES)
+
+
 def _cfg(bm, bn, w, s, waves_per_eu=None):
     """A config dict; ``waves_per_eu`` (HIP only) is set by the AMD configs and absent from CUDA ones."""
     c = {"BLOCK_M": bm}
@@ -392,7 +408,7 @@ def _plain16(functional: dict[str, Any]) -> bool:
     """fp16/bf16 without dropout, bias and softcap: the functionals with the tuned two-config forward
     (the softcap forward takes the small config alone, as dropout and bias do)."""
     return (functional["dtype"] != "fp32" and not functional.get("dropout") and not functional.get("bias")
-            and not functional.get("softcap") and not functional.get("alibi"))
+            and not _optional_on(functional))
 
 
 # AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes, one pipeline stage
@@ -495,7 +511,7 @@ def _plain(functional: dict[str, Any]) -> bool:
     dropout/bias picks (on sm_90 the timed hd128 dK/dV config spilled 441 registers with softcap,
     the dropout pick 40)."""
     return (functional["dtype"] in ("fp16", "bf16") and not functional.get("dropout") and not functional.get("bias")
-            and not functional.get("softcap") and not functional.get("alibi"))
+            and not _optional_on(functional))
 
 
 def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -596,7 +612,7 @@ def _candidates(arch, functional, heuristic, shapes, streamed, resident):
     ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs, and softcap functionals
     (the tuner has no capped reference yet): the heuristic's."""
     out = list(heuristic(arch, functional))
-    if TARGETS[arch][0] != "cuda" or functional.get("softcap") or functional.get("alibi"):
+    if TARGETS[arch][0] != "cuda" or _optional_on(functional):
         return out
     for bm, bn, w, st in shapes:
         rows = {"m": bm, "n": bn}
@@ -696,6 +712,11 @@ def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[
     return [_cfg(4096 // functional["head_dim"], None, 4, 1)]
 
 
+def _attn_bwd_dsink_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config: a sum over every query row of one head, 1024 rows per step."""
+    return [_amd(1024, None, 4) if TARGETS[arch][0] == "hip" else _cfg(1024, None, 4, 1)]
+
+
 def _debug_dropout_mask_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config (a debug path); AMD: waves_per_eu 4."""
     return [_amd(32, 64, 4) if TARGETS[arch][0] == "hip" else _cfg(32, 64, 4, 1)]
@@ -739,8 +760,8 @@ def _family(name, module, args, axes, configs, candidates=None) -> Family:
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
               "softcap": SOFTCAP, "alibi": ALIBI}
 
-ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES), _attn_fwd_configs,
-                   _attn_fwd_candidates)
+ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES, sinks=SINKS),
+                   _attn_fwd_configs, _attn_fwd_candidates)
 ATTN_BWD_PREPROCESS = _family("attn_bwd_preprocess", "kernels/flash/bwd_preprocess.py", ATTN_BWD_PREPROCESS_ARGS,
                               {"dtype": DTYPES, "head_dim": HEAD_DIMS}, _attn_bwd_preprocess_configs)
 ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS, dict(_ATTN_AXES),
@@ -750,6 +771,8 @@ ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS
 ATTN_BWD_DBIAS = _family("attn_bwd_dbias", "kernels/flash/bwd_dbias.py", ATTN_BWD_DBIAS_ARGS,
                          {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT},
                          _attn_bwd_dbias_configs)
+ATTN_BWD_DSINK = _family("attn_bwd_dsink", "kernels/flash/bwd_dsink.py", ATTN_BWD_DSINK_ARGS,
+                         {"dtype": ["fp32"]}, _attn_bwd_dsink_configs)
 DEBUG_DROPOUT_MASK = _family("debug_dropout_mask", "kernels/flash/debug_dropout.py", DEBUG_DROPOUT_MASK_ARGS,
                              {"dtype": ["fp32"]}, _debug_dropout_mask_configs)
 
@@ -776,7 +799,8 @@ ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
     "attn_bwd_gluon_dq_convert", "kernels/flash_gluon/bwd_dq_convert.py", ATTN_BWD_GLUON_DQ_CONVERT_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 
-PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, DEBUG_DROPOUT_MASK]
+PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, ATTN_BWD_DSINK,
+                     DEBUG_DROPOUT_MASK]
 GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT]
 FAMILIES = PORTABLE_FAMILIES + GLUON_FAMILIES
 
@@ -796,10 +820,9 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
     out = [f for f in out if not (f.get("tf32") and f["dtype"] != "fp32")]
-    # The score modifiers (softcap, alibi): 16-bit, without dropout, bias or each other.
-    out = [f for f in out if not ((f.get("softcap") or f.get("alibi"))
-                                  and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
-    out = [f for f in out if not (f.get("softcap") and f.get("alibi"))]
+    # The optional axes (softcap, alibi, sinks): 16-bit, without dropout, bias or each other.
+    out = [f for f in out if not (_optional_on(f) and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
+    out = [f for f in out if sum(bool(f.get(a)) for a in OPTIONAL_AXES) <= 1]
     return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
 
 
@@ -924,7 +947,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
     values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
               "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
               "HAS_BIAS": bool(functional.get("bias")), "SOFTCAP": bool(functional.get("softcap")),
-              "HAS_ALIBI": bool(functional.get("alibi")),
+              "HAS_ALIBI": bool(functional.get("alibi")), "HAS_SINKS": bool(functional.get("sinks")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
               **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS}}

@@ -74,7 +74,7 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(info["image"], ONLY + ".cubin")
         self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "DROPOUT": False,
                                               "HAS_BIAS": False, "ALLOW_TF32": False, "SOFTCAP": False,
-                                              "HAS_ALIBI": False})
+                                              "HAS_ALIBI": False, "HAS_SINKS": False})
         self.assertEqual(info["num_warps"], 4)
         self.assertEqual(info["warp_size"], 32)
         self.assertEqual(info["num_ctas"], 1)
@@ -87,8 +87,9 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(args[4], {"name": "LSE", "type": "*fp32", "divisibility": 1})
         self.assertEqual(args[5], {"name": "BIAS", "type": "*fp16", "divisibility": 1})
         self.assertEqual(args[6], {"name": "ALIBI_SLOPES", "type": "*fp32", "divisibility": 1})
-        self.assertEqual(args[7], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
-        self.assertEqual(args[8], {"name": "softcap", "type": "fp32", "divisibility": 1})
+        self.assertEqual(args[7], {"name": "SINKS", "type": "*fp32", "divisibility": 1})
+        self.assertEqual(args[8], {"name": "sm_scale", "type": "fp32", "divisibility": 1})
+        self.assertEqual(args[9], {"name": "softcap", "type": "fp32", "divisibility": 1})
         self.assertEqual({a["divisibility"] for a in args}, {1})
         types = {a["name"]: a["type"] for a in args}
         for n in ("D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT", "IS_VARLEN",

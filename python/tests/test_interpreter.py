@@ -28,6 +28,7 @@ import triton.language as tl  # noqa: E402
 from kernels.flash.bwd_dbias import attn_bwd_dbias  # noqa: E402
 from kernels.flash.bwd_dkdv import attn_bwd_dkdv  # noqa: E402
 from kernels.flash.bwd_dq import attn_bwd_dq  # noqa: E402
+from kernels.flash.bwd_dsink import attn_bwd_dsink  # noqa: E402
 from kernels.flash.bwd_preprocess import attn_bwd_preprocess  # noqa: E402
 from kernels.flash.fwd import attn_fwd  # noqa: E402
 from kernels.flash.mask import key_block_bounds, query_block_bounds  # noqa: E402
@@ -200,11 +201,12 @@ def _mm(a, b, dt, naive):
     return a @ b
 
 
-def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naive=False, softcap=0.0):
+def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naive=False, softcap=0.0, sinks=None):
     """Forward and backward of one (non-packed) batch ``[B, H, S, D]``; ``vis`` ``[Sq, Sk]`` bool,
     ``bias`` broadcastable to ``[B, Hq, Sq, Sk]``, ``keep`` ``[B, Hq, Sq, Sk]`` bool (dropout).
     ``naive``: input-dtype math with fp32 accumulation, else float64.  ``softcap`` > 0 caps the scaled
-    scores at ``softcap * tanh(s / softcap)`` before bias and mask.
+    scores at ``softcap * tanh(s / softcap)`` before bias and mask.  ``sinks``: fp32 ``[Hq]`` sink
+    logits in every row's normaliser (a row without keys: O = 0, LSE = its sink).
 
     Returns ``o, lse, dq, dk, dv, ds`` (float64; dk/dv summed over each GQA group; ds = dBias unreduced).
     """
@@ -223,8 +225,14 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
     s = np.where(vis, s, -np.inf).astype(dt)
     has_key = np.broadcast_to(vis.any(-1)[:, None], s.shape[:-1] + (1,))
     m = np.where(has_key, s.max(-1, keepdims=True, initial=-np.inf), 0).astype(dt)
+    if sinks is not None:
+        t = np.asarray(sinks, np.float32).astype(dt).reshape(1, -1, 1, 1)
+        m = np.where(has_key, np.maximum(m, t), t).astype(dt)
     e = np.where(vis, np.exp(s - m), 0).astype(dt)
     l_sum = e.sum(-1, keepdims=True, dtype=np.float32 if naive else np.float64)
+    if sinks is not None:
+        l_sum = l_sum + np.exp(t - m).astype(l_sum.dtype)
+        has_key = np.ones_like(has_key)  # the sink is in every row
     p = np.where(has_key, e / np.where(has_key, l_sum, 1).astype(dt), 0).astype(dt)
     lse = np.where(has_key, m.astype(np.float64) + np.log(np.where(has_key, l_sum, 1).astype(np.float64)),
                    np.inf)[..., 0]
@@ -247,6 +255,12 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
     return [x.astype(np.float64) for x in (o, lse, dq, dk, dv, ds)]
 
 
+def sink_grad(sinks, lse, delta):
+    """The sinks' gradient ``-sum_{z,i} exp(sink_h - LSE_zhi) * delta_zhi`` (float64, ``[Hq]``)."""
+    t = np.asarray(sinks, np.float64).reshape(1, -1, 1)
+    return -(np.exp(t - lse.astype(np.float64)) * delta.astype(np.float64)).sum(axis=(0, 2))
+
+
 def alibi_bias(slopes, B, Hq, sq, sk, mask):
     """ALiBi as a float64 additive bias ``[B, Hq, sq, sk]``: ``-slope * |i + diag - j|`` with the mask's
     alignment offset (bottom-right: ``sk - sq``; top-left and no mask: 0, as the runtime passes it)."""
@@ -264,8 +278,11 @@ class Launch:
     """One problem in the kernels' terms: ``[B?, H, S, D]`` views (packed when varlen), lengths, groups."""
 
     def __init__(self, q, k, v, mask, sm_scale, bias=None, dropout=None, cu_q=None, cu_k=None, max_lens=None,
-                 softcap=0.0, alibi=None):
+                 softcap=0.0, alibi=None, sinks=None):
         self.q, self.k, self.v = q, k, v
+        # Attention sinks, fp32 [Hq].
+        self.sinks = sinks
+        self.tsinks = NpTensor(np.ascontiguousarray(sinks, np.float32)) if sinks is not None else dummy()
         self.softcap = softcap
         # ALiBi slopes, fp32 [Hq] or [B, Hq]: the pointer and its batch stride (0 for [Hq]).
         self.alibi = alibi
@@ -316,6 +333,10 @@ class Launch:
         """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``, ``HAS_ALIBI``."""
         return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0, HAS_ALIBI=self.alibi is not None)
 
+    def fwd_constexprs(self, **blocks):
+        """``attn_fwd``'s constexprs: the score ones plus ``HAS_SINKS``."""
+        return dict(self.score_constexprs(**blocks), HAS_SINKS=self.sinks is not None)
+
     def lse_shape(self):
         return (1, self.Hq, self.q.shape[2]) if self.varlen else (self.B, self.Hq, self.n_ctx_q)
 
@@ -329,12 +350,12 @@ class Launch:
         self.philox_out = (np.full(1, -1, np.int64), np.full(1, -1, np.int64))
         tq, tk, tv, to, tlse = (NpTensor(x) for x in (self.q, self.k, self.v, o, lse))
         grid = (triton.cdiv(self.n_ctx_q, block_m), self.Hq, self.B)
-        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.talibi, self.sm_scale, self.softcap,
+        attn_fwd[grid](tq, tk, tv, to, tlse, self.tbias, self.talibi, self.tsinks, self.sm_scale, self.softcap,
                        *self.st(tq, tk, tv, to), *self.lse_strides(tlse), *self.bias_strides(), self.stride_az,
                        store_lse,
                        *self.attention_args(), *self.dropout_args(),
                        NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox,
-                       HAS_BIAS=self.bias is not None, **self.score_constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+                       HAS_BIAS=self.bias is not None, **self.fwd_constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
         return o, lse
 
     def bwd(self, o, lse, do, blocks_dkdv, blocks_dq, block_pre=16):
@@ -362,6 +383,15 @@ class Launch:
             *self.st(tdq), *self.bias_strides(), self.stride_az, *tail, HAS_BIAS=self.bias is not None,
             **self.score_constexprs(BLOCK_M=bm, BLOCK_N=bn))
         return delta, dq, dk, dv
+
+    def dsink(self, lse, delta, block_m=16):
+        """attn_bwd_dsink into a NaN-poisoned fp32 ``[Hq]``."""
+        dsink = np.full(self.Hq, np.nan, np.float32)
+        tlse, tdelta = NpTensor(lse), NpTensor(delta)
+        attn_bwd_dsink[(self.Hq,)](tlse, tdelta, self.tsinks, NpTensor(dsink), *self.lse_strides(tlse),
+                                   *self.lse_strides(tdelta), self.B, self.n_ctx_q, int(self.varlen), self.cu[0],
+                                   self.packing[0], *self.packing[2:], BLOCK_M=block_m)
+        return dsink
 
     def dbias(self, o, lse, do, delta, dbias_shape, block_m, block_n):
         """attn_bwd_dbias into a NaN-poisoned ``dbias_shape`` = (Bb, Hb, Sqb, N_CTX_K) output."""
@@ -402,11 +432,12 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None):
+              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None, sinks=None):
         """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
         ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``; ``softcap`` > 0: capped scores;
         ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range);
-        ``alibi``: None, or fp32 ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (checked as a float64 additive bias)."""
+        ``alibi``: None, or fp32 ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (checked as a float64 additive bias);
+        ``sinks``: None, or fp32 sink logits ``[Hq]`` (their gradient checked too)."""
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
@@ -427,14 +458,18 @@ class AttnInterpreterTest(unittest.TestCase):
             what += f" alibi{tuple(alibi.shape)}"
             extra = alibi_bias(alibi, B, Hq, Sq, Sk, mask)
             ref_bias = extra if bias_view is None else bias_view.astype(np.float64) + extra
-        ref = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, softcap=softcap)
-        naive = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, naive=True, softcap=softcap)
-        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, softcap=softcap, alibi=alibi)
+        if sinks is not None:
+            what += f" sinks{np.round(sinks, 2).tolist()}"
+        ref = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, softcap=softcap, sinks=sinks)
+        naive = reference(q, k, v, do, vis, sm_scale, ref_bias, keep, dscale, naive=True, softcap=softcap, sinks=sinks)
+        run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, softcap=softcap, alibi=alibi,
+                     sinks=sinks)
         o, lse = run.fwd(*fwd_blocks, store_philox=1)
         self.assert_close("O", o, ref[0], naive[0], 3, what, tol)
         self.assertFalse(np.isnan(lse).any(), f"LSE not fully written / NaN: {what}")
         no_key = ~vis.any(-1)
-        self.assertTrue(np.all(np.isposinf(lse[:, :, no_key])), f"LSE of rows without keys not +inf: {what}")
+        if sinks is None:
+            self.assertTrue(np.all(np.isposinf(lse[:, :, no_key])), f"LSE of rows without keys not +inf: {what}")
         self.assertTrue(np.all(o[:, :, no_key] == 0), f"O of rows without keys not 0: {what}")
         fin = np.isfinite(ref[1])
         lse_err = np.abs(lse[fin].astype(np.float64) - ref[1][fin]).max(initial=0)
@@ -453,6 +488,11 @@ class AttnInterpreterTest(unittest.TestCase):
         for name, out, r, n in (("dQ", dq, ref[2], naive[2]), ("dK", dk, ref[3], naive[3]),
                                 ("dV", dv, ref[4], naive[4])):
             self.assert_close(name, out, r, n, 5, what, tol)
+        if sinks is not None:
+            ref_delta64 = (do.astype(np.float64) * ref[0]).sum(-1)
+            naive_delta = (do.astype(np.float64) * naive[0]).sum(-1)
+            self.assert_close("dSink", run.dsink(lse, delta), sink_grad(sinks, ref[1], ref_delta64),
+                              sink_grad(sinks, naive[1], naive_delta), 5, what, tol)
         if bias is not None:
             axes = tuple(a for a, c in zip((0, 1, 2), "bhm") if c in bias)
             db = run.dbias(o, lse, do, delta, bias_storage.shape, *dbias_blocks)
@@ -580,6 +620,35 @@ class AttnInterpreterTest(unittest.TestCase):
         o1, _ = Launch(q, k, v, Mask(), 0.25, alibi=np.array([0.5, 1.0], np.float32)).fwd(16, 16)
         self.assertGreater(np.abs(o0 - o1).max(), 0.1)
 
+    # -- attention sinks ------------------------------------------------------------------------------
+
+    def test_sinks(self):
+        # Sinks from negligible (-30) to dominant (8: most of each row's mass), rows without keys
+        # (causal bottom-right with Sq > Sk: O = 0, LSE = the sink), GQA, (B, S, H, D), windows.
+        cases = [
+            dict(args=(1, 4, 2, 37, 29, 24, Mask("causal", align="br")), sinks=[0.5, -1.0, 3.0, -30.0]),
+            dict(args=(2, 2, 2, 31, 45, 16, Mask()), sinks=[2.0, 8.0], bshd=True),
+            dict(args=(1, 2, 1, 33, 33, 40, Mask("window", 5, 3)), sinks=[-0.25, 1.5]),
+            dict(args=(2, 2, 1, 29, 41, 16, Mask("causal")), sinks=[1.0, -2.0], dtype=np.float32),
+        ]
+        for c in cases:
+            with self.subTest(**{k: v for k, v in c.items() if k != "sinks"}):
+                self.check(*c["args"], sinks=np.array(c["sinks"], np.float32), bshd=c.get("bshd", False),
+                           dtype=c.get("dtype", np.float16))
+
+    def test_sinks_change_the_result(self):
+        """A guard against a test that cannot fail: with a sink the output differs from without."""
+        rng = np.random.default_rng(3)
+        q, k, v = (_rand(rng, (1, 2, 16, 16), False) for _ in range(3))
+        o0, lse0 = Launch(q, k, v, Mask(), 0.25).fwd(16, 16)
+        o1, lse1 = Launch(q, k, v, Mask(), 0.25, sinks=np.array([1.0, 2.0], np.float32)).fwd(16, 16)
+        self.assertGreater(np.abs(o0.astype(np.float64) - o1).max(), 1e-2)
+        self.assertTrue(np.all(lse1 > lse0))
+
+    def test_sinks_varlen(self):
+        self.check_varlen([7, 20, 1, 0], [20, 7, 3, 5], 4, 2, 24, Mask("causal", align="br"),
+                          sinks=np.array([0.5, 2.0, -1.0, 4.0], np.float32))
+
     def test_softcap_varlen(self):
         self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"), softcap=3.0)
 
@@ -632,7 +701,7 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check_varlen(self, lens_q, lens_k, Hq, Hk, D, mask, dtype=np.float16, dropout=None, bias=None, seed=0,
                      fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16), softcap=0.0,
-                     alibi=None):
+                     alibi=None, sinks=None):
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -650,14 +719,16 @@ class AttnInterpreterTest(unittest.TestCase):
         keep = dropout.keep(B, Hq, nq, nk) if dropout else None
         sm_scale = 1.0 / np.sqrt(D)
         what = (f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} "
-                f"{np.dtype(dtype).name} softcap={softcap} alibi={None if alibi is None else alibi.shape}")
+                f"{np.dtype(dtype).name} softcap={softcap} alibi={None if alibi is None else alibi.shape} "
+                f"sinks={sinks}")
         run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k, softcap=softcap,
-                     alibi=alibi)
+                     alibi=alibi, sinks=sinks)
         o, lse = run.fwd(*fwd_blocks)
         delta, dq, dk, dv = run.bwd(o, lse, do, dkdv_blocks, dq_blocks)
         for name, arr in (("O", o), ("LSE", lse), ("DELTA", delta), ("dQ", dq), ("dK", dk), ("dV", dv)):
             self.assertFalse(np.isnan(arr).any(), f"{name} not fully written / NaN: {what}")
         ds_sum = np.zeros((B, Hq, nq, nk))
+        dsink_ref, dsink_naive = np.zeros(Hq), np.zeros(Hq)
         for b in range(B):
             qs, qe, ks, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
             sq, sk = qe - qs, ke - ks
@@ -669,9 +740,14 @@ class AttnInterpreterTest(unittest.TestCase):
             args = (sub(q, qs, qe), sub(k, ks, ke), sub(v, ks, ke), sub(do, qs, qe), mask.visible(sq, sk), sm_scale,
                     seq_bias,
                     None if keep is None else keep[b:b + 1, :, :sq, :sk], dropout.scale if dropout else 1.0)
-            ref, naive = reference(*args, softcap=softcap), reference(*args, naive=True, softcap=softcap)
+            ref = reference(*args, softcap=softcap, sinks=sinks)
+            naive = reference(*args, naive=True, softcap=softcap, sinks=sinks)
             w = f"{what} seq {b} (sq {sq}, sk {sk})"
             self.assert_close("O", sub(o, qs, qe), ref[0], naive[0], 3, w, tol)
+            if sinks is not None:
+                do_s = sub(do, qs, qe).astype(np.float64)
+                dsink_ref += sink_grad(sinks, ref[1], (do_s * ref[0]).sum(-1))
+                dsink_naive += sink_grad(sinks, naive[1], (do_s * naive[0]).sum(-1))
             fin = np.isfinite(ref[1])
             self.assertTrue(np.all(np.isposinf(sub(lse, qs, qe)[~fin])), f"LSE of rows without keys: {w}")
             lse_err = np.abs(sub(lse, qs, qe)[fin] - ref[1][fin]).max(initial=0)
@@ -684,6 +760,8 @@ class AttnInterpreterTest(unittest.TestCase):
             if sq == 0:
                 self.assertTrue(np.all(sub(dk, ks, ke) == 0) and np.all(sub(dv, ks, ke) == 0), w)
             ds_sum[b, :, :sq, :sk] = ref[5][0]
+        if sinks is not None:
+            self.assert_close("dSink", run.dsink(lse, delta), dsink_ref, dsink_naive, 5, what, tol)
         if bias is not None:
             axes = tuple(a for a, c in zip((0, 1, 2), "bhm") if c in bias)
             db = run.dbias(o, lse, do, delta, bias_storage.shape, *dbias_blocks)
@@ -722,9 +800,10 @@ class AttnInterpreterTest(unittest.TestCase):
         to, tlse = NpTensor(o), NpTensor(lse)
         tq_, tk_, tv_ = NpTensor(q), NpTensor(k), NpTensor(v)
         attn_fwd[(triton.cdiv(max_q, 16), H, run.B)](
-            tq_, tk_, tv_, to, tlse, run.tbias, run.talibi, run.sm_scale, run.softcap, *run.st(tq_, tk_, tv_, to),
+            tq_, tk_, tv_, to, tlse, run.tbias, run.talibi, run.tsinks, run.sm_scale, run.softcap,
+            *run.st(tq_, tk_, tv_, to),
             *run.lse_strides(tlse), 0, 0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64),
-            dummy(np.int64), 0, HAS_BIAS=False, **run.score_constexprs(BLOCK_M=16, BLOCK_N=16))
+            dummy(np.int64), 0, HAS_BIAS=False, **run.fwd_constexprs(BLOCK_M=16, BLOCK_N=16))
         want = 1 | 2 | 4  # VARLEN_OFFSET_OUT_OF_RANGE | VARLEN_DECREASING | VARLEN_TOO_LONG
         self.assertEqual(int(run.status[0]), want)
         for name, storage in (("O", o_storage), ("LSE", lse_storage.transpose(1, 0))):

@@ -11,10 +11,12 @@ import rules
 _DT = 4
 #: Softcap and ALiBi functionals (each): 16-bit without dropout and bias, every head dim.
 _SOFTCAP = 2 * 5 * 2
+#: Attention-sink functionals (attn_fwd only): 16-bit without dropout and bias, every head dim.
+_SINKS = 2 * 5
 FAMILY_COUNTS_SM90 = {
     # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias 2 aligned + 1 generic,
     # everything else (softcap too) 1 aligned + 1 generic
-    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5 + _SOFTCAP) * 2,
+    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5 + _SOFTCAP + _SINKS) * 2,
     # dtype x head_dim x (1 aligned + 1 generic)
     "attn_bwd_preprocess": 3 * 5 * 2,
     # (dtype, tf32) x head_dim x dropout x bias (+ softcap) x (1 aligned + 1 generic)
@@ -22,14 +24,16 @@ FAMILY_COUNTS_SM90 = {
     "attn_bwd_dq": (_DT * 5 * 4 + _SOFTCAP) * 2,
     # (dtype, tf32) x head_dim x dropout x (1 aligned + 1 generic)
     "attn_bwd_dbias": _DT * 5 * 2 * 2,
+    # one fp32 functional (1 aligned + 1 generic)
+    "attn_bwd_dsink": 2,
     "debug_dropout_mask": 2,
 }
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3}
-FUNCTIONALS = {"attn_fwd": _DT * 5 * 4 + _SOFTCAP, "attn_bwd_preprocess": 3 * 5,
+FUNCTIONALS = {"attn_fwd": _DT * 5 * 4 + _SOFTCAP + _SINKS, "attn_bwd_preprocess": 3 * 5,
                "attn_bwd_dkdv": _DT * 5 * 4 + _SOFTCAP, "attn_bwd_dq": _DT * 5 * 4 + _SOFTCAP,
-               "attn_bwd_dbias": _DT * 5 * 2, "debug_dropout_mask": 1}
+               "attn_bwd_dbias": _DT * 5 * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
 
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
                    "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
@@ -43,12 +47,16 @@ BIAS_STRIDES = ["stride_bz", "stride_bh", "stride_bm"]
 
 CONTRACT = {
     "attn_fwd": [
-        "Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap",
+        "Q", "K", "V", "O", "LSE", "BIAS", "ALIBI_SLOPES", "SINKS", "sm_scale", "softcap",
         "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
         "stride_lz", "stride_lh", *BIAS_STRIDES, "stride_az",
         "STORE_LSE", *ATTENTION_GROUP, *DROPOUT_GROUP, "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
-        *ATTN_CONSTEXPRS],
+        *ATTN_CONSTEXPRS, "HAS_SINKS"],
+    "attn_bwd_dsink": [
+        "LSE", "DELTA", "SINKS", "DSINK", "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah",
+        "N_BATCH", "N_CTX_Q", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
+        "BLOCK_M"],
     "attn_bwd_preprocess": [
         "O", "DO", "DELTA",
         "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh", "stride_dom",
@@ -72,7 +80,8 @@ CONTRACT = {
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
 }
-CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"}
+CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI",
+              "HAS_SINKS"}
 DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
                "stride_dvn"}
@@ -80,7 +89,8 @@ ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom",
 SPECIAL_TYPES = {"sm_scale": "fp32", "softcap": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
                  "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
                  "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
-                 "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32", "ALIBI_SLOPES": "*fp32"}
+                 "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32", "ALIBI_SLOPES": "*fp32",
+                 "SINKS": "*fp32", "DSINK": "*fp32"}
 STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ", "dk": "DK", "dv": "DV", "b": "BIAS",
                  "db": "DBIAS", "l": "LSE", "delta": "DELTA", "a": "ALIBI_SLOPES"}
 
@@ -138,16 +148,19 @@ class EnumerateKernelsTest(unittest.TestCase):
     def test_families_and_axes(self):
         self.assertEqual([f.name for f in rules.PORTABLE_FAMILIES],
                          ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dbias",
-                          "debug_dropout_mask"])
+                          "attn_bwd_dsink", "debug_dropout_mask"])
         self.assertEqual(rules.FAMILIES, rules.PORTABLE_FAMILIES + rules.GLUON_FAMILIES)
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
         axes = {f.name: f.axes for f in rules.FAMILIES}
         full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
                 "dropout": [False, True], "bias": [False, True], "softcap": [False, True], "alibi": [False, True]}
-        for name in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"):
+        for name in ("attn_bwd_dkdv", "attn_bwd_dq"):
             self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap", "alibi"],
                              name)
             self.assertEqual(axes[name], full, name)
+        # Sinks: the forward's only (the backward's kernels see them through the LSE).
+        self.assertEqual(axes["attn_fwd"], dict(full, sinks=[False, True]))
+        self.assertEqual(axes["attn_bwd_dsink"], {"dtype": ["fp32"]})
         self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
         self.assertEqual(axes["debug_dropout_mask"], {"dtype": ["fp32"]})
@@ -184,7 +197,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
                 two = (key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
-                       and not fn.get("softcap") and not fn.get("alibi"))
+                       and not any(fn.get(a) for a in rules.OPTIONAL_AXES))
                 self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
@@ -239,6 +252,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                     if "HAS_ALIBI" in s.constexprs:
                         self.assertIs(s.constexprs["HAS_ALIBI"], s.functional.get("alibi", False))
                         self.assertEqual("-alibi1-" in s.id, s.constexprs["HAS_ALIBI"], s.id)
+                    if "HAS_SINKS" in s.constexprs:
+                        self.assertIs(s.constexprs["HAS_SINKS"], s.functional.get("sinks", False))
+                        self.assertEqual("-sinks1-" in s.id, s.constexprs["HAS_SINKS"], s.id)
                     for a in s.args:
                         n, t = a["name"], a["type"]
                         if n in DATA_TENSORS:
@@ -284,8 +300,8 @@ class EnumerateKernelsTest(unittest.TestCase):
         finally:
             for p in patches:
                 p.stop()
-        debug = FAMILY_COUNTS_SM90["debug_dropout_mask"]
-        self.assertEqual(len(specs), (sum(FAMILY_COUNTS_SM90.values()) - debug) * 2 // 5 + debug)
+        fixed = FAMILY_COUNTS_SM90["debug_dropout_mask"] + FAMILY_COUNTS_SM90["attn_bwd_dsink"]  # no head_dim axis
+        self.assertEqual(len(specs), (sum(FAMILY_COUNTS_SM90.values()) - fixed) * 2 // 5 + fixed)
         self.assertFalse(any("-hd256-" in s.id for s in specs))
 
     def test_tf32_off_where_unsupported(self):

@@ -2,16 +2,17 @@
 
 Computes ``O = dropout(softmax(cap(sm_scale * Q K^T) + alibi + bias + mask)) V`` per (batch, query
 head), ``cap`` the identity, or ``softcap * tanh(x / softcap)`` with ``SOFTCAP`` (``softcap.py``);
-``alibi`` 0, or ``-slope_h * |i + diag - j|`` with ``HAS_ALIBI`` (``alibi.py``).
+``alibi`` 0, or ``-slope_h * |i + diag - j|`` with ``HAS_ALIBI`` (``alibi.py``).  With ``HAS_SINKS``
+each row's softmax normaliser also counts the head's sink logit (``sinks.py``).
 
-Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS, ALIBI_SLOPES``; ``sm_scale, softcap``; strides
+Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS``; ``sm_scale, softcap``; strides
 (q, k, v, o: z/h/row; lse: z/h; bias: z/h/row; alibi slopes: z); ``STORE_LSE``; the attention
 group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
 ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group
 ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``
 and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``;
-constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI``.
+constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HAS_SINKS``.
 Unused groups (bias without ``HAS_BIAS``, dropout without ``DROPOUT``, cu_seqlens
 without ``IS_VARLEN``) may be null pointers / zeros.
 
@@ -28,7 +29,9 @@ Tensors (element strides; the last dimension always has stride 1 and is not pass
 * ``LSE``: fp32 ``[B, Hq, N_CTX_Q]`` with strides ``(stride_lz, stride_lh, 1)``
   (varlen: ``[1, Hq, total_q]``), written only when ``STORE_LSE`` is 1;
   ``LSE = ln(sum_j exp(s_ij))`` over the keys row ``i`` sees, *without* dropout
-  (``+inf`` for a row that sees no key, whose O row is 0).
+  (``+inf`` for a row that sees no key, whose O row is 0); with sinks the sum also has
+  ``exp(SINKS[h])``.
+* ``SINKS``: fp32 ``[Hq]`` (read only with ``HAS_SINKS``).
 * ``BIAS``: ``bias.py``.  Dropout: ``dropout.py`` (the counter layout); with
   ``STORE_PHILOX`` 1 program (0, 0, 0) writes the seed and the offset it used
   (``*PHILOX_OFFSET + philox_offset_base``) to ``PHILOX_SEED_OUT``/``PHILOX_OFFSET_OUT``
@@ -54,6 +57,7 @@ from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
 from .dropout import dropout_head_offset, dropout_keep, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
+from .sinks import fold_sink, sink_log2
 from .softcap import soft_cap
 from .softmax import online_softmax_step, softmax_epilogue
 from .tiles import load_tile, load_tile_t, mma, store_tile
@@ -110,7 +114,7 @@ def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, st
 
 
 @triton.jit
-def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, sm_scale, softcap,
+def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
              stride_qz, stride_qh, stride_qm,
              stride_kz, stride_kh, stride_kn,
              stride_vz, stride_vh, stride_vn,
@@ -124,7 +128,7 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, sm_scale, softcap,
              PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr, SOFTCAP: tl.constexpr,
-             HAS_ALIBI: tl.constexpr):
+             HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr):
     # -- program scheduling ------------------------------------------------
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first (causal)
     off_h = tl.program_id(1)
@@ -184,6 +188,8 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, sm_scale, softcap,
                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     # -- epilogue ------------------------------------------------------------
+    if HAS_SINKS:
+        acc, m_i, l_i = fold_sink(acc, m_i, l_i, sink_log2(SINKS, off_h))
     o, lse = softmax_epilogue(acc, m_i, l_i)
     if DROPOUT:
         o = o * dropout_scale

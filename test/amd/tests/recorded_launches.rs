@@ -608,6 +608,7 @@ fn fwd_expect(c: &Case, t: &Tensors) -> Expect {
     put_strides(&mut e, ["stride_oz", "stride_oh", "stride_om"], &t.o, packed);
     put_row_strides(&mut e, ["stride_lz", "stride_lh"], c.lse.then_some(&t.lse), packed);
     put_broadcast_strides(&mut e, ["stride_bz", "stride_bh", "stride_bm"], t.bias.as_ref());
+    e.insert("SINKS", Val::Ptr(0));
     e.insert("STORE_LSE", int(c.lse as i64));
     put_attention(&mut e, c);
     put_case_dropout(&mut e, c);

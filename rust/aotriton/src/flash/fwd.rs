@@ -142,6 +142,8 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
     ]);
     args.extend(score_modifiers(p).args());
+    // Attention sinks are not offered by the API yet: no sinks (HAS_SINKS kernels are never chosen).
+    args.extend([("SINKS", Ptr(0))]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
