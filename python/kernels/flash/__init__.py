@@ -13,11 +13,13 @@ forward and backward alike (split by concern, like FlashAttention-3's ``hopper/`
 * ``bias.py``           -- the additive bias load;
 * ``softcap.py``        -- logit soft-capping ``cap * tanh(s / cap)`` and its gradient;
 * ``alibi.py``          -- ALiBi's linear bias ``-slope * |i + diag - j|``;
+* ``sinks.py``          -- attention sinks: a logit per head in each row's softmax normaliser;
 * ``fwd.py``            -- ``attn_fwd``: O and (optionally) LSE;
 * ``bwd_preprocess.py`` -- ``attn_bwd_preprocess``: ``delta = rowsum(dO * O)``;
 * ``bwd_dkdv.py``       -- ``attn_bwd_dkdv``: dK, dV per K/V block, summed over the GQA group in-program;
 * ``bwd_dq.py``         -- ``attn_bwd_dq``: dQ per query block;
 * ``bwd_dbias.py``      -- ``attn_bwd_dbias``: dBias, reduced over the bias's broadcast dimensions;
+* ``bwd_dsink.py``      -- ``attn_bwd_dsink``: the sinks' gradient, summed per head in a fixed order;
 * ``debug_dropout.py``  -- ``debug_dropout_mask``: the dropout keep mask, for tests and debugging.
 
 Argument order of every attention kernel: pointers (BIAS last, DBIAS after it),
