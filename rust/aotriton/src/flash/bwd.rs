@@ -21,7 +21,7 @@ use super::{
 };
 use crate::archive::{Functional, KernelMeta};
 use crate::dispatch::{
-    ArgList, ArgValue, KernelSet, Launcher, Request, TuningKey, blocks, check_grid, heuristic_pool, preferred_variant,
+    ArgList, ArgValue, Axes, KernelSet, Launcher, Request, TuningKey, blocks, check_grid, heuristic_pool, preferred_variant,
 };
 use crate::driver::Stream;
 use crate::driver::DeviceInfo;
@@ -59,6 +59,13 @@ pub struct BwdParams<'a> {
     pub softcap: f32,
     /// The forward's ALiBi slopes ([`FwdParams::alibi_slopes`](super::FwdParams::alibi_slopes)).
     pub alibi_slopes: Option<TensorView<2>>,
+    /// The forward's attention sinks ([`FwdParams::sinks`](super::FwdParams::sinks)): dQ, dK, dV
+    /// see them through the LSE.
+    pub sinks: Option<TensorView<1>>,
+    /// The sinks' gradient, fp32 [Hq], overwritten: `-Σ_{b,i} exp(sinks[h] - lse[b,h,i]) ·
+    /// delta[b,h,i]`, summed in a fixed order (one more kernel after the others). Needs `sinks`;
+    /// `None`: not computed.
+    pub dsinks: Option<TensorView<1>>,
     /// The forward's mask.
     pub mask: Mask,
     /// The forward's bias, if it had one.
@@ -121,6 +128,8 @@ impl<'a> BwdParams<'a> {
             sm_scale: 1.0 / head_dim.sqrt(),
             softcap: 0.0,
             alibi_slopes: None,
+            sinks: None,
+            dsinks: None,
             mask: Mask::NONE,
             bias: None,
             dbias: None,
@@ -177,6 +186,9 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let dkdv = Request { family: "attn_bwd_dkdv", axes: main_axes, args };
     let dq = Request { family: "attn_bwd_dq", axes: main_axes, args };
     let dbias = Request { family: "attn_bwd_dbias", axes: dbias_axes.as_slice()?, args };
+    let mut dsink_axes = Axes::new();
+    dsink_axes.push("dtype", DType::F32.triton_name());
+    let dsink = Request { family: "attn_bwd_dsink", axes: dsink_axes.as_slice()?, args };
     let gluon_inputs = gluon::select_by_inputs(params.backend, || {
         gluon::bwd_inputs(params, &shape).and_then(|g| gluon::check_workspace(params.workspace, &g).map(|()| g))
     })
@@ -202,7 +214,11 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         Some(db) => Some(launcher.prepare(&dbias, choose, |m| dbias_grid(db, &shape, kernel_blocks(m)))?),
         None => None,
     };
-    for kernel in kernels.iter().chain(&dbias_kernel) {
+    let dsink_kernel = match &params.dsinks {
+        Some(_) => Some(launcher.prepare(&dsink, choose, |_| Ok(dsink_grid(&shape)))?),
+        None => None,
+    };
+    for kernel in kernels.iter().chain(&dbias_kernel).chain(&dsink_kernel) {
         launcher.launch(kernel)?;
     }
     Ok(())
@@ -264,6 +280,11 @@ pub(crate) fn dq_grid(shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> [
     [blocks(shape.seqlen_q, "BLOCK_M"), shape.heads_q, shape.batch]
 }
 
+/// One program per query head, walking every sequence's rows.
+fn dsink_grid(shape: &AttnShape) -> [u64; 3] {
+    [shape.heads_q, 1, 1]
+}
+
 /// One program per query block (one in all when the bias is broadcast over rows), key block,
 /// and bias batch × head.
 fn dbias_grid(dbias: &TensorView<4>, shape: &AttnShape, blocks: impl Fn(u64, &str) -> u64) -> Result<[u64; 3]> {
@@ -283,6 +304,9 @@ fn check_grids(p: &BwdParams, shape: &AttnShape) -> Result<()> {
     if let Some(db) = &p.dbias {
         check_grid("attn_bwd_dbias", dbias_grid(db, shape, floor)?)?;
     }
+    if p.dsinks.is_some() {
+        check_grid("attn_bwd_dsink", dsink_grid(shape))?;
+    }
     Ok(())
 }
 
@@ -299,6 +323,11 @@ fn check_aliasing(p: &BwdParams) -> Result<()> {
         Some(ws) => Region::raw("workspace", ws.ptr, ws.bytes)?,
         None => Region::NONE,
     };
+    let dsinks = match &p.dsinks {
+        Some(ds) => Region::output("dsinks", ds)?,
+        None => Region::NONE,
+    };
+    let [slopes, sinks] = score_modifiers(p).regions()?;
     check_no_aliasing(
         &[
             Region::output("dq", &p.dq)?,
@@ -306,6 +335,7 @@ fn check_aliasing(p: &BwdParams) -> Result<()> {
             Region::output("dv", &p.dv)?,
             Region::output("delta", &p.delta)?,
             dbias,
+            dsinks,
             workspace,
             status,
         ],
@@ -317,7 +347,8 @@ fn check_aliasing(p: &BwdParams) -> Result<()> {
             Region::input("d_o", &p.d_o)?,
             Region::input("lse", &p.lse)?,
             optional_input("bias", p.bias.as_ref())?,
-            score_modifiers(p).region()?,
+            slopes,
+            sinks,
             seed,
             offset,
             cu_q,
@@ -361,7 +392,7 @@ pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Result<ArgLis
 }
 
 pub(crate) fn score_modifiers<'p>(p: &'p BwdParams) -> ScoreModifiers<'p> {
-    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref() }
+    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref(), sinks: p.sinks.as_ref() }
 }
 
 /// Arguments of `attn_bwd_dkdv`, `attn_bwd_dq` and `attn_bwd_dbias` by name (each takes the ones
@@ -397,6 +428,7 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         None => (0, [0; 3], [1; 4]),
     };
     args.extend([("DBIAS", Ptr(dbias)), ("stride_dbz", I64(dbz)), ("stride_dbh", I64(dbh)), ("stride_dbm", I64(dbm))]);
+    args.extend([("SINKS", Ptr(p.sinks.map_or(0, |s| s.ptr))), ("DSINK", Ptr(p.dsinks.map_or(0, |s| s.ptr)))]);
     args.extend(int32_args([
         ("N_BATCH", shape.batch),
         ("BIAS_BATCHES", sizes[0]),
@@ -433,6 +465,12 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     check_tensor("delta", &p.delta, rows, DType::F32)?;
     super::check_scalars(&shape, p.dropout.as_ref(), p.sm_scale)?;
     score_modifiers(p).check(&shape, dtype, p.dropout.is_some(), p.bias.is_some())?;
+    if let Some(dsinks) = &p.dsinks {
+        if p.sinks.is_none() {
+            bail!(InvalidArgument, "dsinks: the sinks' gradient needs the forward's sinks (pass them too)");
+        }
+        check_tensor("dsinks", dsinks, [shape.heads_q], DType::F32)?;
+    }
     if let Some(ws) = &p.workspace {
         if ws.ptr == 0 {
             bail!(NullPointer, "workspace: pointer is null (pass no workspace instead)");
@@ -489,5 +527,27 @@ mod tests {
         // The same calls with the bias broadcast over batch and heads stay within the grid.
         let p = with_dbias(256, 256, 16, 16, [1, 256, 16, 16]);
         assert!(validate(&p).is_ok());
+    }
+
+    #[test]
+    fn the_sinks_gradient_needs_the_sinks_and_its_own_memory() {
+        let (b, hq, sq, sk) = (2, 4, 33, 17);
+        let sinks = |i: u64, n| TensorView::contiguous(i << 32, [n], DType::F32);
+        let mut p = with_dbias(b, hq, sq, sk, [b, hq, sq, sk]);
+        (p.bias, p.dbias) = (None, None);
+        p.dsinks = Some(sinks(13, hq));
+        let err = validate(&p).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(err.message().contains("dsinks"), "{err}");
+        p.sinks = Some(sinks(14, hq));
+        assert!(validate(&p).is_ok());
+        p.dsinks = Some(sinks(14, hq)); // the gradient over the sinks themselves
+        assert_eq!(validate(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        p.dsinks = Some(sinks(13, hq - 1));
+        assert_eq!(validate(&p).unwrap_err().kind(), ErrorKind::ShapeMismatch);
+        // Sinks with a bias are not built.
+        p.dsinks = None;
+        p.bias = Some(TensorView::contiguous(11 << 32, [b, hq, sq, sk], DType::F16));
+        assert_eq!(validate(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 }

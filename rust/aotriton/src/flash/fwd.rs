@@ -46,6 +46,12 @@ pub struct FwdParams<'a> {
     /// bottom-right mask (unbounded windows for none). fp16/bf16 inputs without dropout, bias or
     /// softcap; the backward needs the same slopes (they get no gradient).
     pub alibi_slopes: Option<TensorView<2>>,
+    /// Attention sinks (gpt-oss): fp32 logits, sizes [Hq]. Each row's softmax normaliser also
+    /// counts `exp(sinks[h])` (a "key" with no value, compared with the scaled scores), so the
+    /// row's probabilities sum to less than 1, and the LSE includes it; a row that sees no key
+    /// gets O = 0 and LSE = `sinks[h]`. fp16/bf16 inputs without dropout, bias, softcap or ALiBi.
+    /// The backward takes the same sinks and can return their gradient.
+    pub sinks: Option<TensorView<1>>,
     /// Which keys each query sees; `new` sets [`Mask::NONE`].
     pub mask: Mask,
     /// Additive attention bias in the input dtype, sizes [B or 1, Hq or 1, Sq or 1, Sk]: a size
@@ -76,6 +82,7 @@ impl<'a> FwdParams<'a> {
             sm_scale: 1.0 / head_dim.sqrt(),
             softcap: 0.0,
             alibi_slopes: None,
+            sinks: None,
             mask: Mask::NONE,
             bias: None,
             dropout: None,
@@ -118,11 +125,15 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
 pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Axes {
     let mut axes = axes(p.q.dtype, p.allow_tf32, shape, &[("dropout", p.dropout.is_some()), ("bias", p.bias.is_some())]);
     score_modifiers(p).push_axes(&mut axes);
+    // The sinks are the forward's axis only (the backward's kernels see them through the LSE).
+    if p.sinks.is_some() {
+        axes.push("sinks", crate::dispatch::bool_axis(true));
+    }
     axes
 }
 
 pub(crate) fn score_modifiers<'p>(p: &'p FwdParams) -> ScoreModifiers<'p> {
-    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref() }
+    ScoreModifiers { softcap: p.softcap, alibi_slopes: p.alibi_slopes.as_ref(), sinks: p.sinks.as_ref() }
 }
 
 /// The kernel's arguments by name (python/kernels/flash/fwd.py). Order and types of the launch
@@ -142,8 +153,7 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
         ("STORE_LSE", I32(p.lse.is_some() as i32)),
     ]);
     args.extend(score_modifiers(p).args());
-    // Attention sinks are not offered by the API yet: no sinks (HAS_SINKS kernels are never chosen).
-    args.extend([("SINKS", Ptr(0))]);
+    args.extend([("SINKS", Ptr(p.sinks.map_or(0, |s| s.ptr)))]);
     args.extend(strides4(["stride_qz", "stride_qh", "stride_qm"], &p.q, shape));
     args.extend(strides4(["stride_kz", "stride_kh", "stride_kn"], &p.k, shape));
     args.extend(strides4(["stride_vz", "stride_vh", "stride_vn"], &p.v, shape));
@@ -197,9 +207,21 @@ pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
         Some(lse) => Region::output("lse", lse)?,
         None => Region::NONE,
     };
+    let [slopes, sinks] = score_modifiers(p).regions()?;
     check_no_aliasing(
         &[Region::output("o", &p.o)?, lse, seed_out, offset_out, status],
-        &[Region::input("q", &p.q)?, Region::input("k", &p.k)?, Region::input("v", &p.v)?, optional_input("bias", p.bias.as_ref())?, score_modifiers(p).region()?, seed, offset, cu_q, cu_k],
+        &[
+            Region::input("q", &p.q)?,
+            Region::input("k", &p.k)?,
+            Region::input("v", &p.v)?,
+            optional_input("bias", p.bias.as_ref())?,
+            slopes,
+            sinks,
+            seed,
+            offset,
+            cu_q,
+            cu_k,
+        ],
     )?;
     // Bias and dropout are checked where their arguments are built (`kernel_args`, which
     // `attn_fwd` runs before touching the GPU).
@@ -405,6 +427,29 @@ pub(crate) mod tests {
                 }),
                 ErrorKind::UnsupportedDType,
             ),
+            ("sinks per key head", Box::new(|p| p.sinks = Some(TensorView::contiguous(7 << 32, [HK], DType::F32))), ErrorKind::ShapeMismatch),
+            ("sinks bf16", Box::new(|p| p.sinks = Some(TensorView::contiguous(7 << 32, [HQ], DType::BF16))), ErrorKind::DTypeMismatch),
+            (
+                "sinks with alibi",
+                Box::new(|p| {
+                    p.sinks = Some(TensorView::contiguous(7 << 32, [HQ], DType::F32));
+                    p.alibi_slopes = Some(slopes([1, HQ]));
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "sinks with bias",
+                Box::new(|p| {
+                    p.sinks = Some(TensorView::contiguous(7 << 32, [HQ], DType::F32));
+                    p.bias = Some(bias([B, HQ, SQ, SK]));
+                }),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                "sinks inside lse",
+                Box::new(|p| p.sinks = Some(TensorView::contiguous(p.lse.unwrap().ptr + 8, [HQ], DType::F32))),
+                ErrorKind::InvalidArgument,
+            ),
             ("window left -2", Box::new(|p| p.mask = Mask::window(-2, 4, MaskAlign::TopLeft)), ErrorKind::InvalidArgument),
             ("window right -5", Box::new(|p| p.mask = Mask::window(3, -5, MaskAlign::BottomRight)), ErrorKind::InvalidArgument),
             (
@@ -449,6 +494,19 @@ pub(crate) mod tests {
             assert_eq!(arg(&args, "ALIBI_SLOPES"), Some(ArgValue::Ptr(6 << 32)));
             assert_eq!(arg(&args, "stride_az"), Some(ArgValue::I64(stride_az)));
         }
+    }
+
+    #[test]
+    fn sinks_are_an_optional_axis_and_an_argument() {
+        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let mut p = valid();
+        let (shape, mask) = check(&p).unwrap();
+        assert!(functional_axes(&p, &shape).as_slice().unwrap().iter().all(|(name, _)| *name != "sinks"), "off: no sinks axis");
+        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(0)));
+        p.sinks = Some(TensorView::contiguous(7 << 32, [HQ], DType::F32));
+        let (shape, mask) = check(&p).unwrap();
+        assert!(functional_axes(&p, &shape).as_slice().unwrap().contains(&("sinks", "true")));
+        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(7 << 32)));
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub(crate) enum Unsupported {
     Softcap,
     /// ALiBi slopes.
     Alibi,
+    /// Attention sinks.
+    Sinks,
     /// The forward takes the row maximum before scaling, so it needs `sm_scale > 0`.
     NonPositiveScale,
     /// A tensor TMA cannot address (`"workspace"`: the workspace views would be too large).
@@ -68,6 +70,7 @@ impl fmt::Display for Unsupported {
             Unsupported::Varlen => write!(f, "it does not take packed (varlen) batches (use the portable backend)"),
             Unsupported::Softcap => write!(f, "it has no logit soft-capping (use the portable backend)"),
             Unsupported::Alibi => write!(f, "it has no ALiBi (use the portable backend)"),
+            Unsupported::Sinks => write!(f, "it has no attention sinks (use the portable backend)"),
             Unsupported::NonPositiveScale => write!(f, "its forward needs sm_scale > 0"),
             Unsupported::Tma { tensor, problem } => write!(f, "{tensor}: {problem}"),
             Unsupported::Misaligned { tensor, ptr } => {
@@ -130,7 +133,7 @@ fn common_inputs(
     dtype: DType,
     shape: &AttnShape,
     buckets: &[(u64, &'static str)],
-    features: [(bool, Unsupported); 5],
+    features: [(bool, Unsupported); 6],
     tensors: &[(&'static str, TensorArg)],
 ) -> Result<GluonShape, Unsupported> {
     if !matches!(dtype, DType::F16 | DType::BF16) {
@@ -158,6 +161,7 @@ pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
+        (p.sinks.is_some(), Unsupported::Sinks),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
     let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
@@ -185,6 +189,7 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
+        (p.sinks.is_some(), Unsupported::Sinks),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o), ("d_o", &p.d_o), ("dq", &p.dq), ("dk", &p.dk), ("dv", &p.dv)]
         .map(|(n, t)| (n, TensorArg::from_view(t)));
@@ -589,6 +594,7 @@ mod tests {
         assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
         assert_eq!(reason(&|p| p.softcap = 30.0), Unsupported::Softcap);
         assert_eq!(reason(&|p| p.alibi_slopes = Some(TensorView::contiguous(0x1000, [1, HQ], DType::F32))), Unsupported::Alibi);
+        assert_eq!(reason(&|p| p.sinks = Some(TensorView::contiguous(0x1000, [HQ], DType::F32))), Unsupported::Sinks);
         assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: at(5) + 4 });
         assert_eq!(reason(&|p| p.sm_scale = -0.125), Unsupported::NonPositiveScale);
         assert_eq!(reason(&|p| p.sm_scale = 0.0), Unsupported::NonPositiveScale);

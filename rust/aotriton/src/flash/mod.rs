@@ -524,16 +524,18 @@ pub(crate) fn check_scalars(shape: &AttnShape, dropout: Option<&Dropout>, sm_sca
     Ok(())
 }
 
-/// The score modifiers of a call (python/kernels/flash/softcap.py and alibi.py): logit
-/// soft-capping and ALiBi. Each is an optional functional axis compiled for fp16/bf16 only,
-/// without dropout, bias or the other (python/rules.py, `functionals`), so anything else is
-/// refused here with its reason rather than as a missing kernel.
+/// The score modifiers of a call (python/kernels/flash/softcap.py, alibi.py, sinks.py): logit
+/// soft-capping, ALiBi and attention sinks. Each is an optional functional axis compiled for
+/// fp16/bf16 only, without dropout, bias or another modifier (python/rules.py, `functionals`), so
+/// anything else is refused here with its reason rather than as a missing kernel.
 #[derive(Clone, Copy)]
 pub(crate) struct ScoreModifiers<'p> {
     /// 0: off.
     pub softcap: f32,
     /// fp32 slopes, [B or 1, Hq].
     pub alibi_slopes: Option<&'p TensorView<2>>,
+    /// fp32 sink logits, [Hq].
+    pub sinks: Option<&'p TensorView<1>>,
 }
 
 impl ScoreModifiers<'_> {
@@ -558,11 +560,17 @@ impl ScoreModifiers<'_> {
                 );
             }
         }
-        let what = match (softcap != 0.0, self.alibi_slopes.is_some()) {
-            (false, false) => return Ok(()),
-            (true, true) => bail!(InvalidArgument, "softcap and alibi_slopes are not built together: pass one or the other"),
-            (true, false) => "softcap",
-            (false, true) => "alibi_slopes",
+        if let Some(sinks) = self.sinks {
+            check_tensor("sinks", sinks, [shape.heads_q], DType::F32)?;
+        }
+        let on: Vec<&str> = [("softcap", softcap != 0.0), ("alibi_slopes", self.alibi_slopes.is_some()), ("sinks", self.sinks.is_some())]
+            .into_iter()
+            .filter_map(|(name, on)| on.then_some(name))
+            .collect();
+        let what = match on.as_slice() {
+            [] => return Ok(()),
+            [one] => *one,
+            [a, b, ..] => bail!(InvalidArgument, "{a} and {b} are not built together: pass one or the other"),
         };
         if !matches!(dtype, DType::F16 | DType::BF16) {
             bail!(UnsupportedDType, "{what} takes fp16 or bf16 inputs, not {}", dtype.triton_name());
@@ -595,9 +603,9 @@ impl ScoreModifiers<'_> {
         [("softcap", ArgValue::F32(self.softcap)), ("ALIBI_SLOPES", ArgValue::Ptr(ptr)), ("stride_az", ArgValue::I64(stride_az))]
     }
 
-    /// The slopes' device memory (an input), for the aliasing check.
-    pub(crate) fn region(&self) -> Result<Region<'static>> {
-        optional_input("alibi_slopes", self.alibi_slopes)
+    /// The slopes' and the sinks' device memory (inputs), for the aliasing check.
+    pub(crate) fn regions(&self) -> Result<[Region<'static>; 2]> {
+        Ok([optional_input("alibi_slopes", self.alibi_slopes)?, optional_input("sinks", self.sinks)?])
     }
 }
 
