@@ -107,7 +107,8 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
                          false,
                          static_cast<int32_t>(Backend::kAuto),
                          0.0f,
-                         bridge::TensorView2{}};
+                         bridge::TensorView2{},
+                         bridge::TensorView1{}};
     // Read only the fields the caller's version of the struct has.
     if (params.version >= 2) {
       args.mask = mask_of(params.causal, params.align, params.window_left, params.window_right);
@@ -128,6 +129,9 @@ Status attn_fwd(const FwdParams& params, Stream stream) noexcept {
     }
     if (params.version >= 7) {
       args.alibi_slopes = to_bridge<2, bridge::TensorView2>(params.alibi_slopes);
+    }
+    if (params.version >= 8) {
+      args.sinks = to_bridge<1, bridge::TensorView1>(params.sinks);
     }
     if (params.version >= 3) {
       const bool v5 = params.version >= 5;
@@ -172,7 +176,9 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
                        0,
                        0,
                        0.0f,
-                       bridge::TensorView2{}};
+                       bridge::TensorView2{},
+                       bridge::TensorView1{},
+                       bridge::TensorView1{}};
   *host = HostOffsets{};
   // Read only the fields the caller's version of the struct has.
   if (params.version >= 2) {
@@ -193,6 +199,10 @@ Status bwd_args_of(const BwdParams& params, bridge::BwdArgs* out, HostOffsets* h
   }
   if (params.version >= 6) {
     args.alibi_slopes = to_bridge<2, bridge::TensorView2>(params.alibi_slopes);
+  }
+  if (params.version >= 7) {
+    args.sinks = to_bridge<1, bridge::TensorView1>(params.sinks);
+    args.dsinks = to_bridge<1, bridge::TensorView1>(params.dsinks);
   }
   if (params.version >= 2) {
     const bool v4 = params.version >= 4;

@@ -28,7 +28,7 @@ enum class MaskAlign : int32_t {
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
 // the dtype and head dim; fp16/bf16; head dim <= 256; no dropout,
-// no bias, not packed (varlen), no softcap or ALiBi; forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
+// no bias, not packed (varlen), no softcap, ALiBi or sinks; forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
 // 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
 // least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
 // kUnsupportedByBackend (message: the reason) and launches nothing.
@@ -52,7 +52,7 @@ constexpr int32_t kVarlenTooLong = 4;           // a sequence longer than max_se
 // off = 0 (kTopLeft) or Sk - Sq (kBottomRight) and -1 leaves a side unbounded. `causal` sets
 // window_right to 0. A query row that sees no key gets O = 0 and LSE = +inf.
 struct FwdParams {
-  static constexpr uint32_t kVersion = 7;
+  static constexpr uint32_t kVersion = 8;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -135,6 +135,13 @@ struct FwdParams {
   // from the bottom-right diagonal, so pass align = kBottomRight for its convention, also with
   // no window). fp16/bf16 inputs without dropout, bias or softcap.
   TensorView<2> alibi_slopes;
+
+  // -- version 8 --
+  // Attention sinks (gpt-oss): fp32 logits, sizes [Hq]; null data = off. Each row's softmax
+  // normaliser also counts exp(sinks[h]) (a key with no value, compared with the scaled scores);
+  // the LSE includes it, and a row that sees no key gets O = 0 and LSE = sinks[h]. fp16/bf16
+  // inputs without dropout, bias, softcap or ALiBi.
+  TensorView<1> sinks;
 };
 
 // Enqueues the forward pass on `stream` and returns without waiting. Every argument is checked
@@ -146,7 +153,7 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 // are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
 // `deterministic` is set.
 struct BwdParams {
-  static constexpr uint32_t kVersion = 6;
+  static constexpr uint32_t kVersion = 7;
   uint32_t version = kVersion;
 
   // -- version 1 --
@@ -200,6 +207,12 @@ struct BwdParams {
 
   // -- version 6 --: the forward's ALiBi slopes (FwdParams version 7); they get no gradient.
   TensorView<2> alibi_slopes;
+
+  // -- version 7 --: the forward's sinks (FwdParams version 8) and their gradient: dsinks, fp32
+  // [Hq], overwritten with -sum_{b,i} exp(sinks[h] - lse[b,h,i]) * delta[b,h,i] (a fixed order;
+  // null = not computed; needs sinks).
+  TensorView<1> sinks;
+  TensorView<1> dsinks;
 };
 
 // Enqueues the backward pass (three or four kernels) on `stream`; nothing is launched on any

@@ -161,6 +161,16 @@ int main() {
     expect("backward alibi slopes batch 3", flash::attn_bwd(ga, stream), Status::kShapeMismatch);
   }
 
+  // Attention sinks (FwdParams version 8, BwdParams version 7): fp32 [Hq].
+  p = valid_params();
+  p.sinks = aotriton::TensorView<1>::contiguous(reinterpret_cast<const void*>(0xa8000), {kHk}, DType::kFloat32);
+  expect("sinks per key head", flash::attn_fwd(p, stream), Status::kShapeMismatch);
+  {
+    flash::BwdParams gs = valid_bwd_params();
+    gs.dsinks = aotriton::TensorView<1>::contiguous(reinterpret_cast<const void*>(0xa8000), {kHq}, DType::kFloat32);
+    expect("backward dsinks without sinks", flash::attn_bwd(gs, stream), Status::kInvalidArgument);
+  }
+
   p = valid_params();
   p.bias = aotriton::TensorView<4>::contiguous(reinterpret_cast<const void*>(0xb0000), {kB, 3, kSq, kSk},
                                                DType::kFloat16);
@@ -386,6 +396,14 @@ int main() {
     g.version = 5;
     g.alibi_slopes = p.alibi_slopes;
     expect("version-5 backward ignores alibi_slopes", flash::attn_bwd(g, stream), Status::kNoDriver);
+    p = valid_params();
+    p.version = 7;
+    p.sinks = aotriton::TensorView<1>::contiguous(reinterpret_cast<const void*>(0xa8000), {1}, DType::kFloat16);
+    expect("version-7 params ignore sinks", flash::attn_fwd(p, stream), Status::kNoDriver);
+    g = valid_bwd_params();
+    g.version = 6;
+    g.dsinks = p.sinks;
+    expect("version-6 backward ignores dsinks", flash::attn_bwd(g, stream), Status::kNoDriver);
     float mask_out = 0;
     auto out = aotriton::TensorView<4>::contiguous(&mask_out, {1, 1, 1, 1}, DType::kFloat32);
     expect("debug dropout mask, no driver",

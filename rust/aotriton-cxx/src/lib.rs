@@ -80,6 +80,8 @@ mod ffi {
         softcap: f32,
         /// ptr 0: none (FwdParams version 7).
         alibi_slopes: TensorView2,
+        /// ptr 0: none (FwdParams version 8).
+        sinks: TensorView1,
     }
 
     /// aotriton::v2::flash::BwdParams.
@@ -110,6 +112,9 @@ mod ffi {
         softcap: f32,
         /// ptr 0: none (BwdParams version 6).
         alibi_slopes: TensorView2,
+        /// ptr 0: none (BwdParams version 7); dsinks: their gradient, ptr 0: not computed.
+        sinks: TensorView1,
+        dsinks: TensorView1,
     }
 
     /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
@@ -416,6 +421,7 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpe
         params.sm_scale = p.sm_scale;
         params.softcap = p.softcap;
         params.alibi_slopes = if p.alibi_slopes.ptr == 0 { None } else { Some(view!(p.alibi_slopes, "alibi_slopes")) };
+        params.sinks = if p.sinks.ptr == 0 { None } else { Some(view!(p.sinks, "sinks")) };
         params.mask = mask(&p.mask)?;
         params.bias = optional(&p.bias, "bias")?;
         params.dropout = dropout(&p.dropout);
@@ -457,6 +463,8 @@ fn bwd_params<'a>(p: &ffi::BwdArgs, host_q: &'a [i32], host_k: &'a [i32]) -> Res
     params.sm_scale = p.sm_scale;
     params.softcap = p.softcap;
     params.alibi_slopes = if p.alibi_slopes.ptr == 0 { None } else { Some(view!(p.alibi_slopes, "alibi_slopes")) };
+    params.sinks = if p.sinks.ptr == 0 { None } else { Some(view!(p.sinks, "sinks")) };
+    params.dsinks = if p.dsinks.ptr == 0 { None } else { Some(view!(p.dsinks, "dsinks")) };
     params.mask = mask(&p.mask)?;
     params.bias = optional(&p.bias, "bias")?;
     params.dbias = optional(&p.dbias, "dbias")?;
@@ -516,6 +524,7 @@ mod tests {
             backend: 0,
             softcap: 0.0,
             alibi_slopes: ffi::TensorView2 { ptr: 0, sizes: [0; 2], strides: [0; 2], dtype: 0 },
+            sinks: ffi::TensorView1 { ptr: 0, sizes: [0], strides: [0], dtype: 0 },
         };
         let null = ffi::StreamSpec { handle: 0, runtime: 0 };
         let out = attn_fwd(&p, &[], &[], &null);
