@@ -24,6 +24,9 @@
 //! * ALiBi (`alibi_slopes`, [B or 1, Hq]): against the reference with the linear bias
 //!   `-slope · |i + off - j|` as an additive bias (off: the mask's diagonal, per sequence when
 //!   packed), with every mask alignment, GQA, a packed batch; refused by a forced Gluon backend.
+//! * Attention sinks (`sinks`, [Hq], and their gradient `dsinks`): against the reference with the
+//!   sink in every row's normaliser, rows without keys (O = 0, LSE = the sink), GQA, a packed
+//!   batch with an empty sequence; refused by a forced Gluon backend.
 use super::*;
 use crate::philox::HostDropout;
 use crate::reference::{Outputs, Precision};
@@ -110,6 +113,8 @@ pub(crate) struct Ext {
     pub sm_scale: Option<f32>,
     /// ALiBi slopes: `Some(true)` one row per sequence ([B, Hq]), `Some(false)` one shared row.
     pub alibi: Option<bool>,
+    /// Attention sinks, one logit per query head.
+    pub sinks: Option<Vec<f32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -129,6 +134,7 @@ fn ext(prec: Precision, d: usize, hq: usize, hk: usize, b: usize, sq: usize, sk:
         varlen: None,
         deterministic: false,
         softcap: 0.0,
+        sinks: None,
         sm_scale: None,
         alibi: None,
     }
@@ -173,6 +179,11 @@ impl Ext {
     fn softcap(mut self, cap: f32, sm_scale: Option<f32>) -> Self {
         self.softcap = cap;
         self.sm_scale = sm_scale;
+        self
+    }
+    fn sinks(mut self, logits: &[f32]) -> Self {
+        assert_eq!(logits.len(), self.hq, "one sink per query head");
+        self.sinks = Some(logits.to_vec());
         self
     }
     fn alibi(mut self, per_sequence: bool) -> Self {
@@ -265,6 +276,9 @@ impl Ext {
         }
         if let Some(per_sequence) = self.alibi {
             let _ = write!(s, " alibi=[{},Hq]", if per_sequence { "B" } else { "1" });
+        }
+        if let Some(sinks) = &self.sinks {
+            let _ = write!(s, " sinks={sinks:?}");
         }
         s
     }
@@ -366,6 +380,15 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
         ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).alibi(false),
         packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_br, true).alibi(true),
         ext(h16, 128, 4, 2, 2, 129, 250, none).alibi(true).det(),
+        // Attention sinks: from negligible (-30) to dominant (8), rows without keys (bottom-right
+        // causal, Sq > Sk), GQA, (B, S, H, D), hd256, a padded head dim, a packed batch with an
+        // empty sequence, deterministic.
+        ext(b16, 128, 8, 2, 2, 251, 200, causal_br).sinks(&[0.5, -1.0, 3.0, -30.0, 8.0, 0.0, 1.5, -2.0]),
+        ext(h16, 64, 4, 4, 1, 200, 173, mk(16, 5, false)).sinks(&[2.0, -0.5, 1.0, 4.0]).bshd(),
+        ext(b16, 256, 2, 1, 2, 97, 131, none).sinks(&[1.0, -1.0]),
+        ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).sinks(&[0.25, 0.5, 1.0, 2.0, 4.0, 8.0]),
+        packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_br, true).sinks(&[0.0, 1.0, -1.0, 2.0, -2.0, 3.0]),
+        ext(h16, 128, 4, 2, 1, 129, 250, none).sinks(&[3.0, 3.0, -3.0, 0.0]).det(),
     ]
 }
 
@@ -374,7 +397,7 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
 pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
     let half = |c: &Ext| matches!(c.prec, Precision::Half(_));
     let plain = |c: &Ext| half(c) && c.varlen.is_none() && !c.deterministic;
-    let picks: [&dyn Fn(&Ext) -> bool; 9] = [
+    let picks: [&dyn Fn(&Ext) -> bool; 10] = [
         &|c| plain(c) && c.dropout.is_some() && c.bias.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_none(),
         &|c| plain(c) && c.bias.is_some() && c.dropout.is_some(),
@@ -384,6 +407,7 @@ pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
         &|c| c.deterministic,
         &|c| c.softcap > 0.0,
         &|c| c.alibi.is_some(),
+        &|c| c.sinks.is_some(),
     ];
     let mut chosen: Vec<usize> = picks
         .iter()
@@ -583,6 +607,7 @@ fn references(
             bias: bias_full,
             dropout: keep.map(|m| (m, r)),
             softcap: c.softcap,
+            sinks: c.sinks.as_deref(),
         };
         let (exact, naive) = reference::compute(&problem);
         return Refs { exact, naive };
@@ -600,6 +625,7 @@ fn references(
         } else {
             Vec::new()
         },
+        dsinks: if c.sinks.is_some() { vec![0.0; hq] } else { Vec::new() },
     };
     let mut refs = Refs {
         exact: blank(bias_full.is_some()),
@@ -639,14 +665,17 @@ fn references(
             out
         });
         let seq_out: (Outputs, Outputs) = if lq == 0 || lk == 0 {
-            // No queries: nothing (dK = dV = 0). No keys: O = 0, LSE = +inf, dQ = 0.
+            // No queries: nothing (dK = dV = 0). No keys: O = 0, LSE = +inf (with sinks: the
+            // head's sink), dQ = 0; the sinks' gradient gets nothing (O = 0, so delta = 0).
+            let lse_of = |h: usize| c.sinks.as_ref().map_or(f64::INFINITY, |t| f64::from(t[h]));
             let zeros = || Outputs {
                 o: vec![0.0; hq * lq * d],
-                lse: vec![f64::INFINITY; hq * lq],
+                lse: (0..hq).flat_map(|h| std::iter::repeat_n(lse_of(h), lq)).collect(),
                 dq: vec![0.0; hq * lq * d],
                 dk: vec![0.0; hk * lk * d],
                 dv: vec![0.0; hk * lk * d],
                 ds: vec![0.0; hq * lq * lk],
+                dsinks: if c.sinks.is_some() { vec![0.0; hq] } else { Vec::new() },
             };
             (zeros(), zeros())
         } else {
@@ -667,10 +696,14 @@ fn references(
                 bias: bias_s.as_deref(),
                 dropout: keep_s.as_deref().map(|m| (m, r)),
                 softcap: c.softcap,
+                sinks: c.sinks.as_deref(),
             };
             reference::compute(&problem)
         };
         for (dst, src) in [(&mut refs.exact, &seq_out.0), (&mut refs.naive, &seq_out.1)] {
+            for (acc, part) in dst.dsinks.iter_mut().zip(&src.dsinks) {
+                *acc += part;
+            }
             for hh in 0..hq {
                 let (at, n) = ((hh * tq + q0) * d, lq * d);
                 dst.o[at..at + n].copy_from_slice(&src.o[hh * n..(hh + 1) * n]);
@@ -761,6 +794,14 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         Some((rows, vals)) => Some(DevTensor::new(contiguous([*rows, hq]), Some(vals), f32::NAN, stream)?),
         None => None,
     };
+    let sinks_dev = match &c.sinks {
+        Some(logits) => Some(DevTensor::new(contiguous([hq]), Some(logits), f32::NAN, stream)?),
+        None => None,
+    };
+    let dsinks_dev = match &c.sinks {
+        Some(_) => Some(DevTensor::new(contiguous([hq]), None, f32::NAN, stream)?),
+        None => None,
+    };
     let dbias_dev = match bias_sizes {
         Some(sz) => Some(DevTensor::new(contiguous(sz), None, E::POISON, stream)?),
         None => None,
@@ -803,6 +844,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     fp.sm_scale = sm_scale;
     fp.softcap = c.softcap;
     fp.alibi_slopes = alibi_dev.as_ref().map(|t| t.view(DType::F32));
+    fp.sinks = sinks_dev.as_ref().map(|t| t.view(DType::F32));
     fp.mask = api_mask(&c.mask);
     fp.bias = bias_dev.as_ref().map(|t| t.view(dtype));
     fp.dropout = drop.as_ref().map(|dr| dr.api(true));
@@ -823,6 +865,8 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     bp.sm_scale = sm_scale;
     bp.softcap = c.softcap;
     bp.alibi_slopes = fp.alibi_slopes;
+    bp.sinks = fp.sinks;
+    bp.dsinks = dsinks_dev.as_ref().map(|t| t.view(DType::F32));
     bp.mask = fp.mask;
     bp.bias = fp.bias;
     bp.dbias = dbias_dev.as_ref().map(|t| t.view(dtype));
@@ -836,7 +880,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         dtype,
         head_dim: d,
         tma_layout: true,
-        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0 || c.alibi.is_some(),
+        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0 || c.alibi.is_some() || c.sinks.is_some(),
     };
     if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
@@ -921,6 +965,11 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         && t.read(stream)? != t.host
     {
         changed.push("alibi_slopes");
+    }
+    if let Some(t) = &sinks_dev
+        && t.read(stream)? != t.host
+    {
+        changed.push("sinks");
     }
     if !changed.is_empty() {
         pass = false;
@@ -1019,6 +1068,10 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         let naive = reference::reduce_dbias(&nv.ds, full, sz, Some(prec));
         let got = dec(dbias_dev.logical(&dbias_bits));
         checks.push(Bounded::with_floor("dBias", &got, &want, &naive, k_g, floor, true));
+    }
+    if let Some(t) = &dsinks_dev {
+        let got: Vec<f64> = t.read(stream)?.into_iter().map(f64::from).collect();
+        checks.push(Bounded::with_floor("dSinks", &got, &ex.dsinks, &nv.dsinks, k_g, floor, true));
     }
     let (lg, le, ln) = live(&lse, &ex.lse, &nv.lse);
     let (lse_ok, lse_text) = check_lse_floor(&lg, &le, &ln, k_o, floor);

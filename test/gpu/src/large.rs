@@ -319,6 +319,7 @@ fn reference(c: &LCase, seed: u64) -> (reference::Outputs, reference::Outputs) {
         bias: None,
         dropout: None,
         softcap: 0.0,
+        sinks: None,
     };
     reference::compute(&problem)
 }

@@ -1033,6 +1033,7 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
         bias: None,
         dropout: None,
         softcap: 0.0,
+        sinks: None,
     };
     let (exact, naive) = reference::compute(&problem);
     let ref_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -1780,6 +1781,7 @@ mod tests {
                 bias: None,
                 dropout: None,
                 softcap: 0.0,
+                sinks: None,
             };
             let _ = reference::compute(&problem);
             println!("{:8.0} ms  {}", t.elapsed().as_secs_f64() * 1e3, c.describe());

@@ -113,6 +113,9 @@ pub struct Problem<'a> {
     pub dropout: Option<(&'a [u8], f32)>,
     /// Logit soft-capping: scale·q·k becomes cap·tanh(scale·q·k / cap) before the bias; 0 = off.
     pub softcap: f32,
+    /// Attention sinks, one logit per query head (Hq): each row's normaliser also counts
+    /// exp(sink); a row without keys then has O = 0 and LSE = its sink.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Outputs in logical order: O, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no key);
@@ -126,6 +129,8 @@ pub struct Outputs {
     /// dS = ∂L/∂S, B×Hq×Sq×Sk (the bias gradient before summing over broadcast dims); only
     /// computed when the problem has a bias.
     pub ds: Vec<f64>,
+    /// The sinks' gradient, Hq: −Σ_{b,i} exp(sink − LSE) · rowsum(dO ∘ O); empty without sinks.
+    pub dsinks: Vec<f64>,
 }
 
 /// The arithmetic the generic `head` needs, for f64 (exact) and f32 (naive).
@@ -239,6 +244,8 @@ struct HeadOut<T> {
     dk: Vec<T>,
     dv: Vec<T>,
     ds: Vec<T>,
+    /// This head's (one sequence's) share of its sink's gradient.
+    dsink: T,
 }
 
 /// The formulas of the module docs for query head `bh` (= b·Hq + h). `round` is the identity
@@ -287,19 +294,21 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
         .collect();
     let mut pr = vec![T::ZERO; sq * sk]; // P before rounding
     let mut lse = vec![T::INF; sq];
+    let sink = p.sinks.map(|t| T::of(t[h]));
     for i in 0..sq {
         let row = &s[i * sk..(i + 1) * sk];
         let vis = |j: usize| p.mask.visible(i, j, sq, sk);
-        let mut m = -T::INF;
+        let mut m = sink.unwrap_or(-T::INF);
         for j in (0..sk).filter(|&j| vis(j)) {
             if row[j] > m {
                 m = row[j];
             }
         }
         if m == -T::INF {
-            continue; // no visible key: P row 0, LSE +inf
+            continue; // no visible key (and no sink): P row 0, LSE +inf
         }
-        let mut l = T::ZERO;
+        // The sink is one more term of the normaliser, with no value.
+        let mut l = sink.map_or(T::ZERO, |t| (t - m).exp());
         for j in (0..sk).filter(|&j| vis(j)) {
             l += (row[j] - m).exp();
         }
@@ -327,10 +336,14 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
         })
         .collect();
     let mut ds = vec![T::ZERO; sq * sk];
+    let mut dsink = T::ZERO;
     for i in 0..sq {
         let mut delta = T::ZERO;
         for t in 0..d {
             delta += d_o[i * d + t] * o[i * d + t];
+        }
+        if let Some(t) = sink {
+            dsink += -((t - lse[i]).exp() * delta);
         }
         for j in 0..sk {
             ds[i * sk + j] = round(pm[i * sk + j] * (dp[i * sk + j] - delta));
@@ -352,7 +365,7 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
         .map(|x| scale * x)
         .collect();
     let ds = if p.bias.is_some() { ds } else { Vec::new() };
-    HeadOut { o, lse, dq, dk, dv, ds }
+    HeadOut { o, lse, dq, dk, dv, ds, dsink }
 }
 
 /// Assembles per-head results: O, LSE, dQ per query head; dK, dV summed over each GQA group,
@@ -364,7 +377,11 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
     let mut dk = vec![T::ZERO; n_kv * sk * d];
     let mut dv = vec![T::ZERO; n_kv * sk * d];
     let (mut o, mut lse, mut dq, mut ds) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut dsinks = if p.sinks.is_some() { vec![T::ZERO; p.heads_q] } else { Vec::new() };
     for (bh, hd) in heads.into_iter().enumerate() {
+        if let Some(acc) = dsinks.get_mut(bh % p.heads_q) {
+            *acc += hd.dsink;
+        }
         let bhk = (bh / p.heads_q) * p.heads_k + (bh % p.heads_q) / group;
         for (acc, part) in [(&mut dk, &hd.dk), (&mut dv, &hd.dv)] {
             for (a, &x) in acc[bhk * sk * d..(bhk + 1) * sk * d].iter_mut().zip(part) {
@@ -384,6 +401,7 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
         dk: fin(dk),
         dv: fin(dv),
         ds,
+        dsinks: dsinks.into_iter().map(|x| x.to_f64()).collect(),
     }
 }
 
@@ -498,7 +516,8 @@ mod tests {
                             (j, x + bias.map_or(0.0, |b| b[at(j)] as f64))
                         })
                         .collect();
-                    let z: f64 = scores.iter().map(|(_, s)| s.exp()).sum();
+                    let sink = p.sinks.map_or(0.0, |t| (t[h] as f64).exp());
+                    let z: f64 = scores.iter().map(|(_, s)| s.exp()).sum::<f64>() + sink;
                     for (j, s) in &scores {
                         let factor = p.dropout.map_or(1.0, |(m, r)| m[at(*j)] as f64 * r as f64);
                         for t in 0..d {
@@ -570,6 +589,7 @@ mod tests {
                 bias: None,
                 dropout: None,
                 softcap: if mi % 2 == 1 { 1.5 } else { 0.0 },
+                sinks: None,
             };
             let (exact, _) = compute(&p);
             // Sq > Sk bottom-right causal: rows 0 and 1 see nothing.
@@ -604,6 +624,67 @@ mod tests {
             let p2 = Problem { d_o: &d_o2, ..p };
             let o7 = (loss(&p2, &q, &k, &v) - base) / (d_o2[7] as f64 - d_o[7] as f64);
             assert!((o7 - exact.o[7]).abs() < 1e-9, "O[7] {o7} vs {}", exact.o[7]);
+        }
+    }
+
+    /// With attention sinks: dQ, dK, dV and the sinks' gradient match central finite differences
+    /// of L = Σ O ∘ dO (the sink in each row's normaliser), and rows without keys get O = 0 and
+    /// LSE = their sink.
+    #[test]
+    fn sinks_gradients_match_finite_differences() {
+        let (batch, heads_q, heads_k, sq, sk, d) = (2, 4, 2, 5, 3, 4);
+        // Bottom-right causal with Sq > Sk: rows 0 and 1 see no key.
+        let mask = MaskSpec { left: -1, right: 0, bottom_right: true };
+        let mut rng = SplitMix64::new(211);
+        let q = random(batch * heads_q * sq * d, &mut rng);
+        let k = random(batch * heads_k * sk * d, &mut rng);
+        let v = random(batch * heads_k * sk * d, &mut rng);
+        let d_o = random(batch * heads_q * sq * d, &mut rng);
+        let sinks = [0.5f32, -1.0, 2.0, 0.0];
+        let p = Problem {
+            dtype: Precision::Half(Lowp::BF16),
+            batch,
+            heads_q,
+            heads_k,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            head_dim: d,
+            mask,
+            sm_scale: 0.7,
+            q: &q,
+            k: &k,
+            v: &v,
+            d_o: &d_o,
+            bias: None,
+            dropout: None,
+            softcap: 0.0,
+            sinks: Some(&sinks),
+        };
+        let (exact, _) = compute(&p);
+        assert!(exact.lse[0] == 0.5 && exact.lse[1] == 0.5 && exact.lse[sq] == -1.0, "{:?}", &exact.lse[..2 * sq]);
+        assert!(exact.o[..2 * d].iter().chain(&exact.dq[..2 * d]).all(|&x| x == 0.0));
+        let h = 1e-3f32;
+        for (name, which, grad) in [("dq", 0, &exact.dq), ("dk", 1, &exact.dk), ("dv", 2, &exact.dv)] {
+            for idx in 0..grad.len() {
+                let mut plus = [q.clone(), k.clone(), v.clone()];
+                plus[which][idx] += h;
+                let mut minus = [q.clone(), k.clone(), v.clone()];
+                minus[which][idx] -= h;
+                let step = plus[which][idx] as f64 - minus[which][idx] as f64;
+                let fd = (loss(&p, &plus[0], &plus[1], &plus[2]) - loss(&p, &minus[0], &minus[1], &minus[2])) / step;
+                assert!((fd - grad[idx]).abs() < 2e-3 * (1.0 + fd.abs()), "{name}[{idx}]: fd {fd} vs {}", grad[idx]);
+            }
+        }
+        for hh in 0..heads_q {
+            let (mut plus, mut minus) = (sinks, sinks);
+            plus[hh] += h;
+            minus[hh] -= h;
+            let step = plus[hh] as f64 - minus[hh] as f64;
+            let at = |t: &[f32; 4]| loss(&Problem { sinks: Some(t), ..p }, &q, &k, &v);
+            let fd = (at(&plus) - at(&minus)) / step;
+            let got = exact.dsinks[hh];
+            assert!((fd - got).abs() < 2e-3 * (1.0 + fd.abs()), "dsinks[{hh}]: fd {fd} vs {got}");
+            assert!(got.abs() > 1e-3, "dsinks[{hh}] = {got}: too small to tell");
         }
     }
 
@@ -653,6 +734,7 @@ mod tests {
                 bias: Some(&bias),
                 dropout: Some((&keep, 1.0 / 0.7)),
                 softcap: 0.0,
+                sinks: None,
             };
             let (exact, naive) = compute(&p);
             assert_eq!(exact.ds.len(), bias.len());
@@ -751,6 +833,7 @@ mod tests {
             bias: None,
             dropout: None,
             softcap: 0.0,
+            sinks: None,
         };
         let (e, n) = compute(&p);
         let err = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
