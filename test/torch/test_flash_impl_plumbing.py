@@ -78,12 +78,13 @@ class StandIn:
         return dq, dk, dv
 
     def fwd(self, q4, k4, v4, bias, cu_q, cu_k, max_q, max_k, sm_scale, causal, left, right, align, dropout_p,
-            allow_tf32, check_cu_seqlens, varlen_status, softcap=0.0, alibi_slopes=None):
+            allow_tf32, check_cu_seqlens, varlen_status, softcap=0.0, alibi_slopes=None, sinks=None):
         self.calls.append(("fwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        bias=bias, dropout_p=dropout_p, q_stride=q4.stride(), packed=cu_q is not None,
                                        max_q=max_q, max_k=max_k, softcap=softcap)))
         assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"
         assert alibi_slopes is None, "the registered functions refuse torch's alibi_slopes"
+        assert sinks is None, "torch's flash ops have no sinks"
         assert q4.dim() == 4 and q4.stride(-1) == 1, "the kernels take (B, H, S, D) views with a unit last stride"
         out64, lse = self._forward64(q4, k4, v4, cu_q, cu_k, sm_scale, causal, left, right, align)
         out = alloc_like(q4)
@@ -92,7 +93,7 @@ class StandIn:
 
     def bwd(self, dout, q4, k4, v4, out, lse, bias, bias_requires_grad, cu_q, cu_k, max_q, max_k, sm_scale, causal,
             left, right, align, dropout_p, rng_state, allow_tf32, deterministic, check_cu_seqlens, varlen_status,
-            softcap=0.0, alibi_slopes=None):
+            softcap=0.0, alibi_slopes=None, sinks=None, dsinks=None):
         self.calls.append(("bwd", dict(align=align, causal=causal, left=left, right=right, sm_scale=sm_scale,
                                        rng=rng_state.tolist(), lse_shape=tuple(lse.shape), dout_stride=dout.stride())))
         assert softcap == 0.0, "torch's flash ops have no softcap: the registered functions pass 0"

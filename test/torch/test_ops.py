@@ -527,6 +527,90 @@ def expect_error(name, fn, exc, needle):
     R.check(name, False, "no error raised")
 
 
+def sinks_ref(q, k, v, sinks, scale, vis):
+    """Attention with sinks (gpt-oss's eager form): the sink logit as one more column of the scaled
+    scores, softmax, the column dropped. q (B, Hq, Sq, D), k/v (B, Hk, Sk, D), sinks (Hq,), vis
+    (Sq, Sk) bool. Returns (out, lse)."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.where(vis, s, torch.full_like(s, -math.inf))
+    t = sinks.to(s.dtype).reshape(1, -1, 1, 1).expand(*s.shape[:-1], 1)
+    full = torch.cat([s, t], -1)
+    p = torch.softmax(full, -1)[..., :-1]
+    return torch.matmul(p, v), torch.logsumexp(full.double(), -1)
+
+
+def test_sinks():
+    # Sinks from negligible to dominant, GQA, windows, rows without keys (bottom-right causal with
+    # Sq > Sk: O = 0, LSE = the sink), (B, S, H, D) inputs; gradients of q, k, v and the sinks.
+    sinks_of = {4: [0.5, -30.0, 3.0, 8.0], 8: [0.5, -1.0, 3.0, -30.0, 8.0, 0.0, 1.5, -2.0], 2: [1.0, -1.0]}
+    for dtype in (torch.bfloat16, torch.float16):
+        for b, hq, hk, sq, sk, d, causal, window, align, layout in (
+                (2, 8, 2, 300, 300, 128, True, (-1, -1), "top_left", "bhsd"),
+                (1, 4, 4, 257, 513, 64, False, (64, 16), "top_left", "bhsd"),
+                (2, 4, 2, 200, 150, 96, True, (-1, -1), "bottom_right", "bshd"),
+                (1, 2, 1, 129, 200, 256, False, (-1, -1), "top_left", "bhsd")):
+            name = (f"sinks {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d} {layout}" + (" causal" if causal else "")
+                    + (f" window{window}" if window != (-1, -1) else "") + f" {align}")
+            if not wanted(name):
+                continue
+            sinks64 = torch.tensor(sinks_of[hq], device=DEV, dtype=F64)
+            left, right = window if not causal else (window[0], 0)
+            vis = visible(sq, sk, left, right, align=1 if align == "bottom_right" else 0, causal=causal)
+            scale = 1 / math.sqrt(d)
+            q64, k64, v64 = rnd(b, hq, sq, d), rnd(b, hk, sk, d), rnd(b, hk, sk, d)
+            dout64 = rnd(b, hq, sq, d).to(dtype).to(F64)
+
+            def ours():
+                q, k, v = (t.to(dtype).requires_grad_() for t in (q64, k64, v64))
+                sinks = sinks64.float().requires_grad_()
+                args = (q, k, v) if layout == "bhsd" else tuple(t.transpose(1, 2) for t in (q, k, v))
+                out, lse, _ = A.flash_attention(*args, causal=causal, window_size=window, align=align, layout=layout,
+                                                sinks=sinks, return_aux=True)
+                out = out if layout == "bhsd" else out.transpose(1, 2)
+                return out, lse, (q, k, v, sinks)
+
+            if forced_backend() == "gluon":
+                R.refused(name, "sinks", ours)
+                continue
+
+            def body():
+                out, lse, leaves = ours()
+                grads = torch.autograd.grad(out, leaves, dout64.to(dtype))
+                refs = []
+                for dt in (F64, dtype):
+                    leaves_r = [t.to(dt).detach().requires_grad_() for t in (q64, k64, v64)]
+                    sinks_r = sinks64.to(F64 if dt == F64 else torch.float32).detach().requires_grad_()
+                    o, l = sinks_ref(*leaves_r, sinks_r, scale, vis)
+                    refs.append((o, l, torch.autograd.grad(o, [*leaves_r, sinks_r], dout64.to(dt))))
+                (ro, rl, rg), (lo, _, lg) = refs
+                details, ok = [], True
+                for what, o, r, l, k in [("out", out, ro, lo, 3.0)] + [
+                        (f"d{n}", g, rr, ll, 5.0) for n, g, rr, ll in zip(("q", "k", "v", "sinks"), grads, rg, lg)]:
+                    e, bound = max_err(o, r), k * max_err(l, r) + 1e-3
+                    ok &= e <= bound
+                    details.append(f"{what} {e:.2e}/{bound:.2e}" + ("" if e <= bound else " <-- over"))
+                e = max_err(lse, rl)
+                ok &= e <= 1e-2
+                details.append(f"lse {e:.2e}")
+                R.check(name, ok, " ".join(details))
+            R.run(name, body)
+    q = rnd(1, 4, 64, 64).to(torch.bfloat16)
+    sinks = torch.zeros(4, device=DEV)
+    for name, fn, words in (
+            ("sinks with dropout", lambda: A.flash_attention(q, q, q, dropout_p=0.1, sinks=sinks), ("sinks", "dropout")),
+            ("sinks with alibi", lambda: A.flash_attention(q, q, q, sinks=sinks, alibi_slopes=sinks), ("sinks",)),
+            ("sinks fp32 inputs", lambda: A.flash_attention(q.float(), q.float(), q.float(), sinks=sinks), ("sinks",)),
+            ("sinks per key head", lambda: A.flash_attention(q, q[:, :2], q[:, :2], sinks=sinks[:2]), ("sinks",)),
+            ("sinks bf16", lambda: A.flash_attention(q, q, q, sinks=sinks.bfloat16()), ("sinks",))):
+        try:
+            fn()
+            R.check(f"refuses {name}", False, "no error")
+        except (RuntimeError, ValueError, TypeError) as e:
+            R.check(f"refuses {name}", all(w in str(e) for w in words), str(e)[:160])
+
+
 def test_errors():
     def t(*shape, dtype=torch.float16, dev=DEV):
         return torch.randn(*shape, device=dev, dtype=dtype)
@@ -616,7 +700,7 @@ def main():
     MASK32 = torch.randn(2, 1, 61, 83, device=DEV, dtype=torch.float32)
     for test in (test_reference_vs_torch_math, test_dtypes_and_head_dims, test_causal_scale_gqa, test_layouts,
                  test_caller_layouts,
-                 test_masks, test_windows, test_dropout, test_varlen, test_varlen_offsets, test_errors,
+                 test_masks, test_windows, test_dropout, test_varlen, test_varlen_offsets, test_sinks, test_errors,
                  test_readme_example):
         R.run(test.__name__, test)
     R.finish()

@@ -3,14 +3,14 @@
 //   torch.ops.aotriton.fwd(q, k, v, bias?, cu_seqlens_q?, cu_seqlens_k?, max_seqlen_q, max_seqlen_k,
 //                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
 //                          check_cu_seqlens=False, varlen_status?=None, softcap=0.0,
-//                          alibi_slopes?=None)
+//                          alibi_slopes?=None, sinks?=None)
 //       -> (out, lse, rng_state)
 //   torch.ops.aotriton.bwd(dout, q, k, v, out, lse, bias?, bias_requires_grad, cu_seqlens_q?,
 //                          cu_seqlens_k?, max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left,
 //                          window_right, align, dropout_p, rng_state, allow_tf32, deterministic,
 //                          check_cu_seqlens=False, varlen_status?=None, softcap=0.0,
-//                          alibi_slopes?=None)
-//       -> (dq, dk, dv, dbias)
+//                          alibi_slopes?=None, sinks?=None, dsinks(b!)?=None)
+//       -> (dq, dk, dv, dbias)   (dsinks, fp32 [Hq], when given: overwritten with the sinks' gradient)
 //   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
 //   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
 //
@@ -269,13 +269,15 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
                                             int64_t window_right, int64_t align, double dropout_p,
                                             bool allow_tf32, bool check_cu_seqlens,
                                             const c10::optional<Tensor>& varlen_status, double softcap,
-                                            const c10::optional<Tensor>& alibi_slopes) {
+                                            const c10::optional<Tensor>& alibi_slopes,
+                                            const c10::optional<Tensor>& sinks) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
   check_dropout_p(dropout_p);
   check_cuda(k, q, "k");
   check_cuda(v, q, "v");
   if (bias.has_value()) check_cuda(*bias, q, "bias");
   if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, q, "alibi_slopes");
+  if (sinks.has_value()) check_cuda(*sinks, q, "sinks");
   const c10::cuda::CUDAGuard guard(q.device());
   const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
 
@@ -298,6 +300,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
   p.window_right = window_of(window_right, "window_right");
   if (bias.has_value() && bias->defined()) p.bias = view_of<4>(*bias, "bias");
   if (alibi_slopes.has_value() && alibi_slopes->defined()) p.alibi_slopes = view_of<2>(*alibi_slopes, "alibi_slopes");
+  if (sinks.has_value() && sinks->defined()) p.sinks = view_of<1>(*sinks, "sinks");
   const Tensor host_offsets =
       set_varlen(p, pr, q, cu_seqlens_q, cu_seqlens_k, check_cu_seqlens, varlen_status);
   p.allow_tf32 = allow_tf32;
@@ -340,7 +343,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
     int64_t max_seqlen_q, int64_t max_seqlen_k, double sm_scale, bool causal, int64_t window_left,
     int64_t window_right, int64_t align, double dropout_p, const Tensor& rng_state,
     bool allow_tf32, bool deterministic, bool check_cu_seqlens, const c10::optional<Tensor>& varlen_status,
-    double softcap, const c10::optional<Tensor>& alibi_slopes) {
+    double softcap, const c10::optional<Tensor>& alibi_slopes, const c10::optional<Tensor>& sinks,
+    const c10::optional<Tensor>& dsinks) {
   TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
   check_dropout_p(dropout_p);
   for (auto [t, name] : {std::pair<const Tensor*, const char*>{&dout, "dout"}, {&k, "k"}, {&v, "v"},
@@ -350,6 +354,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) check_cuda(*bias, q, "bias");
   if (alibi_slopes.has_value()) check_cuda(*alibi_slopes, q, "alibi_slopes");
+  if (sinks.has_value()) check_cuda(*sinks, q, "sinks");
+  if (dsinks.has_value()) check_cuda(*dsinks, q, "dsinks");
   TORCH_CHECK_VALUE(!bias_requires_grad || has_bias,
                     "aotriton: bias_requires_grad is set but no bias is given");
   const c10::cuda::CUDAGuard guard(q.device());
@@ -383,6 +389,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   if (has_bias) p.bias = view_of<4>(*bias, "bias");
   if (bias_requires_grad) p.dbias = view_of<4>(dbias, "dbias");
   if (alibi_slopes.has_value() && alibi_slopes->defined()) p.alibi_slopes = view_of<2>(*alibi_slopes, "alibi_slopes");
+  if (sinks.has_value() && sinks->defined()) p.sinks = view_of<1>(*sinks, "sinks");
+  if (dsinks.has_value() && dsinks->defined()) p.dsinks = view_of<1>(*dsinks, "dsinks");
   const Tensor host_offsets =
       set_varlen(p, pr, q, cu_seqlens_q, cu_seqlens_k, check_cu_seqlens, varlen_status);
   if (dropout_p > 0.0) {
@@ -447,7 +455,8 @@ TORCH_LIBRARY(aotriton, m) {
       "fwd(Tensor q, Tensor k, Tensor v, Tensor? bias, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
       "int max_seqlen_q, int max_seqlen_k, float sm_scale, bool causal, int window_left, "
       "int window_right, int align, float dropout_p, bool allow_tf32, bool check_cu_seqlens=False, "
-      "Tensor(a!)? varlen_status=None, float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor)",
+      "Tensor(a!)? varlen_status=None, float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None) "
+      "-> (Tensor, Tensor, Tensor)",
       {at::Tag::nondeterministic_seeded});
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? bias, "
@@ -455,7 +464,8 @@ TORCH_LIBRARY(aotriton, m) {
       "int max_seqlen_k, float sm_scale, bool causal, int window_left, int window_right, "
       "int align, float dropout_p, Tensor rng_state, bool allow_tf32, bool deterministic, "
       "bool check_cu_seqlens=False, Tensor(a!)? varlen_status=None, float softcap=0.0, "
-      "Tensor? alibi_slopes=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor(b!)? dsinks=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "dropout_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, "
       "float dropout_p) -> Tensor");

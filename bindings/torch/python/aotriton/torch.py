@@ -96,7 +96,7 @@ def _register_fakes():
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
                   window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
-                  softcap=0.0, alibi_slopes=None):
+                  softcap=0.0, alibi_slopes=None, sinks=None):
         b, h, s, d = q.shape
         out = like(q)
         lse = q.new_empty((b, h, s), dtype=torch.float32)
@@ -107,7 +107,7 @@ def _register_fakes():
     def _bwd_fake(dout, q, k, v, out, lse, bias, bias_requires_grad, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                   max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p, rng_state,
                   allow_tf32, deterministic, check_cu_seqlens=False, varlen_status=None, softcap=0.0,
-                  alibi_slopes=None):
+                  alibi_slopes=None, sinks=None, dsinks=None):
         dq = like(q)
         dk = like(k)
         dv = like(v)
@@ -186,11 +186,11 @@ class _FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
                 window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
-                deterministic=False, softcap=0.0, alibi_slopes=None):
+                deterministic=False, softcap=0.0, alibi_slopes=None, sinks=None):
         out, lse, rng_state = _ops().fwd(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                          sm_scale, causal, window_left, window_right, align, dropout_p, allow_tf32,
-                                         check_cu_seqlens, varlen_status, softcap, alibi_slopes)
-        ctx.save_for_backward(q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+                                         check_cu_seqlens, varlen_status, softcap, alibi_slopes, sinks)
+        ctx.save_for_backward(q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
         ctx.args = (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
                     allow_tf32)
         ctx.varlen_status = varlen_status
@@ -201,19 +201,21 @@ class _FlashAttnFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse, _drng):
-        q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k, alibi_slopes = ctx.saved_tensors
+        q, k, v, out, lse, rng_state, bias, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
         (max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right, align, dropout_p,
          allow_tf32) = ctx.args
         if dout.stride(-1) != 1:
             dout = dout.contiguous()
         bias_grad = bool(ctx.needs_input_grad[3]) and bias is not None
+        # The sinks (the last input) have a gradient when they require one.
+        dsinks = torch.empty_like(sinks) if sinks is not None and ctx.needs_input_grad[-1] else None
         dq, dk, dv, dbias = _ops().bwd(dout, q, k, v, out, lse, bias, bias_grad, cu_seqlens_q, cu_seqlens_k,
                                        max_seqlen_q, max_seqlen_k, sm_scale, causal, window_left, window_right,
                                        align, dropout_p, rng_state, allow_tf32,
                                        ctx.deterministic or torch.are_deterministic_algorithms_enabled(), False,
-                                       ctx.varlen_status, ctx.softcap, alibi_slopes)
+                                       ctx.varlen_status, ctx.softcap, alibi_slopes, sinks, dsinks)
         # The ALiBi slopes are constants of the model: no gradient.
-        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 16
+        return (dq, dk, dv, dbias if bias_grad else None) + (None,) * 16 + (dsinks,)
 
 
 def _unit_last_stride(t):
@@ -298,6 +300,19 @@ def _check_alibi(alibi_slopes, batch, heads_q):
     return _unit_last_stride(alibi_slopes.reshape(-1, heads_q))
 
 
+def _check_sinks(sinks, heads_q):
+    """Attention sinks: a float32 tensor of shape (Hq,) (unit stride), or None."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"aotriton: sinks must be a tensor, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"aotriton: sinks must be float32, got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads_q,):
+        raise ValueError(f"aotriton: sinks must have shape (Hq,) = ({heads_q},), got {tuple(sinks.shape)}")
+    return _unit_last_stride(sinks)
+
+
 def _bias_from_mask(mask, shape, dtype, name):
     """An additive bias [B or 1, Hq or 1, Sq or 1, Sk] (unit last stride) from a bool mask (True =
     take part; -> 0 / -inf) or a float mask, broadcast like torch SDPA. Autograd flows through the
@@ -332,12 +347,12 @@ def _bias_from_mask(mask, shape, dtype, name):
 
 def _attention(q, k, v, bias, sm_scale, causal, window_left, window_right, align, dropout_p,
                cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, check_cu_seqlens=False,
-               varlen_status=None, deterministic=False, softcap=0.0, alibi_slopes=None):
+               varlen_status=None, deterministic=False, softcap=0.0, alibi_slopes=None, sinks=None):
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
     return _FlashAttnFunction.apply(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                                     float(sm_scale), bool(causal), int(window_left), int(window_right), int(align),
                                     float(dropout_p), _allow_tf32(q.dtype), bool(check_cu_seqlens), varlen_status,
-                                    bool(deterministic), float(softcap), alibi_slopes)
+                                    bool(deterministic), float(softcap), alibi_slopes, sinks)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -393,7 +408,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left", bias=None, dropout_p=0.0,
-                    scale=None, layout="bhsd", return_aux=False, deterministic=False, softcap=0.0, alibi_slopes=None):
+                    scale=None, layout="bhsd", return_aux=False, deterministic=False, softcap=0.0, alibi_slopes=None,
+                    sinks=None):
     """Attention over padded batches with every aotriton option.
 
     ``layout="bhsd"``: q ``(B, Hq, Sq, D)``, k/v ``(B, Hk, Sk, D)``; ``"bshd"``: ``(B, S, H, D)``
@@ -412,6 +428,9 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     ``(B, Hq)``; query head h adds ``-slope[h] * |i + off - j|`` to score (i, j), ``off`` = 0 with
     ``align="top_left"``, Sk - Sq with ``"bottom_right"`` (FlashAttention's convention, also without
     a mask); fp16/bf16 without dropout, bias or softcap. The slopes get no gradient.
+    ``sinks``: attention sinks (gpt-oss), float32 ``(Hq,)`` logits that join each row's softmax
+    normaliser with no value; the LSE includes them and they get a gradient when they require one;
+    fp16/bf16 without dropout, bias, softcap or ALiBi.
     """
     if layout not in ("bhsd", "bshd"):
         raise ValueError(f"aotriton: layout must be 'bhsd' or 'bshd', got {layout!r}")
@@ -438,7 +457,7 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     bias = _bias_from_mask(bias, (b, hq, sq, sk), q.dtype, "bias")
     out, lse, rng_state = _attention(q, k, v, bias, sm_scale, causal, left, right, code, p,
                                      deterministic=deterministic, softcap=_check_softcap(softcap),
-                                     alibi_slopes=_check_alibi(alibi_slopes, b, hq))
+                                     alibi_slopes=_check_alibi(alibi_slopes, b, hq), sinks=_check_sinks(sinks, hq))
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse, rng_state) if return_aux else out
@@ -447,7 +466,7 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                       softmax_scale=None, causal=False, window_size=(-1, -1), align="top_left", return_aux=False,
                       check_cu_seqlens=False, varlen_status=None, deterministic=False, softcap=0.0,
-                      alibi_slopes=None):
+                      alibi_slopes=None, sinks=None):
     """Attention over a packed batch of variable-length sequences (flash-attn's varlen layout).
 
     q ``(total_q, Hq, D)``, k/v ``(total_k, Hk, D)``; sequence b owns query tokens
@@ -472,7 +491,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     above the max lengths); invalid offsets raise ``ValueError`` naming the problem and nothing is
     launched. ``deterministic=True``: the backward sums dq in a fixed order. ``softcap``: as
     :func:`flash_attention`'s; ``alibi_slopes`` too, with B the number of sequences and positions
-    counted inside each sequence.
+    counted inside each sequence; ``sinks`` too.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -507,7 +526,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
         raise ValueError("aotriton: varlen_status must be a one-element int32 CUDA tensor (zeroed by the caller)")
     out, lse, rng_state = _attention(q4, k4, v4, None, sm_scale, causal, left, right, code, p,
                                      cus[0], cus[1], max_q, max_k, check_cu_seqlens, varlen_status, deterministic,
-                                     _check_softcap(softcap), _check_alibi(alibi_slopes, cus[0].numel() - 1, q.shape[1]))
+                                     _check_softcap(softcap), _check_alibi(alibi_slopes, cus[0].numel() - 1, q.shape[1]),
+                                     _check_sinks(sinks, q.shape[1]))
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0), rng_state) if return_aux else out
 
