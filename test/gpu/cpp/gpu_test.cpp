@@ -270,6 +270,19 @@ struct Case {
   bool fwd_without_lse = false;  // a forward with lse.data = nullptr first
   float softcap = 0.0f;          // logit soft-capping (FwdParams version 6); 0 = off
   float sm_scale = 0.0f;         // 0: 1/sqrt(D)
+  size_t alibi_rows = 0;         // ALiBi slopes [rows, Hq] (FwdParams version 7): 0 off, 1 shared, B per sequence
+  bool sinks = false;            // attention sinks [Hq] and their gradient (FwdParams version 8)
+
+  // BLOOM's slopes 2^(-8(h+1)/Hq), scaled per sequence when each has its own row.
+  float slope(size_t b, size_t h) const {
+    return std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(heads_q)) *
+           (1.0f + 0.5f * static_cast<float>(alibi_rows > 1 ? b : 0));
+  }
+  // Sink logits from negligible to dominant.
+  float sink(size_t h) const {
+    static const float logits[8] = {0.5f, -1.0f, 3.0f, -30.0f, 8.0f, 0.0f, 1.5f, -2.0f};
+    return logits[h % 8];
+  }
 
   size_t group() const { return heads_q / heads_k; }
   // Query row i sees key j (< Sk) iff i + off - left <= j <= i + off + right; -1 = unbounded side.
@@ -298,6 +311,8 @@ struct Case {
                   seqlen_q, seqlen_k, mask_name().c_str(), layout_name(layout), fwd_without_lse ? " +fwd-no-lse" : "");
     std::string text = buf;
     if (softcap > 0) text += " softcap=" + std::to_string(softcap).substr(0, 4) + " scale=" + std::to_string(sm_scale).substr(0, 4);
+    if (alibi_rows > 0) text += alibi_rows > 1 ? " alibi=[B,Hq]" : " alibi=[1,Hq]";
+    if (sinks) text += " sinks";
     return text;
   }
 };
@@ -363,6 +378,21 @@ std::vector<Case> make_cases() {
   gemma.softcap = 50.0f;
   gemma.sm_scale = 1.0f;
   out.push_back(gemma);
+  // ALiBi: per-sequence slopes with GQA and causal BR; shared slopes, no window but the bottom-right
+  // diagonal (FlashAttention's convention), Sq != Sk.
+  Case bloom = bwd_case(Lowp::kBF16, 128, 8, 2, 2, 250, 250, L::kBshd, true, BR, -1, -1);
+  bloom.alibi_rows = 2;
+  out.push_back(bloom);
+  Case mpt = bwd_case(Lowp::kF16, 64, 4, 4, 1, 131, 200, L::kBhsd, false, BR, -1, -1);
+  mpt.alibi_rows = 1;
+  out.push_back(mpt);
+  // Attention sinks: GQA with rows without keys (causal BR, Sq > Sk); a window.
+  Case oss = bwd_case(Lowp::kBF16, 64, 8, 2, 2, 300, 200, L::kBhsd, true, BR, -1, -1);
+  oss.sinks = true;
+  out.push_back(oss);
+  Case oss_window = bwd_case(Lowp::kF16, 128, 4, 4, 1, 257, 257, L::kBshd, false, TL, 128, 0);
+  oss_window.sinks = true;
+  out.push_back(oss_window);
   return out;
 }
 
@@ -520,12 +550,17 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
       js.clear();
       for (size_t j = 0; j < sk; ++j)
         if (c.visible(i, j)) js.push_back(j);
+      // A sink is one more term of each row's normaliser (no value); a row without keys then
+      // has O = 0 and LSE = the sink.
+      const double sink = c.sinks ? c.sink(hq) : -std::numeric_limits<double>::infinity();
       if (js.empty()) {
-        ex.lse[row] = nv.lse[row] = std::numeric_limits<double>::infinity();
+        ex.lse[row] = nv.lse[row] = c.sinks ? sink : std::numeric_limits<double>::infinity();
         continue;  // o, dq stay 0
       }
-      double m64 = -std::numeric_limits<double>::infinity(), l64 = 0;
-      float m32 = -std::numeric_limits<float>::infinity(), l32 = 0;
+      double m64 = sink, l64 = 0;
+      float m32 = static_cast<float>(sink), l32 = 0;
+      const int64_t diag = static_cast<int64_t>(i) +
+          (c.align == MaskAlign::kBottomRight ? static_cast<int64_t>(sk) - static_cast<int64_t>(sq) : 0);
       for (size_t j : js) {
         double a64 = 0;
         float a32 = 0;
@@ -541,8 +576,17 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
           s64[j] = c.softcap * t64[j];
           s32[j] = round_to(c.dtype, c.softcap * t32[j]);
         }
+        if (c.alibi_rows > 0) {  // -slope * |i + off - j|, off the mask's diagonal
+          const float dist = static_cast<float>(std::llabs(diag - static_cast<int64_t>(j)));
+          s64[j] -= static_cast<double>(c.slope(b, hq)) * dist;
+          s32[j] = round_to(c.dtype, s32[j] - c.slope(b, hq) * dist);
+        }
         m64 = std::max(m64, s64[j]);
         m32 = std::max(m32, s32[j]);
+      }
+      if (c.sinks) {
+        l64 = std::exp(sink - m64);
+        l32 = std::exp(static_cast<float>(sink) - m32);
       }
       for (size_t j : js) {
         l64 += std::exp(s64[j] - m64);
@@ -849,6 +893,25 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   fp.window_left = c.window_left;
   fp.window_right = c.window_right;
   fp.softcap = c.softcap;
+  // ALiBi slopes [rows, Hq] and sinks [Hq], fp32 (bit patterns), with their gradient's buffer.
+  std::optional<DevTensor<uint32_t, 2>> slopes_dev;
+  std::optional<DevTensor<uint32_t, 1>> sinks_dev, dsinks_dev;
+  if (c.alibi_rows > 0) {
+    std::vector<uint32_t> bits;
+    for (size_t row = 0; row < c.alibi_rows; ++row)
+      for (size_t h = 0; h < hq; ++h) bits.push_back(bits_of(c.slope(row, h)));
+    const size_t sizes[2] = {c.alibi_rows, hq}, strides[2] = {hq, 1};
+    slopes_dev.emplace(Placement<2>(sizes, strides, 0), &bits, kPoison32, stream);
+    fp.alibi_slopes = slopes_dev->view(aotriton::DType::kFloat32);
+  }
+  if (c.sinks) {
+    std::vector<uint32_t> bits;
+    for (size_t h = 0; h < hq; ++h) bits.push_back(bits_of(c.sink(h)));
+    const size_t sizes[1] = {hq}, strides[1] = {1};
+    sinks_dev.emplace(Placement<1>(sizes, strides, 0), &bits, kPoison32, stream);
+    dsinks_dev.emplace(Placement<1>(sizes, strides, 0), nullptr, kPoison32, stream);
+    fp.sinks = sinks_dev->view(aotriton::DType::kFloat32);
+  }
   fp.backend = g_backend;
 
   // The backward's buffers and parameters (set up before the forward: a forced Gluon backend
@@ -878,6 +941,9 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     bp.window_left = c.window_left;
     bp.window_right = c.window_right;
     bp.softcap = c.softcap;
+    bp.alibi_slopes = fp.alibi_slopes;
+    bp.sinks = fp.sinks;
+    if (dsinks_dev) bp.dsinks = dsinks_dev->view(aotriton::DType::kFloat32);
     bp.backend = g_backend;
   }
   auto bwd_untouched = [&] {
@@ -887,7 +953,8 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
 
   // Forced Gluon: a case outside its rule must be refused, nothing written.
   if (forced_gluon()) {
-    const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd, c.softcap > 0};
+    const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd,
+                               c.softcap > 0 || c.alibi_rows > 0 || c.sinks};
     if (!traits.serves()) {
       std::string note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
@@ -973,7 +1040,8 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
       dq_det_bits = dq_dev->logical(first_dq);
     }
     if (o_dev.read(stream) != o_bits || lse_dev.read(stream) != lse_bits || q_dev.read(stream) != q_dev.host ||
-        k_dev.read(stream) != k_dev.host || v_dev.read(stream) != v_dev.host || do_dev->read(stream) != do_dev->host)
+        k_dev.read(stream) != k_dev.host || v_dev.read(stream) != v_dev.host || do_dev->read(stream) != do_dev->host ||
+        (slopes_dev && slopes_dev->read(stream) != slopes_dev->host) || (sinks_dev && sinks_dev->read(stream) != sinks_dev->host))
       inputs_changed = true;
     dq_bits = dq_dev->logical(dq_bits);
     dk_bits = dk_dev->logical(dk_bits);
@@ -1000,6 +1068,26 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     pass &= bounded("dQ", dq, exact.dq, naive.dq, 5, true, line);
     pass &= bounded("dK", dec(dk_bits), exact.dk, naive.dk, 5, true, line);
     pass &= bounded("dV", dec(dv_bits), exact.dv, naive.dv, 5, true, line);
+  }
+  if (c.backward && dsinks_dev) {  // -sum_{b,i} exp(sink - lse) * rowsum(dO * O), per head
+    std::vector<double> want(hq, 0.0), low(hq, 0.0), got;
+    for (size_t bb = 0; bb < b; ++bb) {
+      for (size_t h = 0; h < hq; ++h) {
+        for (size_t i = 0; i < sq; ++i) {
+          const size_t row = (bb * hq + h) * sq + i;
+          double delta64 = 0;
+          float delta32 = 0;
+          for (size_t t = 0; t < d; ++t) {
+            delta64 += d_o[row * d + t] * exact.o[row * d + t];
+            delta32 += d_o[row * d + t] * static_cast<float>(naive.o[row * d + t]);
+          }
+          want[h] -= std::exp(c.sink(h) - exact.lse[row]) * delta64;
+          low[h] -= std::exp(c.sink(h) - static_cast<float>(naive.lse[row])) * delta32;
+        }
+      }
+    }
+    for (uint32_t x : dsinks_dev->logical(dsinks_dev->read(stream))) got.push_back(float_of(x));
+    pass &= bounded("dSinks", got, want, low, 5, true, line);
   }
   if (ran_deterministic) {
     dq_det = dec(dq_det_bits);
