@@ -283,20 +283,26 @@ def _check_softcap(softcap):
     return value
 
 
+def _fp32_argument(t, name, shapes, described):
+    """A float32 tensor argument (ALiBi slopes, sinks) whose shape is one of ``shapes``
+    (``described`` names them in the error)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"aotriton: {name} must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"aotriton: {name} must be float32, got {t.dtype}")
+    if tuple(t.shape) not in shapes:
+        raise ValueError(f"aotriton: {name} must have shape {described}, got {tuple(t.shape)}")
+    return t
+
+
 def _check_alibi(alibi_slopes, batch, heads_q):
     """FlashAttention's ALiBi slopes, fp32 ``(Hq,)`` or ``(B, Hq)``, as the ``(1 or B, Hq)`` view
     the ops take (unit last stride); None stays None. The library checks the rest (dtype of the
     inputs, the options it combines with)."""
     if alibi_slopes is None:
         return None
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"aotriton: alibi_slopes must be a tensor, got {type(alibi_slopes).__name__}")
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"aotriton: alibi_slopes must be float32, got {alibi_slopes.dtype}")
-    shape = tuple(alibi_slopes.shape)
-    if shape not in ((heads_q,), (1, heads_q), (batch, heads_q)):
-        raise ValueError(f"aotriton: alibi_slopes must have shape (Hq,) or (B, Hq) = ({heads_q},) or "
-                         f"({batch}, {heads_q}), got {shape}")
+    _fp32_argument(alibi_slopes, "alibi_slopes", ((heads_q,), (1, heads_q), (batch, heads_q)),
+                   f"(Hq,) or (B, Hq) = ({heads_q},) or ({batch}, {heads_q})")
     return _unit_last_stride(alibi_slopes.reshape(-1, heads_q))
 
 
@@ -304,13 +310,7 @@ def _check_sinks(sinks, heads_q):
     """Attention sinks: a float32 tensor of shape (Hq,) (unit stride), or None."""
     if sinks is None:
         return None
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"aotriton: sinks must be a tensor, got {type(sinks).__name__}")
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"aotriton: sinks must be float32, got {sinks.dtype}")
-    if tuple(sinks.shape) != (heads_q,):
-        raise ValueError(f"aotriton: sinks must have shape (Hq,) = ({heads_q},), got {tuple(sinks.shape)}")
-    return _unit_last_stride(sinks)
+    return _unit_last_stride(_fp32_argument(sinks, "sinks", ((heads_q,),), f"(Hq,) = ({heads_q},)"))
 
 
 def _bias_from_mask(mask, shape, dtype, name):
