@@ -432,12 +432,13 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None, sinks=None):
+              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None, sinks=None, dsink_block=16):
         """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
         ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``; ``softcap`` > 0: capped scores;
         ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range);
         ``alibi``: None, or fp32 ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (checked as a float64 additive bias);
-        ``sinks``: None, or fp32 sink logits ``[Hq]`` (their gradient checked too)."""
+        ``sinks``: None, or fp32 sink logits ``[Hq]`` (their gradient checked too, ``attn_bwd_dsink`` with
+        BLOCK_M ``dsink_block``)."""
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
@@ -491,7 +492,7 @@ class AttnInterpreterTest(unittest.TestCase):
         if sinks is not None:
             ref_delta64 = (do.astype(np.float64) * ref[0]).sum(-1)
             naive_delta = (do.astype(np.float64) * naive[0]).sum(-1)
-            self.assert_close("dSink", run.dsink(lse, delta), sink_grad(sinks, ref[1], ref_delta64),
+            self.assert_close("dSink", run.dsink(lse, delta, dsink_block), sink_grad(sinks, ref[1], ref_delta64),
                               sink_grad(sinks, naive[1], naive_delta), 5, what, tol)
         if bias is not None:
             axes = tuple(a for a, c in zip((0, 1, 2), "bhm") if c in bias)

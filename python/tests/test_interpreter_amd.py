@@ -93,7 +93,7 @@ class AmdConfigInterpreterTest(unittest.TestCase):
         self.assertTrue(HIP_ARCHS)
         for arch in HIP_ARCHS:
             for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES):
-                if s.family == "debug_dropout_mask":
+                if s.family in ("debug_dropout_mask", "attn_bwd_dsink"):  # their own tests below
                     continue
                 f = s.functional
                 want = (s.family, "fp32" if f["dtype"] == "fp32" else "fp16", f.get("head_dim"), f.get("dropout"),
@@ -124,6 +124,18 @@ class AmdConfigInterpreterTest(unittest.TestCase):
             type(self).ran += 1
         print(f"\namd attention interpreter cases: {len(cases)} in {time.monotonic() - t0:.0f} s",
               file=sys.stderr, flush=True)
+
+    def test_dsink_with_amd_blocks(self):
+        """``attn_bwd_dsink`` with each AMD BLOCK_M, more rows than one block (a partial last one),
+        after a forward and backward with sinks (fp16, GQA, causal)."""
+        blocks = sorted({_blocks(s)[0] for arch in HIP_ARCHS for s in rules.enumerate_kernels(arch, [rules.ATTN_BWD_DSINK])})
+        self.assertTrue(blocks)
+        for bm in blocks:
+            with self.subTest(block_m=bm):
+                self.check(2, 2, 1, bm + 11, 21, 8, ti.Mask("causal", align="br"), fwd_blocks=(64, 32),
+                           dkdv_blocks=(32, 32), dq_blocks=(64, 32), pre_block=64,
+                           sinks=np.array([1.0, -2.0], np.float32), dsink_block=bm)
+            type(self).ran += 1
 
     def test_debug_dropout_mask_with_amd_blocks(self):
         blocks = sorted({_blocks(s) for arch in HIP_ARCHS
