@@ -163,6 +163,11 @@ def check_flash_attn_mapping(run):
         fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7, alibi_slopes=slopes[None].expand(2, 4))
         run.check("flash_attn_varlen_func: alibi_slopes passed on", seen[-1][2]["alibi_slopes"].shape == (2, 4),
                   str(seen[-1][2]))
+        sinks = torch.rand(4)
+        fa.flash_attn_func(q, k, k, sinks=sinks)
+        run.check("flash_attn_func: sinks passed on", seen[-1][2]["sinks"] is sinks, str(seen[-1][2]))
+        fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7, sinks=sinks)
+        run.check("flash_attn_varlen_func: sinks passed on", seen[-1][2]["sinks"] is sinks, str(seen[-1][2]))
         n = len(seen)
         for name, call in (("return_attn_probs", lambda: fa.flash_attn_func(q, k, k, return_attn_probs=True)),
                            ("block_table", lambda: fa.flash_attn_varlen_func(q[0], k[0], k[0], cu, cu, 7, 7,

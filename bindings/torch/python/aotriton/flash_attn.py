@@ -64,13 +64,16 @@ def _result(out, lse, d, return_softmax_lse):
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False):
-    """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs)."""
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False,
+                    sinks=None):
+    """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs). ``sinks`` (an aotriton
+    extension): attention sinks, fp32 (Hq,) (aotriton.torch.flash_attention)."""
     _refuse(return_attn_probs)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attention(q, k, v, causal=causal, window_size=window_size, align="bottom_right",
                                       dropout_p=dropout_p, scale=scale, layout="bshd", return_aux=True,
-                                      deterministic=deterministic, softcap=softcap, alibi_slopes=alibi_slopes)
+                                      deterministic=deterministic, softcap=softcap, alibi_slopes=alibi_slopes,
+                                      sinks=sinks)
     return _result(out, lse, d, return_softmax_lse)
 
 
@@ -94,16 +97,17 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           return_softmax_lse=False):
+                           return_softmax_lse=False, sinks=None):
     """q (total_q, Hq, D), k/v (total_k, Hk, D), cu_seqlens int32 (B+1) -> out (total_q, Hq, D).
-    Offsets are read on the device and clamped to the tensors (aotriton.torch.flash_attn_varlen)."""
+    Offsets are read on the device and clamped to the tensors (aotriton.torch.flash_attn_varlen).
+    ``sinks``: as :func:`flash_attn_func`'s."""
     _refuse(return_attn_probs, block_table)
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                         dropout_p=dropout_p, softmax_scale=scale, causal=causal,
                                         window_size=window_size, align="bottom_right", return_aux=True,
                                         deterministic=deterministic, softcap=softcap,
-                                        alibi_slopes=alibi_slopes)
+                                        alibi_slopes=alibi_slopes, sinks=sinks)
     return _result(out, lse, d, return_softmax_lse)
 
 

@@ -16,8 +16,9 @@ token against a longer cache is causal too); ``sliding_window`` W (Mistral, Qwen
 ``use_sliding_window``, ...) as the window ``(W - 1, 0)``: query i sees keys i - W + 1 .. i, as
 transformers' sliding-window mask; padding-free packed batches (one row whose ``position_ids``
 restart, as transformers' ``DataCollatorWithFlattening`` makes them) as one packed batch of those
-sequences. ``softcap`` (Gemma 2's attention logit soft-capping) is passed on. Not served
-(``NotImplementedError`` naming them): ``s_aux`` (attention sinks), ``position_bias``. Where transformers has no registry, :func:`patch_sdpa` swaps
+sequences. ``softcap`` (Gemma 2's attention logit soft-capping) and ``s_aux`` (gpt-oss's attention
+sinks, taken in fp32 with their gradient) are passed on. Not served (``NotImplementedError`` naming
+it): ``position_bias``. Where transformers has no registry, :func:`patch_sdpa` swaps
 ``torch.nn.functional.scaled_dot_product_attention`` for aotriton's while a model runs.
 """
 import contextlib
@@ -57,9 +58,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     ``attention_mask`` None or the (B, Sk) padding mask (``flash_attention_mask``); returns
     ``(output (B, Sq, Hq, D), None)``."""
     cap = float(softcap or 0.0)
-    for name in ("s_aux", "position_bias"):
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(f"aotriton.hf: {name} is not supported")
+    if kwargs.get("position_bias") is not None:
+        raise NotImplementedError("aotriton.hf: position_bias is not supported")
+    # gpt-oss's sinks: one logit per query head, in the model's dtype; the cast keeps autograd.
+    sinks = kwargs.get("s_aux")
+    extra = {} if sinks is None else {"sinks": sinks.float().reshape(-1)}
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     window = (-1, -1) if not sliding_window else (int(sliding_window) - 1, -1)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # (B, S, H, D) views, no copy
@@ -71,10 +74,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if packed is not None:
             cu, longest = packed
             out = fa.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, longest, longest, dropout_p=dropout,
-                                            softmax_scale=scaling, causal=causal, window_size=window, softcap=cap)
+                                            softmax_scale=scaling, causal=causal, window_size=window, softcap=cap,
+                                            **extra)
             return out.unsqueeze(0), None
         out = fa.flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window,
-                                 softcap=cap)
+                                 softcap=cap, **extra)
         return out, None
     kv_mask = attention_mask[:, -k.shape[1]:].bool()
     q_mask = kv_mask[:, -q.shape[1]:]
@@ -83,7 +87,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     v_packed = v[kv_mask]
     out_packed = fa.flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_q, cu_k, max(max_q, 1), max(max_k, 1),
                                            dropout_p=dropout, softmax_scale=scaling, causal=causal,
-                                           window_size=window, softcap=cap)
+                                           window_size=window, softcap=cap, **extra)
     out = out_packed.new_zeros(q.shape)
     out[q_mask] = out_packed
     return out, None
