@@ -62,7 +62,7 @@ pub struct BwdParams<'a> {
     /// The forward's attention sinks ([`FwdParams::sinks`](super::FwdParams::sinks)): dQ, dK, dV
     /// see them through the LSE.
     pub sinks: Option<TensorView<1>>,
-    /// The sinks' gradient, fp32 [Hq], overwritten: `-Σ_{b,i} exp(sinks[h] - lse[b,h,i]) ·
+    /// The sinks' gradient, fp32 of Hq elements, overwritten: `-Σ_{b,i} exp(sinks[h] - lse[b,h,i]) ·
     /// delta[b,h,i]`, summed in a fixed order (one more kernel after the others). Needs `sinks`;
     /// `None`: not computed.
     pub dsinks: Option<TensorView<1>>,

@@ -46,7 +46,7 @@ pub struct FwdParams<'a> {
     /// bottom-right mask (unbounded windows for none). fp16/bf16 inputs without dropout, bias or
     /// softcap; the backward needs the same slopes (they get no gradient).
     pub alibi_slopes: Option<TensorView<2>>,
-    /// Attention sinks (gpt-oss): fp32 logits, sizes [Hq]. Each row's softmax normaliser also
+    /// Attention sinks (gpt-oss): fp32 logits, one per query head (sizes = Hq). Each row's softmax normaliser also
     /// counts `exp(sinks[h])` (a "key" with no value, compared with the scaled scores), so the
     /// row's probabilities sum to less than 1, and the LSE includes it; a row that sees no key
     /// gets O = 0 and LSE = `sinks[h]`. fp16/bf16 inputs without dropout, bias, softcap or ALiBi.

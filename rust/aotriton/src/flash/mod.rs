@@ -534,7 +534,7 @@ pub(crate) struct ScoreModifiers<'p> {
     pub softcap: f32,
     /// fp32 slopes, [B or 1, Hq].
     pub alibi_slopes: Option<&'p TensorView<2>>,
-    /// fp32 sink logits, [Hq].
+    /// fp32 sink logits, one per query head.
     pub sinks: Option<&'p TensorView<1>>,
 }
 
