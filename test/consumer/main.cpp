@@ -118,7 +118,7 @@ int main() {
   expect("sm_scale not set", flash::attn_fwd(p, stream), Status::kInvalidArgument);
 
   p = valid_params();
-  p.version = 7;
+  p.version = flash::FwdParams::kVersion + 1;
   expect("params from a newer header", flash::attn_fwd(p, stream), Status::kUnsupportedVersion);
 
   // Training extras (FwdParams version 3).
