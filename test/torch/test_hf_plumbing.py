@@ -62,6 +62,14 @@ class StandIn:
     flash_attn_varlen_func = staticmethod(varlen)
 
 
+def paddings():
+    """(label, attention mask) of a batch of 2 × 24 tokens: none padded, and the second row
+    left-padded by 5."""
+    left = torch.cat([torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 19, dtype=torch.long)], 1)
+    return (("no padding", torch.ones(2, 24, dtype=torch.long)),
+            ("left padding", torch.cat([torch.ones(1, 24, dtype=torch.long), left], 0)))
+
+
 def run(model, ids, mask):
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False)
@@ -82,10 +90,7 @@ def main():
     torch.manual_seed(0)
     model = MistralForCausalLM(cfg).double()
     ids = torch.randint(0, cfg.vocab_size, (2, 24))
-    for label, mask in (("no padding", torch.ones(2, 24, dtype=torch.long)),
-                        ("left padding", torch.cat([torch.ones(1, 24, dtype=torch.long),
-                                                    torch.cat([torch.zeros(1, 5, dtype=torch.long),
-                                                               torch.ones(1, 19, dtype=torch.long)], 1)], 0))):
+    for label, mask in paddings():
         model.set_attn_implementation("sdpa")
         ref = run(model, ids, mask)
         model.set_attn_implementation("aotriton")
@@ -143,10 +148,7 @@ def gpt_oss():
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0.0, 2.0)
     ids = torch.randint(0, cfg.vocab_size, (2, 24))
-    for label, mask in (("no padding", torch.ones(2, 24, dtype=torch.long)),
-                        ("left padding", torch.cat([torch.ones(1, 24, dtype=torch.long),
-                                                    torch.cat([torch.zeros(1, 5, dtype=torch.long),
-                                                               torch.ones(1, 19, dtype=torch.long)], 1)], 0))):
+    for label, mask in paddings():
         model.set_attn_implementation("eager")
         ref = run(model, ids, mask)
         model.set_attn_implementation("aotriton")
