@@ -563,15 +563,14 @@ impl ScoreModifiers<'_> {
         if let Some(sinks) = self.sinks {
             check_tensor("sinks", sinks, [shape.heads_q], DType::F32)?;
         }
-        let on: Vec<&str> = [("softcap", softcap != 0.0), ("alibi_slopes", self.alibi_slopes.is_some()), ("sinks", self.sinks.is_some())]
+        // The modifiers that are on, without allocating (this runs on every launch).
+        let mut on = [("softcap", softcap != 0.0), ("alibi_slopes", self.alibi_slopes.is_some()), ("sinks", self.sinks.is_some())]
             .into_iter()
-            .filter_map(|(name, on)| on.then_some(name))
-            .collect();
-        let what = match on.as_slice() {
-            [] => return Ok(()),
-            [one] => *one,
-            [a, b, ..] => bail!(InvalidArgument, "{a} and {b} are not built together: pass one or the other"),
-        };
+            .filter_map(|(name, on)| on.then_some(name));
+        let Some(what) = on.next() else { return Ok(()) };
+        if let Some(other) = on.next() {
+            bail!(InvalidArgument, "{what} and {other} are not built together: pass one or the other");
+        }
         if !matches!(dtype, DType::F16 | DType::BF16) {
             bail!(UnsupportedDType, "{what} takes fp16 or bf16 inputs, not {}", dtype.triton_name());
         }
