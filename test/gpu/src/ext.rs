@@ -789,17 +789,20 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         (Some(sz), Some(vals)) => Some(DevTensor::new(contiguous(sz), Some(&enc(vals)), E::POISON, stream)?),
         _ => None,
     };
+    // fp32 inputs travel as their bits, like every other tensor here: NaN poison compares unequal
+    // to itself, bits do not.
+    let f32_bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let slopes = c.alibi_slopes();
     let alibi_dev = match &slopes {
-        Some((rows, vals)) => Some(DevTensor::new(contiguous([*rows, hq]), Some(vals), f32::NAN, stream)?),
+        Some((rows, vals)) => Some(DevTensor::new(contiguous([*rows, hq]), Some(&f32_bits(vals)), POISON32, stream)?),
         None => None,
     };
     let sinks_dev = match &c.sinks {
-        Some(logits) => Some(DevTensor::new(contiguous([hq]), Some(logits), f32::NAN, stream)?),
+        Some(logits) => Some(DevTensor::new(contiguous([hq]), Some(&f32_bits(logits)), POISON32, stream)?),
         None => None,
     };
     let dsinks_dev = match &c.sinks {
-        Some(_) => Some(DevTensor::new(contiguous([hq]), None, f32::NAN, stream)?),
+        Some(_) => Some(DevTensor::new(contiguous([hq]), None, POISON32, stream)?),
         None => None,
     };
     let dbias_dev = match bias_sizes {
@@ -935,6 +938,10 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         Some(t) => t.read(stream)?,
         None => Vec::new(),
     };
+    let dsinks_bits = match &dsinks_dev {
+        Some(t) => t.read(stream)?,
+        None => Vec::new(),
+    };
     // Inputs of the backward unchanged.
     let mut changed = Vec::new();
     for (name, dev, want) in [
@@ -991,6 +998,9 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
             if let Some(t) = &dbias_dev {
                 t.restore(st)?;
             }
+            if let Some(t) = &dsinks_dev {
+                t.restore(st)?;
+            }
             if let Err(e) = flash::attn_bwd(&bp, Stream::from_raw(st as usize)) {
                 let _ = unsafe { result::stream::destroy(second) };
                 return fail(format!("attn_bwd (rerun {run}) returned {e}"));
@@ -1001,6 +1011,9 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
             }
             if let Some(t) = &dbias_dev {
                 same &= t.read(st)? == dbias_bits;
+            }
+            if let Some(t) = &dsinks_dev {
+                same &= t.read(st)? == dsinks_bits;
             }
             differing += !same as usize;
         }
@@ -1070,7 +1083,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         checks.push(Bounded::with_floor("dBias", &got, &want, &naive, k_g, floor, true));
     }
     if let Some(t) = &dsinks_dev {
-        let got: Vec<f64> = t.read(stream)?.into_iter().map(f64::from).collect();
+        let got: Vec<f64> = t.logical(&dsinks_bits).into_iter().map(|b| f64::from(f32::from_bits(b))).collect();
         checks.push(Bounded::with_floor("dSinks", &got, &ex.dsinks, &nv.dsinks, k_g, floor, true));
     }
     let (lg, le, ln) = live(&lse, &ex.lse, &nv.lse);
@@ -1143,6 +1156,9 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         + delta_dev.stray(&delta_bits);
     if let Some(t) = &dbias_dev {
         stray += t.stray(&dbias_bits);
+    }
+    if let Some(t) = &dsinks_dev {
+        stray += t.stray(&dsinks_bits);
     }
     if c.varlen.is_some() {
         let tail = |logical: Vec<E>, exact: &[f64]| {
