@@ -24,7 +24,8 @@ Vocabulary
   ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), ``alibi``
   (``kernels/flash/alibi.py``) and ``sinks`` (``attn_fwd`` only: attention sinks,
   ``kernels/flash/sinks.py``; their gradient is ``attn_bwd_dsink``'s): *optional* axes,
-  compiled for fp16/bf16 without dropout, bias or each other only, and present in a
+  compiled for fp16/bf16 without dropout, bias or each other only, up to head dim 256
+  (``OPTIONAL_AXES_MAX_HEAD_DIM``; fp32 too stops at 256: ``FP32_MAX_HEAD_DIM``), and present in a
   functional (and its kernel ids) only when on, so every other functional's id and
   tuning entry stay what they were.  Masks (causal either alignment, sliding windows,
   none) and varlen batches are runtime arguments of every kernel.
@@ -120,8 +121,9 @@ DTYPES = ["fp16", "bf16", "fp32"]
 #: fp32 dots in TF32 (True) or IEEE (False); True exists only for fp32 (see ``functionals``).
 TF32 = [False, True]
 #: Head-dim buckets compiled (powers of two).  The runtime passes the real head
-#: dim ``D_HEAD`` (a multiple of 8) and picks the smallest bucket >= D_HEAD.
-HEAD_DIMS = [16, 32, 64, 128, 256]
+#: dim ``D_HEAD`` (a multiple of 8) and picks the smallest bucket >= D_HEAD.  512 serves 264..512
+#: in fp16/bf16 (``HD512``: one small config per functional, what registers and shared memory allow).
+HEAD_DIMS = [16, 32, 64, 128, 256, 512]
 DROPOUT = [False, True]
 BIAS = [False, True]
 #: Logit soft-capping; an optional axis (``OPTIONAL_AXES``): absent from a functional means off.
@@ -134,6 +136,11 @@ SINKS = [False, True]
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
 OPTIONAL_AXES = ("softcap", "alibi", "sinks")
+#: The optional axes are compiled up to this head dim (no model in use pairs them with a larger
+#: one; each would add its functionals at 512 to every arch's build).
+OPTIONAL_AXES_MAX_HEAD_DIM = 256
+#: fp32 is compiled up to this head dim (``HD512`` says why).
+FP32_MAX_HEAD_DIM = 256
 #: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
 #: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
 #: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
@@ -428,6 +435,33 @@ def _amd(bm, bn, waves_per_eu):
     return _cfg(bm, bn, 4, 1, waves_per_eu)
 
 
+# Head dim 512 (D_HEAD 264..512), fp16/bf16: one config per family for every functional (dropout
+# and bias too). Picked from ptxas -v (sm_90) and the AMD compile (no scratch on gfx942), not timed:
+# the [BLOCK, 512] fp32 accumulators and the 16-bit tiles held in registers leave 16-32 rows per
+# program. sm_90 registers per thread (aligned / generic; without dropout and bias no spills, with
+# them up to 40 bytes per thread, dQ with dropout 464 / 520), shared memory:
+#   attn_fwd 32x32, 8 warps, 2 stages: 188 / 255, 98 KiB;  dK/dV 16x16, 8 warps: 179 / 224, 64 KiB;
+#   dQ 16x16, 8 warps: 255 / 252, 64 KiB;                  dBias 16x16, 8 warps: 112 / 201, 64 KiB.
+# sm_80 (163 KiB of shared memory) takes the same tiles. AMD: the forward 32x16, the rest 16x16, 4
+# waves, waves_per_eu 1 (the whole register file), within gfx90a/gfx942's 64 KiB of LDS.
+# fp32 stops at 256 (``FP32_MAX_HEAD_DIM``): its backward holds K, V, dK and dV in fp32, which at
+# 16x16 spills on sm_90 (2 KiB per thread) and needs scratch on gfx942 (124 VGPRs spilled with 4
+# waves, 230 with 8), which the AMD kernels may not use.
+HD512 = {
+    "cuda": {"attn_fwd": _cfg(32, 32, 8, 2), "attn_bwd_dkdv": _cfg(16, 16, 8, 1), "attn_bwd_dq": _cfg(16, 16, 8, 1),
+             "attn_bwd_dbias": _cfg(16, 16, 8, 1)},
+    "hip": {"attn_fwd": _amd(32, 16, 1), "attn_bwd_dkdv": _amd(16, 16, 1), "attn_bwd_dq": _amd(16, 16, 1),
+            "attn_bwd_dbias": _amd(16, 16, 1)},
+}
+
+
+def _hd512(family: str, arch: str, functional: dict[str, Any]) -> list[dict[str, int]] | None:
+    """The head-dim-512 config of ``family`` (``HD512``), or None below 512."""
+    if functional["head_dim"] != 512:
+        return None
+    return [HD512[TARGETS[arch][0]][family]]
+
+
 def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """Forward configs per (functional, arch), largest BLOCK_M first.
 
@@ -439,6 +473,8 @@ def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, i
     smaller config (twice the bytes per element in shared memory and registers).
     AMD archs: ``_amd_attn_fwd_configs``.  The tuning database will replace these picks.
     """
+    if (hd512 := _hd512("attn_fwd", arch, functional)) is not None:
+        return hd512
     hd = functional["head_dim"]
     if TARGETS[arch][0] == "hip":
         return _amd_attn_fwd_configs(functional)
@@ -520,6 +556,8 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
     CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
     fp32 keeps the four ``[BLOCK_N, HEAD_DIM]`` register tiles at the 16-bit element count or below.
     """
+    if (hd512 := _hd512("attn_bwd_dkdv", arch, functional)) is not None:
+        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -549,6 +587,8 @@ def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
 
     CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
     """
+    if (hd512 := _hd512("attn_bwd_dq", arch, functional)) is not None:
+        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -576,6 +616,8 @@ def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[
 
     Not timed: dBias is a secondary path.
     """
+    if (hd512 := _hd512("attn_bwd_dbias", arch, functional)) is not None:
+        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -609,10 +651,11 @@ def _fits(arch: str, functional: dict[str, Any], tiles: int, rows: int) -> bool:
 def _candidates(arch, functional, heuristic, shapes, streamed, resident):
     """The heuristic's configs, then those of ``shapes`` ((BLOCK_M, BLOCK_N, warps, stages)) whose
     shared memory fits: two ``streamed`` tiles ("m": BLOCK_M rows, "n": BLOCK_N rows) per stage and
-    ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs, and softcap functionals
-    (the tuner has no capped reference yet): the heuristic's."""
+    ``resident`` = (tiles, "m" or "n") held for the whole program. AMD archs, the optional axes'
+    functionals (the tuner has no reference with them yet) and head dim 512 (``HD512``: the one
+    config that fits the registers): the heuristic's."""
     out = list(heuristic(arch, functional))
-    if TARGETS[arch][0] != "cuda" or _optional_on(functional):
+    if TARGETS[arch][0] != "cuda" or _optional_on(functional) or functional["head_dim"] > 256:
         return out
     for bm, bn, w, st in shapes:
         rows = {"m": bm, "n": bn}
@@ -814,8 +857,8 @@ def family(name: str) -> Family:
 
 def functionals(family: Family) -> list[dict[str, Any]]:
     """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``;
-    ``softcap=True`` only for fp16/bf16 without dropout and bias; an ``OPTIONAL_AXES`` axis that is off
-    left out."""
+    fp32 up to ``FP32_MAX_HEAD_DIM``; an ``OPTIONAL_AXES`` axis on only for fp16/bf16 without dropout
+    and bias, one at a time, up to ``OPTIONAL_AXES_MAX_HEAD_DIM``, and left out when off."""
     out = [{}]
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
@@ -823,6 +866,8 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     # The optional axes (softcap, alibi, sinks): 16-bit, without dropout, bias or each other.
     out = [f for f in out if not (_optional_on(f) and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
     out = [f for f in out if sum(bool(f.get(a)) for a in OPTIONAL_AXES) <= 1]
+    out = [f for f in out if not (_optional_on(f) and f.get("head_dim", 0) > OPTIONAL_AXES_MAX_HEAD_DIM)]
+    out = [f for f in out if not (f["dtype"] == "fp32" and f.get("head_dim", 0) > FP32_MAX_HEAD_DIM)]
     return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
 
 

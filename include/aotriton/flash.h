@@ -56,7 +56,7 @@ struct FwdParams {
   uint32_t version = kVersion;
 
   // -- version 1 --
-  TensorView<4> q;    // B x Hq x Sq x D, fp16, bf16 (or fp32 since version 3); D % 8 == 0, <= 256
+  TensorView<4> q;    // B x Hq x Sq x D, fp16, bf16 (or fp32 since version 3); D % 8 == 0, <= 256 (<= 512 for fp16/bf16)
   TensorView<4> k;    // B x Hk x Sk x D, same dtype; Hq a multiple of Hk (GQA, MQA)
   TensorView<4> v;    // B x Hk x Sk x D, same dtype
   TensorView<4> o;    // B x Hq x Sq x D output, same dtype

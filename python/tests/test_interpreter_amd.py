@@ -28,7 +28,7 @@ from philox_model import keep_mask, threshold  # noqa: E402
 
 HIP_ARCHS = [a for a, (backend, _, _) in rules.TARGETS.items() if backend == "hip"]
 #: A real head dim inside each bucket (a multiple of 8, below the bucket where one exists: padding masked).
-HEAD_DIM_IN_BUCKET = {16: 8, 32: 24, 64: 40, 128: 96, 256: 200}
+HEAD_DIM_IN_BUCKET = {16: 8, 32: 24, 64: 40, 128: 96, 256: 200, 512: 392}
 MASKS = [ti.Mask("causal"), ti.Mask("window", 13, 7, align="br"), ti.Mask(), ti.Mask("causal", align="br"),
          ti.Mask("window", 40, 0)]
 BIAS_BROADCASTS = ["", "h", "m", "bhm"]

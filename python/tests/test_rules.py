@@ -9,21 +9,24 @@ import rules
 
 #: (dtype, tf32) pairs: fp16, bf16, fp32-ieee, fp32-tf32.
 _DT = 4
-#: Softcap and ALiBi functionals (each): 16-bit without dropout and bias, every head dim.
+#: Head-dim buckets: 16..256 for every (dtype, tf32), and 512 for fp16/bf16 (``_DT * 5 + 2``
+#: (dtype, tf32, head_dim) triples); the optional axes stop at 256.
+_DTHD = _DT * 5 + 2
+#: Softcap and ALiBi functionals (each): 16-bit without dropout and bias, head dims up to 256.
 _SOFTCAP = 2 * 5 * 2
-#: Attention-sink functionals (attn_fwd only): 16-bit without dropout and bias, every head dim.
+#: Attention-sink functionals (attn_fwd only): 16-bit without dropout and bias, head dims up to 256.
 _SINKS = 2 * 5
 FAMILY_COUNTS_SM90 = {
-    # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias 2 aligned + 1 generic,
-    # everything else (softcap too) 1 aligned + 1 generic
-    "attn_fwd": 2 * 5 * 3 + (_DT * 5 * 4 - 2 * 5 + _SOFTCAP + _SINKS) * 2,
+    # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias up to hd256
+    # 2 aligned + 1 generic, everything else (the optional axes and hd512 too) 1 aligned + 1 generic
+    "attn_fwd": 2 * 5 * 3 + (_DTHD * 4 - 2 * 5 + _SOFTCAP + _SINKS) * 2,
     # dtype x head_dim x (1 aligned + 1 generic)
-    "attn_bwd_preprocess": 3 * 5 * 2,
+    "attn_bwd_preprocess": (3 * 5 + 2) * 2,
     # (dtype, tf32) x head_dim x dropout x bias (+ softcap) x (1 aligned + 1 generic)
-    "attn_bwd_dkdv": (_DT * 5 * 4 + _SOFTCAP) * 2,
-    "attn_bwd_dq": (_DT * 5 * 4 + _SOFTCAP) * 2,
+    "attn_bwd_dkdv": (_DTHD * 4 + _SOFTCAP) * 2,
+    "attn_bwd_dq": (_DTHD * 4 + _SOFTCAP) * 2,
     # (dtype, tf32) x head_dim x dropout x (1 aligned + 1 generic)
-    "attn_bwd_dbias": _DT * 5 * 2 * 2,
+    "attn_bwd_dbias": _DTHD * 2 * 2,
     # one fp32 functional (1 aligned + 1 generic)
     "attn_bwd_dsink": 2,
     "debug_dropout_mask": 2,
@@ -31,9 +34,9 @@ FAMILY_COUNTS_SM90 = {
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3}
-FUNCTIONALS = {"attn_fwd": _DT * 5 * 4 + _SOFTCAP + _SINKS, "attn_bwd_preprocess": 3 * 5,
-               "attn_bwd_dkdv": _DT * 5 * 4 + _SOFTCAP, "attn_bwd_dq": _DT * 5 * 4 + _SOFTCAP,
-               "attn_bwd_dbias": _DT * 5 * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
+FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS, "attn_bwd_preprocess": 3 * 5 + 2,
+               "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP,
+               "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
 
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
                    "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
@@ -150,9 +153,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                          ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dbias",
                           "attn_bwd_dsink", "debug_dropout_mask"])
         self.assertEqual(rules.FAMILIES, rules.PORTABLE_FAMILIES + rules.GLUON_FAMILIES)
-        self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256])
+        self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256, 512])
         axes = {f.name: f.axes for f in rules.FAMILIES}
-        full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256],
+        full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256, 512],
                 "dropout": [False, True], "bias": [False, True], "softcap": [False, True], "alibi": [False, True]}
         for name in ("attn_bwd_dkdv", "attn_bwd_dq"):
             self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap", "alibi"],
@@ -197,7 +200,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
                 two = (key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
-                       and not any(fn.get(a) for a in rules.OPTIONAL_AXES))
+                       and not any(fn.get(a) for a in rules.OPTIONAL_AXES) and fn["head_dim"] <= 256)
                 self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
@@ -290,7 +293,22 @@ class EnumerateKernelsTest(unittest.TestCase):
             rules.parse_arch_list("sm_90;gfx1100")
         self.assertEqual(rules.parse_arch_list("sm_90; sm_80;sm_90"), ["sm_90", "sm_80"])
 
+    def test_head_dim_512(self):
+        # fp16/bf16 only, without the optional axes, one HD512 config (aligned + generic) per functional.
+        for arch in rules.TARGETS:
+            specs = [s for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES) if "-hd512-" in s.id]
+            self.assertEqual(len(specs), 2 * sum(1 for f in rules.PORTABLE_FAMILIES for fn in rules.functionals(f)
+                                                 if fn.get("head_dim") == 512), arch)
+            for s in specs:
+                self.assertNotIn("fp32", s.id)
+                self.assertFalse(any(f"-{a}1-" in s.id for a in rules.OPTIONAL_AXES), s.id)
+                if s.family != "attn_bwd_preprocess":
+                    want = rules.HD512[rules.TARGETS[arch][0]][s.family]
+                    self.assertEqual({k: s.config[k] for k in want}, want, s.id)
+        self.assertEqual(rules.FP32_MAX_HEAD_DIM, 256)
+
     def test_head_dims_drive_count(self):
+        full = rules.enumerate_kernels("sm_90", rules.PORTABLE_FAMILIES)
         patches = [mock.patch.dict(f.axes, {"head_dim": [64, 128]}) for f in rules.PORTABLE_FAMILIES
                    if "head_dim" in f.axes]
         for p in patches:
@@ -301,7 +319,10 @@ class EnumerateKernelsTest(unittest.TestCase):
             for p in patches:
                 p.stop()
         fixed = FAMILY_COUNTS_SM90["debug_dropout_mask"] + FAMILY_COUNTS_SM90["attn_bwd_dsink"]  # no head_dim axis
-        self.assertEqual(len(specs), (sum(FAMILY_COUNTS_SM90.values()) - fixed) * 2 // 5 + fixed)
+        # Exactly the kernels of those two buckets, and those without a head-dim axis.
+        kept = [s for s in full if "-hd64-" in s.id or "-hd128-" in s.id]
+        self.assertEqual(len(specs), len(kept) + fixed)
+        self.assertEqual(sorted(s.id for s in specs if "-hd" in s.id), sorted(s.id for s in kept))
         self.assertFalse(any("-hd256-" in s.id for s in specs))
 
     def test_tf32_off_where_unsupported(self):

@@ -76,7 +76,8 @@ def test_dense():
                 (2, 8, 2, 200, 555, 64, True, (-1, -1), None),      # bottom-right causal, Sq < Sk
                 (1, 4, 4, 300, 300, 128, False, (64, 16), 0.1),     # sliding window both sides
                 (1, 4, 1, 257, 257, 80, True, (100, -1), None),     # MQA, window with causal
-                (2, 2, 2, 99, 131, 100, False, (-1, -1), None)):    # head dim 100: padded to 104
+                (2, 2, 2, 99, 131, 100, False, (-1, -1), None),     # head dim 100: padded to 104
+                (1, 4, 2, 97, 130, 300, True, (-1, -1), None)):     # head dim 300: padded to 304, bucket 512
             compare_dense(dtype, *case)
 
 

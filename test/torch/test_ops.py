@@ -113,12 +113,13 @@ def sdpa_case(dtype, b, hq, hk, sq, sk, d, causal=False, scale=None, label=""):
 
 def test_dtypes_and_head_dims():
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        for d in (8, 40, 64, 72, 128, 256):
+        for d in (8, 40, 64, 72, 128, 256, 264, 512):
             sdpa_case(dtype, 2, 3, 3, 67, 91, d)
         for d in (64, 128):
             sdpa_case(dtype, 2, 4, 4, 128, 128, d, causal=True)
     sdpa_case(torch.bfloat16, 1, 2, 2, 300, 1000, 64)  # long keys, several blocks
     sdpa_case(torch.float16, 3, 2, 2, 1, 77, 128)      # one query (decode-like)
+    sdpa_case(torch.bfloat16, 2, 4, 2, 130, 200, 384, causal=True, label=" GQA")  # bucket 512
 
 
 def test_causal_scale_gqa():
@@ -618,8 +619,8 @@ def test_errors():
     sdpa = A.scaled_dot_product_attention
     expect_error("error: head dim 100", lambda: sdpa(t(1, 2, 8, 100), t(1, 2, 8, 100), t(1, 2, 8, 100)),
                  NotImplementedError, "aotriton: head dim 100 is not a multiple of 8")
-    expect_error("error: head dim 264", lambda: sdpa(t(1, 2, 8, 264), t(1, 2, 8, 264), t(1, 2, 8, 264)),
-                 NotImplementedError, "head dim 264")
+    expect_error("error: head dim 520", lambda: sdpa(t(1, 2, 8, 520), t(1, 2, 8, 520), t(1, 2, 8, 520)),
+                 NotImplementedError, "head dim 520 is above 512")
     expect_error("error: float64", lambda: sdpa(*(t(1, 2, 8, 64, dtype=F64) for _ in range(3))),
                  NotImplementedError, "float64")
     expect_error("error: cpu tensors", lambda: sdpa(*(t(1, 2, 8, 64, dtype=torch.float32, dev="cpu") for _ in range(3))),

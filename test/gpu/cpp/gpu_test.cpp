@@ -369,6 +369,9 @@ std::vector<Case> make_cases() {
   nolse.fwd_without_lse = true;
   out.push_back(nolse);
   out.push_back(bwd_case(Lowp::kF16, 24, 8, 4, 1, 513, 77, L::kBshd, false, BR, 3, -1));   // (l, -1)
+  // Head dims above 256 (bucket 512, the portable kernels under every backend).
+  out.push_back(bwd_case(Lowp::kBF16, 512, 4, 2, 1, 131, 200, L::kBshd, true, BR, -1, -1));  // GQA, causal BR
+  out.push_back(bwd_case(Lowp::kF16, 264, 2, 2, 1, 97, 61, L::kPadded, false, TL, 16, 5));   // window, empty rows
   // Logit soft-capping: a saturating cap with GQA and causal BR, Gemma 2's 50 with a window.
   Case capped = bwd_case(Lowp::kBF16, 128, 8, 2, 1, 250, 250, L::kBshd, true, BR, -1, -1);
   capped.softcap = 4.0f;

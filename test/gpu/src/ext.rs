@@ -389,6 +389,14 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
         ext(h16, 72, 6, 3, 2, 131, 77, causal_tl).sinks(&[0.25, 0.5, 1.0, 2.0, 4.0, 8.0]),
         packed(b16, 96, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_br, true).sinks(&[0.0, 1.0, -1.0, 2.0, -2.0, 3.0]),
         ext(h16, 128, 4, 2, 1, 129, 250, none).sinks(&[3.0, 3.0, -3.0, 0.0]).det(),
+        // Head dims 264..512 (bucket 512, fp16/bf16): dropout, bias patterns with masks, a packed
+        // batch with dropout and bias, deterministic.
+        ext(b16, 512, 4, 2, 1, 97, 131, causal_br).dropout(0.2),
+        ext(h16, 264, 4, 2, 2, 131, 97, mk(16, 5, false)).bias([f, t, t]).bshd(),
+        ext(b16, 384, 2, 1, 1, 61, 200, none).bias([t, t, f]).dropout(0.3),
+        packed(h16, 512, 4, 2, &[31, 0, 97, 1], &[45, 13, 97, 0], causal_tl, true),
+        packed(b16, 320, 2, 1, &[61, 1, 40], &[97, 30, 0], none, false).bias([f, f, f]).dropout(0.1),
+        ext(b16, 512, 4, 2, 1, 129, 131, none).det(),
     ]
 }
 

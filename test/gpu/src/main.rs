@@ -1,7 +1,7 @@
 //! GPU correctness test of the aotriton Rust API: `flash::attn_fwd` and `flash::attn_bwd`.
 //!
 //! A fixed, deterministic list of cases (see `cases()`; `--list` prints it with a coverage table)
-//! covers head dims 8..256, GQA ratios 1/2/4/8 and MQA, Sq ≠ Sk both ways with lengths 1 and odd
+//! covers head dims 8..512, GQA ratios 1/2/4/8 and MQA, Sq ≠ Sk both ways with lengths 1 and odd
 //! primes, every mask kind (none, causal top-left / bottom-right, sliding windows of both
 //! alignments, windows wider than the sequence, rows that see no key), fp16 and bf16, contiguous,
 //! B×S×H×D-as-B×H×S×D, padded-row and 2-byte-misaligned layouts, and forwards without LSE.
@@ -9,7 +9,7 @@
 //!   1. (some cases) the forward with `lse: None`: the LSE buffer must stay untouched;
 //!   2. the forward with LSE into NaN-poisoned O / LSE;
 //!   3. the backward with random dO (never 0) into NaN-poisoned dQ / dK / dV / delta;
-//!   4. (5 cases) the backward 9 more times: dQ / dK / dV must be bitwise identical each time.
+//!   4. (6 cases) the backward 9 more times: dQ / dK / dV must be bitwise identical each time.
 //!
 //! Every output element is compared against a float64 CPU reference (reference.rs). The error
 //! allowed per tensor is scaled by the error of the same math done naively in the input precision:
@@ -361,6 +361,13 @@ fn cases() -> Vec<Case> {
     out.push(special(BF16, 64, 2, 2, 1, 1024, 1024, m(-1, 0, false), QMisaligned, false));
     out.push(special(F16, 64, 2, 1, 1, 1024, 1024, m(-1, -1, false), Padded, false));
     out.push(special(BF16, 128, 1, 1, 1, 1024, 1024, m(-1, 0, false), Padded, false));
+    // Head dims above 256 (bucket 512, the portable kernels under every backend): the bucket's
+    // ends and between, GQA and MQA, every layout, rows without keys, Sq = 1, determinism.
+    out.push(special(BF16, 512, 4, 2, 1, 251, 251, m(-1, 0, true), Bshd, false));
+    out.push(special(F16, 264, 3, 3, 1, 97, 97, m(16, 5, false), Padded, false));
+    out.push(special(BF16, 320, 4, 1, 1, 509, 31, m(-1, 0, true), QMisaligned, false)); // MQA, empty rows
+    out.push(special(F16, 512, 2, 2, 2, 1, 251, m(-1, 0, true), Bhsd, false));
+    out.push(special(BF16, 448, 4, 2, 1, 131, 97, m(-1, -1, false), Bhsd, true));
     out
 }
 
@@ -1730,7 +1737,7 @@ mod tests {
     fn quick_list_covers_the_kernels() {
         let quick = quick_cases(&cases());
         assert!(quick.len() <= 20, "{}", quick.len());
-        for b in [16, 32, 64, 128, 256] {
+        for b in [16, 32, 64, 128, 256, 512] {
             assert!(quick.iter().any(|c| bucket(c.head_dim) == b), "bucket {b}");
         }
         for l in [Layout::Bhsd, Layout::Bshd, Layout::Padded, Layout::QMisaligned] {

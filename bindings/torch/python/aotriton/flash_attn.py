@@ -5,7 +5,7 @@
 Names, argument order, defaults, layouts and results are FlashAttention-2's (``flash_attn``
 2.x, ``flash_attn_interface``): q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hk, D)`` (Hq a multiple of Hk);
 packed ``(total, H, D)`` with int32 ``cu_seqlens``; fp16 or bf16 (fp32 too); any head dim up to
-256 (dims that are not multiples of 8 are zero-padded, as FlashAttention does). ``causal`` and
+512 (dims that are not multiples of 8 are zero-padded, as FlashAttention does). ``causal`` and
 ``window_size=(left, right)`` are aligned bottom-right (query i of Sq sees key j iff
 ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, -1 unbounded; ``causal`` sets right to 0).
 ``softmax_scale`` defaults to ``1/sqrt(D)``; ``dropout_p`` draws from torch's CUDA generator;
@@ -51,7 +51,7 @@ def _padded(q, k, v, softmax_scale):
     true head dim."""
     d = q.size(-1)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    if d % 8 == 0 or d > 256:
+    if d % 8 == 0 or d > aot._MAX_HEAD_DIM:
         return q, k, v, scale, d
     pad = 8 - d % 8
     return (*(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v)), scale, d)

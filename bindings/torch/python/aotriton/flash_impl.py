@@ -23,7 +23,7 @@ CUDA generator, its (seed, offset) returned as the uint64[2] ``rng_state`` the b
 sliced ones (context parallel) are used as passed.
 
 What aotriton does not serve raises ``NotImplementedError`` naming it (``return_debug_mask``,
-``alibi_slopes``, ``seqused_k``, head dims that are not multiples of 8 or above 256, dtypes other
+``alibi_slopes``, ``seqused_k``, head dims that are not multiples of 8 or above 512, dtypes other
 than fp16/bf16/fp32), like torch's FA3/FA4 implementations; nothing is launched.
 ``restore_flash_attention_impl()`` brings torch's kernel back for such inputs. Activate before
 the forward: a backward whose forward ran on torch's kernel with dropout would regenerate another
@@ -72,9 +72,9 @@ def _check_inputs(op, query, key, value):
         if t.dtype != query.dtype:
             raise RuntimeError(f"aotriton flash attention ({op}): query and {name} dtypes differ "
                                f"({query.dtype}, {t.dtype})")
-    d = query.size(-1)
-    if d % 8 != 0 or d == 0 or d > 256:
-        _unsupported(op, f"head dim {d} (multiples of 8 up to 256 are)")
+    d, largest = query.size(-1), _aot()._MAX_HEAD_DIM
+    if d % 8 != 0 or d == 0 or d > largest:
+        _unsupported(op, f"head dim {d} (multiples of 8 up to {largest} are)")
     if value.size(-1) != d or key.size(-1) != d:
         _unsupported(op, f"head dims {d}, {key.size(-1)}, {value.size(-1)} (they must be equal)")
 

@@ -54,7 +54,9 @@ __all__ = [
 _torch_sdpa = torch.nn.functional.scaled_dot_product_attention
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_HEAD_DIM = 256
+#: The largest head-dim bucket the library compiles (python/rules.py HEAD_DIMS); head dims above 256
+#: run on the portable kernels under every backend.
+_MAX_HEAD_DIM = 512
 _load_error = None
 
 
@@ -360,7 +362,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """``torch.nn.functional.scaled_dot_product_attention`` computed by aotriton.
 
     query ``(B, Hq, Sq, D)``, key/value ``(B, Hk, Sk, D)`` (or 3-D without the batch), any strides
-    (a non-unit last stride costs a copy); fp16, bf16 or fp32; D a multiple of 8 up to 256.
+    (a non-unit last stride costs a copy); fp16, bf16 or fp32; D a multiple of 8 up to 512.
     ``attn_mask``: bool (True = take part) or float (added to the scores), broadcastable to
     ``(B, Hq, Sq, Sk)``; a float mask that requires grad gets its gradient in its own shape.
     ``is_causal``: query i sees keys j <= i (top-left, as torch). ``scale``: default 1/sqrt(D).

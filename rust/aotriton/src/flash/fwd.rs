@@ -699,13 +699,13 @@ pub(crate) mod tests {
         let mut p = valid();
         p.q.ptr = 0x10001;
         assert!(validate(&p).unwrap_err().message().contains("0x10001"));
-        let err = validate(&with_head_dim(valid(), 264)).unwrap_err();
-        assert!(err.message().contains("264") && err.message().contains("256"), "{err}");
+        let err = validate(&with_head_dim(valid(), 520)).unwrap_err();
+        assert!(err.message().contains("520") && err.message().contains("512"), "{err}");
     }
 
     #[test]
     fn head_dims_map_to_the_smallest_bucket() {
-        for (d, bucket) in [(8, 16), (16, 16), (24, 32), (40, 64), (64, 64), (72, 128), (128, 128), (136, 256), (256, 256)] {
+        for (d, bucket) in [(8, 16), (16, 16), (24, 32), (40, 64), (64, 64), (72, 128), (128, 128), (136, 256), (256, 256), (264, 512), (512, 512)] {
             let (shape, _) = validate(&with_head_dim(valid(), d)).unwrap();
             assert_eq!(shape.head_dim_bucket, bucket, "head dim {d}");
         }
@@ -800,7 +800,7 @@ pub(crate) mod tests {
     fn every_compiled_functional_is_found() {
         let loaded = images::archive_for(images::built_archs()[0]).unwrap();
         for (dtype, tf32) in [(DType::F16, false), (DType::BF16, false), (DType::F32, false), (DType::F32, true)] {
-            for d in [8, 24, 40, 64, 72, 128, 160, 256] {
+            for d in [8, 24, 40, 64, 72, 128, 160, 256, 264, 512] {
                 for (dropout, with_bias) in [(false, false), (true, false), (false, true), (true, true)] {
                     let mut p = sized(1, 1, 16, d);
                     for t in [&mut p.q, &mut p.k, &mut p.v, &mut p.o] {
@@ -812,7 +812,14 @@ pub(crate) mod tests {
                     let (shape, _) = validate(&p).unwrap();
                     let axes = functional_axes(&p, &shape);
                     let request = Request { family: "attn_fwd", axes: axes.as_slice().unwrap(), args: &[] };
-                    dispatch::find_functional(&loaded, &request).unwrap_or_else(|e| panic!("{e}"));
+                    let found = dispatch::find_functional(&loaded, &request);
+                    if dtype == DType::F32 && d > 256 {
+                        // fp32 stops at head dim 256 (rules.FP32_MAX_HEAD_DIM): the error names the call.
+                        let err = found.err().unwrap_or_else(|| panic!("fp32 head dim {d} found"));
+                        assert!(err.message().contains("fp32") && err.message().contains("512"), "{err}");
+                    } else {
+                        found.unwrap_or_else(|e| panic!("{e}"));
+                    }
                 }
             }
         }

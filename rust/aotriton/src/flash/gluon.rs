@@ -640,8 +640,8 @@ mod tests {
         let ws = p.workspace.unwrap();
         let rows = B * HQ * 384;
         assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4)));
-        // Head dims above 128: the bucket 256 (bwd_wide.py), its workspace sized by it (the API refuses
-        // head dims above 256 before any backend).
+        // Head dims above 128: the bucket 256 (bwd_wide.py), its workspace sized by it (above 256 the
+        // Gluon backend refuses the call: the portable kernels serve it).
         let p = bwd(200, DType::BF16);
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
         let g = bwd_inputs(&p, &shape).unwrap();

@@ -2,7 +2,8 @@
 //!
 //! Layouts: Q is B×Hq×Sq×D, K and V are B×Hk×Sk×D, with Hq a multiple of Hk (GQA; Hk = 1 is
 //! MQA). Any element strides whose last stride is 1 work, so both B×H×S×D and B×S×H×D memory can
-//! be passed as views. D is any multiple of 8 up to 256. Inputs are fp16, bf16 or fp32 (fp32
+//! be passed as views. D is any multiple of 8 up to 256, and up to 512 in fp16/bf16 (above 256
+//! on the portable kernels, without softcap, ALiBi or sinks). Inputs are fp16, bf16 or fp32 (fp32
 //! matrix products are IEEE fp32 unless `allow_tf32` asks for TF32).
 //!
 //! The log-sum-exp (`lse`, B×Hq×Sq fp32, unit last stride) holds, per query row, the natural-log
