@@ -333,7 +333,7 @@ pub(crate) mod tests {
             ("last stride", Box::new(|p| p.q.strides[3] = 2), ErrorKind::BadStrides),
             ("lse last stride", Box::new(|p| p.lse.as_mut().unwrap().strides[2] = 2), ErrorKind::BadStrides),
             ("head dim 20", Box::new(|p| *p = with_head_dim(*p, 20)), ErrorKind::UnsupportedHeadDim),
-            ("head dim 264", Box::new(|p| *p = with_head_dim(*p, 264)), ErrorKind::UnsupportedHeadDim),
+            ("head dim 520", Box::new(|p| *p = with_head_dim(*p, 520)), ErrorKind::UnsupportedHeadDim),
             ("q null", Box::new(|p| p.q.ptr = 0), ErrorKind::NullPointer),
             ("lse null", Box::new(|p| p.lse.as_mut().unwrap().ptr = 0), ErrorKind::NullPointer),
             ("v misaligned", Box::new(|p| p.v.ptr += 1), ErrorKind::MisalignedPointer),
