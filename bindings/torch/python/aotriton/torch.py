@@ -57,6 +57,8 @@ _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The largest head-dim bucket the library compiles (python/rules.py HEAD_DIMS); head dims above 256
 #: run on the portable kernels under every backend.
 _MAX_HEAD_DIM = 512
+#: float32 stops at 256 (rules.FP32_MAX_HEAD_DIM: its backward's fp32 tiles do not fit above).
+_FP32_MAX_HEAD_DIM = 256
 _load_error = None
 
 
@@ -267,6 +269,9 @@ def _check_common(q, k, v, what):
         raise NotImplementedError(f"aotriton: head dim {d} is not a multiple of 8")
     if d > _MAX_HEAD_DIM:
         raise NotImplementedError(f"aotriton: head dim {d} is above {_MAX_HEAD_DIM}")
+    if q.dtype == torch.float32 and d > _FP32_MAX_HEAD_DIM:
+        raise NotImplementedError(f"aotriton: head dim {d} is above {_FP32_MAX_HEAD_DIM} for float32 "
+                                  f"(float16 and bfloat16 go to {_MAX_HEAD_DIM})")
 
 
 def _check_dropout(dropout_p):
@@ -362,7 +367,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """``torch.nn.functional.scaled_dot_product_attention`` computed by aotriton.
 
     query ``(B, Hq, Sq, D)``, key/value ``(B, Hk, Sk, D)`` (or 3-D without the batch), any strides
-    (a non-unit last stride costs a copy); fp16, bf16 or fp32; D a multiple of 8 up to 512.
+    (a non-unit last stride costs a copy); fp16, bf16 or fp32; D a multiple of 8 up to 512 (fp32: 256).
     ``attn_mask``: bool (True = take part) or float (added to the scores), broadcastable to
     ``(B, Hq, Sq, Sk)``; a float mask that requires grad gets its gradient in its own shape.
     ``is_causal``: query i sees keys j <= i (top-left, as torch). ``scale``: default 1/sqrt(D).
