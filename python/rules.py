@@ -135,7 +135,12 @@ ALIBI = [False, True]
 SINKS = [False, True]
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
-OPTIONAL_AXES = ("softcap", "alibi", "sinks")
+OPTIONAL_AXES = ("softcap", "alibi", "sinks", "head_dim_v")
+#: V's head-dim bucket where it differs from Q/K's (``head_dim``): an optional axis (0 = V's head dim
+#: is Q/K's), compiled for these (Q/K bucket, V bucket) pairs: DeepSeek-style MLA prefill's 192/128
+#: and 128/64. Output and dV use V's head dim; the kernels take ``HEAD_DIM_V`` and ``D_HEAD_V``.
+HEAD_DIM_V_PAIRS = {256: 128, 128: 64}
+HEAD_DIM_V = [0, 64, 128]
 #: The optional axes are compiled up to this head dim (no model in use pairs them with a larger
 #: one; each would add its functionals at 512 to every arch's build).
 OPTIONAL_AXES_MAX_HEAD_DIM = 256
@@ -183,9 +188,11 @@ def stride_tensor(name: str) -> str:
 
 #: What bounds a packed batch's offsets (kernels/flash/varlen.py): token counts, the status word.
 VARLEN_BOUNDS = ["N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
-#: Attention group (fwd, dkdv, dq, dbias), after the stride and kernel-specific arguments.
-ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
-                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
+#: Attention group (fwd, dkdv, dq), after the stride and kernel-specific arguments: ``D_HEAD`` is
+#: Q/K's real head dim, ``D_HEAD_V`` V's (read only with ``HEAD_DIM_V``). dBias takes it without
+#: ``D_HEAD_V`` (its functionals never split the head dims).
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "D_HEAD_V", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
+                   "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
 #: Dropout group (fwd, dkdv, dq, dbias); the forward appends ``FWD_PHILOX_OUTPUTS``.
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
@@ -200,7 +207,7 @@ ATTN_FWD_ARGS = (
     + _strides("l", "zh") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ["STORE_LSE"]
     + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS
-    + _ATTN_CONSTEXPRS + ["HAS_SINKS"]
+    + _ATTN_CONSTEXPRS + ["HAS_SINKS", "HEAD_DIM_V"]
 )
 ATTN_BWD_PREPROCESS_ARGS = (
     ["O", "DO", "DELTA"]
@@ -214,19 +221,19 @@ ATTN_BWD_DKDV_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
-    + _ATTN_CONSTEXPRS
+    + _ATTN_CONSTEXPRS + ["HEAD_DIM_V"]
 )
 ATTN_BWD_DQ_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ATTENTION_GROUP + DROPOUT_GROUP
-    + _ATTN_CONSTEXPRS
+    + _ATTN_CONSTEXPRS + ["HEAD_DIM_V"]
 )
 ATTN_BWD_DBIAS_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale"]
     + _BWD_INPUT_STRIDES + _BIAS_STRIDES + _strides("db", "zhm")
     + ["N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q"]
-    + ATTENTION_GROUP + DROPOUT_GROUP
+    + [a for a in ATTENTION_GROUP if a != "D_HEAD_V"] + DROPOUT_GROUP
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"]
 )
 ATTN_BWD_DSINK_ARGS = (
@@ -243,7 +250,8 @@ DEBUG_DROPOUT_MASK_ARGS = (
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
 GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
-_CONSTEXPRS = ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
+_CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP",
+               "HAS_ALIBI", "HAS_SINKS",
                "STAGES",
                "COMPUTE_DQ",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
@@ -385,7 +393,7 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
             if tensor not in signature:  # debug_dropout_mask: stride_o* belong to OUT
                 tensor = "OUT"
             d = ALIGN_BYTES // ELEMENT_SIZE[signature[tensor][1:]]
-        elif name == "D_HEAD":
+        elif name in ("D_HEAD", "D_HEAD_V"):
             d = D_HEAD_DIVISIBILITY
         hints[name] = d
     return hints
@@ -802,14 +810,16 @@ def _family(name, module, args, axes, configs, candidates=None) -> Family:
 
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
               "softcap": SOFTCAP, "alibi": ALIBI}
+#: The families that take V's own head dim (attn_bwd_preprocess reads O and dO at V's head dim).
+_ATTN_AXES_V = dict(_ATTN_AXES, head_dim_v=HEAD_DIM_V)
 
-ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES, sinks=SINKS),
+ATTN_FWD = _family("attn_fwd", "kernels/flash/fwd.py", ATTN_FWD_ARGS, dict(_ATTN_AXES, sinks=SINKS, head_dim_v=HEAD_DIM_V),
                    _attn_fwd_configs, _attn_fwd_candidates)
 ATTN_BWD_PREPROCESS = _family("attn_bwd_preprocess", "kernels/flash/bwd_preprocess.py", ATTN_BWD_PREPROCESS_ARGS,
                               {"dtype": DTYPES, "head_dim": HEAD_DIMS}, _attn_bwd_preprocess_configs)
-ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS, dict(_ATTN_AXES),
+ATTN_BWD_DKDV = _family("attn_bwd_dkdv", "kernels/flash/bwd_dkdv.py", ATTN_BWD_DKDV_ARGS, dict(_ATTN_AXES_V),
                         _attn_bwd_dkdv_configs, _attn_bwd_dkdv_candidates)
-ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS, dict(_ATTN_AXES),
+ATTN_BWD_DQ = _family("attn_bwd_dq", "kernels/flash/bwd_dq.py", ATTN_BWD_DQ_ARGS, dict(_ATTN_AXES_V),
                       _attn_bwd_dq_configs, _attn_bwd_dq_candidates)
 ATTN_BWD_DBIAS = _family("attn_bwd_dbias", "kernels/flash/bwd_dbias.py", ATTN_BWD_DBIAS_ARGS,
                          {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT},
@@ -858,7 +868,8 @@ def family(name: str) -> Family:
 def functionals(family: Family) -> list[dict[str, Any]]:
     """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``;
     fp32 up to ``FP32_MAX_HEAD_DIM``; an ``OPTIONAL_AXES`` axis on only for fp16/bf16 without dropout
-    and bias, one at a time, up to ``OPTIONAL_AXES_MAX_HEAD_DIM``, and left out when off."""
+    and bias, one at a time, up to ``OPTIONAL_AXES_MAX_HEAD_DIM``, and left out when off; ``head_dim_v``
+    only in the ``HEAD_DIM_V_PAIRS``."""
     out = [{}]
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
@@ -867,6 +878,7 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     out = [f for f in out if not (_optional_on(f) and (f["dtype"] == "fp32" or f["dropout"] or f["bias"]))]
     out = [f for f in out if sum(bool(f.get(a)) for a in OPTIONAL_AXES) <= 1]
     out = [f for f in out if not (_optional_on(f) and f.get("head_dim", 0) > OPTIONAL_AXES_MAX_HEAD_DIM)]
+    out = [f for f in out if not (f.get("head_dim_v") and HEAD_DIM_V_PAIRS.get(f["head_dim"]) != f["head_dim_v"])]
     out = [f for f in out if not (f["dtype"] == "fp32" and f.get("head_dim", 0) > FP32_MAX_HEAD_DIM)]
     return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
 
@@ -950,7 +962,7 @@ class KernelSpec:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
 
-_AXIS_ABBREV = {"tf32": "tf", "dropout": "drop"}
+_AXIS_ABBREV = {"tf32": "tf", "dropout": "drop", "head_dim_v": "hdv"}
 
 
 def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int], variant: str) -> str:
@@ -970,7 +982,7 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
         elif isinstance(v, bool):
             parts.append(f"{_AXIS_ABBREV.get(axis, axis)}{int(v)}")
         else:
-            parts.append(f"{axis}{v}")
+            parts.append(f"{_AXIS_ABBREV.get(axis, axis)}{v}")
     parts.append(config_tag(config))
     parts.append(variant)
     return "-".join(parts)
@@ -989,7 +1001,8 @@ def config_tag(config: dict[str, int]) -> str:
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
     backend, target_arch, warp_size = target_of(arch)
     signature = family.signature(functional, config)
-    values = {"HEAD_DIM": functional.get("head_dim"), "BLOCK_M": config.get("BLOCK_M"),
+    values = {"HEAD_DIM": functional.get("head_dim"), "HEAD_DIM_V": functional.get("head_dim_v", 0),
+              "BLOCK_M": config.get("BLOCK_M"),
               "BLOCK_N": config.get("BLOCK_N"), "DROPOUT": bool(functional.get("dropout")),
               "HAS_BIAS": bool(functional.get("bias")), "SOFTCAP": bool(functional.get("softcap")),
               "HAS_ALIBI": bool(functional.get("alibi")), "HAS_SINKS": bool(functional.get("sinks")),

@@ -249,9 +249,8 @@ def reference(q, k, v, do, vis, sm_scale, bias=None, keep=None, dscale=1.0, naiv
     dq = (_mm(ds, ke, dt, naive) * dt(sm_scale)).astype(dt)
     dk = (_mm(ds.swapaxes(-1, -2), q, dt, naive) * dt(sm_scale)).astype(dt)
     B, Hk = k.shape[:2]
-    D = q.shape[-1]
-    dk = dk.astype(np.float64).reshape(B, Hk, group, sk, D).sum(2)
-    dv = dv.astype(np.float64).reshape(B, Hk, group, sk, D).sum(2)
+    dk = dk.astype(np.float64).reshape(B, Hk, group, sk, k.shape[-1]).sum(2)
+    dv = dv.astype(np.float64).reshape(B, Hk, group, sk, v.shape[-1]).sum(2)
     return [x.astype(np.float64) for x in (o, lse, dq, dk, dv, ds)]
 
 
@@ -306,6 +305,10 @@ class Launch:
             self.cu = (dummy(np.int32), dummy(np.int32))
             self.packing = (0, 0, dummy(np.int32), 0)
         self.Hq, self.Hk, self.D = q.shape[1], k.shape[1], q.shape[3]
+        # V's head dim; where it differs from Q/K's the kernels take its bucket (HEAD_DIM_V), as the
+        # runtime names the optional axis head_dim_v.
+        self.Dv = v.shape[3]
+        self.head_dim_v = bucket(self.Dv) if self.Dv != self.D else 0
         self.bias = bias
         self.tbias = NpTensor(bias) if bias is not None else dummy(self.dtype)
 
@@ -316,8 +319,10 @@ class Launch:
             out[0::3] = [0] * len(tensors)
         return out
 
-    def attention_args(self):
-        return (self.n_ctx_q, self.n_ctx_k, self.D, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
+    def attention_args(self, with_v=True):
+        """The attention group; dBias's (``with_v=False``) has no ``D_HEAD_V``."""
+        dims = (self.D, self.Dv) if with_v else (self.D,)
+        return (self.n_ctx_q, self.n_ctx_k, *dims, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
                 int(self.varlen), *self.cu, *self.packing)
 
     def dropout_args(self):
@@ -330,8 +335,10 @@ class Launch:
         return dict(HEAD_DIM=bucket(self.D), DROPOUT=self.dropout is not None, ALLOW_TF32=False, **blocks)
 
     def score_constexprs(self, **blocks):
-        """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``, ``HAS_ALIBI``."""
-        return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0, HAS_ALIBI=self.alibi is not None)
+        """The constexprs of the kernels that compute scores (fwd, dK/dV, dQ): plus ``SOFTCAP``, ``HAS_ALIBI``,
+        ``HEAD_DIM_V``."""
+        return dict(self.constexprs(**blocks), SOFTCAP=self.softcap > 0, HAS_ALIBI=self.alibi is not None,
+                    HEAD_DIM_V=self.head_dim_v)
 
     def fwd_constexprs(self, **blocks):
         """``attn_fwd``'s constexprs: the score ones plus ``HAS_SINKS``."""
@@ -345,7 +352,7 @@ class Launch:
         return (0, s[1]) if self.varlen else s
 
     def fwd(self, block_m, block_n, store_lse=1, store_philox=0):
-        o = np.full(self.q.shape, np.nan, self.dtype)
+        o = np.full(self.q.shape[:3] + (self.Dv,), np.nan, self.dtype)
         lse = np.full(self.lse_shape(), np.nan, np.float32)
         self.philox_out = (np.full(1, -1, np.int64), np.full(1, -1, np.int64))
         tq, tk, tv, to, tlse = (NpTensor(x) for x in (self.q, self.k, self.v, o, lse))
@@ -366,9 +373,9 @@ class Launch:
         dv = np.full(self.v.shape, np.nan, self.dtype)
         tq, tk, tv, to, tlse, tdo, tdelta, tdq, tdk, tdv = (
             NpTensor(x) for x in (self.q, self.k, self.v, o, lse, do, delta, dq, dk, dv))
-        hd = bucket(self.D)
+        hd = bucket(self.Dv)  # O and dO have V's head dim
         attn_bwd_preprocess[(triton.cdiv(self.n_ctx_q, block_pre), self.Hq, self.B)](
-            to, tdo, tdelta, *self.st(to, tdo), *self.lse_strides(tdelta), self.n_ctx_q, self.D,
+            to, tdo, tdelta, *self.st(to, tdo), *self.lse_strides(tdelta), self.n_ctx_q, self.Dv,
             int(self.varlen), self.cu[0], self.packing[0], *self.packing[2:], HEAD_DIM=hd, BLOCK_M=block_pre)
         common = (*self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta))
         tail = (*self.attention_args(), *self.dropout_args())
@@ -403,7 +410,8 @@ class Launch:
             tq, tk, tv, tdo, tlse, tdelta, self.tbias, tdb, self.sm_scale,
             *self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta),
             *self.bias_strides(), *_strides(tdb), self.B, Bb, Hb, Sqb, self.Hq,
-            *self.attention_args(), *self.dropout_args(), **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+            *self.attention_args(with_v=False), *self.dropout_args(),
+            **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
         return db
 
 
@@ -432,24 +440,26 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check(self, B, Hq, Hk, Sq, Sk, D, mask, fwd_blocks=(32, 16), dkdv_blocks=(16, 32), dq_blocks=(32, 16),
               backward=True, bshd=False, seed=0, dtype=np.float16, dropout=None, bias=None,
-              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None, sinks=None, dsink_block=16):
+              dbias_blocks=(16, 32), pre_block=16, softcap=0.0, scale=None, alibi=None, sinks=None, dsink_block=16,
+              Dv=None):
         """``bias``: None or the broadcast spec ("" = full, "b", "h", "m" or combinations);
         ``pre_block``: BLOCK_M of ``attn_bwd_preprocess``; ``softcap`` > 0: capped scores;
         ``scale``: ``sm_scale`` instead of ``1 / sqrt(D)`` (larger scores reach the cap's saturated range);
         ``alibi``: None, or fp32 ALiBi slopes ``[Hq]`` / ``[B, Hq]`` (checked as a float64 additive bias);
         ``sinks``: None, or fp32 sink logits ``[Hq]`` (their gradient checked too, ``attn_bwd_dsink`` with
-        BLOCK_M ``dsink_block``)."""
+        BLOCK_M ``dsink_block``); ``Dv``: V's head dim (O, dO, dV too), Q/K's when None."""
         rng = np.random.default_rng(seed)
+        Dv = D if Dv is None else Dv
         tol = 1e-3 if dtype == np.float16 else 1e-5
         q = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
         k = _rand(rng, (B, Hk, Sk, D), bshd, dtype)
-        v = _rand(rng, (B, Hk, Sk, D), bshd, dtype)
-        do = _rand(rng, (B, Hq, Sq, D), bshd, dtype)
+        v = _rand(rng, (B, Hk, Sk, Dv), bshd, dtype)
+        do = _rand(rng, (B, Hq, Sq, Dv), bshd, dtype)
         bias_storage = bias_view = None
         if bias is not None:
             bias_storage, bias_view = make_bias(rng, B, Hq, Sq, Sk, dtype, bias)
         sm_scale = scale if scale is not None else 1.0 / np.sqrt(D)
-        what = (f"{np.dtype(dtype).name} B{B} Hq{Hq} Hk{Hk} Sq{Sq} Sk{Sk} D{D} (bucket {bucket(D)}) {mask} "
+        what = (f"{np.dtype(dtype).name} B{B} Hq{Hq} Hk{Hk} Sq{Sq} Sk{Sk} D{D} (bucket {bucket(D)}) Dv{Dv} {mask} "
                 f"{dropout} bias={bias!r} fwd{fwd_blocks} dkdv{dkdv_blocks} dq{dq_blocks} bshd={bshd} softcap={softcap} sm_scale={sm_scale:.3f}")
         vis = mask.visible(Sq, Sk)
         keep = dropout.keep(B, Hq, Sq, Sk) if dropout else None
@@ -650,6 +660,25 @@ class AttnInterpreterTest(unittest.TestCase):
         self.check_varlen([7, 20, 1, 0], [20, 7, 3, 5], 4, 2, 24, Mask("causal", align="br"),
                           sinks=np.array([0.5, 2.0, -1.0, 4.0], np.float32))
 
+    # -- V's own head dim (the optional head_dim_v axis: rules.HEAD_DIM_V_PAIRS) -------------------------
+
+    def test_head_dim_v(self):
+        # The compiled pairs (Q/K bucket 256 / V 128: DeepSeek MLA's 192/128; 128/64), V's dims padded
+        # inside their bucket, GQA/MQA, masks both alignments, rows without keys, B x S x H x D, fp32.
+        cases = [
+            dict(args=(1, 2, 1, 23, 37, 192, Mask("causal", align="br")), Dv=128),   # MLA prefill's dims
+            dict(args=(2, 4, 2, 31, 17, 128, Mask("causal")), Dv=64),
+            dict(args=(1, 3, 3, 29, 13, 96, Mask("window", 4, 2, align="br")), Dv=40, bshd=True),
+            dict(args=(1, 2, 2, 19, 21, 136, Mask()), Dv=120, dtype=np.float32),
+        ]
+        for c in cases:
+            with self.subTest(case=c):
+                self.check(*c["args"], Dv=c["Dv"], bshd=c.get("bshd", False), dtype=c.get("dtype", np.float16),
+                           fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16))
+
+    def test_head_dim_v_varlen(self):
+        self.check_varlen([7, 20, 0, 1], [20, 7, 3, 0], 4, 2, 72, Mask("causal", align="br"), Dv=48)
+
     def test_softcap_varlen(self):
         self.check_varlen([7, 20, 1], [20, 7, 3], 4, 2, 24, Mask("causal", align="br"), softcap=3.0)
 
@@ -702,7 +731,7 @@ class AttnInterpreterTest(unittest.TestCase):
 
     def check_varlen(self, lens_q, lens_k, Hq, Hk, D, mask, dtype=np.float16, dropout=None, bias=None, seed=0,
                      fwd_blocks=(16, 16), dkdv_blocks=(16, 16), dq_blocks=(16, 16), dbias_blocks=(16, 16), softcap=0.0,
-                     alibi=None, sinks=None):
+                     alibi=None, sinks=None, Dv=None):
         rng = np.random.default_rng(seed)
         tol = 1e-3 if dtype == np.float16 else 1e-5
         cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
@@ -712,14 +741,15 @@ class AttnInterpreterTest(unittest.TestCase):
         # Packed [total, H, D] viewed as [1, H, total, D] (batch stride irrelevant, the runtime passes 0).
         q = rng.standard_normal((tq, Hq, D)).astype(dtype).transpose(1, 0, 2)[None]
         k = rng.standard_normal((tk, Hk, D)).astype(dtype).transpose(1, 0, 2)[None]
-        v = rng.standard_normal((tk, Hk, D)).astype(dtype).transpose(1, 0, 2)[None]
-        do = rng.standard_normal((tq, Hq, D)).astype(dtype).transpose(1, 0, 2)[None]
+        Dv = D if Dv is None else Dv
+        v = rng.standard_normal((tk, Hk, Dv)).astype(dtype).transpose(1, 0, 2)[None]
+        do = rng.standard_normal((tq, Hq, Dv)).astype(dtype).transpose(1, 0, 2)[None]
         bias_storage = bias_view = None
         if bias is not None:
             bias_storage, bias_view = make_bias(rng, B, Hq, nq, nk, dtype, bias)
         keep = dropout.keep(B, Hq, nq, nk) if dropout else None
         sm_scale = 1.0 / np.sqrt(D)
-        what = (f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} {mask} {dropout} bias={bias!r} "
+        what = (f"varlen q{lens_q} k{lens_k} Hq{Hq} Hk{Hk} D{D} Dv{Dv} {mask} {dropout} bias={bias!r} "
                 f"{np.dtype(dtype).name} softcap={softcap} alibi={None if alibi is None else alibi.shape} "
                 f"sinks={sinks}")
         run = Launch(q, k, v, mask, sm_scale, bias=bias_view, dropout=dropout, cu_q=cu_q, cu_k=cu_k, softcap=softcap,

@@ -16,15 +16,17 @@ _DTHD = _DT * 5 + 2
 _SOFTCAP = 2 * 5 * 2
 #: Attention-sink functionals (attn_fwd only): 16-bit without dropout and bias, head dims up to 256.
 _SINKS = 2 * 5
+#: V's own head dim (attn_fwd, dK/dV, dQ): 16-bit without dropout and bias, the two HEAD_DIM_V_PAIRS.
+_HDV = 2 * 2
 FAMILY_COUNTS_SM90 = {
     # (dtype, tf32) x head_dim x dropout x bias x configs: 16-bit without dropout/bias up to hd256
     # 2 aligned + 1 generic, everything else (the optional axes and hd512 too) 1 aligned + 1 generic
-    "attn_fwd": 2 * 5 * 3 + (_DTHD * 4 - 2 * 5 + _SOFTCAP + _SINKS) * 2,
+    "attn_fwd": 2 * 5 * 3 + (_DTHD * 4 - 2 * 5 + _SOFTCAP + _SINKS + _HDV) * 2,
     # dtype x head_dim x (1 aligned + 1 generic)
     "attn_bwd_preprocess": (3 * 5 + 2) * 2,
     # (dtype, tf32) x head_dim x dropout x bias (+ softcap) x (1 aligned + 1 generic)
-    "attn_bwd_dkdv": (_DTHD * 4 + _SOFTCAP) * 2,
-    "attn_bwd_dq": (_DTHD * 4 + _SOFTCAP) * 2,
+    "attn_bwd_dkdv": (_DTHD * 4 + _SOFTCAP + _HDV) * 2,
+    "attn_bwd_dq": (_DTHD * 4 + _SOFTCAP + _HDV) * 2,
     # (dtype, tf32) x head_dim x dropout x (1 aligned + 1 generic)
     "attn_bwd_dbias": _DTHD * 2 * 2,
     # one fp32 functional (1 aligned + 1 generic)
@@ -34,13 +36,15 @@ FAMILY_COUNTS_SM90 = {
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3}
-FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS, "attn_bwd_preprocess": 3 * 5 + 2,
-               "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP,
+FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
+               "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
                "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
 
-ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
-                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
-                   "STORE_VARLEN_STATUS"]
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "D_HEAD_V", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
+                   "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K",
+                   "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
+#: dBias's attention group: no D_HEAD_V (its functionals never split the head dims).
+DBIAS_ATTENTION_GROUP = [a for a in ATTENTION_GROUP if a != "D_HEAD_V"]
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"]
 BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
@@ -55,7 +59,7 @@ CONTRACT = {
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
         "stride_lz", "stride_lh", *BIAS_STRIDES, "stride_az",
         "STORE_LSE", *ATTENTION_GROUP, *DROPOUT_GROUP, "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
-        *ATTN_CONSTEXPRS, "HAS_SINKS"],
+        *ATTN_CONSTEXPRS, "HAS_SINKS", "HEAD_DIM_V"],
     "attn_bwd_dsink": [
         "LSE", "DELTA", "SINKS", "DSINK", "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah",
         "N_BATCH", "N_CTX_Q", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
@@ -69,21 +73,21 @@ CONTRACT = {
     "attn_bwd_dkdv": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES, "stride_az",
-        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
+        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
     "attn_bwd_dq": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES, "stride_az",
-        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS],
+        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
     "attn_bwd_dbias": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale", *BWD_STRIDES,
         *BIAS_STRIDES, "stride_dbz", "stride_dbh", "stride_dbm",
         "N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q",
-        *ATTENTION_GROUP, *DROPOUT_GROUP, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"],
+        *DBIAS_ATTENTION_GROUP, *DROPOUT_GROUP, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"],
     "debug_dropout_mask": [
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
 }
-CONSTEXPRS = {"HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI",
+CONSTEXPRS = {"HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI",
               "HAS_SINKS"}
 DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
@@ -158,11 +162,11 @@ class EnumerateKernelsTest(unittest.TestCase):
         full = {"dtype": ["fp16", "bf16", "fp32"], "tf32": [False, True], "head_dim": [16, 32, 64, 128, 256, 512],
                 "dropout": [False, True], "bias": [False, True], "softcap": [False, True], "alibi": [False, True]}
         for name in ("attn_bwd_dkdv", "attn_bwd_dq"):
-            self.assertEqual(list(axes[name]), ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap", "alibi"],
-                             name)
-            self.assertEqual(axes[name], full, name)
+            self.assertEqual(list(axes[name]),
+                             ["dtype", "tf32", "head_dim", "dropout", "bias", "softcap", "alibi", "head_dim_v"], name)
+            self.assertEqual(axes[name], dict(full, head_dim_v=[0, 64, 128]), name)
         # Sinks: the forward's only (the backward's kernels see them through the LSE).
-        self.assertEqual(axes["attn_fwd"], dict(full, sinks=[False, True]))
+        self.assertEqual(axes["attn_fwd"], dict(full, sinks=[False, True], head_dim_v=[0, 64, 128]))
         self.assertEqual(axes["attn_bwd_dsink"], {"dtype": ["fp32"]})
         self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
@@ -221,7 +225,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                     want = 16                                  # every pointer (LSE, DELTA, BIAS, CU_SEQLENS, PHILOX)
                 elif tensor in DATA_TENSORS:
                     want = 4 if s.functional["dtype"] == "fp32" else 8   # 16 bytes
-                elif name == "D_HEAD":
+                elif name in ("D_HEAD", "D_HEAD_V"):
                     want = 8
                 else:
                     want = 1                                   # LSE/DELTA strides, seqlens, window, dropout
@@ -292,6 +296,23 @@ class EnumerateKernelsTest(unittest.TestCase):
         with self.assertRaises(rules.UnknownArchError):
             rules.parse_arch_list("sm_90;gfx1100")
         self.assertEqual(rules.parse_arch_list("sm_90; sm_80;sm_90"), ["sm_90", "sm_80"])
+
+    def test_head_dim_v_pairs(self):
+        # V's own head dim: the HEAD_DIM_V_PAIRS only, fp16/bf16, in attn_fwd / dK/dV / dQ; the
+        # constexpr HEAD_DIM_V is the axis (0 where the functional has none).
+        self.assertEqual(rules.HEAD_DIM_V_PAIRS, {256: 128, 128: 64})
+        for arch in rules.TARGETS:
+            for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES):
+                v = s.functional.get("head_dim_v")
+                if "HEAD_DIM_V" in s.constexprs:
+                    self.assertEqual(s.constexprs["HEAD_DIM_V"], v or 0, s.id)
+                if v is None:
+                    continue
+                self.assertIn(s.family, ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"), s.id)
+                self.assertEqual(rules.HEAD_DIM_V_PAIRS[s.functional["head_dim"]], v, s.id)
+                self.assertIn(f"-hd{s.functional['head_dim']}-", s.id)
+                self.assertIn(f"-hdv{v}-", s.id)
+                self.assertIn(s.functional["dtype"], ("fp16", "bf16"), s.id)
 
     def test_head_dim_512(self):
         # fp16/bf16 only, without the optional axes, one HD512 config (aligned + generic) per functional.

@@ -50,8 +50,8 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 @triton.jit
 def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                           stride_qm, stride_dom, stride_bm,
-                          offs_n, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
-                          seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                          offs_n, offs_d, offs_dv, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
+                          seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                           philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale, start_n,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                           DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
@@ -85,7 +85,7 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
                 s_t += load_bias_log2(bias_base, rows[None, :], offs_n[:, None], stride_bm,
                                       offs_n[:, None] < seqlen_k)
             p_t = softmax_recompute(s_t, lse[None, :] * LOG2E)
-        do = load_tile(do_base, rows, stride_dom, offs_d, D_HEAD, seqlen_q, MASKED)    # [BLOCK_M, HEAD_DIM]
+        do = load_tile(do_base, rows, stride_dom, offs_dv, d_head_v, seqlen_q, MASKED)  # [BLOCK_M, V_DIM]
         dp_t = mma(v, tl.trans(do), None, ALLOW_TF32)                                 # [BLOCK_N, BLOCK_M]
         if DROPOUT:
             keep_t = tl.trans(dropout_keep(philox_seed, philox_head, rows, start_n, N_CTX_K, DROPOUT_THRESHOLD,
@@ -109,12 +109,12 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
                   stride_lz, stride_lh, stride_deltaz, stride_deltah,
                   stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                   stride_bz, stride_bh, stride_bm, stride_az,
-                  N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+                  N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
                   CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                   DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                  SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+                  SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     start_n = tl.program_id(0)
     off_hk = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2)
@@ -135,12 +135,16 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
     k_start64 = k_start.to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    # V's head dim (and O's, dO's, dV's): Q/K's, or with HEAD_DIM_V > 0 its own bucket and real dim.
+    V_DIM: tl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
+    d_head_v = D_HEAD if HEAD_DIM_V == 0 else D_HEAD_V
+    offs_dv = tl.arange(0, V_DIM)
     k = load_tile(K + off_z64 * stride_kz + off_hk * stride_kh + k_start64 * stride_kn, offs_n, stride_kn, offs_d,
                   D_HEAD, seqlen_k, True)
-    v = load_tile(V + off_z64 * stride_vz + off_hk * stride_vh + k_start64 * stride_vn, offs_n, stride_vn, offs_d,
-                  D_HEAD, seqlen_k, True)
+    v = load_tile(V + off_z64 * stride_vz + off_hk * stride_vh + k_start64 * stride_vn, offs_n, stride_vn, offs_dv,
+                  d_head_v, seqlen_k, True)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, V_DIM], dtype=tl.float32)
     qk_scale = sm_scale * LOG2E
 
     start, full_lo, full_hi, end = query_block_bounds(start_n, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,
@@ -162,16 +166,16 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
         # Query blocks that see the whole key block: no mask code.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
-                                       seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                       offs_n, offs_d, offs_dv, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                                       alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
                                        BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
         # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
         dk, dv = _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base,
                                        stride_qm, stride_dom, stride_bm,
-                                       offs_n, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
-                                       seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                       offs_n, offs_d, offs_dv, start, end, full_lo, full_hi, qk_scale, softcap,
+                                       alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                        philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                                        start_n * BLOCK_N,
                                        BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
@@ -180,5 +184,5 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
         dv = dv * dropout_scale
     store_tile(DK + off_z64 * stride_dkz + off_hk * stride_dkh + k_start64 * stride_dkn, offs_n, stride_dkn, offs_d,
                dk * sm_scale, D_HEAD, seqlen_k)
-    store_tile(DV + off_z64 * stride_dvz + off_hk * stride_dvh + k_start64 * stride_dvn, offs_n, stride_dvn, offs_d,
-               dv, D_HEAD, seqlen_k)
+    store_tile(DV + off_z64 * stride_dvz + off_hk * stride_dvh + k_start64 * stride_dvn, offs_n, stride_dvn, offs_dv,
+               dv, d_head_v, seqlen_k)

@@ -42,8 +42,8 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                         offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
-                         seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                         offs_m, offs_d, offs_dv, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
+                         seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                          philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
@@ -55,7 +55,7 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
         start_n = tl.multiple_of(block_walk_start(it, lo, n_lead, skip_hi, BLOCK_N), BLOCK_N)
         cols = start_n + offs_n
         k_t = load_tile_t(k_base, cols, stride_kn, offs_d, D_HEAD, seqlen_k, MASKED)   # [HEAD_DIM, BLOCK_N]
-        v_t = load_tile_t(v_base, cols, stride_vn, offs_d, D_HEAD, seqlen_k, MASKED)
+        v_t = load_tile_t(v_base, cols, stride_vn, offs_dv, d_head_v, seqlen_k, MASKED)  # [V_DIM, BLOCK_N]
         s = mma(q, k_t, None, ALLOW_TF32) * qk_scale
         if SOFTCAP:
             s, tanh_s = soft_cap(s, softcap)
@@ -92,12 +92,12 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softc
                 stride_lz, stride_lh, stride_deltaz, stride_deltah,
                 stride_dqz, stride_dqh, stride_dqm,
                 stride_bz, stride_bh, stride_bm, stride_az,
-                N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+                N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
                 CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                 DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
-                SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+                SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first, as the forward
     off_h = tl.program_id(1)
     off_hk = (off_h // GQA_GROUP).to(tl.int64)
@@ -126,10 +126,14 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softc
         alibi_slope = alibi_slope_log2(ALIBI_SLOPES, stride_az, off_z, off_h)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    # V's head dim (and O's, dO's, dV's): Q/K's, or with HEAD_DIM_V > 0 its own bucket and real dim.
+    V_DIM: tl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
+    d_head_v = D_HEAD if HEAD_DIM_V == 0 else D_HEAD_V
+    offs_dv = tl.arange(0, V_DIM)
     q = load_tile(Q + off_z * stride_qz + off_h * stride_qh + q_start64 * stride_qm, offs_m, stride_qm, offs_d,
                   D_HEAD, seqlen_q, True)
-    do = load_tile(DO + off_z * stride_doz + off_h * stride_doh + q_start64 * stride_dom, offs_m, stride_dom, offs_d,
-                   D_HEAD, seqlen_q, True)
+    do = load_tile(DO + off_z * stride_doz + off_h * stride_doh + q_start64 * stride_dom, offs_m, stride_dom, offs_dv,
+                   d_head_v, seqlen_q, True)
     lse = load_row_vector(LSE + off_z * stride_lz + off_h * stride_lh + q_start, offs_m, seqlen_q, float("inf"))
     lse_log2 = lse * LOG2E
     delta = load_row_vector(DELTA + off_z * stride_deltaz + off_h * stride_deltah + q_start, offs_m, seqlen_q, 0.0)
@@ -140,14 +144,14 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softc
                                                     BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
-                              seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                              offs_m, offs_d, offs_dv, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                              alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                               BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                              offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
-                              seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                              offs_m, offs_d, offs_dv, start, end, full_lo, full_hi, qk_scale, softcap,
+                              alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                               philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                               BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 

@@ -68,8 +68,8 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 @triton.jit
 def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                      offs_m, offs_d, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
-                      seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                      offs_m, offs_d, offs_dv, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
+                      seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                       DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
@@ -108,7 +108,7 @@ def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, st
             keep = dropout_keep(philox_seed, philox_head, offs_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
                                 BLOCK_M, BLOCK_N)
             p = tl.where(keep, p, 0.0)
-        v = load_tile(v_base, cols, stride_vn, offs_d, D_HEAD, seqlen_k, MASKED)
+        v = load_tile(v_base, cols, stride_vn, offs_dv, d_head_v, seqlen_k, MASKED)      # [BLOCK_N, V_DIM]
         acc = mma(p.to(v.dtype), v, acc, ALLOW_TF32)
     return acc, l_i, m_i
 
@@ -122,13 +122,13 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
              stride_lz, stride_lh,
              stride_bz, stride_bh, stride_bm, stride_az,
              STORE_LSE,
-             N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+             N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
              CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
              DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
              PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr, SOFTCAP: tl.constexpr,
-             HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr):
+             HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HEAD_DIM_V: tl.constexpr):
     # -- program scheduling ------------------------------------------------
     start_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest query blocks first (causal)
     off_h = tl.program_id(1)
@@ -164,26 +164,30 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    # V's head dim (and O's, dO's, dV's): Q/K's, or with HEAD_DIM_V > 0 its own bucket and real dim.
+    V_DIM: tl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
+    d_head_v = D_HEAD if HEAD_DIM_V == 0 else D_HEAD_V
+    offs_dv = tl.arange(0, V_DIM)
 
     # -- main loops ----------------------------------------------------------
     q = load_tile(q_base, offs_m, stride_qm, offs_d, D_HEAD, seqlen_q, True)
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, V_DIM], dtype=tl.float32)
 
     start, full_lo, full_hi, end = key_block_bounds(start_m, seqlen_q, seqlen_k, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                                     BLOCK_M, BLOCK_N)
     # Key blocks visible in full to the whole tile: no mask code.
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                                      offs_m, offs_d, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap, alibi_slope,
-                                      seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                      offs_m, offs_d, offs_dv, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
+                                      alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
-                                      offs_m, offs_d, start, end, full_lo, full_hi, qk_scale, softcap, alibi_slope,
-                                      seqlen_q, seqlen_k, D_HEAD, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                      offs_m, offs_d, offs_dv, start, end, full_lo, full_hi, qk_scale, softcap,
+                                      alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
                                       philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
@@ -196,4 +200,4 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
     if STORE_LSE != 0:
         lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
         tl.store(lse_base + offs_m, lse, mask=offs_m < seqlen_q)
-    store_tile(o_base, offs_m, stride_om, offs_d, o, D_HEAD, seqlen_q)
+    store_tile(o_base, offs_m, stride_om, offs_dv, o, d_head_v, seqlen_q)
