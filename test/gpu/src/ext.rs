@@ -115,6 +115,8 @@ pub(crate) struct Ext {
     pub alibi: Option<bool>,
     /// Attention sinks, one logit per query head.
     pub sinks: Option<Vec<f32>>,
+    /// V's head dim (also O's, dO's, dV's): `d` unless the case gives V its own.
+    pub dv: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -137,6 +139,7 @@ fn ext(prec: Precision, d: usize, hq: usize, hk: usize, b: usize, sq: usize, sk:
         sinks: None,
         sm_scale: None,
         alibi: None,
+        dv: d,
     }
 }
 
@@ -188,6 +191,10 @@ impl Ext {
     }
     fn alibi(mut self, per_sequence: bool) -> Self {
         self.alibi = Some(per_sequence);
+        self
+    }
+    fn head_dim_v(mut self, dv: usize) -> Self {
+        self.dv = dv;
         self
     }
     pub fn group(&self) -> usize {
@@ -279,6 +286,9 @@ impl Ext {
         }
         if let Some(sinks) = &self.sinks {
             let _ = write!(s, " sinks={sinks:?}");
+        }
+        if self.dv != self.d {
+            let _ = write!(s, " Dv={}", self.dv);
         }
         s
     }
@@ -397,6 +407,15 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
         packed(h16, 512, 4, 2, &[31, 0, 97, 1], &[45, 13, 97, 0], causal_tl, true),
         packed(b16, 320, 2, 1, &[61, 1, 40], &[97, 30, 0], none, false).bias([f, f, f]).dropout(0.1),
         ext(b16, 512, 4, 2, 1, 129, 131, none).det(),
+        // V's own head dim (the compiled pairs 256/128 and 128/64): DeepSeek MLA prefill's 192/128
+        // with GQA and causal, padded dims in both buckets, (B, S, H, D), a packed batch with
+        // empty sequences, deterministic.
+        ext(b16, 192, 4, 2, 2, 131, 251, causal_br).head_dim_v(128),
+        ext(h16, 128, 4, 4, 1, 200, 173, mk(16, 5, false)).head_dim_v(64).bshd(),
+        ext(b16, 136, 2, 1, 1, 97, 61, none).head_dim_v(120),
+        ext(h16, 96, 6, 3, 2, 131, 77, causal_tl).head_dim_v(40),
+        packed(b16, 192, 4, 2, &[31, 97, 0, 1], &[45, 0, 97, 13], causal_br, true).head_dim_v(128),
+        ext(h16, 192, 4, 2, 1, 129, 250, none).head_dim_v(128).det(),
     ]
 }
 
@@ -427,9 +446,13 @@ pub(crate) fn quick(all: Vec<Ext>) -> Vec<Ext> {
 }
 
 /// Where the tensors of a case live.
+/// Where each tensor lies: Q/dQ (`q`), O/dO (`o`: V's head dim), K/dK (`kv`), V/dV (`v`), and
+/// the LSE/delta rows.
 struct Places {
     q: Placement<4>,
+    o: Placement<4>,
     kv: Placement<4>,
+    v: Placement<4>,
     rows: Placement<3>,
 }
 
@@ -462,9 +485,8 @@ fn gluon_refusal(
 
 fn places(c: &Ext) -> Places {
     let (tq, tk) = c.tokens();
-    let packed4 = |h: usize, t: usize| Placement::new([1, h, t, c.d], [t * h * c.d, c.d, h * c.d, 1], 0);
-    let plain4 = |h: usize, s: usize| {
-        let d = c.d;
+    let packed4 = |h: usize, t: usize, d: usize| Placement::new([1, h, t, d], [t * h * d, d, h * d, 1], 0);
+    let plain4 = |h: usize, s: usize, d: usize| {
         if c.bshd {
             Placement::new([c.b, h, s, d], [s * h * d, d, h * d, 1], 0)
         } else {
@@ -473,14 +495,18 @@ fn places(c: &Ext) -> Places {
     };
     if c.varlen.is_some() {
         Places {
-            q: packed4(c.hq, tq),
-            kv: packed4(c.hk, tk),
+            q: packed4(c.hq, tq, c.d),
+            o: packed4(c.hq, tq, c.dv),
+            kv: packed4(c.hk, tk, c.d),
+            v: packed4(c.hk, tk, c.dv),
             rows: Placement::new([1, c.hq, tq], [c.hq * tq, tq, 1], 0),
         }
     } else {
         Places {
-            q: plain4(c.hq, tq),
-            kv: plain4(c.hk, tk),
+            q: plain4(c.hq, tq, c.d),
+            o: plain4(c.hq, tq, c.dv),
+            kv: plain4(c.hk, tk, c.d),
+            v: plain4(c.hk, tk, c.dv),
             rows: Placement::new([c.b, c.hq, tq], [c.hq * tq, tq, 1], 0),
         }
     }
@@ -606,6 +632,7 @@ fn references(
             seqlen_q: c.sq,
             seqlen_k: c.sk,
             head_dim: c.d,
+            head_dim_v: c.dv,
             mask: c.mask,
             sm_scale,
             q,
@@ -621,13 +648,13 @@ fn references(
         return Refs { exact, naive };
     };
     let (tq, tk) = c.tokens();
-    let (hq, hk, d, msq, msk) = (c.hq, c.hk, c.d, c.sq, c.sk);
+    let (hq, hk, d, dv, msq, msk) = (c.hq, c.hk, c.d, c.dv, c.sq, c.sk);
     let blank = |with_ds: bool| Outputs {
-        o: vec![f64::NAN; hq * tq * d],
+        o: vec![f64::NAN; hq * tq * dv],
         lse: vec![f64::NAN; hq * tq],
         dq: vec![f64::NAN; hq * tq * d],
         dk: vec![f64::NAN; hk * tk * d],
-        dv: vec![f64::NAN; hk * tk * d],
+        dv: vec![f64::NAN; hk * tk * dv],
         ds: if with_ds {
             vec![0.0; c.b * hq * msq * msk]
         } else {
@@ -642,7 +669,7 @@ fn references(
     for s in 0..c.b {
         let (q0, lq, k0, lk) = (cq[s], cq[s + 1] - cq[s], ck[s], ck[s + 1] - ck[s]);
         // Gather one sequence as B=1 row-major tensors.
-        let take = |x: &[f32], h: usize, t: usize, at: usize, len: usize| {
+        let take = |x: &[f32], h: usize, t: usize, at: usize, len: usize, d: usize| {
             let mut out = Vec::with_capacity(h * len * d);
             for hh in 0..h {
                 out.extend_from_slice(&x[(hh * t + at) * d..(hh * t + at + len) * d]);
@@ -659,8 +686,8 @@ fn references(
             }
             out
         };
-        let (qs, dos) = (take(q, hq, tq, q0, lq), take(d_o, hq, tq, q0, lq));
-        let (ks, vs) = (take(k, hk, tk, k0, lk), take(v, hk, tk, k0, lk));
+        let (qs, dos) = (take(q, hq, tq, q0, lq, d), take(d_o, hq, tq, q0, lq, dv));
+        let (ks, vs) = (take(k, hk, tk, k0, lk, d), take(v, hk, tk, k0, lk, dv));
         let bias_s = bias_full.map(take_sk);
         let keep_s: Option<Vec<u8>> = keep.map(|m| {
             let mut out = Vec::with_capacity(hq * lq * lk);
@@ -677,11 +704,11 @@ fn references(
             // head's sink), dQ = 0; the sinks' gradient gets nothing (O = 0, so delta = 0).
             let lse_of = |h: usize| c.sinks.as_ref().map_or(f64::INFINITY, |t| f64::from(t[h]));
             let zeros = || Outputs {
-                o: vec![0.0; hq * lq * d],
+                o: vec![0.0; hq * lq * dv],
                 lse: (0..hq).flat_map(|h| std::iter::repeat_n(lse_of(h), lq)).collect(),
                 dq: vec![0.0; hq * lq * d],
                 dk: vec![0.0; hk * lk * d],
-                dv: vec![0.0; hk * lk * d],
+                dv: vec![0.0; hk * lk * dv],
                 ds: vec![0.0; hq * lq * lk],
                 dsinks: if c.sinks.is_some() { vec![0.0; hq] } else { Vec::new() },
             };
@@ -695,6 +722,7 @@ fn references(
                 seqlen_q: lq,
                 seqlen_k: lk,
                 head_dim: d,
+                head_dim_v: dv,
                 mask: c.mask,
                 sm_scale,
                 q: &qs,
@@ -713,8 +741,9 @@ fn references(
                 *acc += part;
             }
             for hh in 0..hq {
-                let (at, n) = ((hh * tq + q0) * d, lq * d);
+                let (at, n) = ((hh * tq + q0) * dv, lq * dv);
                 dst.o[at..at + n].copy_from_slice(&src.o[hh * n..(hh + 1) * n]);
+                let (at, n) = ((hh * tq + q0) * d, lq * d);
                 dst.dq[at..at + n].copy_from_slice(&src.dq[hh * n..(hh + 1) * n]);
                 dst.lse[hh * tq + q0..hh * tq + q0 + lq].copy_from_slice(&src.lse[hh * lq..(hh + 1) * lq]);
                 if !dst.ds.is_empty() {
@@ -727,6 +756,7 @@ fn references(
             for hh in 0..hk {
                 let (at, n) = ((hh * tk + k0) * d, lk * d);
                 dst.dk[at..at + n].copy_from_slice(&src.dk[hh * n..(hh + 1) * n]);
+                let (at, n) = ((hh * tk + k0) * dv, lk * dv);
                 dst.dv[at..at + n].copy_from_slice(&src.dv[hh * n..(hh + 1) * n]);
             }
         }
@@ -766,7 +796,7 @@ fn live(got: &[f64], exact: &[f64], naive: &[f64]) -> (Vec<f64>, Vec<f64>, Vec<f
 fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Outcome, String> {
     let prec = c.prec;
     let dtype = api_dtype(prec);
-    let (hq, hk, d) = (c.hq, c.hk, c.d);
+    let (hq, hk, d, dv) = (c.hq, c.hk, c.d, c.dv);
     let sm_scale = c.sm_scale.unwrap_or(1.0 / (d as f32).sqrt());
     let pl = places(c);
     let fail = |what: String| {
@@ -776,21 +806,20 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         })
     };
     let mut make = |n: usize| (0..n).map(|_| draw(prec, rng)).collect::<Vec<f32>>();
-    let nq = pl.q.sizes.iter().product::<usize>();
-    let nk = pl.kv.sizes.iter().product::<usize>();
-    let (q, k, v, d_o) = (make(nq), make(nk), make(nk), make(nq));
+    let size = |p: &Placement<4>| p.sizes.iter().product::<usize>();
+    let (q, k, v, d_o) = (make(size(&pl.q)), make(size(&pl.kv)), make(size(&pl.v)), make(size(&pl.o)));
     let bias_sizes = c.bias_sizes();
     let bias_vals = bias_sizes.map(|sz| make(sz.iter().product()));
     let enc = |x: &[f32]| x.iter().map(|&y| E::enc(prec, y)).collect::<Vec<E>>();
 
     let q_dev = DevTensor::new(pl.q.clone(), Some(&enc(&q)), E::POISON, stream)?;
     let k_dev = DevTensor::new(pl.kv.clone(), Some(&enc(&k)), E::POISON, stream)?;
-    let v_dev = DevTensor::new(pl.kv.clone(), Some(&enc(&v)), E::POISON, stream)?;
-    let do_dev = DevTensor::new(pl.q.clone(), Some(&enc(&d_o)), E::POISON, stream)?;
-    let o_dev = DevTensor::new(pl.q.clone(), None, E::POISON, stream)?;
+    let v_dev = DevTensor::new(pl.v.clone(), Some(&enc(&v)), E::POISON, stream)?;
+    let do_dev = DevTensor::new(pl.o.clone(), Some(&enc(&d_o)), E::POISON, stream)?;
+    let o_dev = DevTensor::new(pl.o.clone(), None, E::POISON, stream)?;
     let dq_dev = DevTensor::new(pl.q.clone(), None, E::POISON, stream)?;
     let dk_dev = DevTensor::new(pl.kv.clone(), None, E::POISON, stream)?;
-    let dv_dev = DevTensor::new(pl.kv.clone(), None, E::POISON, stream)?;
+    let dv_dev = DevTensor::new(pl.v.clone(), None, E::POISON, stream)?;
     let lse_dev = DevTensor::new(pl.rows.clone(), None, POISON32, stream)?;
     let delta_dev = DevTensor::new(pl.rows.clone(), None, POISON32, stream)?;
     let bias_dev = match (bias_sizes, &bias_vals) {
@@ -891,7 +920,13 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         dtype,
         head_dim: d,
         tma_layout: true,
-        features: c.dropout.is_some() || c.bias.is_some() || c.varlen.is_some() || c.softcap > 0.0 || c.alibi.is_some() || c.sinks.is_some(),
+        features: c.dropout.is_some()
+            || c.bias.is_some()
+            || c.varlen.is_some()
+            || c.softcap > 0.0
+            || c.alibi.is_some()
+            || c.sinks.is_some()
+            || c.dv != c.d,
     };
     if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
@@ -1061,7 +1096,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     let o = dec(o_dev.logical(&o_bits));
     let dq = dec(dq_dev.logical(&dq_bits));
     let dk = dec(dk_dev.logical(&dk_bits));
-    let dv = dec(dv_dev.logical(&dv_bits));
+    let dv_got = dec(dv_dev.logical(&dv_bits));
     let f32s = |bits: Vec<u32>| bits.into_iter().map(|x| f32::from_bits(x) as f64).collect::<Vec<f64>>();
     let lse = f32s(lse_dev.logical(&lse_bits));
     let delta = f32s(delta_dev.logical(&delta_bits));
@@ -1081,7 +1116,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         bounded("O", &o, &ex.o, &nv.o, k_o, false),
         bounded("dQ", &dq, &ex.dq, &nv.dq, k_g, true),
         bounded("dK", &dk, &ex.dk, &nv.dk, k_g, true),
-        bounded("dV", &dv, &ex.dv, &nv.dv, k_g, true),
+        bounded("dV", &dv_got, &ex.dv, &nv.dv, k_g, true),
     ];
     if let (Some(sz), Some(dbias_dev)) = (bias_sizes, &dbias_dev) {
         let full = [c.b, hq, c.sq, c.sk];
@@ -1108,8 +1143,8 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     for (row, l) in ex.lse.iter().enumerate() {
         if *l == f64::INFINITY {
             empty_rows += 1;
-            let r = row * d..(row + 1) * d;
-            nonzero += o[r.clone()].iter().chain(&dq[r]).filter(|&&x| x != 0.0).count();
+            let (r, r_v) = (row * d..(row + 1) * d, row * dv..(row + 1) * dv);
+            nonzero += o[r_v].iter().chain(&dq[r]).filter(|&&x| x != 0.0).count();
         }
     }
     let mut idle_keys = 0;
@@ -1121,7 +1156,8 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
                     for t in ck[s]..ck[s + 1] {
                         idle_keys += 1;
                         let r = (h * tk + t) * d..(h * tk + t + 1) * d;
-                        nonzero += dk[r.clone()].iter().chain(&dv[r]).filter(|&&x| x != 0.0).count();
+                        let r_v = (h * tk + t) * dv..(h * tk + t + 1) * dv;
+                        nonzero += dk[r].iter().chain(&dv_got[r_v]).filter(|&&x| x != 0.0).count();
                     }
                 }
             }
@@ -1144,7 +1180,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
             continue; // tail token
         }
         let (mut want, mut mag) = (0.0f64, 0.0f64);
-        for t in row * d..(row + 1) * d {
+        for t in row * dv..(row + 1) * dv {
             want += d_o[t] as f64 * o[t];
             mag += (d_o[t] as f64 * o[t]).abs();
         }

@@ -310,6 +310,7 @@ fn reference(c: &LCase, seed: u64) -> (reference::Outputs, reference::Outputs) {
         seqlen_q: c.sq,
         seqlen_k: c.sk,
         head_dim: c.d,
+        head_dim_v: c.d,
         mask: c.mask,
         sm_scale: 1.0 / (c.d as f32).sqrt(),
         q: &q,

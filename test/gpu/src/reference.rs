@@ -101,6 +101,8 @@ pub struct Problem<'a> {
     pub seqlen_q: usize,
     pub seqlen_k: usize,
     pub head_dim: usize,
+    /// V's head dim (also O's, dO's and dV's); `head_dim` for the usual call.
+    pub head_dim_v: usize,
     pub mask: MaskSpec,
     pub sm_scale: f32,
     pub q: &'a [f32],
@@ -118,8 +120,8 @@ pub struct Problem<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
-/// Outputs in logical order: O, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no key);
-/// dK, dV B×Hk×Sk×D.
+/// Outputs in logical order: O B×Hq×Sq×Dv, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no
+/// key); dK B×Hk×Sk×D, dV B×Hk×Sk×Dv.
 pub struct Outputs {
     pub o: Vec<f64>,
     pub lse: Vec<f64>,
@@ -251,15 +253,15 @@ struct HeadOut<T> {
 /// The formulas of the module docs for query head `bh` (= b·Hq + h). `round` is the identity
 /// for the exact reference and rounding to the dtype for the naive one.
 fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Option<&dyn Fn(T) -> T>) -> HeadOut<T> {
-    let (sq, sk, d) = (p.seqlen_q, p.seqlen_k, p.head_dim);
+    let (sq, sk, d, dv) = (p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v);
     let group = p.heads_q / p.heads_k;
     let (b, h) = (bh / p.heads_q, bh % p.heads_q);
     let bhk = b * p.heads_k + h / group; // the K/V head this query head reads
     let load = |x: &[f32], at: usize, len: usize| x[at..at + len].iter().map(|&v| T::of(v)).collect::<Vec<T>>();
     let q = load(p.q, bh * sq * d, sq * d);
-    let d_o = load(p.d_o, bh * sq * d, sq * d);
+    let d_o = load(p.d_o, bh * sq * dv, sq * dv);
     let k = load(p.k, bhk * sk * d, sk * d);
-    let v = load(p.v, bhk * sk * d, sk * d);
+    let v = load(p.v, bhk * sk * dv, sk * dv);
     let scale = T::of(p.sm_scale);
     let bias = p.bias.map(|b| load(b, bh * sq * sk, sq * sk));
     // Dropout factor per element: M·r (0 or r); 1 without dropout.
@@ -325,9 +327,9 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
     };
 
     // O = Pd V; dV = Pdᵀ dO; dP = dO Vᵀ ∘ M·r; D = rowsum(dO ∘ O); dS = P ∘ (dP − D).
-    let o: Vec<T> = mm(&pd, &v, sq, sk, d, round_in).into_iter().map(round).collect();
-    let dv = mm(&transpose(&pd, sq, sk), &d_o, sk, sq, d, round_in);
-    let dp: Vec<T> = mm(&d_o, &transpose(&v, sk, d), sq, d, sk, round_in)
+    let o: Vec<T> = mm(&pd, &v, sq, sk, dv, round_in).into_iter().map(round).collect();
+    let d_v = mm(&transpose(&pd, sq, sk), &d_o, sk, sq, dv, round_in);
+    let dp: Vec<T> = mm(&d_o, &transpose(&v, sk, dv), sq, dv, sk, round_in)
         .into_iter()
         .enumerate()
         .map(|(at, x)| match &keep {
@@ -339,8 +341,8 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
     let mut dsink = T::ZERO;
     for i in 0..sq {
         let mut delta = T::ZERO;
-        for t in 0..d {
-            delta += d_o[i * d + t] * o[i * d + t];
+        for t in 0..dv {
+            delta += d_o[i * dv + t] * o[i * dv + t];
         }
         if let Some(t) = sink {
             dsink += -((t - lse[i]).exp() * delta);
@@ -365,17 +367,17 @@ fn head<T: Real>(p: &Problem, bh: usize, round: &dyn Fn(T) -> T, round_in: Optio
         .map(|x| scale * x)
         .collect();
     let ds = if p.bias.is_some() { ds } else { Vec::new() };
-    HeadOut { o, lse, dq, dk, dv, ds, dsink }
+    HeadOut { o, lse, dq, dk, dv: d_v, ds, dsink }
 }
 
 /// Assembles per-head results: O, LSE, dQ per query head; dK, dV summed over each GQA group,
 /// then (naive) rounded.
 fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T) -> Outputs {
-    let (sk, d) = (p.seqlen_k, p.head_dim);
+    let (sk, d, d_v) = (p.seqlen_k, p.head_dim, p.head_dim_v);
     let group = p.heads_q / p.heads_k;
     let n_kv = p.batch * p.heads_k;
     let mut dk = vec![T::ZERO; n_kv * sk * d];
-    let mut dv = vec![T::ZERO; n_kv * sk * d];
+    let mut dv = vec![T::ZERO; n_kv * sk * d_v];
     let (mut o, mut lse, mut dq, mut ds) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut dsinks = if p.sinks.is_some() { vec![T::ZERO; p.heads_q] } else { Vec::new() };
     for (bh, hd) in heads.into_iter().enumerate() {
@@ -383,8 +385,8 @@ fn assemble<T: Real>(p: &Problem, heads: Vec<HeadOut<T>>, round: &dyn Fn(T) -> T
             *acc += hd.dsink;
         }
         let bhk = (bh / p.heads_q) * p.heads_k + (bh % p.heads_q) / group;
-        for (acc, part) in [(&mut dk, &hd.dk), (&mut dv, &hd.dv)] {
-            for (a, &x) in acc[bhk * sk * d..(bhk + 1) * sk * d].iter_mut().zip(part) {
+        for (acc, part, width) in [(&mut dk, &hd.dk, d), (&mut dv, &hd.dv, d_v)] {
+            for (a, &x) in acc[bhk * sk * width..(bhk + 1) * sk * width].iter_mut().zip(part) {
                 *a += x;
             }
         }
@@ -496,12 +498,13 @@ mod tests {
     /// Loss L = Σ O ∘ dO computed independently (row by row, f64, no matrices), for finite
     /// differences; `bias` (full B×Hq×Sq×Sk) and the problem's dropout mask are applied.
     fn loss_with(p: &Problem, q: &[f32], k: &[f32], v: &[f32], bias: Option<&[f32]>) -> f64 {
-        let (sq, sk, d, g) = (p.seqlen_q, p.seqlen_k, p.head_dim, p.heads_q / p.heads_k);
+        let (sq, sk, d, dv, g) = (p.seqlen_q, p.seqlen_k, p.head_dim, p.head_dim_v, p.heads_q / p.heads_k);
         let mut total = 0.0;
         for b in 0..p.batch {
             for h in 0..p.heads_q {
                 let qb = (b * p.heads_q + h) * sq * d;
                 let kb = (b * p.heads_k + h / g) * sk * d;
+                let (ob, vb) = ((b * p.heads_q + h) * sq * dv, (b * p.heads_k + h / g) * sk * dv);
                 for i in 0..sq {
                     let at = |j: usize| ((b * p.heads_q + h) * sq + i) * sk + j;
                     let scores: Vec<(usize, f64)> = (0..sk)
@@ -520,8 +523,8 @@ mod tests {
                     let z: f64 = scores.iter().map(|(_, s)| s.exp()).sum::<f64>() + sink;
                     for (j, s) in &scores {
                         let factor = p.dropout.map_or(1.0, |(m, r)| m[at(*j)] as f64 * r as f64);
-                        for t in 0..d {
-                            total += s.exp() / z * factor * v[kb + j * d + t] as f64 * p.d_o[qb + i * d + t] as f64;
+                        for t in 0..dv {
+                            total += s.exp() / z * factor * v[vb + j * dv + t] as f64 * p.d_o[ob + i * dv + t] as f64;
                         }
                     }
                 }
@@ -539,7 +542,8 @@ mod tests {
     }
 
     /// The analytic gradients match central finite differences of L = Σ O ∘ dO, for GQA, each
-    /// mask kind (two of them with soft-capping), and a row with no visible key; O and LSE match a
+    /// mask kind (two of them with soft-capping, two with V's own head dim), and a row with no
+    /// visible key; O and LSE match a
     /// direct evaluation.
     #[test]
     fn gradients_match_finite_differences() {
@@ -567,11 +571,13 @@ mod tests {
         ];
         for (mi, mask) in masks.into_iter().enumerate() {
             let (batch, heads_q, heads_k, sq, sk, d) = (2, 4, 2, 5, 3, 4);
+            // V's own head dim in every other mask (O, dO, dV follow it).
+            let dv = if mi % 2 == 0 { d + 2 } else { d };
             let mut rng = SplitMix64::new(11 + mi as u64);
             let q = random(batch * heads_q * sq * d, &mut rng);
             let k = random(batch * heads_k * sk * d, &mut rng);
-            let v = random(batch * heads_k * sk * d, &mut rng);
-            let d_o = random(batch * heads_q * sq * d, &mut rng);
+            let v = random(batch * heads_k * sk * dv, &mut rng);
+            let d_o = random(batch * heads_q * sq * dv, &mut rng);
             let p = Problem {
                 dtype: Precision::Half(Lowp::BF16),
                 batch,
@@ -580,6 +586,7 @@ mod tests {
                 seqlen_q: sq,
                 seqlen_k: sk,
                 head_dim: d,
+                head_dim_v: dv,
                 mask,
                 sm_scale: 0.7,
                 q: &q,
@@ -595,7 +602,7 @@ mod tests {
             // Sq > Sk bottom-right causal: rows 0 and 1 see nothing.
             if mi == 1 {
                 assert!(exact.lse[0].is_infinite() && exact.lse[1].is_infinite() && exact.lse[2].is_finite());
-                assert!(exact.o[..2 * d].iter().chain(&exact.dq[..2 * d]).all(|&x| x == 0.0));
+                assert!(exact.o[..2 * dv].iter().chain(&exact.dq[..2 * d]).all(|&x| x == 0.0));
             }
             let h = 1e-3f32;
             let check = |name: &str, grad: &[f64], which: usize| {
@@ -649,6 +656,7 @@ mod tests {
             seqlen_q: sq,
             seqlen_k: sk,
             head_dim: d,
+            head_dim_v: d,
             mask,
             sm_scale: 0.7,
             q: &q,
@@ -725,6 +733,7 @@ mod tests {
                 seqlen_q: sq,
                 seqlen_k: sk,
                 head_dim: d,
+                head_dim_v: d,
                 mask,
                 sm_scale: 0.6,
                 q: &q,
@@ -820,6 +829,7 @@ mod tests {
             seqlen_q: sq,
             seqlen_k: sk,
             head_dim: d,
+            head_dim_v: d,
             mask: MaskSpec {
                 left: 5,
                 right: 3,

@@ -173,10 +173,11 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let (shape, mask) = validate(params)?;
     let key = super::tuning_key(&shape, &mask);
     let (dtype, tf32) = (params.q.dtype, params.allow_tf32);
-    let preprocess_axes = axes(dtype, false, &shape, &[]);
+    let preprocess_axes = preprocess_functional_axes(dtype, &shape);
     let features = [("dropout", params.dropout.is_some()), ("bias", params.bias.is_some())];
     let mut main_axes = axes(dtype, tf32, &shape, &features);
     score_modifiers(params).push_axes(&mut main_axes);
+    shape.push_head_dim_v(&mut main_axes);
     let dbias_axes = axes(dtype, tf32, &shape, &features[..1]);
     let preprocess_args = preprocess_args(params, &shape)?;
     let args = kernel_args(params, &shape, &mask)?;
@@ -386,9 +387,18 @@ pub(crate) fn preprocess_args(p: &BwdParams, shape: &AttnShape) -> Result<ArgLis
     args.extend(strides4(["stride_oz", "stride_oh", "stride_om"], &p.o, shape));
     args.extend(strides4(["stride_doz", "stride_doh", "stride_dom"], &p.d_o, shape));
     args.extend(strides3(["stride_deltaz", "stride_deltah"], &p.delta, shape));
-    args.extend(int32_args([("N_CTX_Q", shape.seqlen_q), ("D_HEAD", shape.head_dim)])?);
+    // O and dO have V's head dim.
+    args.extend(int32_args([("N_CTX_Q", shape.seqlen_q), ("D_HEAD", shape.head_dim_v)])?);
     args.extend(super::varlen_args(shape));
     Ok(args)
+}
+
+/// `attn_bwd_preprocess`'s axes: the dtype and V's head-dim bucket (it reads O and dO).
+pub(crate) fn preprocess_functional_axes(dtype: DType, shape: &AttnShape) -> Axes {
+    let mut axes = Axes::new();
+    axes.push("dtype", dtype.triton_name());
+    axes.push("head_dim", shape.head_dim_v_axis);
+    axes
 }
 
 pub(crate) fn score_modifiers<'p>(p: &'p BwdParams) -> ScoreModifiers<'p> {
@@ -451,15 +461,18 @@ pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
     }
     let (tokens_q, tokens_k) = (p.q.sizes[2], p.k.sizes[2]);
     let rows = [p.q.sizes[0], shape.heads_q, tokens_q];
+    // O, dO and dV have V's head dim; dQ and dK Q/K's.
+    let mut o_sizes = p.q.sizes;
+    o_sizes[3] = shape.head_dim_v;
     for (name, t, sizes, tokens) in [
-        ("o", &p.o, p.q.sizes, tokens_q),
-        ("d_o", &p.d_o, p.q.sizes, tokens_q),
+        ("o", &p.o, o_sizes, tokens_q),
+        ("d_o", &p.d_o, o_sizes, tokens_q),
         ("dq", &p.dq, p.q.sizes, tokens_q),
         ("dk", &p.dk, p.k.sizes, tokens_k),
         ("dv", &p.dv, p.v.sizes, tokens_k),
     ] {
         check_tensor(name, t, sizes, dtype)?;
-        check_rows(name, t, tokens, shape.head_dim)?;
+        check_rows(name, t, tokens, sizes[3])?;
     }
     check_tensor("lse", &p.lse, rows, DType::F32)?;
     check_tensor("delta", &p.delta, rows, DType::F32)?;
@@ -527,6 +540,37 @@ mod tests {
         // The same calls with the bias broadcast over batch and heads stay within the grid.
         let p = with_dbias(256, 256, 16, 16, [1, 256, 16, 16]);
         assert!(validate(&p).is_ok());
+    }
+
+    #[test]
+    fn v_head_dim_sizes_o_do_dv_and_the_preprocess() {
+        // Q/K head dim 64, V's 32: O, dO and dV take V's; the preprocess (O, dO) runs at its bucket.
+        let (b, hq, sq, sk) = (2, 4, 33, 17);
+        let at = |i: u64| i << 32;
+        let t = |i, h, s, d| TensorView::contiguous(at(i), [b, h, s, d], DType::F16);
+        let rows = |i| TensorView::contiguous(at(i), [b, hq, sq], DType::F32);
+        let (q, k) = (|i, d| t(i, hq, sq, d), |i, d| t(i, 1, sk, d));
+        let p = BwdParams::new(q(1, 64), k(2, 64), k(3, 32), q(4, 32), q(5, 32), rows(6), rows(7), q(8, 64), k(9, 64), k(10, 32));
+        let (shape, mask) = validate(&p).unwrap();
+        assert_eq!((shape.head_dim, shape.head_dim_v, shape.head_dim_v_axis), (64, 32, "32"));
+        let axes = preprocess_functional_axes(DType::F16, &shape);
+        assert_eq!(axes.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "32")]);
+        let pre = preprocess_args(&p, &shape).unwrap();
+        assert!(pre.args().unwrap().contains(&("D_HEAD", ArgValue::I32(32))));
+        let args = kernel_args(&p, &shape, &mask).unwrap();
+        let args = args.args().unwrap();
+        assert!(args.contains(&("D_HEAD", ArgValue::I32(64))) && args.contains(&("D_HEAD_V", ArgValue::I32(32))));
+        // Each of O, dO and dV must have V's head dim; dQ and dK Q's.
+        for (name, wrong) in [
+            ("o", BwdParams { o: q(4, 64), ..p }),
+            ("d_o", BwdParams { d_o: q(5, 64), ..p }),
+            ("dv", BwdParams { dv: k(10, 64), ..p }),
+            ("dq", BwdParams { dq: q(8, 32), ..p }),
+        ] {
+            let err = validate(&wrong).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ShapeMismatch, "{err}");
+            assert!(err.message().starts_with(&format!("{name}.sizes")), "{err}");
+        }
     }
 
     #[test]

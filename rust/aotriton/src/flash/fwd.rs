@@ -129,6 +129,7 @@ pub(crate) fn functional_axes(p: &FwdParams, shape: &AttnShape) -> Axes {
     if p.sinks.is_some() {
         axes.push("sinks", crate::dispatch::bool_axis(true));
     }
+    shape.push_head_dim_v(&mut axes);
     axes
 }
 
@@ -194,8 +195,10 @@ pub(crate) fn choose_kernel(
 /// Checks every argument before anything touches the GPU. Each problem has its own error kind.
 pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
     let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_fwd")?;
-    check_tensor("o", &p.o, p.q.sizes, p.q.dtype)?;
-    check_rows("o", &p.o, p.q.sizes[2], shape.head_dim)?;
+    // O has V's head dim.
+    let [b, hq, tokens_q, _] = p.q.sizes;
+    check_tensor("o", &p.o, [b, hq, tokens_q, shape.head_dim_v], p.q.dtype)?;
+    check_rows("o", &p.o, tokens_q, shape.head_dim_v)?;
     if let Some(lse) = &p.lse {
         check_tensor("lse", lse, [p.q.sizes[0], shape.heads_q, p.q.sizes[2]], DType::F32)?;
     }
@@ -507,6 +510,43 @@ pub(crate) mod tests {
         let (shape, mask) = check(&p).unwrap();
         assert!(functional_axes(&p, &shape).as_slice().unwrap().contains(&("sinks", "true")));
         assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(7 << 32)));
+    }
+
+    /// A call whose V (and O) has head dim `dv`, Q/K keeping `D`.
+    fn with_head_dim_v(mut p: FwdParams<'static>, dv: u64) -> FwdParams<'static> {
+        p.v = TensorView::contiguous(p.v.ptr, [B, HK, SK, dv], p.v.dtype);
+        p.o = TensorView::contiguous(p.o.ptr, [B, HQ, SQ, dv], p.o.dtype);
+        p
+    }
+
+    #[test]
+    fn head_dim_v_is_an_optional_axis_and_an_argument() {
+        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        let axis = |p: &FwdParams, shape: &AttnShape| {
+            functional_axes(p, shape).as_slice().unwrap().iter().find(|(n, _)| *n == "head_dim_v").map(|(_, v)| *v)
+        };
+        let p = valid();
+        let (shape, mask) = check(&p).unwrap();
+        assert_eq!(axis(&p, &shape), None, "equal head dims: no head_dim_v axis");
+        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(D as i32)));
+        // V's own head dim: its bucket is the axis, its size the argument; O follows V.
+        for (dv, bucket) in [(32, "32"), (40, "64"), (128, "128")] {
+            let p = with_head_dim_v(valid(), dv);
+            let (shape, mask) = check(&p).unwrap();
+            assert_eq!((shape.head_dim, shape.head_dim_v), (D, dv));
+            assert_eq!(axis(&p, &shape), Some(bucket), "dv {dv}");
+            assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(dv as i32)));
+        }
+        // O must have V's head dim, not Q's.
+        let mut p = with_head_dim_v(valid(), 32);
+        p.o.sizes[3] = D;
+        let err = check(&p).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ShapeMismatch, "{err}");
+        assert!(err.message().starts_with("o.sizes"), "{err}");
+        // V's head dim is bounded like Q's, and named.
+        let err = check(&with_head_dim_v(valid(), 20)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::UnsupportedHeadDim, "{err}");
+        assert!(err.message().starts_with("v: head dim 20"), "{err}");
     }
 
     #[test]

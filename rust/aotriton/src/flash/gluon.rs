@@ -42,6 +42,8 @@ pub(crate) enum Unsupported {
     Alibi,
     /// Attention sinks.
     Sinks,
+    /// V's head dim differs from Q/K's.
+    HeadDimV { head_dim: u64, head_dim_v: u64 },
     /// The forward takes the row maximum before scaling, so it needs `sm_scale > 0`.
     NonPositiveScale,
     /// A tensor TMA cannot address (`"workspace"`: the workspace views would be too large).
@@ -71,6 +73,9 @@ impl fmt::Display for Unsupported {
             Unsupported::Softcap => write!(f, "it has no logit soft-capping (use the portable backend)"),
             Unsupported::Alibi => write!(f, "it has no ALiBi (use the portable backend)"),
             Unsupported::Sinks => write!(f, "it has no attention sinks (use the portable backend)"),
+            Unsupported::HeadDimV { head_dim, head_dim_v } => {
+                write!(f, "V's head dim {head_dim_v} differs from Q/K's {head_dim} (use the portable backend)")
+            }
             Unsupported::NonPositiveScale => write!(f, "its forward needs sm_scale > 0"),
             Unsupported::Tma { tensor, problem } => write!(f, "{tensor}: {problem}"),
             Unsupported::Misaligned { tensor, ptr } => {
@@ -145,6 +150,9 @@ fn common_inputs(
     };
     if let Some((_, why)) = features.iter().find(|(on, _)| *on) {
         return Err(*why);
+    }
+    if shape.splits_head_dims() {
+        return Err(Unsupported::HeadDimV { head_dim: shape.head_dim, head_dim_v: shape.head_dim_v });
     }
     for &(tensor, t) in tensors {
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor, problem })?;
@@ -508,6 +516,8 @@ mod tests {
             head_dim: 128,
             head_dim_bucket: 128,
             head_dim_axis: "128",
+            head_dim_v: 128,
+            head_dim_v_axis: "128",
             varlen: None,
         };
         fwd_grid(&meta, &shape, 132).and_then(|grid| check_grid(FWD_FAMILY, grid))
@@ -595,6 +605,11 @@ mod tests {
         assert_eq!(reason(&|p| p.softcap = 30.0), Unsupported::Softcap);
         assert_eq!(reason(&|p| p.alibi_slopes = Some(TensorView::contiguous(0x1000, [1, HQ], DType::F32))), Unsupported::Alibi);
         assert_eq!(reason(&|p| p.sinks = Some(TensorView::contiguous(0x1000, [HQ], DType::F32))), Unsupported::Sinks);
+        let head_dim_v = |p: &mut FwdParams| {
+            p.v = TensorView::contiguous(p.v.ptr, [B, HK, SK, 64], DType::BF16);
+            p.o = TensorView::contiguous(p.o.ptr, [B, HQ, SQ, 64], DType::BF16);
+        };
+        assert_eq!(reason(&head_dim_v), Unsupported::HeadDimV { head_dim: 128, head_dim_v: 64 });
         assert_eq!(reason(&|p| p.lse.as_mut().unwrap().ptr += 4), Unsupported::Misaligned { tensor: "lse", ptr: at(5) + 4 });
         assert_eq!(reason(&|p| p.sm_scale = -0.125), Unsupported::NonPositiveScale);
         assert_eq!(reason(&|p| p.sm_scale = 0.0), Unsupported::NonPositiveScale);
@@ -775,7 +790,13 @@ mod tests {
         assert!(err.message().contains("100 bytes") && err.message().contains("50 were given"), "{err}");
         let err = Unsupported::Tma { tensor: "k", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 72 } }.error("attn_fwd", None);
         assert!(err.message().starts_with("attn_fwd: the Gluon backend cannot serve this call: k: strides[2] is 72 bytes"), "{err}");
-        for why in [Unsupported::Dropout, Unsupported::Bias, Unsupported::Varlen, Unsupported::HeadDim { head_dim: 264, max: 256 }] {
+        for why in [
+            Unsupported::Dropout,
+            Unsupported::Bias,
+            Unsupported::Varlen,
+            Unsupported::HeadDim { head_dim: 264, max: 256 },
+            Unsupported::HeadDimV { head_dim: 192, head_dim_v: 128 },
+        ] {
             assert!(!why.to_string().is_empty());
         }
     }

@@ -313,6 +313,10 @@ pub(crate) struct AttnShape {
     /// family, and its axis value.
     pub head_dim_bucket: u64,
     pub head_dim_axis: &'static str,
+    /// V's head dim (also O's, dO's and dV's): `head_dim` unless the call gives V its own, with
+    /// its bucket's axis value (the optional axis `head_dim_v`, named only when the dims differ).
+    pub head_dim_v: u64,
+    pub head_dim_v_axis: &'static str,
     /// Packed batch: where its offsets are and what bounds them.
     pub varlen: Option<Packed>,
 }
@@ -320,6 +324,19 @@ pub(crate) struct AttnShape {
 impl AttnShape {
     pub fn gqa_group(&self) -> u64 {
         self.heads_q / self.heads_k
+    }
+
+    /// Whether V's head dim differs from Q/K's (the kernels then take V's bucket as `head_dim_v`).
+    pub fn splits_head_dims(&self) -> bool {
+        self.head_dim_v != self.head_dim
+    }
+
+    /// The functional axis `head_dim_v`, pushed only when the head dims differ (an optional axis:
+    /// absent means V's head dim is Q/K's).
+    pub fn push_head_dim_v(&self, axes: &mut Axes) {
+        if self.splits_head_dims() {
+            axes.push("head_dim_v", self.head_dim_v_axis);
+        }
     }
 }
 
@@ -341,7 +358,9 @@ pub(crate) fn check_qkv(
     let [batch, heads_q, tokens_q, head_dim] = q.sizes;
     let [_, heads_k, tokens_k, _] = k.sizes;
     check_tensor("k", k, [batch, heads_k, tokens_k, head_dim], q.dtype)?;
-    check_tensor("v", v, k.sizes, q.dtype)?;
+    // V may have its own head dim (DeepSeek-style MLA: Q/K 192, V 128); O and dO follow it.
+    let head_dim_v = v.sizes[3];
+    check_tensor("v", v, [batch, heads_k, tokens_k, head_dim_v], q.dtype)?;
     let (batch, seqlen_q, seqlen_k, packed) = match varlen {
         None => (batch, tokens_q, tokens_k, None),
         Some(varlen) => {
@@ -364,7 +383,9 @@ pub(crate) fn check_qkv(
     if heads_q % heads_k != 0 {
         bail!(ShapeMismatch, "q has {heads_q} heads, not a multiple of k's {heads_k} (GQA needs Hq = G·Hk)");
     }
-    let (head_dim_bucket, head_dim_axis) = head_dim_bucket(family, head_dim)?;
+    let (bucket, head_dim_axis) = head_dim_bucket(family, head_dim)?;
+    let (_, head_dim_v_axis) =
+        head_dim_bucket(family, head_dim_v).map_err(|e| crate::Error::new(e.kind(), format!("v: {}", e.message())))?;
     // Grid: (blocks, heads, batch); the y and z extents are limited to 65535.
     if heads_q > 65535 || batch > 65535 {
         bail!(TooLarge, "heads ({heads_q}) and batch ({batch}) must each be at most 65535");
@@ -378,11 +399,22 @@ pub(crate) fn check_qkv(
     if tokens_q > i32::MAX as u64 || tokens_k > i32::MAX as u64 {
         bail!(TooLarge, "q and k have {tokens_q} and {tokens_k} rows; the kernels index rows in int32 (at most 2^31 − 1)");
     }
-    let shape =
-        AttnShape { batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, head_dim_bucket, head_dim_axis, varlen: packed };
+    let shape = AttnShape {
+        batch,
+        heads_q,
+        heads_k,
+        seqlen_q,
+        seqlen_k,
+        head_dim,
+        head_dim_bucket: bucket,
+        head_dim_axis,
+        head_dim_v,
+        head_dim_v_axis,
+        varlen: packed,
+    };
     check_rows("q", q, tokens_q, head_dim)?;
     check_rows("k", k, tokens_k, head_dim)?;
-    check_rows("v", v, tokens_k, head_dim)?;
+    check_rows("v", v, tokens_k, head_dim_v)?;
     Ok(shape)
 }
 
@@ -766,7 +798,8 @@ pub(crate) fn seq_mask_args(shape: &AttnShape, mask: &MaskArgs) -> [(&'static st
 
 /// `seq_mask_args` plus the head-dim and packing arguments of the portable attention kernels.
 pub(crate) fn common_args(shape: &AttnShape, mask: &MaskArgs) -> impl Iterator<Item = (&'static str, ArgValue)> {
-    seq_mask_args(shape, mask).into_iter().chain([("D_HEAD", ArgValue::I32(shape.head_dim as i32))]).chain(varlen_args(shape))
+    let dims = [("D_HEAD", ArgValue::I32(shape.head_dim as i32)), ("D_HEAD_V", ArgValue::I32(shape.head_dim_v as i32))];
+    seq_mask_args(shape, mask).into_iter().chain(dims).chain(varlen_args(shape))
 }
 
 /// The packing arguments (kernels/flash/varlen.py); neutral values for a fixed-length batch.
