@@ -542,9 +542,8 @@ mod tests {
     }
 
     /// The analytic gradients match central finite differences of L = Σ O ∘ dO, for GQA, each
-    /// mask kind (two of them with soft-capping, two with V's own head dim), and a row with no
-    /// visible key; O and LSE match a
-    /// direct evaluation.
+    /// mask kind (two of them with soft-capping, the other two with V's own head dim), and a row
+    /// with no visible key; O and LSE match a direct evaluation.
     #[test]
     fn gradients_match_finite_differences() {
         let masks = [
