@@ -1,6 +1,8 @@
 // FlashAttention operators.
 //
-// Layouts: q is B x Hq x Sq x D, k and v B x Hk x Sk x D, views with any element strides whose
+// Layouts: q is B x Hq x Sq x D, k B x Hk x Sk x D and v B x Hk x Sk x Dv (Dv = D, or V's own
+// head dim: o, d_o and dv follow it; compiled for fp16/bf16 with D/Dv in the buckets 256/128, as
+// DeepSeek-style MLA's 192/128, and 128/64), views with any element strides whose
 // last stride is 1 (B x H x S x D and B x S x H x D memory both work). lse is a B x Hq x Sq fp32
 // view (last stride 1) holding, per query row, the natural-log log-sum-exp of the row's scaled
 // scores over the keys it sees (+inf if it sees none).
@@ -58,8 +60,8 @@ struct FwdParams {
   // -- version 1 --
   TensorView<4> q;    // B x Hq x Sq x D, fp16, bf16 (or fp32 since version 3); D % 8 == 0, <= 256 (<= 512 for fp16/bf16)
   TensorView<4> k;    // B x Hk x Sk x D, same dtype; Hq a multiple of Hk (GQA, MQA)
-  TensorView<4> v;    // B x Hk x Sk x D, same dtype
-  TensorView<4> o;    // B x Hq x Sq x D output, same dtype
+  TensorView<4> v;    // B x Hk x Sk x Dv, same dtype (Dv: see the top of this file)
+  TensorView<4> o;    // B x Hq x Sq x Dv output, same dtype
   TensorView<3> lse;  // B x Hq x Sq fp32 output; since version 2 a null data pointer = not wanted
   // Scale of q.k; must be set (typically 1/sqrt(D)): NaN is rejected as "not set".
   float sm_scale = std::numeric_limits<float>::quiet_NaN();

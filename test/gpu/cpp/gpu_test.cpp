@@ -272,6 +272,9 @@ struct Case {
   float sm_scale = 0.0f;         // 0: 1/sqrt(D)
   size_t alibi_rows = 0;         // ALiBi slopes [rows, Hq] (FwdParams version 7): 0 off, 1 shared, B per sequence
   bool sinks = false;            // attention sinks [Hq] and their gradient (FwdParams version 8)
+  size_t head_dim_v = 0;         // V's own head dim (O, dO, dV too); 0: head_dim
+
+  size_t dv() const { return head_dim_v ? head_dim_v : head_dim; }
 
   // BLOOM's slopes 2^(-8(h+1)/Hq), scaled per sequence when each has its own row.
   float slope(size_t b, size_t h) const {
@@ -313,6 +316,7 @@ struct Case {
     if (softcap > 0) text += " softcap=" + std::to_string(softcap).substr(0, 4) + " scale=" + std::to_string(sm_scale).substr(0, 4);
     if (alibi_rows > 0) text += alibi_rows > 1 ? " alibi=[B,Hq]" : " alibi=[1,Hq]";
     if (sinks) text += " sinks";
+    if (dv() != head_dim) text += " Dv=" + std::to_string(dv());
     return text;
   }
 };
@@ -369,6 +373,13 @@ std::vector<Case> make_cases() {
   nolse.fwd_without_lse = true;
   out.push_back(nolse);
   out.push_back(bwd_case(Lowp::kF16, 24, 8, 4, 1, 513, 77, L::kBshd, false, BR, 3, -1));   // (l, -1)
+  // V's own head dim (DeepSeek MLA's 192/128; 128/64 with a window and padded dims).
+  Case mla = bwd_case(Lowp::kBF16, 192, 4, 2, 1, 131, 200, L::kBshd, true, BR, -1, -1);
+  mla.head_dim_v = 128;
+  out.push_back(mla);
+  Case half_v = bwd_case(Lowp::kF16, 96, 2, 2, 2, 97, 61, L::kPadded, false, TL, 16, 5);
+  half_v.head_dim_v = 40;
+  out.push_back(half_v);
   // Head dims above 256 (bucket 512, the portable kernels under every backend).
   out.push_back(bwd_case(Lowp::kBF16, 512, 4, 2, 1, 131, 200, L::kBshd, true, BR, -1, -1));  // GQA, causal BR
   out.push_back(bwd_case(Lowp::kF16, 264, 2, 2, 1, 97, 61, L::kPadded, false, TL, 16, 5));   // window, empty rows
@@ -439,9 +450,10 @@ struct Placement {
   }
 };
 
-// A B x h x s x D tensor of the case; `shifted`: q, dO, dQ (2 bytes off in the misaligned layout).
-Placement<4> place4(const Case& c, size_t h, size_t s, bool shifted) {
-  size_t b = c.batch, d = c.head_dim;
+// A B x h x s x d tensor of the case (d: Q/K's head dim, or V's for v, o, dO, dV); `shifted`: q,
+// dO, dQ (2 bytes off in the misaligned layout).
+Placement<4> place4(const Case& c, size_t h, size_t s, size_t d, bool shifted) {
+  size_t b = c.batch;
   size_t sizes[4] = {b, h, s, d};
   switch (c.layout) {
     case Layout::kBshd: {
@@ -535,15 +547,15 @@ struct Inputs {
 
 // All query heads of K/V head (b, hk).
 void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, size_t hk, Outputs& ex, Outputs& nv) {
-  const size_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim, g = c.group();
+  const size_t sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim, dv = c.dv(), g = c.group();
   const double scale64 = sm_scale;
-  const size_t kv = (b * c.heads_k + hk) * sk * d;
+  const size_t kv = (b * c.heads_k + hk) * sk * d, kv_v = (b * c.heads_k + hk) * sk * dv;
   const float* k = &in.k[kv];
-  const float* v = &in.v[kv];
-  std::vector<double> dk64(sk * d, 0), dv64(sk * d, 0);
-  std::vector<float> dk32(sk * d, 0), dv32(sk * d, 0);
-  std::vector<double> s64(sk), p64(sk), o64(d), dq64(d), t64(sk, 0.0);
-  std::vector<float> s32(sk), p32(sk), o32(d), dq32(d), t32(sk, 0.0f);
+  const float* v = &in.v[kv_v];
+  std::vector<double> dk64(sk * d, 0), dv64(sk * dv, 0);
+  std::vector<float> dk32(sk * d, 0), dv32(sk * dv, 0);
+  std::vector<double> s64(sk), p64(sk), o64(dv), dq64(d), t64(sk, 0.0);
+  std::vector<float> s32(sk), p32(sk), o32(dv), dq32(d), t32(sk, 0.0f);
   std::vector<size_t> js;
   for (size_t hq = hk * g; hq < (hk + 1) * g; ++hq) {
     const size_t bh = b * c.heads_q + hq;
@@ -600,24 +612,24 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
       for (size_t j : js) {
         p64[j] = std::exp(s64[j] - m64) / l64;
         p32[j] = round_to(c.dtype, std::exp(s32[j] - m32) / l32);
-        for (size_t t = 0; t < d; ++t) {
-          o64[t] += p64[j] * v[j * d + t];
-          o32[t] += p32[j] * v[j * d + t];
+        for (size_t t = 0; t < dv; ++t) {
+          o64[t] += p64[j] * v[j * dv + t];
+          o32[t] += p32[j] * v[j * dv + t];
         }
       }
-      for (size_t t = 0; t < d; ++t) {
+      for (size_t t = 0; t < dv; ++t) {
         o32[t] = round_to(c.dtype, o32[t]);
-        ex.o[row * d + t] = o64[t];
-        nv.o[row * d + t] = o32[t];
+        ex.o[row * dv + t] = o64[t];
+        nv.o[row * dv + t] = o32[t];
       }
       ex.lse[row] = m64 + std::log(l64);
       nv.lse[row] = m32 + std::log(l32);
       if (!c.backward) continue;
 
-      const float* doi = &in.d_o[row * d];
+      const float* doi = &in.d_o[row * dv];
       double delta64 = 0;
       float delta32 = 0;
-      for (size_t t = 0; t < d; ++t) {
+      for (size_t t = 0; t < dv; ++t) {
         delta64 += doi[t] * o64[t];
         delta32 += doi[t] * o32[t];
       }
@@ -626,9 +638,9 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
       for (size_t j : js) {
         double dp64 = 0;
         float dp32 = 0;
-        for (size_t t = 0; t < d; ++t) {
-          dp64 += static_cast<double>(doi[t]) * v[j * d + t];
-          dp32 += doi[t] * v[j * d + t];
+        for (size_t t = 0; t < dv; ++t) {
+          dp64 += static_cast<double>(doi[t]) * v[j * dv + t];
+          dp32 += doi[t] * v[j * dv + t];
         }
         dp32 = round_to(c.dtype, dp32);
         double ds64 = p64[j] * (dp64 - delta64);
@@ -642,8 +654,10 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
           dq32[t] += ds32 * k[j * d + t];
           dk64[j * d + t] += ds64 * qi[t];
           dk32[j * d + t] += ds32 * qi[t];
-          dv64[j * d + t] += p64[j] * doi[t];
-          dv32[j * d + t] += p32[j] * doi[t];
+        }
+        for (size_t t = 0; t < dv; ++t) {
+          dv64[j * dv + t] += p64[j] * doi[t];
+          dv32[j * dv + t] += p32[j] * doi[t];
         }
       }
       for (size_t t = 0; t < d; ++t) {
@@ -655,20 +669,23 @@ void reference_group(const Case& c, float sm_scale, const Inputs& in, size_t b, 
   if (!c.backward) return;
   for (size_t x = 0; x < sk * d; ++x) {
     ex.dk[kv + x] = scale64 * dk64[x];
-    ex.dv[kv + x] = dv64[x];
     nv.dk[kv + x] = round_to(c.dtype, sm_scale * dk32[x]);
-    nv.dv[kv + x] = round_to(c.dtype, dv32[x]);
+  }
+  for (size_t x = 0; x < sk * dv; ++x) {
+    ex.dv[kv_v + x] = dv64[x];
+    nv.dv[kv_v + x] = round_to(c.dtype, dv32[x]);
   }
 }
 
 void reference(const Case& c, float sm_scale, const Inputs& in, Outputs& exact, Outputs& naive) {
   const size_t nq = c.batch * c.heads_q * c.seqlen_q, nk = c.batch * c.heads_k * c.seqlen_k, d = c.head_dim;
+  const size_t dv = c.dv();
   for (Outputs* out : {&exact, &naive}) {
-    out->o.assign(nq * d, 0);
+    out->o.assign(nq * dv, 0);
     out->lse.assign(nq, 0);
     out->dq.assign(c.backward ? nq * d : 0, 0);
     out->dk.assign(c.backward ? nk * d : 0, 0);
-    out->dv.assign(c.backward ? nk * d : 0, 0);
+    out->dv.assign(c.backward ? nk * dv : 0, 0);
   }
   const size_t jobs = c.batch * c.heads_k;
   const size_t threads = std::max<size_t>(1, std::min<size_t>({64, std::thread::hardware_concurrency(), jobs}));
@@ -862,13 +879,14 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   namespace fl = aotriton::v2::flash;
   const float sm_scale = c.sm_scale > 0 ? c.sm_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const size_t b = c.batch, hq = c.heads_q, hk = c.heads_k, sq = c.seqlen_q, sk = c.seqlen_k, d = c.head_dim;
+  const size_t dv = c.dv();
   auto draw = [&](size_t n) {
     std::vector<float> x(n);
     for (auto& e : x) e = rng.normal_in(c.dtype);
     return x;
   };
-  std::vector<float> q = draw(b * hq * sq * d), k = draw(b * hk * sk * d), v = draw(b * hk * sk * d);
-  std::vector<float> d_o = c.backward ? draw(b * hq * sq * d) : std::vector<float>();
+  std::vector<float> q = draw(b * hq * sq * d), k = draw(b * hk * sk * d), v = draw(b * hk * sk * dv);
+  std::vector<float> d_o = c.backward ? draw(b * hq * sq * dv) : std::vector<float>();
   auto enc = [&](const std::vector<float>& x) {
     std::vector<uint16_t> out(x.size());
     for (size_t i = 0; i < x.size(); ++i) out[i] = to_bits(c.dtype, x[i]);
@@ -878,10 +896,10 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   const std::vector<uint16_t> qb = enc(q), kb = enc(k), vb = enc(v), dob = enc(d_o);
 
   // Inputs inside NaN guards; outputs all NaN.
-  DevTensor<uint16_t, 4> q_dev(place4(c, hq, sq, true), &qb, kPoison16, stream);
-  DevTensor<uint16_t, 4> k_dev(place4(c, hk, sk, false), &kb, kPoison16, stream);
-  DevTensor<uint16_t, 4> v_dev(place4(c, hk, sk, false), &vb, kPoison16, stream);
-  DevTensor<uint16_t, 4> o_dev(place4(c, hq, sq, false), nullptr, kPoison16, stream);
+  DevTensor<uint16_t, 4> q_dev(place4(c, hq, sq, d, true), &qb, kPoison16, stream);
+  DevTensor<uint16_t, 4> k_dev(place4(c, hk, sk, d, false), &kb, kPoison16, stream);
+  DevTensor<uint16_t, 4> v_dev(place4(c, hk, sk, dv, false), &vb, kPoison16, stream);
+  DevTensor<uint16_t, 4> o_dev(place4(c, hq, sq, dv, false), nullptr, kPoison16, stream);
   DevTensor<uint32_t, 3> lse_dev(place_rows(c), nullptr, kPoison32, stream);
   const aotriton::DType dt = api_dtype(c.dtype);
   fl::FwdParams fp;
@@ -923,11 +941,11 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   std::optional<DevTensor<uint32_t, 3>> delta_dev;
   fl::BwdParams bp;
   if (c.backward) {
-    do_dev.emplace(place4(c, hq, sq, true), &dob, kPoison16, stream);
+    do_dev.emplace(place4(c, hq, sq, dv, true), &dob, kPoison16, stream);
     delta_dev.emplace(place_rows(c), nullptr, kPoison32, stream);
-    dq_dev.emplace(place4(c, hq, sq, true), nullptr, kPoison16, stream);
-    dk_dev.emplace(place4(c, hk, sk, false), nullptr, kPoison16, stream);
-    dv_dev.emplace(place4(c, hk, sk, false), nullptr, kPoison16, stream);
+    dq_dev.emplace(place4(c, hq, sq, d, true), nullptr, kPoison16, stream);
+    dk_dev.emplace(place4(c, hk, sk, d, false), nullptr, kPoison16, stream);
+    dv_dev.emplace(place4(c, hk, sk, dv, false), nullptr, kPoison16, stream);
     bp.q = fp.q;
     bp.k = fp.k;
     bp.v = fp.v;
@@ -957,7 +975,7 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   // Forced Gluon: a case outside its rule must be refused, nothing written.
   if (forced_gluon()) {
     const GluonTraits traits{true, d, c.layout == Layout::kBhsd || c.layout == Layout::kBshd,
-                               c.softcap > 0 || c.alibi_rows > 0 || c.sinks};
+                               c.softcap > 0 || c.alibi_rows > 0 || c.sinks || dv != d};
     if (!traits.serves()) {
       std::string note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
@@ -1080,9 +1098,9 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
           const size_t row = (bb * hq + h) * sq + i;
           double delta64 = 0;
           float delta32 = 0;
-          for (size_t t = 0; t < d; ++t) {
-            delta64 += d_o[row * d + t] * exact.o[row * d + t];
-            delta32 += d_o[row * d + t] * static_cast<float>(naive.o[row * d + t]);
+          for (size_t t = 0; t < dv; ++t) {
+            delta64 += d_o[row * dv + t] * exact.o[row * dv + t];
+            delta32 += d_o[row * dv + t] * static_cast<float>(naive.o[row * dv + t]);
           }
           want[h] -= std::exp(c.sink(h) - exact.lse[row]) * delta64;
           low[h] -= std::exp(c.sink(h) - static_cast<float>(naive.lse[row])) * delta32;
@@ -1108,9 +1126,9 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   for (size_t row = 0; row < exact.lse.size(); ++row) {
     if (!std::isinf(exact.lse[row])) continue;
     ++empty;
+    for (size_t t = 0; t < dv; ++t) nonzero += o[row * dv + t] != 0.0;
     for (size_t t = 0; t < d; ++t)
-      nonzero += o[row * d + t] != 0.0 || (c.backward && dq[row * d + t] != 0.0) ||
-                 (ran_deterministic && dq_det[row * d + t] != 0.0);
+      nonzero += (c.backward && dq[row * d + t] != 0.0) || (ran_deterministic && dq_det[row * d + t] != 0.0);
   }
   if (empty) line += "  empty rows " + std::to_string(empty);
   if (nonzero) line += "[" + std::to_string(nonzero) + " nonzero O/dQ]!";
