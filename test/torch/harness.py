@@ -27,12 +27,13 @@ def forced_backend():
 
 
 def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None,
-                  softcap=False, alibi=False):
+                  softcap=False, alibi=False, head_dim_v=None):
     """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
     kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
     in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; no
     dropout; no bias (the extension turns bool and float masks into one); not packed (varlen); no
-    logit soft-capping; no ALiBi; forward: sm_scale > 0 (None = the default 1/sqrt(D)). It also needs
+    logit soft-capping; no ALiBi; V's head dim Q/K's (head_dim_v None or equal); forward: sm_scale > 0
+    (None = the default 1/sqrt(D)). It also needs
     TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
     bytes), which every test input is once the wrapper has copied a non-unit last stride away."""
     if dtype not in (torch.float16, torch.bfloat16):
@@ -49,6 +50,8 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
         return "soft-capping"
     if alibi:
         return "ALiBi"
+    if head_dim_v is not None and head_dim_v != head_dim:
+        return "V's head dim"
     if not backward and sm_scale is not None and not sm_scale > 0:
         return "sm_scale"
     return None
@@ -60,13 +63,13 @@ def gluon_serves(dtype, head_dim, backward=False, dropout=False, bias=False, var
 
 
 def gluon_refuses(dtype, head_dim, backward=False, dropout=False, bias=False, varlen=False, sm_scale=None,
-                  softcap=False, alibi=False):
+                  softcap=False, alibi=False, head_dim_v=None):
     """The reason (see gluon_refusal) when AOTRITON_BACKEND=gluon forces such a call onto a backend
     that cannot serve it, so the call must raise kUnsupportedByBackend; None otherwise (any other
     backend, or a call Gluon serves: the test runs as usual)."""
     if forced_backend() != "gluon":
         return None
-    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale, softcap, alibi)
+    return gluon_refusal(dtype, head_dim, backward, dropout, bias, varlen, sm_scale, softcap, alibi, head_dim_v)
 
 
 class Runner:

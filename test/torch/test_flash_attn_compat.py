@@ -57,13 +57,14 @@ def compare_packed(label, seq_ref, **options):
               alibi=options.get("alibi_slopes") is not None)
 
 
-def compare_dense(dtype, b, hq, hk, sq, sk, d, causal, window, scale, cap=0.0):
-    """flash_attn_func over (B, S, H, D) inputs against float64 (cap > 0: logit soft-capping)."""
-    name = (f"flash_attn_func {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}"
+def compare_dense(dtype, b, hq, hk, sq, sk, d, causal, window, scale, cap=0.0, dv=None):
+    """flash_attn_func over (B, S, H, D) inputs against float64 (cap > 0: logit soft-capping; dv: V's
+    own head dim)."""
+    name = (f"flash_attn_func {T.tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (f" Dv{dv}" if dv else "")
             + (" causal" if causal else "") + (f" window{window}" if window != (-1, -1) else "")
             + (f" scale{scale}" if scale else "") + (f" softcap{cap}" if cap else ""))
     sc = 1 / math.sqrt(d) if scale is None else scale
-    T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, d)),
+    T.compare(name, dtype, dict(q=T.rnd(b, sq, hq, d), k=T.rnd(b, sk, hk, d), v=T.rnd(b, sk, hk, dv or d)),
               lambda q, k, v: FA.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, window_size=window,
                                                  softcap=cap),
               lambda q, k, v: bshd_ref(q, k, v, sc, causal, window, cap), ["q", "k", "v"], softcap=cap > 0)
@@ -79,6 +80,10 @@ def test_dense():
                 (2, 2, 2, 99, 131, 100, False, (-1, -1), None),     # head dim 100: padded to 104
                 (1, 4, 2, 97, 130, 300, True, (-1, -1), None)):     # head dim 300: padded to 304, bucket 512
             compare_dense(dtype, *case)
+        # V's own head dim (FlashAttention-3's hdim_v): DeepSeek MLA's 192/128, and 100/60 (padded to
+        # 104/64, the 128/64 bucket pair).
+        compare_dense(dtype, 2, 4, 2, 131, 200, 192, True, (-1, -1), None, dv=128)
+        compare_dense(dtype, 1, 2, 2, 77, 61, 100, False, (16, 4), None, dv=60)
 
 
 def test_softcap():

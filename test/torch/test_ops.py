@@ -53,8 +53,9 @@ def compare(name, dtype, inputs, fn_ours, fn_ref, grad_names, fwd_factor=3.0, gr
     if not wanted(name):
         return
     head_dim = next(iter(inputs.values())).shape[-1]
-    why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale, softcap, alibi)
-    why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale, softcap, alibi)
+    head_dim_v = inputs["v"].shape[-1] if "v" in inputs else None
+    why_fwd = gluon_refuses(dtype, head_dim, False, dropout, bias, varlen, sm_scale, softcap, alibi, head_dim_v)
+    why_bwd = gluon_refuses(dtype, head_dim, True, dropout, bias, varlen, sm_scale, softcap, alibi, head_dim_v)
 
     def leaves(dt):
         return {n: t.to(dt).detach().requires_grad_(n in grad_names) for n, t in inputs.items()}
@@ -100,12 +101,13 @@ def tag(dtype):
 
 
 # ---------------------------------------------------------------- padded SDPA cases
-def sdpa_case(dtype, b, hq, hk, sq, sk, d, causal=False, scale=None, label=""):
+def sdpa_case(dtype, b, hq, hk, sq, sk, d, causal=False, scale=None, label="", dv=None):
+    """dv: V's own head dim (the output's), Q/K's when None."""
     sc = 1.0 / math.sqrt(d) if scale is None else scale
     vis = visible(sq, sk, causal=True) if causal else None
-    name = (f"sdpa {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else "")
-            + (f" scale{scale}" if scale is not None else "") + label)
-    compare(name, dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, d)),
+    name = (f"sdpa {tag(dtype)} B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (f" Dv{dv}" if dv else "")
+            + (" causal" if causal else "") + (f" scale{scale}" if scale is not None else "") + label)
+    compare(name, dtype, dict(q=rnd(b, hq, sq, d), k=rnd(b, hk, sk, d), v=rnd(b, hk, sk, dv or d)),
             lambda q, k, v: A.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
                                                            enable_gqa=hq != hk),
             lambda q, k, v: attention_ref(q, k, v, sc, vis=vis), ["q", "k", "v"], sm_scale=sc)
@@ -120,6 +122,10 @@ def test_dtypes_and_head_dims():
     sdpa_case(torch.bfloat16, 1, 2, 2, 300, 1000, 64)  # long keys, several blocks
     sdpa_case(torch.float16, 3, 2, 2, 1, 77, 128)      # one query (decode-like)
     sdpa_case(torch.bfloat16, 2, 4, 2, 130, 200, 384, causal=True, label=" GQA")  # bucket 512
+    # V's own head dim: DeepSeek MLA's 192/128 (GQA, causal), 128/64, and padded dims in both buckets.
+    sdpa_case(torch.bfloat16, 2, 4, 2, 97, 130, 192, causal=True, label=" GQA MLA", dv=128)
+    sdpa_case(torch.float16, 1, 3, 3, 61, 77, 128, dv=64)
+    sdpa_case(torch.float16, 2, 2, 1, 45, 33, 96, causal=True, label=" MQA", dv=40)
 
 
 def test_causal_scale_gqa():
@@ -523,7 +529,7 @@ def expect_error(name, fn, exc, needle):
         R.check(name, needle in str(e), f"{type(e).__name__}: {str(e)[:200]}")
         return
     except Exception as e:  # noqa: BLE001
-        R.check(name, False, f"raised {type(e).__name__} instead of {exc.__name__}: {str(e)[:200]}")
+        R.check(name, False, f"raised {type(e).__name__} instead of {exc}: {str(e)[:200]}")
         return
     R.check(name, False, "no error raised")
 
@@ -628,8 +634,14 @@ def test_errors():
                  NotImplementedError, "float64")
     expect_error("error: cpu tensors", lambda: sdpa(*(t(1, 2, 8, 64, dtype=torch.float32, dev="cpu") for _ in range(3))),
                  NotImplementedError, "CUDA")
-    expect_error("error: value head dim differs", lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 32)),
-                 NotImplementedError, "value head dim 32")
+    # V's own head dim: a bucket pair the library does not compile (64/32) is named by it (a forced
+    # Gluon backend refuses V's own head dim first); float32 is refused up front.
+    expect_error("error: head dims 64/32 not compiled",
+                 lambda: sdpa(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 32)), (NotImplementedError, RuntimeError),
+                 "V's head dim 32" if forced_backend() == "gluon" else "head_dim_v=32")
+    expect_error("error: fp32 value head dim differs",
+                 lambda: sdpa(*(t(1, 2, 8, n, dtype=torch.float32) for n in (128, 128, 64))),
+                 NotImplementedError, "value head dim 64 differs from query head dim 128")
     expect_error("error: GQA heads without enable_gqa", lambda: sdpa(t(1, 8, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64)),
                  RuntimeError, "enable_gqa")
     expect_error("error: GQA heads not a divisor",

@@ -155,14 +155,21 @@ int32_t window_of(int64_t w, const char* name) {
 // An output with the sizes of `like` (B x H x S x D) laid out as `like` is when that is dense
 // with a unit last stride (out like q, dq/dk/dv like q/k/v: autograd then hands each gradient to
 // its input without a layout copy, whichever of (B,H,S,D) or (B,S,H,D) memory the caller has);
-// otherwise B x S x H x D memory viewed as B x H x S x D.
-Tensor alloc_like(const Tensor& like, bool zero) {
-  if (like.is_non_overlapping_and_dense() && like.stride(-1) == 1) {
+// otherwise B x S x H x D memory viewed as B x H x S x D. `d` >= 0: that head dim instead of
+// like's (the output of a call whose V has its own head dim), in like's (B,H,S,D) or (B,S,H,D)
+// order.
+Tensor alloc_like(const Tensor& like, bool zero, int64_t d = -1) {
+  const bool dense = like.is_non_overlapping_and_dense() && like.stride(-1) == 1;
+  if (dense && (d < 0 || d == like.size(3))) {
     Tensor t = at::empty_like(like, at::MemoryFormat::Preserve);
     return zero ? t.zero_() : t;
   }
   const auto opts = like.options();
-  const auto b = like.size(0), h = like.size(1), s = like.size(2), d = like.size(3);
+  const auto b = like.size(0), h = like.size(1), s = like.size(2);
+  if (d < 0) d = like.size(3);
+  if (dense && like.stride(1) >= like.stride(2)) {  // (B,H,S,D) memory
+    return zero ? at::zeros({b, h, s, d}, opts) : at::empty({b, h, s, d}, opts);
+  }
   Tensor t = zero ? at::zeros({b, s, h, d}, opts) : at::empty({b, s, h, d}, opts);
   return t.transpose(1, 2);
 }
@@ -282,7 +289,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, co
   const Problem pr = problem_of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
 
   // Rows of a packed tensor past the last sequence are not written by the kernels: zero them.
-  Tensor out = alloc_like(q, pr.varlen);
+  Tensor out = alloc_like(q, pr.varlen, v.size(3));  // O has V's head dim
   Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   Tensor rng_state = at::zeros({2}, q.options().dtype(at::kLong));
 

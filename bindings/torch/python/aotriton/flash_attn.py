@@ -5,7 +5,8 @@
 Names, argument order, defaults, layouts and results are FlashAttention-2's (``flash_attn``
 2.x, ``flash_attn_interface``): q ``(B, Sq, Hq, D)``, k/v ``(B, Sk, Hk, D)`` (Hq a multiple of Hk);
 packed ``(total, H, D)`` with int32 ``cu_seqlens``; fp16 or bf16 (fp32 too); any head dim up to
-512 (dims that are not multiples of 8 are zero-padded, as FlashAttention does). ``causal`` and
+512 (dims that are not multiples of 8 are zero-padded, as FlashAttention does); v may have its own
+head dim Dv (the output's, as FlashAttention-3's ``hdim_v``: DeepSeek MLA's 192/128, 128/64). ``causal`` and
 ``window_size=(left, right)`` are aligned bottom-right (query i of Sq sees key j iff
 ``i + Sk - Sq - left <= j <= i + Sk - Sq + right``, -1 unbounded; ``causal`` sets right to 0).
 ``softmax_scale`` defaults to ``1/sqrt(D)``; ``dropout_p`` draws from torch's CUDA generator;
@@ -46,15 +47,16 @@ def _refuse(return_attn_probs, block_table=None):
 
 
 def _padded(q, k, v, softmax_scale):
-    """q, k, v with the head dim zero-padded to a multiple of 8 (the padded lanes add nothing to
-    q.k and give output lanes that are cut off again), the scale of the true head dim, and the
-    true head dim."""
-    d = q.size(-1)
+    """q, k, v with each head dim (Q/K's, V's) zero-padded to a multiple of 8 (the padded lanes
+    add nothing to q.k and give output lanes that are cut off again), the scale of Q/K's true head
+    dim, and V's true head dim (the output's)."""
+    d, dv = q.size(-1), v.size(-1)
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else float(softmax_scale)
-    if d % 8 == 0 or d > aot._MAX_HEAD_DIM:
-        return q, k, v, scale, d
-    pad = 8 - d % 8
-    return (*(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v)), scale, d)
+
+    def pad(t):
+        n = t.size(-1)
+        return t if n % 8 == 0 or n > aot._MAX_HEAD_DIM else torch.nn.functional.pad(t, (0, 8 - n % 8))
+    return pad(q), pad(k), pad(v), scale, dv
 
 
 def _result(out, lse, d, return_softmax_lse):

@@ -91,18 +91,21 @@ def _keeps_layout(t):
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
-    def like(t):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
-        if _keeps_layout(t):
+    def like(t, d=None):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
+        if _keeps_layout(t) and d in (None, t.size(3)):
             return t.new_empty_strided(t.shape, t.stride())
-        b, h, s, d = t.shape
+        b, h, s, d0 = t.shape
+        d = d0 if d is None else d
+        if _keeps_layout(t) and t.stride(1) >= t.stride(2):  # (B,H,S,D) memory
+            return t.new_empty((b, h, s, d))
         return t.new_empty((b, s, h, d)).transpose(1, 2)
 
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
                   window_left, window_right, align, dropout_p, allow_tf32, check_cu_seqlens=False, varlen_status=None,
                   softcap=0.0, alibi_slopes=None, sinks=None):
-        b, h, s, d = q.shape
-        out = like(q)
+        b, h, s, _ = q.shape
+        out = like(q, v.size(3))  # O has V's head dim
         lse = q.new_empty((b, h, s), dtype=torch.float32)
         rng_state = q.new_empty((2,), dtype=torch.int64)
         return out, lse, rng_state
@@ -262,16 +265,19 @@ def _check_common(q, k, v, what):
     d, dk, dv = q.size(-1), k.size(-1), v.size(-1)
     if dk != d:
         raise RuntimeError(f"aotriton: query head dim {d} differs from key head dim {dk}")
-    if dv != d:
-        raise NotImplementedError(f"aotriton: value head dim {dv} differs from query head dim {d} "
-                                  "(only equal head dims are supported)")
-    if d % 8 != 0 or d == 0:
-        raise NotImplementedError(f"aotriton: head dim {d} is not a multiple of 8")
-    if d > _MAX_HEAD_DIM:
-        raise NotImplementedError(f"aotriton: head dim {d} is above {_MAX_HEAD_DIM}")
-    if q.dtype == torch.float32 and d > _FP32_MAX_HEAD_DIM:
-        raise NotImplementedError(f"aotriton: head dim {d} is above {_FP32_MAX_HEAD_DIM} for float32 "
-                                  f"(float16 and bfloat16 go to {_MAX_HEAD_DIM})")
+    for name, n in (("head dim", d), ("value head dim", dv)):
+        if n % 8 != 0 or n == 0:
+            raise NotImplementedError(f"aotriton: {name} {n} is not a multiple of 8")
+        if n > _MAX_HEAD_DIM:
+            raise NotImplementedError(f"aotriton: {name} {n} is above {_MAX_HEAD_DIM}")
+        if q.dtype == torch.float32 and n > _FP32_MAX_HEAD_DIM:
+            raise NotImplementedError(f"aotriton: {name} {n} is above {_FP32_MAX_HEAD_DIM} for float32 "
+                                      f"(float16 and bfloat16 go to {_MAX_HEAD_DIM})")
+    # V's own head dim (O and its gradient follow it): the library compiles it for fp16/bf16 in
+    # the bucket pairs 256/128 (DeepSeek MLA's 192/128) and 128/64, and names what it lacks.
+    if dv != d and q.dtype == torch.float32:
+        raise NotImplementedError(f"aotriton: value head dim {dv} differs from query head dim {d}: float16 and "
+                                  "bfloat16 only")
 
 
 def _check_dropout(dropout_p):
