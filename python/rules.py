@@ -22,8 +22,9 @@ Vocabulary
   Philox dropout (``kernels/flash/dropout.py``); ``bias``: additive bias
   (``kernels/flash/bias.py``).  ``softcap`` (``attn_fwd``, ``attn_bwd_dkdv``,
   ``attn_bwd_dq``): logit soft-capping (``kernels/flash/softcap.py``), ``alibi``
-  (``kernels/flash/alibi.py``) and ``sinks`` (``attn_fwd`` only: attention sinks,
-  ``kernels/flash/sinks.py``; their gradient is ``attn_bwd_dsink``'s): *optional* axes,
+  (``kernels/flash/alibi.py``), ``sinks`` (``attn_fwd`` only: attention sinks,
+  ``kernels/flash/sinks.py``; their gradient is ``attn_bwd_dsink``'s) and ``head_dim_v`` (V's
+  own head-dim bucket, ``HEAD_DIM_V_PAIRS``): *optional* axes,
   compiled for fp16/bf16 without dropout, bias or each other only, up to head dim 256
   (``OPTIONAL_AXES_MAX_HEAD_DIM``; fp32 too stops at 256: ``FP32_MAX_HEAD_DIM``), and present in a
   functional (and its kernel ids) only when on, so every other functional's id and

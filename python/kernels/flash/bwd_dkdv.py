@@ -15,12 +15,13 @@ bitwise reproducible run to run.
 
 Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES``;
 ``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
-bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
+bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
-BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI``.
+BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HEAD_DIM_V`` (V, dO and dV
+at V's own head dim when > 0: ``fwd.py``).
 
 Tensors as in ``fwd.py`` (varlen: ``varlen.py``; bias: ``bias.py``; dropout:
 ``dropout.py``, the same stream as the forward).  ``LSE``/``DELTA`` fp32

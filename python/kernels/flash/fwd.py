@@ -7,12 +7,13 @@ each row's softmax normaliser also counts the head's sink logit (``sinks.py``).
 
 Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS``; ``sm_scale, softcap``; strides
 (q, k, v, o: z/h/row; lse: z/h; bias: z/h/row; alibi slopes: z); ``STORE_LSE``; the attention
-group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+group ``N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
 ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group
 ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``
 and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``;
-constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HAS_SINKS``.
+constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HAS_SINKS,
+HEAD_DIM_V``.
 Unused groups (bias without ``HAS_BIAS``, dropout without ``DROPOUT``, cu_seqlens
 without ``IS_VARLEN``) may be null pointers / zeros.
 
@@ -25,7 +26,10 @@ Tensors (element strides; the last dimension always has stride 1 and is not pass
   contiguous works.  Varlen (``IS_VARLEN`` 1): packed, see ``varlen.py``.
 * ``D_HEAD`` (runtime, a multiple of 8) is the real head dimension,
   ``HEAD_DIM`` (constexpr) the power-of-two bucket ``>= D_HEAD``; head-dim
-  padding is masked (``tiles.py``).
+  padding is masked (``tiles.py``).  V (and O) may have their own head dim:
+  with ``HEAD_DIM_V`` > 0, ``V`` is ``[B, Hk, N_CTX_K, D_HEAD_V]`` and ``O``
+  ``[B, Hq, N_CTX_Q, D_HEAD_V]`` in that bucket; ``HEAD_DIM_V`` 0 means Q/K's
+  (``D_HEAD_V`` unread).
 * ``LSE``: fp32 ``[B, Hq, N_CTX_Q]`` with strides ``(stride_lz, stride_lh, 1)``
   (varlen: ``[1, Hq, total_q]``), written only when ``STORE_LSE`` is 1;
   ``LSE = ln(sum_j exp(s_ij))`` over the keys row ``i`` sees, *without* dropout

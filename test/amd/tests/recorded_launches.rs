@@ -558,6 +558,7 @@ fn put_attention(e: &mut Expect, c: &Case) {
     e.insert("N_CTX_Q", int(d.sq));
     e.insert("N_CTX_K", int(d.sk));
     e.insert("D_HEAD", int(c.d));
+    e.insert("D_HEAD_V", int(c.d)); // these cases' V has Q/K's head dim
     e.insert("GQA_GROUP", int(c.hq / c.hk));
     e.insert("WINDOW_LEFT", int(side(c.mask.window_left)));
     e.insert("WINDOW_RIGHT", int(side(c.mask.window_right)));
