@@ -475,6 +475,11 @@ pub(crate) mod tests {
         TensorView::contiguous(0x70000, sizes, DType::F16)
     }
 
+    /// The value an argument list gives `name`, if any.
+    fn arg_of(args: &ArgList, name: &str) -> Option<ArgValue> {
+        args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
     /// fp32 ALiBi slopes on their own fake address.
     fn slopes(sizes: [u64; 2]) -> TensorView<2> {
         TensorView::contiguous(6 << 32, sizes, DType::F32)
@@ -482,34 +487,32 @@ pub(crate) mod tests {
 
     #[test]
     fn alibi_is_an_optional_axis_and_arguments() {
-        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let mut p = valid();
         let (shape, mask) = check(&p).unwrap();
         assert!(functional_axes(&p, &shape).as_slice().unwrap().iter().all(|(name, _)| *name != "alibi"), "off: no alibi axis");
         let args = kernel_args(&p, &shape, &mask).unwrap();
-        assert_eq!((arg(&args, "ALIBI_SLOPES"), arg(&args, "stride_az")), (Some(ArgValue::Ptr(0)), Some(ArgValue::I64(0))));
+        assert_eq!((arg_of(&args, "ALIBI_SLOPES"), arg_of(&args, "stride_az")), (Some(ArgValue::Ptr(0)), Some(ArgValue::I64(0))));
         // One row of slopes for every sequence: batch stride 0; one row per sequence: its stride.
         for (sizes, stride_az) in [([1, HQ], 0), ([B, HQ], HQ as i64)] {
             p.alibi_slopes = Some(slopes(sizes));
             let (shape, mask) = check(&p).unwrap();
             assert!(functional_axes(&p, &shape).as_slice().unwrap().contains(&("alibi", "true")));
             let args = kernel_args(&p, &shape, &mask).unwrap();
-            assert_eq!(arg(&args, "ALIBI_SLOPES"), Some(ArgValue::Ptr(6 << 32)));
-            assert_eq!(arg(&args, "stride_az"), Some(ArgValue::I64(stride_az)));
+            assert_eq!(arg_of(&args, "ALIBI_SLOPES"), Some(ArgValue::Ptr(6 << 32)));
+            assert_eq!(arg_of(&args, "stride_az"), Some(ArgValue::I64(stride_az)));
         }
     }
 
     #[test]
     fn sinks_are_an_optional_axis_and_an_argument() {
-        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let mut p = valid();
         let (shape, mask) = check(&p).unwrap();
         assert!(functional_axes(&p, &shape).as_slice().unwrap().iter().all(|(name, _)| *name != "sinks"), "off: no sinks axis");
-        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(0)));
+        assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(0)));
         p.sinks = Some(TensorView::contiguous(7 << 32, [HQ], DType::F32));
         let (shape, mask) = check(&p).unwrap();
         assert!(functional_axes(&p, &shape).as_slice().unwrap().contains(&("sinks", "true")));
-        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(7 << 32)));
+        assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "SINKS"), Some(ArgValue::Ptr(7 << 32)));
     }
 
     /// A call whose V (and O) has head dim `dv`, Q/K keeping `D`.
@@ -521,21 +524,20 @@ pub(crate) mod tests {
 
     #[test]
     fn head_dim_v_is_an_optional_axis_and_an_argument() {
-        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let axis = |p: &FwdParams, shape: &AttnShape| {
             functional_axes(p, shape).as_slice().unwrap().iter().find(|(n, _)| *n == "head_dim_v").map(|(_, v)| *v)
         };
         let p = valid();
         let (shape, mask) = check(&p).unwrap();
         assert_eq!(axis(&p, &shape), None, "equal head dims: no head_dim_v axis");
-        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(D as i32)));
+        assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(D as i32)));
         // V's own head dim: its bucket is the axis, its size the argument; O follows V.
         for (dv, bucket) in [(32, "32"), (40, "64"), (128, "128")] {
             let p = with_head_dim_v(valid(), dv);
             let (shape, mask) = check(&p).unwrap();
             assert_eq!((shape.head_dim, shape.head_dim_v), (D, dv));
             assert_eq!(axis(&p, &shape), Some(bucket), "dv {dv}");
-            assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(dv as i32)));
+            assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "D_HEAD_V"), Some(ArgValue::I32(dv as i32)));
         }
         // O must have V's head dim, not Q's.
         let mut p = with_head_dim_v(valid(), 32);
@@ -551,17 +553,16 @@ pub(crate) mod tests {
 
     #[test]
     fn softcap_is_an_optional_axis_and_an_argument() {
-        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let mut p = valid();
         let (shape, mask) = check(&p).unwrap();
         let axes = functional_axes(&p, &shape);
         assert!(axes.as_slice().unwrap().iter().all(|(name, _)| *name != "softcap"), "off: no softcap axis");
-        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(0.0)));
+        assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(0.0)));
         p.softcap = 30.0;
         let (shape, mask) = check(&p).unwrap();
         let axes = functional_axes(&p, &shape);
         assert!(axes.as_slice().unwrap().contains(&("softcap", "true")));
-        assert_eq!(arg(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(30.0)));
+        assert_eq!(arg_of(&kernel_args(&p, &shape, &mask).unwrap(), "softcap"), Some(ArgValue::F32(30.0)));
     }
 
     #[test]
@@ -645,18 +646,17 @@ pub(crate) mod tests {
 
     #[test]
     fn packed_batches_pass_their_bounds_and_status_word() {
-        let arg = |args: &ArgList, name: &str| args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         let mut p = packed(None);
         let (shape, mask) = check(&p).unwrap();
         let args = kernel_args(&p, &shape, &mask).unwrap();
-        assert_eq!(arg(&args, "N_TOKENS_Q"), Some(ArgValue::I32(17)));
-        assert_eq!(arg(&args, "N_TOKENS_K"), Some(ArgValue::I32(17)));
-        assert_eq!(arg(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(0)));
+        assert_eq!(arg_of(&args, "N_TOKENS_Q"), Some(ArgValue::I32(17)));
+        assert_eq!(arg_of(&args, "N_TOKENS_K"), Some(ArgValue::I32(17)));
+        assert_eq!(arg_of(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(0)));
         p.varlen.as_mut().unwrap().status = 0x62000;
         let (shape, mask) = check(&p).unwrap();
         let args = kernel_args(&p, &shape, &mask).unwrap();
-        assert_eq!(arg(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0x62000)));
-        assert_eq!(arg(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(1)));
+        assert_eq!(arg_of(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0x62000)));
+        assert_eq!(arg_of(&args, "STORE_VARLEN_STATUS"), Some(ArgValue::I32(1)));
         p.varlen.as_mut().unwrap().status = 0x62002;
         assert_eq!(check(&p).unwrap_err().kind(), ErrorKind::MisalignedPointer);
         // The status word is written: it must not lie in an input (here cu_seqlens_q).
@@ -665,8 +665,8 @@ pub(crate) mod tests {
         // Fixed-length batches pass neutral values.
         let (shape, mask) = check(&valid()).unwrap();
         let args = kernel_args(&valid(), &shape, &mask).unwrap();
-        assert_eq!(arg(&args, "IS_VARLEN"), Some(ArgValue::I32(0)));
-        assert_eq!(arg(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0)));
+        assert_eq!(arg_of(&args, "IS_VARLEN"), Some(ArgValue::I32(0)));
+        assert_eq!(arg_of(&args, "VARLEN_STATUS"), Some(ArgValue::Ptr(0)));
     }
 
     #[test]
