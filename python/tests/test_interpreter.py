@@ -23,6 +23,7 @@ import warnings  # noqa: E402
 import numpy as np  # noqa: E402
 
 import _paths  # noqa: E402,F401
+import rules  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from kernels.flash.bwd_dbias import attn_bwd_dbias  # noqa: E402
@@ -49,8 +50,8 @@ def setUpModule():
 
 #: "Unbounded" window side, as the runtime passes it.
 UNBOUNDED = 2 ** 30
-#: Bucket for a real head dim: the smallest power of two >= max(D, 16).
-BUCKETS = [16, 32, 64, 128, 256]
+#: Bucket for a real head dim: the smallest compiled one (a power of two) >= max(D, 16).
+BUCKETS = rules.HEAD_DIMS
 
 
 def bucket(d):

@@ -89,9 +89,9 @@ int main() {
 
   p = valid_params();
   for (auto* t : {&p.q, &p.k, &p.v, &p.o}) {
-    t->sizes[3] = 264;
+    t->sizes[3] = 520;
   }
-  expect("head dim 264 above 256", flash::attn_fwd(p, stream), Status::kUnsupportedHeadDim);
+  expect("head dim 520 above 512", flash::attn_fwd(p, stream), Status::kUnsupportedHeadDim);
 
   p = valid_params();
   p.k.sizes[1] = p.v.sizes[1] = 3;
