@@ -189,11 +189,12 @@ def stride_tensor(name: str) -> str:
 
 #: What bounds a packed batch's offsets (kernels/flash/varlen.py): token counts, the status word.
 VARLEN_BOUNDS = ["N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
-#: Attention group (fwd, dkdv, dq), after the stride and kernel-specific arguments: ``D_HEAD`` is
-#: Q/K's real head dim, ``D_HEAD_V`` V's (read only with ``HEAD_DIM_V``). dBias takes it without
-#: ``D_HEAD_V`` (its functionals never split the head dims).
-ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "D_HEAD_V", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
-                   "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
+#: Attention group (fwd, dkdv, dq, dbias), after the stride and kernel-specific arguments.
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
+#: V's real head dim (fwd, dkdv, dq; read only with ``HEAD_DIM_V``): the last runtime argument, so
+#: the earlier arguments keep their offsets and the kernels without it their machine code.
+HEAD_DIM_V_ARGS = ["D_HEAD_V"]
 #: Dropout group (fwd, dkdv, dq, dbias); the forward appends ``FWD_PHILOX_OUTPUTS``.
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 FWD_PHILOX_OUTPUTS = ["PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
@@ -207,7 +208,7 @@ ATTN_FWD_ARGS = (
     + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
     + _strides("l", "zh") + _BIAS_STRIDES + _ALIBI_STRIDES
     + ["STORE_LSE"]
-    + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS
+    + ATTENTION_GROUP + DROPOUT_GROUP + FWD_PHILOX_OUTPUTS + HEAD_DIM_V_ARGS
     + _ATTN_CONSTEXPRS + ["HAS_SINKS", "HEAD_DIM_V"]
 )
 ATTN_BWD_PREPROCESS_ARGS = (
@@ -221,20 +222,20 @@ _BWD_INPUT_STRIDES = (_strides("q", "zhm") + _strides("k", "zhn") + _strides("v"
 ATTN_BWD_DKDV_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dk", "zhn") + _strides("dv", "zhn") + _BIAS_STRIDES + _ALIBI_STRIDES
-    + ATTENTION_GROUP + DROPOUT_GROUP
+    + ATTENTION_GROUP + DROPOUT_GROUP + HEAD_DIM_V_ARGS
     + _ATTN_CONSTEXPRS + ["HEAD_DIM_V"]
 )
 ATTN_BWD_DQ_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap"]
     + _BWD_INPUT_STRIDES + _strides("dq", "zhm") + _BIAS_STRIDES + _ALIBI_STRIDES
-    + ATTENTION_GROUP + DROPOUT_GROUP
+    + ATTENTION_GROUP + DROPOUT_GROUP + HEAD_DIM_V_ARGS
     + _ATTN_CONSTEXPRS + ["HEAD_DIM_V"]
 )
 ATTN_BWD_DBIAS_ARGS = (
     ["Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale"]
     + _BWD_INPUT_STRIDES + _BIAS_STRIDES + _strides("db", "zhm")
     + ["N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q"]
-    + [a for a in ATTENTION_GROUP if a != "D_HEAD_V"] + DROPOUT_GROUP
+    + ATTENTION_GROUP + DROPOUT_GROUP
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"]
 )
 ATTN_BWD_DSINK_ARGS = (

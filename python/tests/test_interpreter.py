@@ -320,10 +320,8 @@ class Launch:
             out[0::3] = [0] * len(tensors)
         return out
 
-    def attention_args(self, with_v=True):
-        """The attention group; dBias's (``with_v=False``) has no ``D_HEAD_V``."""
-        dims = (self.D, self.Dv) if with_v else (self.D,)
-        return (self.n_ctx_q, self.n_ctx_k, *dims, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
+    def attention_args(self):
+        return (self.n_ctx_q, self.n_ctx_k, self.D, self.Hq // self.Hk, *self.mask.args(self.n_ctx_q, self.n_ctx_k),
                 int(self.varlen), *self.cu, *self.packing)
 
     def dropout_args(self):
@@ -362,7 +360,7 @@ class Launch:
                        *self.st(tq, tk, tv, to), *self.lse_strides(tlse), *self.bias_strides(), self.stride_az,
                        store_lse,
                        *self.attention_args(), *self.dropout_args(),
-                       NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox,
+                       NpTensor(self.philox_out[0]), NpTensor(self.philox_out[1]), store_philox, self.Dv,
                        HAS_BIAS=self.bias is not None, **self.fwd_constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
         return o, lse
 
@@ -379,7 +377,7 @@ class Launch:
             to, tdo, tdelta, *self.st(to, tdo), *self.lse_strides(tdelta), self.n_ctx_q, self.Dv,
             int(self.varlen), self.cu[0], self.packing[0], *self.packing[2:], HEAD_DIM=hd, BLOCK_M=block_pre)
         common = (*self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta))
-        tail = (*self.attention_args(), *self.dropout_args())
+        tail = (*self.attention_args(), *self.dropout_args(), self.Dv)
         bm, bn = blocks_dkdv
         attn_bwd_dkdv[(triton.cdiv(self.n_ctx_k, bn), self.Hk, self.B)](
             tq, tk, tv, tdo, tlse, tdelta, tdk, tdv, self.tbias, self.talibi, self.sm_scale, self.softcap, *common,
@@ -411,8 +409,7 @@ class Launch:
             tq, tk, tv, tdo, tlse, tdelta, self.tbias, tdb, self.sm_scale,
             *self.st(tq, tk, tv, tdo), *self.lse_strides(tlse), *self.lse_strides(tdelta),
             *self.bias_strides(), *_strides(tdb), self.B, Bb, Hb, Sqb, self.Hq,
-            *self.attention_args(with_v=False), *self.dropout_args(),
-            **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
+            *self.attention_args(), *self.dropout_args(), **self.constexprs(BLOCK_M=block_m, BLOCK_N=block_n))
         return db
 
 

@@ -40,11 +40,9 @@ FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_prepr
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
                "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
 
-ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "D_HEAD_V", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
-                   "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K",
-                   "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
-#: dBias's attention group: no D_HEAD_V (its functionals never split the head dims).
-DBIAS_ATTENTION_GROUP = [a for a in ATTENTION_GROUP if a != "D_HEAD_V"]
+ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
+                   "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
+                   "STORE_VARLEN_STATUS"]
 DROPOUT_GROUP = ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
 ATTN_CONSTEXPRS = ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI"]
 BWD_STRIDES = ["stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
@@ -59,7 +57,7 @@ CONTRACT = {
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om",
         "stride_lz", "stride_lh", *BIAS_STRIDES, "stride_az",
         "STORE_LSE", *ATTENTION_GROUP, *DROPOUT_GROUP, "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
-        *ATTN_CONSTEXPRS, "HAS_SINKS", "HEAD_DIM_V"],
+        "D_HEAD_V", *ATTN_CONSTEXPRS, "HAS_SINKS", "HEAD_DIM_V"],
     "attn_bwd_dsink": [
         "LSE", "DELTA", "SINKS", "DSINK", "stride_lz", "stride_lh", "stride_deltaz", "stride_deltah",
         "N_BATCH", "N_CTX_Q", "IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS",
@@ -73,16 +71,16 @@ CONTRACT = {
     "attn_bwd_dkdv": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dkz", "stride_dkh", "stride_dkn", "stride_dvz", "stride_dvh", "stride_dvn", *BIAS_STRIDES, "stride_az",
-        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
+        *ATTENTION_GROUP, *DROPOUT_GROUP, "D_HEAD_V", *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
     "attn_bwd_dq": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "DQ", "BIAS", "ALIBI_SLOPES", "sm_scale", "softcap", *BWD_STRIDES,
         "stride_dqz", "stride_dqh", "stride_dqm", *BIAS_STRIDES, "stride_az",
-        *ATTENTION_GROUP, *DROPOUT_GROUP, *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
+        *ATTENTION_GROUP, *DROPOUT_GROUP, "D_HEAD_V", *ATTN_CONSTEXPRS, "HEAD_DIM_V"],
     "attn_bwd_dbias": [
         "Q", "K", "V", "DO", "LSE", "DELTA", "BIAS", "DBIAS", "sm_scale", *BWD_STRIDES,
         *BIAS_STRIDES, "stride_dbz", "stride_dbh", "stride_dbm",
         "N_BATCH", "BIAS_BATCHES", "BIAS_HEADS", "BIAS_ROWS", "N_HEADS_Q",
-        *DBIAS_ATTENTION_GROUP, *DROPOUT_GROUP, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"],
+        *ATTENTION_GROUP, *DROPOUT_GROUP, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "DROPOUT", "ALLOW_TF32"],
     "debug_dropout_mask": [
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],

@@ -15,11 +15,11 @@ bitwise reproducible run to run.
 
 Arguments, in order: pointers ``Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES``;
 ``sm_scale, softcap``; strides (q, k, v, do: z/h/row; lse, delta: z/h; dk, dv: z/h/row;
-bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP,
+bias: z/h/row; alibi slopes: z); the attention group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP,
 WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
 CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group ``DROPOUT_THRESHOLD, dropout_scale,
-PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; constexprs ``HEAD_DIM,
+PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``; ``D_HEAD_V`` (last, as in ``fwd.py``); constexprs ``HEAD_DIM,
 BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HEAD_DIM_V`` (V, dO and dV
 at V's own head dim when > 0: ``fwd.py``).
 
@@ -110,9 +110,9 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
                   stride_lz, stride_lh, stride_deltaz, stride_deltah,
                   stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
                   stride_bz, stride_bh, stride_bm, stride_az,
-                  N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+                  N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
                   CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
-                  DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                  DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, D_HEAD_V,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
                   SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HEAD_DIM_V: tl.constexpr):
@@ -139,7 +139,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, BIAS, ALIBI_SLOPES, sm_scale,
     # V's head dim (and O's, dO's, dV's): Q/K's, or with HEAD_DIM_V > 0 its own bucket and real dim.
     V_DIM: tl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
     d_head_v = D_HEAD if HEAD_DIM_V == 0 else D_HEAD_V
-    offs_dv = tl.arange(0, V_DIM)
+    offs_dv = offs_d if HEAD_DIM_V == 0 else tl.arange(0, V_DIM)  # the same value when V has Q/K's dim
     k = load_tile(K + off_z64 * stride_kz + off_hk * stride_kh + k_start64 * stride_kn, offs_n, stride_kn, offs_d,
                   D_HEAD, seqlen_k, True)
     v = load_tile(V + off_z64 * stride_vz + off_hk * stride_vh + k_start64 * stride_vn, offs_n, stride_vn, offs_dv,

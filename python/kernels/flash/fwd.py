@@ -7,11 +7,12 @@ each row's softmax normaliser also counts the head's sink logit (``sinks.py``).
 
 Arguments, in order: pointers ``Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS``; ``sm_scale, softcap``; strides
 (q, k, v, o: z/h/row; lse: z/h; bias: z/h/row; alibi slopes: z); ``STORE_LSE``; the attention
-group ``N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
+group ``N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
 ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS``; the dropout group
 ``DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base``
-and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``;
+and the forward-only ``PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX``; ``D_HEAD_V`` (last:
+the kernels without V's own head dim keep their machine code);
 constexprs ``HEAD_DIM, BLOCK_M, BLOCK_N, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI, HAS_SINKS,
 HEAD_DIM_V``.
 Unused groups (bias without ``HAS_BIAS``, dropout without ``DROPOUT``, cu_seqlens
@@ -126,10 +127,10 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
              stride_lz, stride_lh,
              stride_bz, stride_bh, stride_bm, stride_az,
              STORE_LSE,
-             N_CTX_Q, N_CTX_K, D_HEAD, D_HEAD_V, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
+             N_CTX_Q, N_CTX_K, D_HEAD, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN,
              CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
              DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
-             PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
+             PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX, D_HEAD_V,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
              DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr, SOFTCAP: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HEAD_DIM_V: tl.constexpr):
@@ -171,7 +172,7 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
     # V's head dim (and O's, dO's, dV's): Q/K's, or with HEAD_DIM_V > 0 its own bucket and real dim.
     V_DIM: tl.constexpr = HEAD_DIM if HEAD_DIM_V == 0 else HEAD_DIM_V
     d_head_v = D_HEAD if HEAD_DIM_V == 0 else D_HEAD_V
-    offs_dv = tl.arange(0, V_DIM)
+    offs_dv = offs_d if HEAD_DIM_V == 0 else tl.arange(0, V_DIM)  # the same value when V has Q/K's dim
 
     # -- main loops ----------------------------------------------------------
     q = load_tile(q_base, offs_m, stride_qm, offs_d, D_HEAD, seqlen_q, True)
