@@ -832,7 +832,7 @@ class AttnInterpreterTest(unittest.TestCase):
             tq_, tk_, tv_, to, tlse, run.tbias, run.talibi, run.tsinks, run.sm_scale, run.softcap,
             *run.st(tq_, tk_, tv_, to),
             *run.lse_strides(tlse), 0, 0, 0, 0, 1, *run.attention_args(), *run.dropout_args(), dummy(np.int64),
-            dummy(np.int64), 0, HAS_BIAS=False, **run.fwd_constexprs(BLOCK_M=16, BLOCK_N=16))
+            dummy(np.int64), 0, run.Dv, HAS_BIAS=False, **run.fwd_constexprs(BLOCK_M=16, BLOCK_N=16))
         want = 1 | 2 | 4  # VARLEN_OFFSET_OUT_OF_RANGE | VARLEN_DECREASING | VARLEN_TOO_LONG
         self.assertEqual(int(run.status[0]), want)
         for name, storage in (("O", o_storage), ("LSE", lse_storage.transpose(1, 0))):
