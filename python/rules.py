@@ -465,13 +465,25 @@ HD512 = {
 }
 
 
-def _hd512(family: str, arch: str, functional: dict[str, Any]) -> list[dict[str, int]] | None:
-    """The head-dim-512 config of ``family`` (``HD512``), or None below 512."""
-    if functional["head_dim"] != 512:
-        return None
-    return [HD512[TARGETS[arch][0]][family]]
+def _hd512(functional: dict[str, Any]) -> bool:
+    """Whether the functional is of the head-dim bucket 512 (its configs: ``HD512``)."""
+    return functional.get("head_dim") == 512
 
 
+def _hd512_first(family: str):
+    """Decorates a family's config function: the bucket 512 takes its ``HD512`` config (what the
+    tuner's candidates start from too), every other bucket the function's."""
+    def wrap(configs):
+        def pick(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+            if _hd512(functional):
+                return [HD512[TARGETS[arch][0]][family]]
+            return configs(arch, functional)
+        pick.__doc__ = configs.__doc__
+        return pick
+    return wrap
+
+
+@_hd512_first("attn_fwd")
 def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """Forward configs per (functional, arch), largest BLOCK_M first.
 
@@ -483,8 +495,6 @@ def _attn_fwd_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, i
     smaller config (twice the bytes per element in shared memory and registers).
     AMD archs: ``_amd_attn_fwd_configs``.  The tuning database will replace these picks.
     """
-    if (hd512 := _hd512("attn_fwd", arch, functional)) is not None:
-        return hd512
     hd = functional["head_dim"]
     if TARGETS[arch][0] == "hip":
         return _amd_attn_fwd_configs(functional)
@@ -560,14 +570,13 @@ def _plain(functional: dict[str, Any]) -> bool:
             and not _optional_on(functional))
 
 
+@_hd512_first("attn_bwd_dkdv")
 def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  BLOCK_N keys per program (dK, dV, K, V stay in registers), BLOCK_M queries per step.
 
     CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
     fp32 keeps the four ``[BLOCK_N, HEAD_DIM]`` register tiles at the 16-bit element count or below.
     """
-    if (hd512 := _hd512("attn_bwd_dkdv", arch, functional)) is not None:
-        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -592,13 +601,12 @@ def _attn_bwd_dkdv_configs(arch: str, functional: dict[str, Any]) -> list[dict[s
     return [_amd(32, 64, e) if hd <= 128 else _amd(16, 32, e)]
 
 
+@_hd512_first("attn_bwd_dq")
 def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  BLOCK_M queries per program (dQ, Q, dO stay in registers), BLOCK_N keys per step.
 
     CUDA fp16/bf16 picks: no register spills in the sm_90 ``aligned`` kernels (ptxas -v), not timed yet.
     """
-    if (hd512 := _hd512("attn_bwd_dq", arch, functional)) is not None:
-        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -621,13 +629,12 @@ def _attn_bwd_dq_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
     return [_amd(64, 32, 2 if hd <= 64 else 1) if hd <= 128 else _amd(32, 32, 1)]
 
 
+@_hd512_first("attn_bwd_dbias")
 def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config.  A ``[BLOCK_M, BLOCK_N]`` dBias tile per program; Q, dO per step, K^T, V^T per head.
 
     Not timed: dBias is a secondary path.
     """
-    if (hd512 := _hd512("attn_bwd_dbias", arch, functional)) is not None:
-        return hd512
     hd = functional["head_dim"]
     fp32 = functional["dtype"] == "fp32"
     if TARGETS[arch][0] == "cuda":
@@ -665,7 +672,7 @@ def _candidates(arch, functional, heuristic, shapes, streamed, resident):
     functionals (the tuner has no reference with them yet) and head dim 512 (``HD512``: the one
     config that fits the registers): the heuristic's."""
     out = list(heuristic(arch, functional))
-    if TARGETS[arch][0] != "cuda" or _optional_on(functional) or functional["head_dim"] > 256:
+    if TARGETS[arch][0] != "cuda" or _optional_on(functional) or _hd512(functional):
         return out
     for bm, bn, w, st in shapes:
         rows = {"m": bm, "n": bn}

@@ -29,9 +29,9 @@ pub(crate) fn override_case(stream: sys::CUstream) -> Result<Outcome, String> {
                     && axis("head_dim") == Some("64")
                     && axis("dropout") == Some("false")
                     && axis("bias") == Some("false")
-                    // Optional axes (rules.OPTIONAL_AXES) are named only when on: this call has
-                    // them all off.
-                    && ["softcap", "alibi", "sinks"].iter().all(|k| axis(k).is_none())
+                    // Optional axes (rules.OPTIONAL_AXES) are named only when on, and this call has
+                    // them all off: the functional has the base axes and no other.
+                    && f.axes.keys().all(|k| ["dtype", "tf32", "head_dim", "dropout", "bias"].contains(&k.as_str()))
             })
             .flat_map(|f| f.kernels.iter().filter(|k| k.variant == "generic").map(|k| k.id.clone()))
             .collect::<Vec<_>>()
