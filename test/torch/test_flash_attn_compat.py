@@ -36,10 +36,10 @@ def bshd_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, bias=No
                          bias=None if bias is None else bias.to(q.dtype)).transpose(1, 2)
 
 
-def compare_packed(label, seq_ref, **options):
+def compare_packed(label, seq_ref, dv=None, **options):
     """flash_attn_varlen_func with `options` over a packed bf16 batch (an empty and short
-    sequences, GQA 4/2, hd128, bottom-right causal, scale 0.5) against float64. seq_ref(i, q, k, v):
-    the reference of sequence i, (1, S, H, D) tensors."""
+    sequences, GQA 4/2, hd128 (V: dv when given), bottom-right causal, scale 0.5) against float64.
+    seq_ref(i, q, k, v): the reference of sequence i, (1, S, H, D) tensors."""
     lens_q, lens_k, hq, hk, d = [37, 0, 200, 5], [64, 9, 180, 5], 4, 2, 128
     cq = [0] + [sum(lens_q[:i + 1]) for i in range(len(lens_q))]
     ck = [0] + [sum(lens_k[:i + 1]) for i in range(len(lens_k))]
@@ -50,7 +50,7 @@ def compare_packed(label, seq_ref, **options):
         return torch.cat([seq_ref(i, q[cq[i]:cq[i + 1]][None], k[ck[i]:ck[i + 1]][None], v[ck[i]:ck[i + 1]][None])[0]
                           for i in range(len(lens_q))])
     T.compare(f"flash_attn_varlen_func {label} bf16 causal q{lens_q} k{lens_k}", torch.bfloat16,
-              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
+              dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, dv or d)),
               lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                                         softmax_scale=0.5, causal=True, **options),
               ref, ["q", "k", "v"], varlen=True, softcap=options.get("softcap", 0.0) > 0,
@@ -84,6 +84,7 @@ def test_dense():
         # 104/64, the 128/64 bucket pair).
         compare_dense(dtype, 2, 4, 2, 131, 200, 192, True, (-1, -1), None, dv=128)
         compare_dense(dtype, 1, 2, 2, 77, 61, 100, False, (16, 4), None, dv=60)
+    compare_packed("Dv 64", lambda i, q, k, v: bshd_ref(q, k, v, 0.5, True), dv=64)
 
 
 def test_softcap():
@@ -218,7 +219,7 @@ def test_varlen():
     for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (32, -1))):
         name = f"flash_attn_varlen_func bf16 q{lens_q} k{lens_k} Hq{hq} Hk{hk}" + (" causal" if causal else "") + (
             f" window{window}" if window != (-1, -1) else "")
-        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
+        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, dv or d)),
                   lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                                             causal=causal, window_size=window),
                   lambda q, k, v: ref(q, k, v, causal, window), ["q", "k", "v"], varlen=True)

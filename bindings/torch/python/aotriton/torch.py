@@ -459,8 +459,10 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     code = _align_code(align)
     b, hq, sq, d = q.shape
     _, hk, sk, _ = k.shape
-    if k.shape != v.shape or k.size(0) != b:
-        raise RuntimeError(f"aotriton: k and v must both be (B, Hk, Sk, D) with q's batch; got q {tuple(q.shape)}, "
+    # V's head dim may differ from K's (checked by _check_common); the other dims must agree.
+    if k.shape[:3] != v.shape[:3] or k.size(0) != b:
+        raise RuntimeError(f"aotriton: k and v must be (B, Hk, Sk, D) and (B, Hk, Sk, Dv) with q's batch; "
+                           f"got q {tuple(q.shape)}, "
                            f"k {tuple(k.shape)}, v {tuple(v.shape)} (layout {layout})")
     if hk == 0 or hq % hk != 0:
         raise RuntimeError(f"aotriton: q has {hq} heads, not a multiple of k's {hk}")
@@ -513,8 +515,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     p = _check_dropout(dropout_p)
     left, right = _window(window_size)
     code = _align_code(align)
-    if k.shape != v.shape:
-        raise RuntimeError(f"aotriton: k and v shapes differ ({tuple(k.shape)} vs {tuple(v.shape)})")
+    if k.shape[:2] != v.shape[:2]:
+        raise RuntimeError(f"aotriton: k and v differ in tokens or heads ({tuple(k.shape)} vs {tuple(v.shape)})")
     hq, hk, d = q.size(1), k.size(1), q.size(2)
     if hk == 0 or hq % hk != 0:
         raise RuntimeError(f"aotriton: q has {hq} heads, not a multiple of k's {hk}")
