@@ -219,7 +219,7 @@ def test_varlen():
     for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (32, -1))):
         name = f"flash_attn_varlen_func bf16 q{lens_q} k{lens_k} Hq{hq} Hk{hk}" + (" causal" if causal else "") + (
             f" window{window}" if window != (-1, -1) else "")
-        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, dv or d)),
+        T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)),
                   lambda q, k, v: FA.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k),
                                                             causal=causal, window_size=window),
                   lambda q, k, v: ref(q, k, v, causal, window), ["q", "k", "v"], varlen=True)
