@@ -74,7 +74,7 @@ class CompileDriverTest(unittest.TestCase):
         self.assertEqual(info["image"], ONLY + ".cubin")
         self.assertEqual(info["constexprs"], {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": 64, "DROPOUT": False,
                                               "HAS_BIAS": False, "ALLOW_TF32": False, "SOFTCAP": False,
-                                              "HAS_ALIBI": False, "HAS_SINKS": False})
+                                              "HAS_ALIBI": False, "HAS_SINKS": False, "HEAD_DIM_V": 0})
         self.assertEqual(info["num_warps"], 4)
         self.assertEqual(info["warp_size"], 32)
         self.assertEqual(info["num_ctas"], 1)
