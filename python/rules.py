@@ -406,7 +406,7 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
 # --------------------------------------------------------------------------
 
 def _optional_on(functional: dict[str, Any]) -> bool:
-    """Whether one of the ``OPTIONAL_AXES`` (softcap, alibi, sinks) is on."""
+    """Whether one of the ``OPTIONAL_AXES`` (softcap, alibi, sinks, head_dim_v) is on."""
     return any(functional.get(a) for a in OPTIONAL_AXES)
 
 

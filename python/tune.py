@@ -290,7 +290,9 @@ def main(argv=None, shim_module=None, bench=None):
                 continue
             if args.only and args.only not in tuning.functional_key(functional):
                 continue
-            if functional.get("softcap"):  # not tuned yet: no capped reference here (rules.py)
+            # The optional axes (softcap, ALiBi, sinks, V's head dim) are not tuned: their functionals
+            # take the heuristic config (rules.py), and the tuner's reference has none of them.
+            if any(functional.get(a) for a in rules.OPTIONAL_AXES):
                 continue
             offered = [s for s in specs if s.family == family and s.functional == functional
                        and s.variant == "aligned"]
