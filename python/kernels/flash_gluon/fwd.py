@@ -156,6 +156,29 @@ def _load_v(desc_v, off_z, off_hk, col, bar, buf):
 
 
 @gluon.jit
+def _carry_p(p, v_dtype, p_layout: gl.constexpr):
+    """P of walk step j as the overlapped order carries it into step j + 1 (its PV product).
+
+    16-bit: already the PV product's A operand (a register-only shuffle for this layout pair).
+    fp8: as fp16 in the score layout, two per register; the e4m3 operand is made where it is
+    used (``_p_operand``).  A loop-carried 8-bit tensor would sit one element per register and be
+    re-packed with byte permutes every step (and spill)."""
+    if v_dtype.is_fp8():
+        return p.to(gl.float16)
+    else:
+        return gl.convert_layout(p.to(v_dtype), p_layout)
+
+
+@gluon.jit
+def _p_operand(p_carried, v_dtype, p_layout: gl.constexpr):
+    """The PV product's A operand from what ``_carry_p`` carried."""
+    if v_dtype.is_fp8():
+        return gl.convert_layout(p_carried.to(v_dtype), p_layout)
+    else:
+        return p_carried
+
+
+@gluon.jit
 def _wait_pv(acc, p):
     """Wait for every wgmma in flight; the PV product's register operand ``p`` stays live until then.
 
@@ -245,7 +268,7 @@ def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scal
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
 
@@ -264,15 +287,16 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
     mbarrier.wait(k_ready.index(slot), phase)
     s = _issue_qk(q_smem, k_bufs, slot, s_layout)
     mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-    acc = warpgroup_mma(p_prev, _v_operand(v_bufs, prev_slot), acc, is_async=True)
+    p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+    acc = warpgroup_mma(p_op, _v_operand(v_bufs, prev_slot), acc, is_async=True)
     # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
     s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)  # register-only shuffle for this layout pair
-    acc = _wait_pv(acc, p_prev)
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
+    acc = _wait_pv(acc, p_op)
     mbarrier.arrive(v_empty.index(prev_slot), count=1)
     # acc now holds sum over blocks < j at the running max m_{j-1}: rescale to m_j.
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -380,8 +404,9 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
             last = n_blocks - 1
             last_slot = last % STAGES
             mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
-            acc = warpgroup_mma(p_prev, _v_operand(v_bufs, last_slot), acc, is_async=True)
-            acc = _wait_pv(acc, p_prev)
+            p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+            acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+            acc = _wait_pv(acc, p_op)
             mbarrier.arrive(v_empty.index(last_slot), count=1)
         else:
             for j in range(0, n_full):
@@ -556,7 +581,7 @@ def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, q
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
 
@@ -641,8 +666,9 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                     last = kv0 + n_blocks - 1
                     last_slot = last % STAGES
                     mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
-                    acc = warpgroup_mma(p_prev, _v_operand(v_bufs, last_slot), acc, is_async=True)
-                    acc = _wait_pv(acc, p_prev)
+                    p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+                    acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+                    acc = _wait_pv(acc, p_op)
                     mbarrier.arrive(v_empty.index(last_slot), count=1)
                 else:
                     if Q_BUFS == 2:
