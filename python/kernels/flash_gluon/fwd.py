@@ -259,10 +259,12 @@ def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
 @gluon.jit
 def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                 WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr):
+                p_layout: gl.constexpr, TURN: gl.constexpr = -1):
     """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``."""
     mbarrier.wait(k_ready.index(0), 0)
+    _take_turn(TURN, col)
     s = _issue_qk(q_smem, k_bufs, 0, s_layout)
+    _hand_turn(TURN, col)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
     if MASKED:
@@ -272,23 +274,57 @@ def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scal
     return p_next, m_i, l_i
 
 
+@gluon.constexpr_function
+def _turn(cid, pingpong):
+    """This consumer's ``TURN`` (``_take_turn``): its id with ``PINGPONG``, else -1 (no barrier)."""
+    return cid if pingpong else -1
+
+
+@gluon.jit
+def _take_turn(TURN: gl.constexpr, dep):
+    """FA3's warp-scheduler barrier, ``TURN`` = this consumer (0 or 1; -1: off): wait until the
+    other consumer hands the tensor cores over (named barrier 14 + TURN, both consumers' 256
+    threads), so one issues its products while the other runs its softmax.  ``dep``: any i32
+    scalar (the asm needs an operand)."""
+    if TURN == 0:
+        gl.inline_asm_elementwise("bar.sync 14, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    elif TURN == 1:
+        gl.inline_asm_elementwise("bar.sync 15, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _hand_turn(TURN: gl.constexpr, dep):
+    """Hand the tensor cores to the other consumer (see ``_take_turn``)."""
+    if TURN == 0:
+        gl.inline_asm_elementwise("bar.arrive 15, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    elif TURN == 1:
+        gl.inline_asm_elementwise("bar.arrive 14, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
 @gluon.jit
 def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev,
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  s_layout: gl.constexpr, p_layout: gl.constexpr):
+                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
-    softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending."""
+    softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
+    ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
     prev_phase = ((j - 1) // STAGES) & 1
 
     mbarrier.wait(k_ready.index(slot), phase)
+    _take_turn(TURN, j)
     s = _issue_qk(q_smem, k_bufs, slot, s_layout)
     mbarrier.wait(v_ready.index(prev_slot), prev_phase)
     p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
     acc = warpgroup_mma(p_op, _v_operand(v_bufs, prev_slot), acc, is_async=True)
+    _hand_turn(TURN, j)
     # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
     s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
@@ -307,13 +343,16 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
 def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i,
                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``."""
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
+    """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``.
+    ``TURN``: the consumer holds the tensor cores from ``PV_{j-1}`` through ``S_j`` (``_take_turn``;
+    the caller takes the first turn before the walk and hands the last one over after it)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
 
     mbarrier.wait(k_ready.index(slot), phase)
     s = _issue_qk(q_smem, k_bufs, slot, s_layout)
+    _hand_turn(TURN, j)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
@@ -322,6 +361,7 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
+    _take_turn(TURN, j)
     acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)
     acc = _wait_pv(acc, p16)
     mbarrier.arrive(v_empty.index(slot), count=1)
@@ -348,8 +388,9 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
               off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
               qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = 0):
     QB: gl.constexpr = q_bufs.shape[3]
+    TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
     o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM, v_bufs.dtype)
@@ -367,38 +408,40 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     mbarrier.wait(q_bars.index(cid), 0)
 
     if n_blocks > 0:
+        if TURN == 1:
+            _hand_turn(TURN, n_blocks)  # consumer 0 takes the first turn
         if OVERLAP:
             # Walk step 0, peeled: S_0 and softmax_0 only (its PV goes out with S_1).
             if PEEL_FULL:
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout)
+                                                   BLOCK_N, s_layout, p_layout, TURN)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout)
+                                                   BLOCK_N, s_layout, p_layout, TURN)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout)
+                                               s_layout, p_layout, TURN)
 
             # Key blocks visible in full to all the CTA's rows: no mask code.
             for j in range(1, n_full):
                 acc, m_i, l_i, p_prev = _overlap_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES,
-                                                      s_layout, p_layout)
+                                                      s_layout, p_layout, TURN)
             # Boundary blocks (leading, then trailing), masked.
             for j in range(gl.maximum(n_full, 1), n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                      s_layout, p_layout)
+                                                      s_layout, p_layout, TURN)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
@@ -409,15 +452,17 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
             acc = _wait_pv(acc, p_op)
             mbarrier.arrive(v_empty.index(last_slot), count=1)
         else:
+            _take_turn(TURN, n_blocks)
             for j in range(0, n_full):
                 acc, m_i, l_i = _serial_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             False, BLOCK_N, STAGES, s_layout, p_layout)
+                                             False, BLOCK_N, STAGES, s_layout, p_layout, TURN)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN)
+            _hand_turn(TURN, n_blocks)
 
     o, lse = softmax_epilogue(acc, m_i, l_i)
     if q_bufs.dtype.is_fp8():
@@ -715,9 +760,11 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
                   DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh, DESCALE_V, stride_dvz, stride_dvh,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr, PEEL: gl.constexpr,
-                  OVL: gl.constexpr, SCHEDULE: gl.constexpr):
+                  OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0):
     """The query tile ``_tile_coords`` names: loader and consumers over warp_specialize.  The
-    ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None)."""
+    ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None).
+    ``PINGPONG``: the two consumers take turns on the tensor cores (``_take_turn``)."""
+    gl.static_assert(PINGPONG == 0 or N_CONS == 2, "PINGPONG alternates two consumers")
     # -- program scheduling --------------------------------------------------------
     start_m, off_h, off_z = _tile_coords(SCHEDULE)
     off_hk = off_h // GQA_GROUP
@@ -771,11 +818,11 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                           n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL)),
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                           n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL)),
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
                        off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
                        BLOCK_N, STAGES, N_CONS)),
@@ -785,15 +832,15 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                           n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL)),
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                           n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL)),
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
                           n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL)),
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
                        off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
                        BLOCK_N, STAGES, N_CONS)),

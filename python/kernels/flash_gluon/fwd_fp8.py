@@ -32,7 +32,7 @@ def attn_fwd_gluon_fp8(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_l
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                        LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
-                       SCHED: gl.constexpr = 0):
+                       SCHED: gl.constexpr = 0, PINGPONG: gl.constexpr = 0):
     N_CONS: gl.constexpr = _opt(NUM_CONSUMERS, 2)
     gl.static_assert(desc_q.dtype.is_fp8() and desc_k.dtype.is_fp8() and desc_vt.dtype.is_fp8(), "fp8 Q, K, Vᵀ")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
@@ -45,4 +45,4 @@ def attn_fwd_gluon_fp8(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_l
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                   DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh, DESCALE_V, stride_dvz, stride_dvh,
                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, _opt(CONSUMER_REGS, 240), _opt(LOADER_REGS, 24),
-                  _opt(PEEL_FULL, 0), _opt(OVERLAP, 1), _opt(SCHED, 0))
+                  _opt(PEEL_FULL, 0), _opt(OVERLAP, 1), _opt(SCHED, 0), _opt(PINGPONG, 0))
