@@ -156,6 +156,25 @@ def _load_v(desc_v, off_z, off_hk, col, bar, buf):
 
 
 @gluon.jit
+def _p_to_operand(p, v_dtype, p_layout: gl.constexpr):
+    """Probabilities ``p`` (fp32, score layout) as the PV product's A operand.
+
+    fp8: the A operand holds 4 consecutive keys per register, the score layout 2 pairs 8 keys
+    apart, so a plain conversion moves values between threads.  Instead P's keys are renamed
+    within each 32-key group -- key ``c`` (bits ``i1 i0 t1 t0 e``) becomes ``k`` (bits
+    ``i1 t1 t0 i0 e``) -- which is exactly where the operand layout expects what each thread
+    already holds; Vᵀ's columns are stored in the same order (``fwd_fp8_vt.py``), so the
+    product is unchanged.  (Every fp8 P operand is made here: Vᵀ's order is the contract.)"""
+    if v_dtype.is_fp8():
+        rows: gl.constexpr = p.shape[0]
+        keys: gl.constexpr = p.shape[1]
+        p8 = p.to(v_dtype).reshape([rows, keys // 32, 2, 2, 2, 2, 2]).permute((0, 1, 2, 4, 5, 3, 6))
+        return gl.convert_layout(p8.reshape([rows, keys]), p_layout)
+    else:
+        return gl.convert_layout(p.to(v_dtype), p_layout)
+
+
+@gluon.jit
 def _carry_p(p, v_dtype, p_layout: gl.constexpr):
     """P of walk step j as the overlapped order carries it into step j + 1 (its PV product).
 
@@ -166,14 +185,14 @@ def _carry_p(p, v_dtype, p_layout: gl.constexpr):
     if v_dtype.is_fp8():
         return p.to(gl.float16)
     else:
-        return gl.convert_layout(p.to(v_dtype), p_layout)
+        return _p_to_operand(p, v_dtype, p_layout)
 
 
 @gluon.jit
 def _p_operand(p_carried, v_dtype, p_layout: gl.constexpr):
     """The PV product's A operand from what ``_carry_p`` carried."""
     if v_dtype.is_fp8():
-        return gl.convert_layout(p_carried.to(v_dtype), p_layout)
+        return _p_to_operand(p_carried, v_dtype, p_layout)
     else:
         return p_carried
 
@@ -359,7 +378,7 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-    p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
     _take_turn(TURN, j)
     acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)

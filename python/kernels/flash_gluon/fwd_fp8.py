@@ -9,11 +9,11 @@ The kernel is ``fwd.py``'s one-CTA-per-tile program (loader + consumer warpgroup
 mask and walk); what differs follows from the input type, inside the shared helpers:
 
 * wgmma reads an 8-bit B operand only K-major.  K's rows are K-major for ``S = Q K^T``; V is
-  not for ``O += P V`` (its K dimension is the key), so V comes as **Vᵀ**: a ``[B, Hk, D, Sk]``
-  tensor (``Sk`` padded so its row is a multiple of 16 bytes, as TMA needs), loaded in
-  ``[HEAD_DIM, BLOCK_N]`` tiles and viewed transposed as the B operand;
+  not for ``O += P V`` (its K dimension is the key), so V comes as **Vᵀ**: a ``[B, Hk, D,
+  KEYS_PAD]`` tensor written by ``fwd_fp8_vt.py`` (keys padded to 32 with zeros, permuted within
+  each 32-key group), loaded in ``[HEAD_DIM, BLOCK_N]`` tiles and viewed transposed as the B operand;
 * P is cast to e4m3 (its values are in ``[0, 1]``) and fed from registers with 4 elements per
-  32-bit register;
+  32-bit register, its keys renamed in the same permutation so no value crosses threads;
 * O is stored through tiles of its own (the Q tiles hold 8-bit elements), scaled by ``dv``.
 
 Contract (argument order, descriptor blocks, grid): ``ABI.md``.
