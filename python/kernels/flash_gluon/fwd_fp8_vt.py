@@ -17,8 +17,9 @@ import triton.language as tl
 
 @triton.jit
 def _key_of_column(k):
-    """The key stored in column ``k`` of its 32-key group: bits ``i1 t1 t0 i0 e`` -> ``i1 i0 t1 t0 e``."""
-    return (k & 0b10001) | ((k & 0b00010) << 2) | ((k & 0b01100) >> 1)
+    """The key stored in column ``k``: within its 32-key group, bits ``i1 t1 t0 i0 e`` -> ``i1 i0 t1 t0 e``
+    (bits 1-3 move, the others stay)."""
+    return (k - (k & 0b01110)) | ((k & 0b00010) << 2) | ((k & 0b01100) >> 1)
 
 
 @triton.jit
