@@ -41,7 +41,7 @@ def signature(head_dim, block_n):
            "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32"}
     for t in "qkv":
         sig.update({f"DESCALE_{t.upper()}": "*fp32", f"stride_d{t}z": "i64", f"stride_d{t}h": "i64"})
-    for c in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "CONSUMER_REGS", "OVERLAP", "PINGPONG"):
+    for c in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "OVERLAP", "PINGPONG"):
         sig[c] = "constexpr"
     return sig
 
@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--maxnreg", type=int, default=168)
     ap.add_argument("--serial", action="store_true", help="OVERLAP=0")
     ap.add_argument("--pingpong", action="store_true", help="PINGPONG=1")
+    ap.add_argument("--consumers", type=int, default=2, help="NUM_CONSUMERS (3: BLOCK_M 192)")
     ap.add_argument("configs", nargs="+")
     args = ap.parse_args()
     failures = 0
@@ -59,9 +60,10 @@ def main():
         for spec in args.configs:
             hd, bn, st, *regs = (int(x) for x in spec.split(":"))
             cregs = regs[0] if regs else 240
-            name = f"attn_fwd_gluon_fp8_hd{hd}_bn{bn}_s{st}_r{cregs}{'_serial' if args.serial else ''}{'_pp' if args.pingpong else ''}"
+            name = f"attn_fwd_gluon_fp8_hd{hd}_bn{bn}_s{st}_r{cregs}{'_serial' if args.serial else ''}{'_pp' if args.pingpong else ''}_n{args.consumers}"
             src = GluonASTSource(fn=attn_fwd_gluon_fp8, signature=signature(hd, bn),
-                                 constexprs={"HEAD_DIM": hd, "BLOCK_M": 128, "BLOCK_N": bn, "STAGES": st,
+                                 constexprs={"HEAD_DIM": hd, "BLOCK_M": 64 * args.consumers, "BLOCK_N": bn, "STAGES": st,
+                                             "NUM_CONSUMERS": args.consumers,
                                              "CONSUMER_REGS": cregs, "OVERLAP": 0 if args.serial else 1,
                                              "PINGPONG": int(args.pingpong)})
             options = make_backend(TARGET).parse_options({"num_warps": 4, "maxnreg": args.maxnreg})

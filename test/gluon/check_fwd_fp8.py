@@ -38,7 +38,7 @@ SCALARS = cf.SCALAR_ARGS + ["DESCALE_Q", "stride_dqz", "stride_dqh", "DESCALE_K"
 KERNEL = gluon.jit(do_not_specialize=SCALARS)(fwd_fp8.attn_fwd_gluon_fp8.fn)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-# (BLOCK_N, STAGES, OVERLAP[, PINGPONG]) per head-dim bucket; --config overrides.
+# (BLOCK_N, STAGES, OVERLAP[, PINGPONG[, NUM_CONSUMERS]]) per head-dim bucket; --config overrides.
 CONFIGS = {64: (128, 2, 0), 128: (128, 2, 0), 256: (64, 2, 0)}
 
 
@@ -73,18 +73,19 @@ def prepare(q8, k8, vt8, o, lse, descales, sm_scale, wl, wr, align, config=None)
     B, Hq, Sq, D = q8.shape
     Hk, Sk = k8.shape[1], k8.shape[2]
     hd = cf.head_dim_bucket(D)
-    block_n, stages, overlap, *pingpong = config or CONFIGS[hd]
+    block_n, stages, overlap, *rest = config or CONFIGS[hd]
+    pingpong, consumers = (list(rest) + [0, 2][len(rest):])[:2]
     dq_, dk_, dv_ = descales
     args = (desc(q8, [1, 1, 64, hd], gl.float8e4nv), desc(k8, [1, 1, block_n, hd], gl.float8e4nv),
             desc(vt8, [1, 1, hd, block_n], gl.float8e4nv), desc(o, [1, 1, 64, hd], gl.bfloat16),
             lse, lse.stride(0), lse.stride(1), sm_scale, 1, Sq, Sk, Hq // Hk, wl, wr, align,
             dq_, dq_.stride(0), dq_.stride(1), dk_, dk_.stride(0), dk_.stride(1), dv_, dv_.stride(0), dv_.stride(1))
-    grid = (triton.cdiv(Sq, 128), Hq, B)
+    grid = (triton.cdiv(Sq, 64 * consumers), Hq, B)
 
     def launch():
-        KERNEL[grid](*args, HEAD_DIM=hd, BLOCK_M=128, BLOCK_N=block_n, STAGES=stages, OVERLAP=overlap,
-                     PINGPONG=pingpong[0] if pingpong else 0,
-                     num_warps=4, maxnreg=168)
+        KERNEL[grid](*args, HEAD_DIM=hd, BLOCK_M=64 * consumers, BLOCK_N=block_n, STAGES=stages, OVERLAP=overlap,
+                     PINGPONG=pingpong, NUM_CONSUMERS=consumers, CONSUMER_REGS=240 if consumers == 2 else 160,
+                     num_warps=4, maxnreg=168 if consumers == 2 else 128)
 
     return launch
 
@@ -253,7 +254,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--config", action="append", default=[], help="HD:BLOCK_N:STAGES:OVERLAP[:PINGPONG]")
+    ap.add_argument("--config", action="append", default=[], help="HD:BLOCK_N:STAGES:OVERLAP[:PINGPONG[:NUM_CONSUMERS]]")
     args = ap.parse_args()
     configs = [tuple(int(x) for x in c.split(":")) for c in args.config]
     ok = True
