@@ -129,6 +129,98 @@ def _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N: gl.cons
 
 
 # ----------------------------------------------------------------------------
+# Operand layouts by input type.  16-bit inputs: V tiles are [BLOCK_N, HEAD_DIM] as stored.  fp8
+# (e4m3, ``fwd_fp8.py``): wgmma reads an 8-bit B operand only K-major, so V arrives as Vᵀ
+# ([B, Hk, D, Sk], tiles [HEAD_DIM, BLOCK_N]) and the PV product views each tile transposed back.
+# ----------------------------------------------------------------------------
+@gluon.constexpr_function
+def _wgmma_layout(n, operand_dtype):
+    """Accumulator layout of one warpgroup's ``[64, n]`` wgmma; its K step is 32 bytes of operand."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, n, 256 // operand_dtype.primitive_bitwidth])
+
+
+@gluon.constexpr_function
+def _p_operand_layout(o_layout, operand_dtype):
+    """Register layout of P as the PV product's A operand (32 bits of P per register)."""
+    return gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=32 // operand_dtype.primitive_bitwidth)
+
+
+@gluon.jit
+def _load_v(desc_v, off_z, off_hk, col, bar, buf):
+    """TMA load of the V block at key ``col`` (fp8: the ``[HEAD_DIM, BLOCK_N]`` column strip of Vᵀ)."""
+    if desc_v.dtype.is_fp8():
+        tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, 0, col], bar, buf)
+    else:
+        tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], bar, buf)
+
+
+@gluon.jit
+def _p_to_operand(p, v_dtype, p_layout: gl.constexpr):
+    """Probabilities ``p`` (fp32, score layout) as the PV product's A operand.
+
+    fp8: the A operand holds 4 consecutive keys per register, the score layout 2 pairs 8 keys
+    apart, so a plain conversion moves values between threads.  Instead P's keys are renamed
+    within each 32-key group -- key ``c`` (bits ``i1 i0 t1 t0 e``) becomes ``k`` (bits
+    ``i1 t1 t0 i0 e``) -- which is exactly where the operand layout expects what each thread
+    already holds; Vᵀ's columns are stored in the same order (``fwd_fp8_vt.py``), so the
+    product is unchanged.  (Every fp8 P operand is made here: Vᵀ's order is the contract.)"""
+    if v_dtype.is_fp8():
+        rows: gl.constexpr = p.shape[0]
+        keys: gl.constexpr = p.shape[1]
+        p8 = p.to(v_dtype).reshape([rows, keys // 32, 2, 2, 2, 2, 2]).permute((0, 1, 2, 4, 5, 3, 6))
+        return gl.convert_layout(p8.reshape([rows, keys]), p_layout)
+    else:
+        return gl.convert_layout(p.to(v_dtype), p_layout)
+
+
+@gluon.jit
+def _carry_p(p, v_dtype, p_layout: gl.constexpr):
+    """P of walk step j as the overlapped order carries it into step j + 1 (its PV product).
+
+    16-bit: already the PV product's A operand (a register-only shuffle for this layout pair).
+    fp8: as fp16 in the score layout, two per register; the e4m3 operand is made where it is
+    used (``_p_operand``).  A loop-carried 8-bit tensor would sit one element per register and be
+    re-packed with byte permutes every step (and spill)."""
+    if v_dtype.is_fp8():
+        return p.to(gl.float16)
+    else:
+        return _p_to_operand(p, v_dtype, p_layout)
+
+
+@gluon.jit
+def _p_operand(p_carried, v_dtype, p_layout: gl.constexpr):
+    """The PV product's A operand from what ``_carry_p`` carried."""
+    if v_dtype.is_fp8():
+        return _p_to_operand(p_carried, v_dtype, p_layout)
+    else:
+        return p_carried
+
+
+@gluon.jit
+def _wait_pv(acc, p):
+    """Wait for every wgmma in flight; the PV product's register operand ``p`` stays live until then.
+
+    fp8: Triton 3.6 cannot list 8-bit registers as a wait's dependencies (its lowering knows
+    16/32/64-bit ones), so only ``acc`` is listed; ptxas itself keeps a register that an
+    in-flight wgmma reads from being reused."""
+    if p.dtype.is_fp8():
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+    else:
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+    return acc
+
+
+@gluon.jit
+def _v_operand(v_bufs, slot):
+    """Ring slot ``slot`` as the PV product's ``[BLOCK_N, HEAD_DIM]`` B operand."""
+    tile = v_bufs.index(slot).reshape([v_bufs.shape[3], v_bufs.shape[4]])
+    if v_bufs.dtype.is_fp8():
+        tile = tile.permute((1, 0))
+    return tile
+
+
+# ----------------------------------------------------------------------------
 # Loader partition (1 warp)
 # ----------------------------------------------------------------------------
 @gluon.jit
@@ -154,7 +246,7 @@ def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_r
         # K_{j+1} can land while PV_j is still reading its V slot.
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], v_ready.index(slot), v_bufs.index(slot))
+        _load_v(desc_v, off_z, off_hk, col, v_ready.index(slot), v_bufs.index(slot))
 
 
 # ----------------------------------------------------------------------------
@@ -186,44 +278,80 @@ def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
 @gluon.jit
 def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                 WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr):
+                p_layout: gl.constexpr, TURN: gl.constexpr = -1):
     """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``."""
     mbarrier.wait(k_ready.index(0), 0)
+    _take_turn(TURN, col)
     s = _issue_qk(q_smem, k_bufs, 0, s_layout)
+    _hand_turn(TURN, col)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(0), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
+
+
+@gluon.constexpr_function
+def _turn(cid, pingpong):
+    """This consumer's ``TURN`` (``_take_turn``): its id with ``PINGPONG``, else -1 (no barrier)."""
+    return cid if pingpong else -1
+
+
+@gluon.jit
+def _take_turn(TURN: gl.constexpr, dep):
+    """FA3's warp-scheduler barrier, ``TURN`` = this consumer (0 or 1; -1: off): wait until the
+    other consumer hands the tensor cores over (named barrier 14 + TURN, both consumers' 256
+    threads), so one issues its products while the other runs its softmax.  ``dep``: any i32
+    scalar (the asm needs an operand)."""
+    if TURN == 0:
+        gl.inline_asm_elementwise("bar.sync 14, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    elif TURN == 1:
+        gl.inline_asm_elementwise("bar.sync 15, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _hand_turn(TURN: gl.constexpr, dep):
+    """Hand the tensor cores to the other consumer (see ``_take_turn``)."""
+    if TURN == 0:
+        gl.inline_asm_elementwise("bar.arrive 15, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    elif TURN == 1:
+        gl.inline_asm_elementwise("bar.arrive 14, 256;\n\tmov.b32 $0, $1;", "=r,r", [dep], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
 
 @gluon.jit
 def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev,
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  s_layout: gl.constexpr, p_layout: gl.constexpr):
+                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
-    softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending."""
+    softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
+    ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
     prev_phase = ((j - 1) // STAGES) & 1
-    head_dim: gl.constexpr = v_bufs.shape[4]
 
     mbarrier.wait(k_ready.index(slot), phase)
+    _take_turn(TURN, j)
     s = _issue_qk(q_smem, k_bufs, slot, s_layout)
     mbarrier.wait(v_ready.index(prev_slot), prev_phase)
-    acc = warpgroup_mma(p_prev, v_bufs.index(prev_slot).reshape([BLOCK_N, head_dim]), acc, is_async=True)
+    p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+    acc = warpgroup_mma(p_op, _v_operand(v_bufs, prev_slot), acc, is_async=True)
+    _hand_turn(TURN, j)
     # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
     s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)  # register-only shuffle for this layout pair
-    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
+    acc = _wait_pv(acc, p_op)
     mbarrier.arrive(v_empty.index(prev_slot), count=1)
     # acc now holds sum over blocks < j at the running max m_{j-1}: rescale to m_j.
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -234,35 +362,39 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
 def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i,
                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``."""
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
+    """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``.
+    ``TURN``: the consumer holds the tensor cores from ``PV_{j-1}`` through ``S_j`` (``_take_turn``;
+    the caller takes the first turn before the walk and hands the last one over after it)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
-    head_dim: gl.constexpr = v_bufs.shape[4]
 
     mbarrier.wait(k_ready.index(slot), phase)
     s = _issue_qk(q_smem, k_bufs, slot, s_layout)
+    _hand_turn(TURN, j)
     s = warpgroup_mma_wait(0, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-    p16 = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
-    acc = warpgroup_mma(p16, v_bufs.index(slot).reshape([BLOCK_N, head_dim]), acc, is_async=True)
-    acc, p16 = warpgroup_mma_wait(0, deps=(acc, p16))
+    _take_turn(TURN, j)
+    acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)
+    acc = _wait_pv(acc, p16)
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
 
 
 @gluon.jit
-def _store_outputs(o, lse, q_tile, q_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
+def _store_outputs(o, lse, o_tile, o_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
                    N_CTX_Q):
-    """O through the Q tile (its last reader, S = Q K^T, has retired) and a TMA store; LSE by plain stores."""
-    q_smem.store(o.to(desc_o.dtype))
+    """O through a shared tile (16-bit: the Q tile, whose last reader, S = Q K^T, has retired) and a
+    TMA store; LSE by plain stores."""
+    o_smem.store(o.to(desc_o.dtype))
     fence_async_shared()  # order the generic-proxy smem writes before the async-proxy (TMA) read
-    tma.async_copy_shared_to_global(desc_o, [off_z, off_h, row0, 0], q_tile)
+    tma.async_copy_shared_to_global(desc_o, [off_z, off_h, row0, 0], o_tile)
     if STORE_LSE != 0:
         lse_ptrs = LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh + rows
         gl.store(lse_ptrs, lse, mask=rows < N_CTX_Q)
@@ -271,18 +403,17 @@ def _store_outputs(o, lse, q_tile, q_smem, desc_o, LSE, stride_lz, stride_lh, ST
 
 @gluon.jit
 def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
-              q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+              q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
               off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-              qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+              qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr):
+              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = 0):
     QB: gl.constexpr = q_bufs.shape[3]
+    TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM, v_bufs.dtype)
+    p_layout: gl.constexpr = _p_operand_layout(o_layout, v_bufs.dtype)
 
     q_tile = q_bufs.index(cid)  # [1, 1, QB, HEAD_DIM]: the TMA view
     q_smem = q_tile.reshape([QB, HEAD_DIM])  # the same bytes as the wgmma operand
@@ -296,60 +427,69 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     mbarrier.wait(q_bars.index(cid), 0)
 
     if n_blocks > 0:
+        if TURN == 1:
+            _hand_turn(TURN, n_blocks)  # consumer 0 takes the first turn
         if OVERLAP:
             # Walk step 0, peeled: S_0 and softmax_0 only (its PV goes out with S_1).
             if PEEL_FULL:
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout)
+                                                   BLOCK_N, s_layout, p_layout, TURN)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout)
+                                                   BLOCK_N, s_layout, p_layout, TURN)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout)
+                                               s_layout, p_layout, TURN)
 
             # Key blocks visible in full to all the CTA's rows: no mask code.
             for j in range(1, n_full):
                 acc, m_i, l_i, p_prev = _overlap_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES,
-                                                      s_layout, p_layout)
+                                                      s_layout, p_layout, TURN)
             # Boundary blocks (leading, then trailing), masked.
             for j in range(gl.maximum(n_full, 1), n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                      s_layout, p_layout)
+                                                      s_layout, p_layout, TURN)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
             last_slot = last % STAGES
             mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
-            acc = warpgroup_mma(p_prev, v_bufs.index(last_slot).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-            acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+            p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+            acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+            acc = _wait_pv(acc, p_op)
             mbarrier.arrive(v_empty.index(last_slot), count=1)
         else:
+            _take_turn(TURN, n_blocks)
             for j in range(0, n_full):
                 acc, m_i, l_i = _serial_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             False, BLOCK_N, STAGES, s_layout, p_layout)
+                                             False, BLOCK_N, STAGES, s_layout, p_layout, TURN)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN)
+            _hand_turn(TURN, n_blocks)
 
     o, lse = softmax_epilogue(acc, m_i, l_i)
-    _store_outputs(o, lse, q_tile, q_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
-                   N_CTX_Q)
+    if q_bufs.dtype.is_fp8():
+        o = o * v_descale
+    # 16-bit: O goes out through the Q tile (o_bufs is q_bufs); fp8: through its own 16-bit tile.
+    o_tile = o_bufs.index(cid)
+    _store_outputs(o, lse, o_tile, o_tile.reshape([QB, HEAD_DIM]), desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z,
+                   off_h, row0, rows, N_CTX_Q)
 
 
 
@@ -472,8 +612,7 @@ def _loader_pers(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empt
                                                 k_bufs.index(slot))
                 mbarrier.wait(v_empty.index(slot), phase ^ 1)
                 mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
-                tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], v_ready.index(slot),
-                                                v_bufs.index(slot))
+                _load_v(desc_v, off_z, off_hk, col, v_ready.index(slot), v_bufs.index(slot))
             kv0 += n_blocks
             i += 1
         u += _nctaid_x(u)
@@ -506,7 +645,7 @@ def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, q
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    p_next = gl.convert_layout(p.to(v_bufs.dtype), p_layout)
+    p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
 
@@ -521,11 +660,9 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
     store of tile ``i`` drains while tile ``i + 1`` runs (with two Q buffer sets the buffer is
     released during tile ``i + 1``'s first QK product, with one right after the store)."""
     QB: gl.constexpr = q_bufs.shape[3]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM, v_bufs.dtype)
+    p_layout: gl.constexpr = _p_operand_layout(o_layout, v_bufs.dtype)
 
     N_CTX_Q = _opaque_i32(N_CTX_Q)
     N_CTX_K = _opaque_i32(N_CTX_K)
@@ -593,9 +730,9 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                     last = kv0 + n_blocks - 1
                     last_slot = last % STAGES
                     mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
-                    acc = warpgroup_mma(p_prev, v_bufs.index(last_slot).reshape([BLOCK_N, HEAD_DIM]), acc,
-                                        is_async=True)
-                    acc, p_prev = warpgroup_mma_wait(0, deps=(acc, p_prev))
+                    p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
+                    acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+                    acc = _wait_pv(acc, p_op)
                     mbarrier.arrive(v_empty.index(last_slot), count=1)
                 else:
                     if Q_BUFS == 2:
@@ -631,6 +768,102 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
         u += _nctaid_x(u)
         off_z = (u // n_per) // n_heads
     tma.store_wait(0)
+
+
+# ----------------------------------------------------------------------------
+# One CTA per query tile (PERSISTENT=0): the body shared by the 16-bit and the fp8 kernels
+# ----------------------------------------------------------------------------
+@gluon.jit
+def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
+                  GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                  DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh, DESCALE_V, stride_dvz, stride_dvh,
+                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr, PEEL: gl.constexpr,
+                  OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0):
+    """The query tile ``_tile_coords`` names: loader and consumers over warp_specialize.  The
+    ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None).
+    ``PINGPONG``: the two consumers take turns on the tensor cores (``_take_turn``)."""
+    gl.static_assert(PINGPONG == 0 or N_CONS == 2, "PINGPONG alternates two consumers")
+    # -- program scheduling --------------------------------------------------------
+    start_m, off_h, off_z = _tile_coords(SCHEDULE)
+    off_hk = off_h // GQA_GROUP
+
+    # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
+    diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
+    start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                                                         BLOCK_M, BLOCK_N)
+    n_full = (full_hi - full_lo) // BLOCK_N
+    n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
+    n_blocks = n_full + n_boundary
+    if desc_q.dtype.is_fp8():
+        # fp8 inputs carry per-(batch, KV head) dequantisation factors (FA3's q/k/v_descale):
+        # Q's and K's fold into the score scale, V's into O.  They must be positive (see softmax.py).
+        z = off_z.to(gl.int64)
+        hk = off_hk.to(gl.int64)
+        q_descale = gl.load(DESCALE_Q + z * stride_dqz + hk * stride_dqh)
+        k_descale = gl.load(DESCALE_K + z * stride_dkz + hk * stride_dkh)
+        v_descale = gl.load(DESCALE_V + z * stride_dvz + hk * stride_dvh)
+        qk_scale = sm_scale * q_descale * k_descale * LOG2E
+        # O leaves in 16 bits: it needs tiles of its own (the Q tiles hold 8-bit elements).
+        o_bufs = gl.allocate_shared_memory(desc_o.dtype, [N_CONS] + desc_o.block_type.shape, desc_o.layout)
+    else:
+        qk_scale = sm_scale * LOG2E
+        v_descale = 1.0
+
+    # -- shared memory: Q (later O) per consumer, the K/V ring, barriers ----------
+    q_bufs = gl.allocate_shared_memory(desc_q.dtype, [N_CONS] + desc_q.block_type.shape, desc_q.layout)
+    if not desc_q.dtype.is_fp8():
+        o_bufs = q_bufs
+    k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [N_CONS, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(N_CONS):
+        mbarrier.init(q_bars.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=N_CONS)  # released by every consumer
+        mbarrier.init(v_empty.index(i), count=N_CONS)
+
+    # The argument tuples are written inline: in 3.6.0 a tuple bound to a name first turns
+    # its constexpr members into tensors. Each consumer's first argument is its id, a literal,
+    # so it stays a constexpr (it picks the Q buffer and barriers statically).
+    if N_CONS == 2:
+        gl.warp_specialize([
+            (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+            (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+            (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+                       off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+                       BLOCK_N, STAGES, N_CONS)),
+        ], [4, 1], [C_REGS, L_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+            (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+            (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+            (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+                       off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
+                       BLOCK_N, STAGES, N_CONS)),
+        ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
 
 
 # ----------------------------------------------------------------------------
@@ -713,68 +946,6 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
                                 WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
             ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
     else:
-        # -- program scheduling --------------------------------------------------------
-        start_m, off_h, off_z = _tile_coords(SCHEDULE)
-        off_hk = off_h // GQA_GROUP
-
-        # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
-        diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-        start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                                             BLOCK_M, BLOCK_N)
-        n_full = (full_hi - full_lo) // BLOCK_N
-        n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
-        n_blocks = n_full + n_boundary
-        qk_scale = sm_scale * LOG2E
-
-        # -- shared memory: Q (later O) per consumer, the K/V ring, barriers ----------
-        q_bufs = gl.allocate_shared_memory(desc_q.dtype, [N_CONS] + desc_q.block_type.shape, desc_q.layout)
-        k_bufs = gl.allocate_shared_memory(desc_k.dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
-        v_bufs = gl.allocate_shared_memory(desc_v.dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [N_CONS, 1], mbarrier.MBarrierLayout())
-        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(N_CONS):
-            mbarrier.init(q_bars.index(c), count=1)
-        for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=N_CONS)  # released by every consumer
-            mbarrier.init(v_empty.index(i), count=N_CONS)
-
-        # The argument tuples are written inline: in 3.6.0 a tuple bound to a name first turns
-        # its constexpr members into tensors. Each consumer's first argument is its id, a literal,
-        # so it stays a constexpr (it picks the Q buffer and barriers statically).
-        if N_CONS == 2:
-            gl.warp_specialize([
-                (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
-                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
-                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, STAGES, PEEL, OVL)),
-                (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
-                           off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-                           BLOCK_N, STAGES, N_CONS)),
-            ], [4, 1], [C_REGS, L_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
-                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
-                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, STAGES, PEEL, OVL)),
-                (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_bars, k_ready,
-                              v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                              n_blocks, qk_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
-                              BLOCK_N, STAGES, PEEL, OVL)),
-                (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
-                           off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-                           BLOCK_N, STAGES, N_CONS)),
-            ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
+        _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
+                      GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, None, 0, 0, None, 0, 0, None, 0, 0,
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE)
