@@ -40,7 +40,7 @@ def signature(head_dim, block_n):
            "N_CTX_Q": "i32", "N_CTX_K": "i32", "GQA_GROUP": "i32",
            "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32"}
     for t in "qkv":
-        sig.update({f"DESCALE_{t.upper()}": "*fp32", f"stride_d{t}z": "i64", f"stride_d{t}h": "i64"})
+        sig.update({f"DESCALE_{t.upper()}": "*fp32", f"stride_ds{t}z": "i64", f"stride_ds{t}h": "i64"})
     for c in ("HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "OVERLAP", "PINGPONG"):
         sig[c] = "constexpr"
     return sig

@@ -33,8 +33,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from kernels.flash_gluon import fwd_fp8, fwd_fp8_vt  # noqa: E402
 
-SCALARS = cf.SCALAR_ARGS + ["DESCALE_Q", "stride_dqz", "stride_dqh", "DESCALE_K", "stride_dkz", "stride_dkh",
-                            "DESCALE_V", "stride_dvz", "stride_dvh"]
+SCALARS = cf.SCALAR_ARGS + ["DESCALE_Q", "stride_dsqz", "stride_dsqh", "DESCALE_K", "stride_dskz", "stride_dskh",
+                            "DESCALE_V", "stride_dsvz", "stride_dsvh"]
 KERNEL = gluon.jit(do_not_specialize=SCALARS)(fwd_fp8.attn_fwd_gluon_fp8.fn)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0

@@ -776,7 +776,7 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
 @gluon.jit
 def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                  DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh, DESCALE_V, stride_dvz, stride_dvh,
+                  DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz, stride_dsvh,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr, PEEL: gl.constexpr,
                   OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0):
@@ -800,9 +800,9 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
         # Q's and K's fold into the score scale, V's into O.  They must be positive (see softmax.py).
         z = off_z.to(gl.int64)
         hk = off_hk.to(gl.int64)
-        q_descale = gl.load(DESCALE_Q + z * stride_dqz + hk * stride_dqh)
-        k_descale = gl.load(DESCALE_K + z * stride_dkz + hk * stride_dkh)
-        v_descale = gl.load(DESCALE_V + z * stride_dvz + hk * stride_dvh)
+        q_descale = gl.load(DESCALE_Q + z * stride_dsqz + hk * stride_dsqh)
+        k_descale = gl.load(DESCALE_K + z * stride_dskz + hk * stride_dskh)
+        v_descale = gl.load(DESCALE_V + z * stride_dsvz + hk * stride_dsvh)
         qk_scale = sm_scale * q_descale * k_descale * LOG2E
         # O leaves in 16 bits: it needs tiles of its own (the Q tiles hold 8-bit elements).
         o_bufs = gl.allocate_shared_memory(desc_o.dtype, [N_CONS] + desc_o.block_type.shape, desc_o.layout)

@@ -27,8 +27,8 @@ from .fwd import _opt, _tile_program
 @gluon.jit
 def attn_fwd_gluon_fp8(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE,
                        N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                       DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh,
-                       DESCALE_V, stride_dvz, stride_dvh,
+                       DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh,
+                       DESCALE_V, stride_dsvz, stride_dsvh,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                        NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                        LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
@@ -43,6 +43,6 @@ def attn_fwd_gluon_fp8(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_l
     gl.static_assert(desc_vt.block_type.shape[3] == BLOCK_N, "Vᵀ descriptor block: [1, 1, HEAD_DIM, BLOCK_N]")
     _tile_program(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
-                  DESCALE_Q, stride_dqz, stride_dqh, DESCALE_K, stride_dkz, stride_dkh, DESCALE_V, stride_dvz, stride_dvh,
+                  DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz, stride_dsvh,
                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, _opt(CONSUMER_REGS, 240), _opt(LOADER_REGS, 24),
                   _opt(PEEL_FULL, 0), _opt(OVERLAP, 1), _opt(SCHED, 0), _opt(PINGPONG, 0))
