@@ -154,14 +154,14 @@ FP32_MAX_HEAD_DIM = 256
 NO_TF32_ARCHS = {"gfx90a", "gfx950"}
 
 #: Bytes per element of each pointer dtype.
-ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4}
+ELEMENT_SIZE = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8e4nv": 1}
 #: Pointer alignment (bytes) and the byte multiple every hinted stride has in ``aligned``.
 ALIGN_BYTES = 16
 #: ``D_HEAD`` hint in ``aligned``: keeps the head-dim mask constant over 8 elements (16 bytes).
 D_HEAD_DIVISIBILITY = 8
 
 #: Tensors in the input/output dtype; their z/h/row strides are hinted in ``aligned``.
-_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT")
+_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT", "VT")
 #: fp32 per-row tensors (pointers hinted, strides not: a hint would send every odd Sq to `generic`).
 _ROW_TENSORS = ("LSE", "DELTA")
 #: Row strides (i32: the runtime guarantees ``row * stride`` fits in int32).
@@ -170,7 +170,8 @@ _ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom"
 #: stride argument prefix -> tensor
 _STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o": "O", "stride_do": "DO",
                   "stride_dq": "DQ", "stride_dk": "DK", "stride_dv": "DV", "stride_l": "LSE",
-                  "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS", "stride_a": "ALIBI_SLOPES"}
+                  "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS", "stride_a": "ALIBI_SLOPES",
+                  "stride_vt": "VT", "stride_dsq": "DESCALE_Q", "stride_dsk": "DESCALE_K", "stride_dsv": "DESCALE_V"}
 #: i64 pointers of the dropout group.
 _I64_POINTERS = ("PHILOX_SEED", "PHILOX_OFFSET", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT")
 #: i32 pointers of the varlen group.
@@ -256,7 +257,7 @@ _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_B
                "HAS_ALIBI", "HAS_SINKS",
                "STAGES",
                "COMPUTE_DQ",
-               *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS)
+               *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS, "PINGPONG")
 
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
 # host TMA descriptors over [B, H, S, D]; the backward's workspace views are rank 2.
@@ -265,6 +266,22 @@ ATTN_FWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
      "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW]
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FWD_KNOBS
+)
+#: The fp8 forward (kernels/flash_gluon/fwd_fp8.py): fp32 dequantisation factors per (batch, KV head).
+_DESCALES = ("DESCALE_Q", "DESCALE_K", "DESCALE_V")
+GLUON_FP8_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PINGPONG"]
+ATTN_FWD_GLUON_FP8_ARGS = (
+    ["desc_q", "desc_k", "desc_vt", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
+     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW,
+     "DESCALE_Q", "stride_dsqz", "stride_dsqh", "DESCALE_K", "stride_dskz", "stride_dskh",
+     "DESCALE_V", "stride_dsvz", "stride_dsvh"]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FP8_FWD_KNOBS
+)
+#: Vᵀ in the fp8 forward's key order (kernels/flash_gluon/fwd_fp8_vt.py).
+TRANSPOSE_V_FP8_ARGS = (
+    ["V", "stride_vz", "stride_vh", "stride_vn", "VT", "stride_vtz", "stride_vth", "stride_vtd",
+     "N_CTX_K", "KEYS_PAD", "D_HEAD"]
+    + ["HEAD_DIM", "BLOCK_N"]
 )
 ATTN_BWD_GLUON_PREPROCESS_ARGS = (
     ["O", "DO"] + _strides("o", "zhm") + _strides("do", "zhm")
@@ -312,6 +329,10 @@ def tensordesc_type(dtype: str, block: list[int], swizzle: int | None = None) ->
 def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str, int]) -> dict[str, tuple]:
     """Descriptor argument -> (dtype, block) or (dtype, block, swizzle bytes) per ABI.md."""
     hd, dt = functional["head_dim"], functional["dtype"]
+    if family == "attn_fwd_gluon_fp8":  # fp8 Q/K/Vᵀ, bf16 O; Vᵀ's tiles are [HEAD_DIM, BLOCK_N]
+        q = [1, 1, 64, hd]
+        return {"desc_q": (dt, q), "desc_k": (dt, [1, 1, config["BLOCK_N"], hd]),
+                "desc_vt": (dt, [1, 1, hd, config["BLOCK_N"]]), "desc_o": ("bf16", q)}
     if family == "attn_fwd_gluon":
         q = [1, 1, 64, hd]   # one consumer warpgroup's 64 rows
         kv = [1, 1, config["BLOCK_N"], hd]
@@ -349,7 +370,8 @@ def arg_type(name: str, dtype: str) -> str:
     """Triton type of one (non-constexpr) argument; the same rules for every family."""
     if name in _DATA_TENSORS:
         return f"*{dtype}"
-    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name in ("ALIBI_SLOPES", "SINKS", "DSINK"):
+    if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name in ("ALIBI_SLOPES", "SINKS", "DSINK") \
+            or name in _DESCALES:
         return "*fp32"
     if name in _I64_POINTERS:
         return "*i64"
@@ -743,6 +765,21 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     return [_gluon_cfg(128, 64, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, PERSISTENT=0, **knobs)]
 
 
+def _attn_fwd_gluon_fp8_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config per head dim, measured on the H200 through Triton's JIT (test/gluon/check_fwd_fp8.py,
+    bench/results/h200_fp8_fwd_issue19.md): two consumers in the serial order (S, softmax, PV per step:
+    the overlapped order is 8-10 % slower in fp8) taking turns on the tensor cores (PINGPONG); BLOCK_N
+    256 at hd128 (+8 % over 128; 80-92 bytes spilled), 128 at hd64 and hd256 (shared memory)."""
+    bn = 256 if functional["head_dim"] == 128 else 128
+    return [_gluon_cfg(128, bn, 2, CONSUMER_REGS=240, NUM_CONSUMERS=2, LOADER_REGS=24, PEEL_FULL=0, OVERLAP=0, SCHED=0,
+                       PINGPONG=1)]
+
+
+def _transpose_v_fp8_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """64 keys per program (two 32-key groups of the permutation)."""
+    return [{"BLOCK_N": 64, "num_warps": 4, "num_stages": 1}]
+
+
 def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config: 128 keys per CTA (two compute warpgroups), 64 queries per step, a 2-stage Q/dO ring.
 
@@ -857,13 +894,21 @@ ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
 ATTN_BWD_GLUON = _gluon_family("attn_bwd_gluon", "kernels/flash_gluon/bwd.py", ATTN_BWD_GLUON_ARGS,
                                {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "dq": [True, False]},
                                _attn_bwd_gluon_configs)
+#: fp8 (e4m3) forward: Q, K, V in ``float8_e4m3fn``, O in bf16 (ABI.md).
+FP8_DTYPES = ["fp8e4nv"]
+ATTN_FWD_GLUON_FP8 = _gluon_family("attn_fwd_gluon_fp8", "kernels/flash_gluon/fwd_fp8.py", ATTN_FWD_GLUON_FP8_ARGS,
+                                   {"dtype": FP8_DTYPES, "head_dim": [64, 128, 256]}, _attn_fwd_gluon_fp8_configs)
+TRANSPOSE_V_FP8 = _gluon_family("transpose_v_fp8", "kernels/flash_gluon/fwd_fp8_vt.py", TRANSPOSE_V_FP8_ARGS,
+                                {"dtype": FP8_DTYPES, "head_dim": [64, 128, 256]}, _transpose_v_fp8_configs,
+                                language="triton")
 ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
     "attn_bwd_gluon_dq_convert", "kernels/flash_gluon/bwd_dq_convert.py", ATTN_BWD_GLUON_DQ_CONVERT_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 
 PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, ATTN_BWD_DSINK,
                      DEBUG_DROPOUT_MASK]
-GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT]
+GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT,
+                  ATTN_FWD_GLUON_FP8, TRANSPOSE_V_FP8]
 FAMILIES = PORTABLE_FAMILIES + GLUON_FAMILIES
 
 
@@ -1000,11 +1045,12 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
 def config_tag(config: dict[str, int]) -> str:
     """The config part of a kernel id, also the name the tuning database uses: ``m128n64w4s2``
     (``e<waves_per_eu>`` appended on AMD; Gluon: ``m<BLOCK_M>n<BLOCK_N>st<STAGES>r<maxnreg>``)."""
+    bm = f"m{config['BLOCK_M']}" if "BLOCK_M" in config else ""  # transpose_v_fp8: keys only
     bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
     if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
-        return f"m{config['BLOCK_M']}{bn}st{config['STAGES']}r{config['maxnreg']}"
+        return f"{bm}{bn}st{config['STAGES']}r{config['maxnreg']}"
     waves = f"e{config['waves_per_eu']}" if "waves_per_eu" in config else ""
-    return f"m{config['BLOCK_M']}{bn}w{config['num_warps']}s{config['num_stages']}{waves}"
+    return f"{bm}{bn}w{config['num_warps']}s{config['num_stages']}{waves}"
 
 
 def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[str, int], variant: str) -> KernelSpec:
@@ -1017,7 +1063,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
               "HAS_ALIBI": bool(functional.get("alibi")), "HAS_SINKS": bool(functional.get("sinks")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
-              **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS}}
+              **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS + GLUON_FP8_FWD_KNOBS}}
     constexprs = {n: values[n] for n in family.constexprs}
     if variant == "aligned":
         divisibility = aligned_hints(signature)

@@ -54,7 +54,7 @@ def transpose_v(v8):
     block_s = 64
     fwd_fp8_vt.transpose_v_fp8[(triton.cdiv(keys_pad, block_s), h, b)](
         v8, v8.stride(0), v8.stride(1), v8.stride(2), vt, vt.stride(0), vt.stride(1), vt.stride(2), s, keys_pad, d,
-        HEAD_DIM=cf.head_dim_bucket(d), BLOCK_S=block_s)
+        HEAD_DIM=cf.head_dim_bucket(d), BLOCK_N=block_s)
     return vt
 
 

@@ -8,8 +8,8 @@ registers to the operand registers without moving values between threads.
 
 The key dimension is padded to ``KEYS_PAD = cdiv(N_CTX_K, 32) * 32`` (the forward's descriptor
 covers it: a permuted group can put a real key past ``N_CTX_K``); pad keys are written as zeros,
-which meet P = 0.  Grid ``(cdiv(KEYS_PAD, BLOCK_S), Hk, B)``; each program writes a
-``[HEAD_DIM, BLOCK_S]`` strip (``BLOCK_S`` a multiple of 32), rows past ``D_HEAD`` left alone.
+which meet P = 0.  Grid ``(cdiv(KEYS_PAD, BLOCK_N), Hk, B)``; each program writes a
+``[HEAD_DIM, BLOCK_N]`` strip (``BLOCK_N`` a multiple of 32), rows past ``D_HEAD`` left alone.
 """
 import triton
 import triton.language as tl
@@ -23,17 +23,17 @@ def _key_of_column(k):
 
 
 @triton.jit
-def transpose_v_fp8(V, stride_vz, stride_vh, stride_vs, VT, stride_vtz, stride_vth, stride_vtd,
-                    N_CTX_K, KEYS_PAD, D_HEAD, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    tl.static_assert(BLOCK_S % 32 == 0, "whole 32-key groups")
-    s0 = tl.program_id(0) * BLOCK_S
+def transpose_v_fp8(V, stride_vz, stride_vh, stride_vn, VT, stride_vtz, stride_vth, stride_vtd,
+                    N_CTX_K, KEYS_PAD, D_HEAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    tl.static_assert(BLOCK_N % 32 == 0, "whole 32-key groups")
+    s0 = tl.program_id(0) * BLOCK_N
     off_h = tl.program_id(1).to(tl.int64)
     off_z = tl.program_id(2).to(tl.int64)
-    cols = s0 + tl.arange(0, BLOCK_S)                     # destination columns
-    keys = s0 + _key_of_column(tl.arange(0, BLOCK_S))     # the key each column holds
+    cols = s0 + tl.arange(0, BLOCK_N)                     # destination columns
+    keys = s0 + _key_of_column(tl.arange(0, BLOCK_N))     # the key each column holds
     offs_d = tl.arange(0, HEAD_DIM)
     d_ok = offs_d[None, :] < D_HEAD
-    tile = tl.load(V + off_z * stride_vz + off_h * stride_vh + keys[:, None].to(tl.int64) * stride_vs + offs_d[None, :],
+    tile = tl.load(V + off_z * stride_vz + off_h * stride_vh + keys[:, None].to(tl.int64) * stride_vn + offs_d[None, :],
                    mask=(keys[:, None] < N_CTX_K) & d_ok, other=0.0)
     tl.store(VT + off_z * stride_vtz + off_h * stride_vth + offs_d[:, None].to(tl.int64) * stride_vtd + cols[None, :],
              tl.trans(tile), mask=tl.trans((cols[:, None] < KEYS_PAD) & d_ok))
