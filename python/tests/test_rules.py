@@ -35,7 +35,7 @@ FAMILY_COUNTS_SM90 = {
 }
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
-                     "attn_bwd_gluon_dq_convert": 2 * 3}
+                     "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
                "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
@@ -117,6 +117,14 @@ GLUON_CONTRACT = {
                        "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
                                   "SQ_PAD", "D_HEAD", "N_HEADS_Q", "HEAD_DIM", "BLOCK_M"],
+    "attn_fwd_gluon_fp8": ["desc_q", "desc_k", "desc_vt", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
+                           "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
+                           "DESCALE_Q", "stride_dsqz", "stride_dsqh", "DESCALE_K", "stride_dskz", "stride_dskh",
+                           "DESCALE_V", "stride_dsvz", "stride_dsvh",
+                           "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS",
+                           "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PINGPONG"],
+    "transpose_v_fp8": ["V", "stride_vz", "stride_vh", "stride_vn", "VT", "stride_vtz", "stride_vth", "stride_vtd",
+                        "N_CTX_K", "KEYS_PAD", "D_HEAD", "HEAD_DIM", "BLOCK_N"],
 }
 
 
@@ -383,7 +391,8 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertNotIn("waves_per_eu", s.config, s.id)
                 self.assertNotIn("waves_per_eu", s.options, s.id)
                 self.assertNotIn("waves_per_eu", s.canonical(), s.id)
-                self.assertRegex(s.id, r"-m\d+(n\d+)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
+                # transpose_v_fp8 has no query block: its tag starts at n
+                self.assertRegex(s.id, r"-(m\d+)?(n\d+)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
         # A config given waves_per_eu by mistake still compiles for CUDA without the option.
         spec = rules._spec(rules.ATTN_FWD, "sm_90", rules.functionals(rules.ATTN_FWD)[0],
                            rules._cfg(64, 64, 4, 2, waves_per_eu=2), "aligned")
@@ -406,7 +415,12 @@ class EnumerateKernelsTest(unittest.TestCase):
                         self.assertTrue(ty.startswith("tensordesc<"), ty)
                         self.assertEqual(s.divisibility[name], 1)
                         if name in ("desc_q", "desc_o", "desc_do"):
-                            self.assertIn(f"{dt}[1, 1, 64, {hd}]", ty)
+                            # the fp8 forward writes O in bf16
+                            odt = "bf16" if (s.family, name) == ("attn_fwd_gluon_fp8", "desc_o") else dt
+                            self.assertIn(f"{odt}[1, 1, 64, {hd}]", ty)
+                if s.family == "attn_fwd_gluon_fp8":  # Vᵀ in [HEAD_DIM, BLOCK_N] tiles (ABI.md)
+                    self.assertIn(f"fp8e4nv[1, 1, {hd}, {s.config['BLOCK_N']}]", s.signature["desc_vt"])
+                    self.assertEqual(s.constexprs["PINGPONG"], 1)
                 if s.family == "attn_bwd_gluon":
                     self.assertIs(s.constexprs["COMPUTE_DQ"], s.functional["dq"])
                     self.assertIn("fp32[64, 8],NVMMASharedLayout(swizzle_byte_width=0", s.signature["desc_dq_acc"])
