@@ -14,12 +14,16 @@ pub enum DType {
     BF16 = 3,
     /// 32-bit signed integers (sequence offsets such as `cu_seqlens`).
     I32 = 12,
+    /// 8-bit float e4m3 (`float8_e4m3fn`: 4 exponent bits, 3 mantissa bits, no infinities; the
+    /// fp8 forward's inputs). Not in the seed's numbering, which has no fp8.
+    F8E4M3 = 30,
 }
 
 impl DType {
     /// Bytes per element.
     pub fn size_bytes(self) -> u64 {
         match self {
+            DType::F8E4M3 => 1,
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 => 4,
         }
@@ -31,12 +35,13 @@ impl DType {
             DType::BF16 => "bf16",
             DType::F32 => "fp32",
             DType::I32 => "i32",
+            DType::F8E4M3 => "fp8e4nv",
         }
     }
-    /// The dtype of a C API `aotriton::DType` value (1 F32, 2 F16, 3 BF16, 12 I32), `None` for
-    /// every other value (including types the C header names but no operator takes).
+    /// The dtype of a C API `aotriton::DType` value (1 F32, 2 F16, 3 BF16, 12 I32, 30 F8E4M3),
+    /// `None` for every other value (including types the C header names but no operator takes).
     pub fn from_raw(raw: i32) -> Option<DType> {
-        [DType::F32, DType::F16, DType::BF16, DType::I32].into_iter().find(|d| *d as i32 == raw)
+        [DType::F32, DType::F16, DType::BF16, DType::I32, DType::F8E4M3].into_iter().find(|d| *d as i32 == raw)
     }
 }
 

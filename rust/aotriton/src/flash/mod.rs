@@ -70,11 +70,13 @@
 mod bwd;
 mod debug;
 mod fwd;
+mod fwd_fp8;
 mod gluon;
 
 pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
+pub use fwd_fp8::{Fp8FwdParams, attn_fwd_fp8, attn_fwd_fp8_workspace_bytes};
 
 use crate::archive::MaskKind;
 use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
@@ -352,7 +354,12 @@ pub(crate) fn check_qkv(
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         t.check_layout(name)?;
     }
-    if !matches!(q.dtype, DType::F16 | DType::BF16 | DType::F32) {
+    // The fp8 forward (fwd_fp8.rs) takes e4m3 inputs only; every other operator fp16, bf16, fp32.
+    if family == fwd_fp8::FAMILY {
+        if q.dtype != DType::F8E4M3 {
+            bail!(UnsupportedDType, "q: the fp8 forward takes float8_e4m3fn inputs, got {}", q.dtype.triton_name());
+        }
+    } else if !matches!(q.dtype, DType::F16 | DType::BF16 | DType::F32) {
         bail!(UnsupportedDType, "q: attention takes fp16, bf16 or fp32 inputs, got {}", q.dtype.triton_name());
     }
     let [batch, heads_q, tokens_q, head_dim] = q.sizes;
