@@ -46,6 +46,7 @@
 mod backend;
 mod concurrency;
 mod ext;
+mod fp8;
 mod growth;
 mod large;
 mod lowp;
@@ -1613,6 +1614,10 @@ fn main() {
         tuning::override_case(stream).unwrap_or_else(|e| Outcome { pass: false, line: format!("tuning override: {e}  FAIL") }),
         &mut log,
     );
+    // The fp8 forward (one backend: Gluon on sm_90) whatever --backend says.
+    for c in fp8::cases() {
+        record(fp8::run(&c, &mut rng, stream).unwrap_or_else(|e| Outcome { pass: false, line: format!("{c:?}: {e}  FAIL") }), &mut log);
+    }
     for c in &all {
         let outcome = run_case(c, &mut rng, stream).unwrap_or_else(|e| Outcome {
             pass: false,
