@@ -245,6 +245,37 @@ Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream, uint64_t
   });
 }
 
+Status attn_fwd_fp8(const Fp8FwdParams& params, Stream stream) noexcept {
+  return detail::guarded([&] {
+    if (params.version != Fp8FwdParams::kVersion) {
+      return unknown_version("Fp8FwdParams", params.version, Fp8FwdParams::kVersion);
+    }
+    bridge::Fp8FwdArgs args{to_bridge<4, bridge::TensorView4>(params.q),
+                            to_bridge<4, bridge::TensorView4>(params.k),
+                            to_bridge<4, bridge::TensorView4>(params.v),
+                            to_bridge<4, bridge::TensorView4>(params.o),
+                            to_bridge<3, bridge::TensorView3>(params.lse),
+                            to_bridge<2, bridge::TensorView2>(params.q_descale),
+                            to_bridge<2, bridge::TensorView2>(params.k_descale),
+                            to_bridge<2, bridge::TensorView2>(params.v_descale),
+                            params.sm_scale,
+                            mask_of(params.causal, params.align, params.window_left, params.window_right),
+                            static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.workspace)),
+                            params.workspace_bytes};
+    return detail::finish(bridge::attn_fwd_fp8(args, stream_of(stream)));
+  });
+}
+
+Status attn_fwd_fp8_workspace_bytes(TensorView<4> k, uint64_t* bytes) noexcept {
+  return detail::guarded([&] {
+    if (bytes == nullptr) {
+      return detail::fail(Status::kNullPointer, "attn_fwd_fp8_workspace_bytes: bytes (the output) is null");
+    }
+    *bytes = 0;
+    return detail::finish(bridge::attn_fwd_fp8_workspace_bytes(to_bridge<4, bridge::TensorView4>(k), *bytes));
+  });
+}
+
 Status dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q, uint64_t seqlen_k,
                                 uint64_t* count) noexcept {
   return detail::guarded([&] {

@@ -229,6 +229,41 @@ AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
 AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream,
                                              uint64_t* bytes) noexcept;
 
+// The fp8 (e4m3) forward on sm_90, FlashAttention-3's: O = softmax(sm_scale * dq * dk * q.k^T + mask)
+// (dv * v), with dq, dk, dv the fp32 dequantisation factors of each (batch, KV head). One version
+// of the struct so far (version 1). Vᵀ is written to the workspace first (its size:
+// attn_fwd_fp8_workspace_bytes), then the forward runs; both enqueued on `stream`, nothing
+// launched on any error (kUnsupportedByBackend on a device that is not sm_90).
+struct Fp8FwdParams {
+  static constexpr uint32_t kVersion = 1;
+  uint32_t version = kVersion;
+  TensorView<4> q;    // B x Hq x Sq x D, kFloat8E4M3; D a multiple of 16, <= 256
+  TensorView<4> k;    // B x Hk x Sk x D, kFloat8E4M3; Hq a multiple of Hk
+  TensorView<4> v;    // B x Hk x Sk x D, kFloat8E4M3
+  TensorView<4> o;    // B x Hq x Sq x D output, kBFloat16
+  TensorView<3> lse;  // B x Hq x Sq fp32 output (of the descaled scores); null data = not wanted
+  // fp32 [B, Hk] factors (any strides, 0 broadcasts; 16-byte aligned data); positive (not checked:
+  // the kernel takes each row's maximum of the raw scores).
+  TensorView<2> q_descale;
+  TensorView<2> k_descale;
+  TensorView<2> v_descale;
+  // Scale of q.k with the descales; must be set and positive (NaN: "not set").
+  float sm_scale = std::numeric_limits<float>::quiet_NaN();
+  bool causal = false;
+  MaskAlign align = MaskAlign::kTopLeft;
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  // Device memory for Vᵀ (16-byte aligned), at least attn_fwd_fp8_workspace_bytes(k) bytes.
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
+};
+
+AOTRITON_API Status attn_fwd_fp8(const Fp8FwdParams& params, Stream stream) noexcept;
+
+// The workspace attn_fwd_fp8 needs for this k (B x Hk x Sk x D): B * Hk * D * KEYS_PAD bytes with
+// KEYS_PAD = Sk rounded up to 32. kTooLarge (and *bytes = 0) when it does not fit 64 bits.
+AOTRITON_API Status attn_fwd_fp8_workspace_bytes(TensorView<4> k, uint64_t* bytes) noexcept;
+
 // Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
 // (max lengths for packed batches), written to *count. Advance the generator's offset by this
 // between calls. kTooLarge (and *count = 0) when the count does not fit 64 bits: such a call's

@@ -117,6 +117,24 @@ mod ffi {
         dsinks: TensorView1,
     }
 
+    /// aotriton::v2::flash::Fp8FwdParams.
+    struct Fp8FwdArgs {
+        q: TensorView4,
+        k: TensorView4,
+        v: TensorView4,
+        o: TensorView4,
+        /// ptr 0: not wanted.
+        lse: TensorView3,
+        q_descale: TensorView2,
+        k_descale: TensorView2,
+        v_descale: TensorView2,
+        sm_scale: f32,
+        mask: MaskSpec,
+        /// 0: no workspace.
+        workspace: u64,
+        workspace_bytes: u64,
+    }
+
     /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
     struct StreamSpec {
         handle: u64,
@@ -235,6 +253,9 @@ mod ffi {
             stream: &StreamSpec,
             bytes: &mut u64,
         ) -> Outcome;
+        fn attn_fwd_fp8(params: &Fp8FwdArgs, stream: &StreamSpec) -> Outcome;
+        /// Writes the fp8 forward's workspace bytes for K's view into `bytes` (0 on error).
+        fn attn_fwd_fp8_workspace_bytes(k: &TensorView4, bytes: &mut u64) -> Outcome;
         /// Writes the counter count into `count` (0 on error: the product overflows u64).
         fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome;
         fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: &StreamSpec) -> Outcome;
@@ -429,6 +450,34 @@ fn attn_fwd(p: &ffi::FwdArgs, host_q: &[i32], host_k: &[i32], s: &ffi::StreamSpe
         params.allow_tf32 = p.allow_tf32;
         params.backend = backend(p.backend)?;
         flash::attn_fwd(&params, stream(s)?)
+    })
+}
+
+fn attn_fwd_fp8(p: &ffi::Fp8FwdArgs, s: &ffi::StreamSpec) -> Outcome {
+    guard(|| {
+        let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
+        let mut params = flash::Fp8FwdParams::new(
+            view!(p.q, "q"),
+            view!(p.k, "k"),
+            view!(p.v, "v"),
+            view!(p.o, "o"),
+            lse,
+            view!(p.q_descale, "q_descale"),
+            view!(p.k_descale, "k_descale"),
+            view!(p.v_descale, "v_descale"),
+        );
+        params.sm_scale = p.sm_scale;
+        params.mask = mask(&p.mask)?;
+        params.workspace = (p.workspace != 0 || p.workspace_bytes != 0).then_some(Workspace { ptr: p.workspace, bytes: p.workspace_bytes });
+        flash::attn_fwd_fp8(&params, stream(s)?)
+    })
+}
+
+fn attn_fwd_fp8_workspace_bytes(k: &ffi::TensorView4, bytes: &mut u64) -> Outcome {
+    *bytes = 0;
+    guard(|| {
+        *bytes = flash::attn_fwd_fp8_workspace_bytes(&view!(k, "k"))?;
+        Ok(())
     })
 }
 

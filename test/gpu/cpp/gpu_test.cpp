@@ -1892,6 +1892,195 @@ Outcome invalid_case(const char* what, aotriton::Status want, CUstream stream,
 
 }  // namespace
 
+// ---- the fp8 forward (attn_fwd_fp8) ----------------------------------------------------------
+// A second implementation beside the Rust suite's fp8.rs: e4m3 inputs with per-(batch, KV head)
+// descales (amax / 448), float64 reference of the dequantised inputs, naive bound from P rounded
+// to e4m3 and O to bf16 (O: 3x naive + 2^-8 max|ref|); LSE within 2^-9 * sm_scale * max_j sum_d
+// |q_d k_d| + 1e-3 (the tensor cores' fp8 accumulation, which no float64 naive shows). Rows with
+// no key: O = 0, LSE = +inf. Outputs poisoned with NaN.
+uint8_t e4m3_encode(float x) {
+  uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  float a = std::min(std::fabs(x), 448.0f);
+  if (std::isnan(x)) return 0x7f;
+  if (a == 0.0f) return sign;
+  int e = std::max(static_cast<int>(std::floor(std::log2(a))), -6);
+  float step = std::ldexp(1.0f, e - 3);
+  float q = std::nearbyint(a / step) * step;  // the default rounding mode: ties to even
+  if (q >= std::ldexp(1.0f, e + 1)) ++e;
+  if (q < std::ldexp(1.0f, -6)) return sign | static_cast<uint8_t>(q / std::ldexp(1.0f, -9));
+  return sign | static_cast<uint8_t>((e + 7) << 3) | static_cast<uint8_t>((q / std::ldexp(1.0f, e) - 1.0f) * 8.0f);
+}
+
+float e4m3_decode(uint8_t b) {
+  float sign = (b & 0x80) ? -1.0f : 1.0f;
+  int e = (b >> 3) & 0xf, m = b & 7;
+  if (e == 0xf && m == 7) return NAN;
+  return sign * (e == 0 ? m * std::ldexp(1.0f, -9) : (1.0f + m / 8.0f) * std::ldexp(1.0f, e - 7));
+}
+
+struct Fp8Case {
+  size_t b, hq, hk, sq, sk, d;
+  int32_t left, right;
+  bool bottom_right;
+  std::string describe() const {
+    return "fp8 D=" + std::to_string(d) + " Hq=" + std::to_string(hq) + " Hk=" + std::to_string(hk) +
+           " B=" + std::to_string(b) + " Sq=" + std::to_string(sq) + " Sk=" + std::to_string(sk) + " window(" +
+           std::to_string(left) + ", " + std::to_string(right) + (bottom_right ? ", BR)" : ")");
+  }
+};
+
+std::vector<Fp8Case> fp8_cases() {
+  return {{2, 4, 2, 150, 211, 128, -1, -1, false},
+          {1, 8, 1, 97, 300, 256, -1, 0, true},
+          {2, 2, 2, 100, 33, 64, 0, 0, false}};  // top-left diagonal: rows >= 33 see no key
+}
+
+// e4m3 bits of normal values (magnitude 0.5..3 by head), quantised per (batch, KV head).
+void fp8_inputs(SplitMix64& rng, size_t b, size_t h, size_t hk, size_t s, size_t d, std::vector<uint8_t>& bits,
+                std::vector<float>& descale) {
+  size_t per_head = s * d, g = h / hk;
+  std::vector<float> x(b * h * per_head);
+  for (size_t i = 0; i < x.size(); ++i) {
+    size_t head = (i / per_head) % h;
+    x[i] = static_cast<float>(rng.normal() * (0.5 + 2.5 * head / std::max<size_t>(h - 1, 1)));
+  }
+  descale.assign(b * hk, 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    float& m = descale[(i / (h * per_head)) * hk + ((i / per_head) % h) / g];
+    m = std::max(m, std::fabs(x[i]));
+  }
+  for (float& m : descale) m = std::max(m, 1e-6f) / 448.0f;
+  bits.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    bits[i] = e4m3_encode(x[i] / descale[(i / (h * per_head)) * hk + ((i / per_head) % h) / g]);
+  }
+}
+
+Outcome run_fp8(const Fp8Case& c, SplitMix64& rng, CUstream stream) {
+  using aotriton::DType;
+  std::vector<uint8_t> qb, kb, vb;
+  std::vector<float> dq, dk, dv;
+  fp8_inputs(rng, c.b, c.hq, c.hk, c.sq, c.d, qb, dq);
+  fp8_inputs(rng, c.b, c.hk, c.hk, c.sk, c.d, kb, dk);
+  fp8_inputs(rng, c.b, c.hk, c.hk, c.sk, c.d, vb, dv);
+  DevBuf q(qb.size()), k(kb.size()), v(vb.size()), o(c.b * c.hq * c.sq * c.d * 2), lse(c.b * c.hq * c.sq * 4);
+  DevBuf dqb(dq.size() * 4), dkb(dk.size() * 4), dvb(dv.size() * 4);
+  q.upload(qb, stream);
+  k.upload(kb, stream);
+  v.upload(vb, stream);
+  dqb.upload(dq, stream);
+  dkb.upload(dk, stream);
+  dvb.upload(dv, stream);
+  std::vector<uint16_t> o_host(c.b * c.hq * c.sq * c.d, 0x7fc0);
+  std::vector<float> lse_host(c.b * c.hq * c.sq, NAN);
+  o.upload(o_host, stream);
+  lse.upload(lse_host, stream);
+  auto addr = [](const DevBuf& b) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(b.ptr)); };
+  const size_t q_sz[4] = {c.b, c.hq, c.sq, c.d}, kv_sz[4] = {c.b, c.hk, c.sk, c.d}, l_sz[3] = {c.b, c.hq, c.sq},
+               ds_sz[2] = {c.b, c.hk};
+  aotriton::v2::flash::Fp8FwdParams p;
+  p.q = aotriton::TensorView<4>::contiguous(addr(q), q_sz, DType::kFloat8E4M3);
+  p.k = aotriton::TensorView<4>::contiguous(addr(k), kv_sz, DType::kFloat8E4M3);
+  p.v = aotriton::TensorView<4>::contiguous(addr(v), kv_sz, DType::kFloat8E4M3);
+  p.o = aotriton::TensorView<4>::contiguous(addr(o), q_sz, DType::kBFloat16);
+  p.lse = aotriton::TensorView<3>::contiguous(addr(lse), l_sz, DType::kFloat32);
+  p.q_descale = aotriton::TensorView<2>::contiguous(addr(dqb), ds_sz, DType::kFloat32);
+  p.k_descale = aotriton::TensorView<2>::contiguous(addr(dkb), ds_sz, DType::kFloat32);
+  p.v_descale = aotriton::TensorView<2>::contiguous(addr(dvb), ds_sz, DType::kFloat32);
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.align = c.bottom_right ? aotriton::v2::flash::MaskAlign::kBottomRight : aotriton::v2::flash::MaskAlign::kTopLeft;
+  p.window_left = c.left;
+  p.window_right = c.right;
+  uint64_t ws_bytes = 0;
+  aotriton::Status st = aotriton::v2::flash::attn_fwd_fp8_workspace_bytes(p.k, &ws_bytes);
+  if (st != aotriton::Status::kSuccess) return {false, c.describe() + "  workspace_bytes failed  FAIL"};
+  DevBuf ws(ws_bytes);
+  p.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(ws.ptr));
+  p.workspace_bytes = ws_bytes;
+  st = aotriton::v2::flash::attn_fwd_fp8(p, aotriton::Stream::cuda(stream));
+  if (st != aotriton::Status::kSuccess) {
+    return {false, c.describe() + "  attn_fwd_fp8: " + aotriton::last_error_message() + "  FAIL"};
+  }
+  o.download(o_host, stream);
+  lse.download(lse_host, stream);
+  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+
+  size_t g = c.hq / c.hk, d = c.d, nan = 0;
+  bool empty_ok = true;
+  double o_err = 0, naive_err = 0, o_max = 0, lse_excess = 0;
+  for (size_t z = 0; z < c.b; ++z) {
+    for (size_t h = 0; h < c.hq; ++h) {
+      size_t kh = h / g;
+      auto qv = [&](size_t i, size_t x) { return e4m3_decode(qb[((z * c.hq + h) * c.sq + i) * d + x]) * double(dq[z * c.hk + kh]); };
+      auto kv = [&](size_t j, size_t x) { return e4m3_decode(kb[((z * c.hk + kh) * c.sk + j) * d + x]) * double(dk[z * c.hk + kh]); };
+      auto vv = [&](size_t j, size_t x) { return e4m3_decode(vb[((z * c.hk + kh) * c.sk + j) * d + x]) * double(dv[z * c.hk + kh]); };
+      for (size_t i = 0; i < c.sq; ++i) {
+        size_t row = (z * c.hq + h) * c.sq + i;
+        long diag = static_cast<long>(i) + (c.bottom_right ? static_cast<long>(c.sk) - static_cast<long>(c.sq) : 0);
+        std::vector<size_t> seen;
+        for (size_t j = 0; j < c.sk; ++j) {
+          long jj = static_cast<long>(j);
+          if ((c.left < 0 || jj >= diag - c.left) && (c.right < 0 || jj <= diag + c.right)) seen.push_back(j);
+        }
+        if (seen.empty()) {
+          bool zero = true;
+          for (size_t x = 0; x < d; ++x) zero &= o_host[row * d + x] == 0;
+          empty_ok &= zero && std::isinf(lse_host[row]) && lse_host[row] > 0;
+          continue;
+        }
+        std::vector<double> s(seen.size()), pr(seen.size());
+        double m = -INFINITY, abs_sum = 0;
+        for (size_t t = 0; t < seen.size(); ++t) {
+          double acc = 0, a = 0;
+          for (size_t x = 0; x < d; ++x) {
+            acc += qv(i, x) * kv(seen[t], x);
+            a += std::fabs(qv(i, x) * kv(seen[t], x));
+          }
+          s[t] = acc * sm_scale;
+          m = std::max(m, s[t]);
+          abs_sum = std::max(abs_sum, a);
+        }
+        double l = 0;
+        for (size_t t = 0; t < seen.size(); ++t) l += (pr[t] = std::exp(s[t] - m));
+        double lse_ref = m + std::log(l), lse_got = lse_host[row];
+        if (std::isnan(lse_got)) ++nan;
+        else lse_excess = std::max(lse_excess, std::fabs(lse_got - lse_ref) / (std::ldexp(1.0, -9) * abs_sum * sm_scale + 1e-3));
+        for (size_t x = 0; x < d; ++x) {
+          double r = 0, nv = 0;
+          for (size_t t = 0; t < seen.size(); ++t) {
+            r += pr[t] * vv(seen[t], x);
+            nv += e4m3_decode(e4m3_encode(static_cast<float>(pr[t]))) * vv(seen[t], x);
+          }
+          r /= l;
+          nv = bf16_to_f32(f32_to_bf16(static_cast<float>(nv / l)));
+          double got = bf16_to_f32(o_host[row * d + x]);
+          if (std::isnan(got)) ++nan;
+          o_err = std::max(o_err, std::fabs(got - r));
+          naive_err = std::max(naive_err, std::fabs(nv - r));
+          o_max = std::max(o_max, std::fabs(r));
+        }
+      }
+    }
+  }
+  double bound = 3 * naive_err + std::ldexp(1.0, -8) * o_max;
+  bool pass = o_err <= bound && lse_excess <= 1.0 && nan == 0 && empty_ok;
+  char line[256];
+  std::snprintf(line, sizeof line, "  O %.2e/%.2e (naive %.2e)  LSE %.2f of its bound  NaN %zu  empty rows %s  %s", o_err,
+                bound, naive_err, lse_excess, nan, empty_ok ? "ok" : "WRONG", pass ? "PASS" : "FAIL");
+  return {pass, c.describe() + line};
+}
+
+// e4m3 codec: every bit pattern round-trips (NaN aside) and ties go to even.
+bool e4m3_codec_ok() {
+  for (int b = 0; b < 256; ++b) {
+    float x = e4m3_decode(static_cast<uint8_t>(b));
+    if (!std::isnan(x) && e4m3_encode(x) != b) return false;
+  }
+  return e4m3_decode(e4m3_encode(1.0625f)) == 1.0f && e4m3_decode(e4m3_encode(1.1875f)) == 1.25f &&
+         e4m3_decode(e4m3_encode(1000.0f)) == 448.0f;
+}
+
 int main(int argc, char** argv) {
   std::string log_path;
   uint64_t seed = 0x5EEDA07Eull;
@@ -1956,6 +2145,16 @@ int main(int argc, char** argv) {
   for (const Case& c : make_cases()) {
     try {
       record(run_case(c, rng, stream));
+    } catch (const DriverError& e) {
+      record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
+    }
+  }
+  bool codec = e4m3_codec_ok();
+  record({codec, std::string("e4m3 codec (all bit patterns, ties to even)  ") + (codec ? "PASS" : "FAIL")});
+  // The fp8 forward has one backend (Gluon, sm_90), whatever --backend says.
+  for (const Fp8Case& c : fp8_cases()) {
+    try {
+      record(run_fp8(c, rng, stream));
     } catch (const DriverError& e) {
       record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
     }
