@@ -594,6 +594,37 @@ mod tests {
     }
 
     #[test]
+    fn fp8_calls_are_outcomes() {
+        // fp8 q (C value 30) over fp16 k: refused before any device is touched, with its reason.
+        let t = |dtype: i32, ptr: u64| ffi::TensorView4 { ptr, sizes: [1, 2, 40, 64], strides: [5120, 2560, 64, 1], dtype };
+        let ds = |ptr: u64| ffi::TensorView2 { ptr, sizes: [1, 2], strides: [2, 1], dtype: 1 };
+        let p = ffi::Fp8FwdArgs {
+            q: t(30, 1 << 32),
+            k: t(2, 2 << 32),
+            v: t(30, 3 << 32),
+            o: t(3, 4 << 32),
+            lse: ffi::TensorView3 { ptr: 0, sizes: [1, 2, 40], strides: [80, 40, 1], dtype: 1 },
+            q_descale: ds(5 << 32),
+            k_descale: ds(6 << 32),
+            v_descale: ds(7 << 32),
+            sm_scale: 0.125,
+            mask: no_mask(),
+            workspace: 8 << 32,
+            workspace_bytes: 1 << 20,
+        };
+        let null = ffi::StreamSpec { handle: 0, runtime: 0 };
+        let out = attn_fwd_fp8(&p, &null);
+        assert_eq!(out.code, ErrorKind::DTypeMismatch as i32, "{}", out.message);
+        let mut bytes = 7;
+        // B·Hk·D·KEYS_PAD: Sk 40 rounds up to 64 key columns.
+        assert_eq!(attn_fwd_fp8_workspace_bytes(&t(30, 1 << 32), &mut bytes).code, 0);
+        assert_eq!(bytes, 2 * 64 * 64);
+        let huge = ffi::TensorView4 { sizes: [u64::MAX / 2, 2, 40, 64], ..t(30, 1 << 32) };
+        assert_eq!(attn_fwd_fp8_workspace_bytes(&huge, &mut bytes).code, ErrorKind::TooLarge as i32);
+        assert_eq!(bytes, 0);
+    }
+
+    #[test]
     fn a_caught_panic_keeps_its_message() {
         let out = guard(|| panic!("expected in this test: {}", 42));
         assert_eq!(out.code, ErrorKind::Internal as i32);
