@@ -9,7 +9,7 @@
 //! ([`attn_fwd_fp8_workspace_bytes`]), then runs the forward; both on the stream, nothing
 //! launched unless both kernels are ready.
 use super::gluon::{self, ARCH};
-use super::{AttnShape, Mask, MaskArgs, Workspace, check_qkv, check_scalars, check_tensor, mask_args, seq_mask_args};
+use super::{AttnShape, Mask, MaskArgs, Workspace, check_qkv, check_scalars, check_tensor, mask_args};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, blocks, first_preferred};
 use crate::driver::Stream;
 use crate::error::{ErrorKind, Result, bail, checked_product};
@@ -198,21 +198,15 @@ fn transpose_args(p: &Fp8FwdParams, shape: &AttnShape, vt: &TensorView<4>) -> Re
 
 /// Arguments of `attn_fwd_gluon_fp8` (ABI.md).
 fn fwd_args(p: &Fp8FwdParams, shape: &AttnShape, mask: &MaskArgs, vt: &TensorView<4>) -> ArgList {
-    use ArgValue::{F32, I32, I64, Ptr, Tensor};
-    let (lse_ptr, lse_strides) = p.lse.map_or((0, [0, 0]), |l| (l.ptr, [l.strides[0], l.strides[1]]));
+    use ArgValue::{I64, Ptr, Tensor};
     let mut args = ArgList::new();
     args.extend([
         ("desc_q", Tensor(TensorArg::from_view(&p.q))),
         ("desc_k", Tensor(TensorArg::from_view(&p.k))),
         ("desc_vt", Tensor(TensorArg::from_view(vt))),
         ("desc_o", Tensor(TensorArg::from_view(&p.o))),
-        ("LSE", Ptr(lse_ptr)),
-        ("stride_lz", I64(lse_strides[0])),
-        ("stride_lh", I64(lse_strides[1])),
-        ("sm_scale", F32(p.sm_scale)),
-        ("STORE_LSE", I32(p.lse.is_some() as i32)),
     ]);
-    args.extend(seq_mask_args(shape, mask));
+    gluon::push_fwd_common_args(&mut args, p.lse.as_ref(), p.sm_scale, shape, mask);
     args.extend([
         ("DESCALE_Q", Ptr(p.q_descale.ptr)),
         ("stride_dsqz", I64(p.q_descale.strides[0])),

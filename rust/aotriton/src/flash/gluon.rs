@@ -10,7 +10,7 @@ use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, Tuning
 use crate::driver::DeviceInfo;
 use super::bwd::{dq_grid, int32_args, kernel_blocks};
 use crate::error::{Error, ErrorKind, Result, checked_product, checked_sum};
-use crate::tensor::DType;
+use crate::tensor::{DType, TensorView};
 use crate::tma::{self, TensorArg, TmaProblem};
 
 pub(crate) const FWD_FAMILY: &str = "attn_fwd_gluon";
@@ -310,22 +310,25 @@ impl FwdCall {
 
 /// Arguments of `attn_fwd_gluon` by name (ABI.md).
 fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
-    use ArgValue::{F32, I32, I64, Ptr};
-    let (lse_ptr, lse_strides) = p.lse.map_or((0, [0, 0]), |l| (l.ptr, [l.strides[0], l.strides[1]]));
     let mut args = ArgList::new();
+    args.extend([("desc_q", desc(&p.q)), ("desc_k", desc(&p.k)), ("desc_v", desc(&p.v)), ("desc_o", desc(&p.o))]);
+    push_fwd_common_args(&mut args, p.lse.as_ref(), p.sm_scale, shape, mask);
+    args
+}
+
+/// The arguments the Gluon forwards (`attn_fwd_gluon`, `attn_fwd_gluon_fp8`) take after their
+/// four descriptors (ABI.md): the LSE and its strides, `sm_scale`, `STORE_LSE`, lengths, window.
+pub(crate) fn push_fwd_common_args(args: &mut ArgList, lse: Option<&TensorView<3>>, sm_scale: f32, shape: &AttnShape, mask: &MaskArgs) {
+    use ArgValue::{F32, I32, I64, Ptr};
+    let (lse_ptr, lse_strides) = lse.map_or((0, [0, 0]), |l| (l.ptr, [l.strides[0], l.strides[1]]));
     args.extend([
-        ("desc_q", desc(&p.q)),
-        ("desc_k", desc(&p.k)),
-        ("desc_v", desc(&p.v)),
-        ("desc_o", desc(&p.o)),
         ("LSE", Ptr(lse_ptr)),
         ("stride_lz", I64(lse_strides[0])),
         ("stride_lh", I64(lse_strides[1])),
-        ("sm_scale", F32(p.sm_scale)),
-        ("STORE_LSE", I32(p.lse.is_some() as i32)),
+        ("sm_scale", F32(sm_scale)),
+        ("STORE_LSE", I32(lse.is_some() as i32)),
     ]);
     args.extend(seq_mask_args(shape, mask));
-    args
 }
 
 /// A Gluon main kernel's grid over `tiles_per_head` blocks of each of `heads` × `batch` heads:
