@@ -729,6 +729,7 @@ fn dtype_name(dtype: DType) -> &'static str {
         DType::BF16 => "bf16",
         DType::F32 => "fp32",
         DType::I32 => "i32",
+        DType::F8E4M3 => "fp8e4nv",
     }
 }
 
