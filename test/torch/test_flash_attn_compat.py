@@ -244,13 +244,72 @@ def test_refusals():
             R.check(f"refuses {name}", name in str(e), str(e)[:160])
 
 
+def _e4m3_quantised(x, hk):
+    """(x8 float8_e4m3fn, descale fp32 (B, Hk)): FlashAttention-3's per-(batch, KV head) factors,
+    amax / 448, for x (B, S, H, D) whose H heads group onto hk KV heads."""
+    b, s, h, d = x.shape
+    amax = x.float().abs().reshape(b, s, hk, h // hk, d).amax(dim=(1, 3, 4)).clamp(min=1e-6)
+    descale = (amax / 448.0).contiguous()
+    per_head = descale.repeat_interleave(h // hk, dim=1)[:, None, :, None]
+    return (x.float() / per_head).to(torch.float8_e4m3fn), descale
+
+
+def test_fp8():
+    """flash_attn_func with float8_e4m3fn q/k/v and q/k/v_descale (FlashAttention-3's fp8 forward):
+    float64 of the dequantised inputs; O within 3x a naive fp8 computation (float64 scores, P rounded
+    to e4m3 as the kernel does, O to bf16) + 2^-8 max|ref|; LSE within 2^-9 * scale * max sum|q.k|
+    + 1e-3 (the tensor cores' fp8 accumulation: see test/gpu/src/fp8.rs)."""
+    for b, sq, sk, hq, hk, d, causal, window in ((2, 200, 300, 4, 2, 128, False, (-1, -1)),
+                                                   (1, 257, 129, 8, 1, 256, True, (-1, -1)),
+                                                   (2, 61, 77, 2, 2, 64, False, (16, 4))):  # every row sees a key
+        mag = torch.linspace(0.5, 3.0, hq, device=DEV)[None, None, :, None]
+        q8, dq = _e4m3_quantised(torch.randn(b, sq, hq, d, device=DEV) * mag, hk)
+        k8, dk = _e4m3_quantised(torch.randn(b, sk, hk, d, device=DEV) * mag[:, :, :hk], hk)
+        v8, dv = _e4m3_quantised(torch.randn(b, sk, hk, d, device=DEV) * mag[:, :, :hk].flip(2), hk)
+        name = f"fp8 B{b} Hq{hq} Hk{hk} Sq{sq} Sk{sk} D{d}" + (" causal" if causal else "") + (
+            f" window{window}" if window != (-1, -1) else "")
+        out, lse = FA.flash_attn_func(q8, k8, v8, causal=causal, window_size=window, q_descale=dq, k_descale=dk,
+                                      v_descale=dv, return_softmax_lse=True)
+        g = hq // hk
+        deq = lambda x8, ds, h: x8.to(F64) * ds.to(F64).repeat_interleave(h // hk, dim=1)[:, None, :, None]  # noqa: E731
+        qd, kd, vd = deq(q8, dq, hq), deq(k8, dk, hk), deq(v8, dv, hk)
+        scale = 1.0 / math.sqrt(d)
+        vis = visible(sq, sk, window[0], window[1], align=1, causal=causal)
+        qh, kh, vh = qd.transpose(1, 2), kd.transpose(1, 2).repeat_interleave(g, 1), vd.transpose(1, 2).repeat_interleave(g, 1)
+        s_ = (qh @ kh.transpose(-1, -2)) * scale
+        s_ = s_.masked_fill(~vis, float("-inf"))
+        m = s_.amax(-1, keepdim=True)
+        p = torch.exp(s_ - m)
+        l_ = p.sum(-1, keepdim=True)
+        ref = (p @ vh) / l_
+        naive = ((p.to(torch.float8_e4m3fn).to(F64) @ vh) / l_).to(torch.bfloat16).to(F64)
+        lse_ref = (m + l_.log()).squeeze(-1)
+        abs_sum = (qh.abs() @ kh.abs().transpose(-1, -2)).masked_fill(~vis, 0).amax(-1)
+        o_err, n_err = max_err(out.transpose(1, 2), ref), max_err(naive, ref)
+        o_bound = 3 * n_err + 2 ** -8 * ref.abs().max().item()
+        lse_excess = ((lse.to(F64) - lse_ref).abs() / (2 ** -9 * scale * abs_sum + 1e-3)).max().item()
+        ok = out.dtype == torch.bfloat16 and o_err <= o_bound and lse_excess <= 1.0 and not out.isnan().any()
+        R.check(name, ok, f"out {o_err:.2e}/{o_bound:.2e} (naive {n_err:.2e}) lse {lse_excess:.2f} of its bound")
+    q8 = torch.randn(1, 64, 2, 64, device=DEV).to(torch.float8_e4m3fn)
+    for what, fn, want in (("fp8 with dropout", lambda: FA.flash_attn_func(q8, q8, q8, dropout_p=0.1), "dropout_p"),
+                           ("fp8 head dim 72", lambda: FA.flash_attn_func(*(torch.randn(1, 64, 2, 72, device=DEV)
+                                                                            .to(torch.float8_e4m3fn),) * 3), "16"),
+                           ("fp8 descale shape", lambda: FA.flash_attn_func(q8, q8, q8, q_descale=torch.ones(2, device=DEV)),
+                            "q_descale")):
+        try:
+            fn()
+            R.check(f"refuses {what}", False, "no error")
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            R.check(f"refuses {what}", want in str(e), str(e)[:160])
+
+
 def main():
     if not torch.cuda.is_available():
         R.check("CUDA device present", False)
         R.finish()
     torch.manual_seed(0)
     for t in (test_dense, test_softcap, test_alibi, test_lse_and_deterministic, test_packed_variants, test_varlen,
-              test_refusals):
+              test_refusals, test_fp8):
         R.run(t.__name__, t)
     R.finish()
 

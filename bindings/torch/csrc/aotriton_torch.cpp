@@ -11,6 +11,9 @@
 //                          check_cu_seqlens=False, varlen_status?=None, softcap=0.0,
 //                          alibi_slopes?=None, sinks?=None, dsinks(b!)?=None)
 //       -> (dq, dk, dv, dbias)   (dsinks, fp32 [Hq], when given: overwritten with the sinks' gradient)
+//   torch.ops.aotriton.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, sm_scale, causal,
+//                              window_left, window_right, align) -> (out, lse)
+//       (float8_e4m3fn q/k/v, fp32 [B, Hk] descales, bf16 out; sm_90; forward only)
 //   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
 //   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
 //
@@ -84,9 +87,11 @@ DType dtype_of(const Tensor& t, const char* name) {
       return DType::kFloat32;
     case at::kInt:
       return DType::kInt32;
+    case at::kFloat8_e4m3fn:
+      return DType::kFloat8E4M3;
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "aotriton: ", name, " has dtype ", t.scalar_type(),
-                                  "; supported: float16, bfloat16, float32");
+                                  "; supported: float16, bfloat16, float32 (float8_e4m3fn: fwd_fp8)");
   }
 }
 
@@ -157,14 +162,15 @@ int32_t window_of(int64_t w, const char* name) {
 // its input without a layout copy, whichever of (B,H,S,D) or (B,S,H,D) memory the caller has);
 // otherwise B x S x H x D memory viewed as B x H x S x D. `d` >= 0: that head dim instead of
 // like's (the output of a call whose V has its own head dim), in like's (B,H,S,D) or (B,S,H,D)
-// order.
-Tensor alloc_like(const Tensor& like, bool zero, int64_t d = -1) {
+// order. `dtype`: the output's, when not like's (the fp8 forward's bf16 O).
+Tensor alloc_like(const Tensor& like, bool zero, int64_t d = -1,
+                  c10::optional<at::ScalarType> dtype = c10::nullopt) {
   const bool dense = like.is_non_overlapping_and_dense() && like.stride(-1) == 1;
+  const auto opts = like.options().dtype(dtype.value_or(like.scalar_type()));
   if (dense && (d < 0 || d == like.size(3))) {
-    Tensor t = at::empty_like(like, at::MemoryFormat::Preserve);
+    Tensor t = at::empty_like(like, opts, at::MemoryFormat::Preserve);
     return zero ? t.zero_() : t;
   }
-  const auto opts = like.options();
   const auto b = like.size(0), h = like.size(1), s = like.size(2);
   if (d < 0) d = like.size(3);
   if (dense && like.stride(1) >= like.stride(2)) {  // (B,H,S,D) memory
@@ -453,6 +459,44 @@ int64_t dropout_offsets_consumed(int64_t batch, int64_t heads_q, int64_t seqlen_
   return static_cast<int64_t>(n);
 }
 
+// The fp8 forward (flash.h, Fp8FwdParams): q, k, v float8_e4m3fn B x H x S x D, descales fp32
+// [B, Hk]; out bf16 laid out like q, lse fp32 B x Hq x Sq. Vᵀ's workspace from torch's allocator.
+std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& q_descale, const Tensor& k_descale,
+                                        const Tensor& v_descale, double sm_scale, bool causal,
+                                        int64_t window_left, int64_t window_right, int64_t align) {
+  TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  for (const auto& [t, name] : {std::pair<const Tensor&, const char*>{k, "k"}, {v, "v"}, {q_descale, "q_descale"},
+                                {k_descale, "k_descale"}, {v_descale, "v_descale"}}) {
+    check_cuda(t, q, name);
+  }
+  TORCH_CHECK_VALUE(q.dim() == 4, "aotriton: q must be 4-D (B x H x S x D), got ", q.sizes());
+  const c10::cuda::CUDAGuard guard(q.device());
+  Tensor out = alloc_like(q, false, -1, at::kBFloat16);
+  Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  flash::Fp8FwdParams p;
+  p.q = view_of<4>(q, "q");
+  p.k = view_of<4>(k, "k");
+  p.v = view_of<4>(v, "v");
+  p.o = view_of<4>(out, "out");
+  p.lse = view_of<3>(lse, "lse");
+  p.q_descale = view_of<2>(q_descale, "q_descale");
+  p.k_descale = view_of<2>(k_descale, "k_descale");
+  p.v_descale = view_of<2>(v_descale, "v_descale");
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.causal = causal;
+  p.align = align_of(align);
+  p.window_left = window_of(window_left, "window_left");
+  p.window_right = window_of(window_right, "window_right");
+  uint64_t bytes = 0;
+  check_status(flash::attn_fwd_fp8_workspace_bytes(p.k, &bytes), "fwd_fp8");
+  Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = bytes;
+  check_status(flash::attn_fwd_fp8(p, current_stream(q)), "fwd_fp8");
+  return {out, lse};
+}
+
 std::string library_version() { return aotriton::version(); }
 
 }  // namespace
@@ -476,6 +520,9 @@ TORCH_LIBRARY(aotriton, m) {
   m.def(
       "dropout_mask(Tensor rng_state, int batch, int heads, int seqlen_q, int seqlen_k, "
       "float dropout_p) -> Tensor");
+  m.def(
+      "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor q_descale, Tensor k_descale, Tensor v_descale, "
+      "float sm_scale, bool causal, int window_left, int window_right, int align) -> (Tensor, Tensor)");
   m.def("dropout_offsets_consumed(int batch, int heads_q, int seqlen_q, int seqlen_k) -> int",
         &dropout_offsets_consumed);
   m.def("version() -> str", &library_version);
@@ -485,6 +532,7 @@ TORCH_LIBRARY_IMPL(aotriton, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("dropout_mask", &dropout_mask_cuda);
+  m.impl("fwd_fp8", &fwd_fp8_cuda);
 }
 
 // A Python module too, so that `import aotriton._C` loads the library (and registers the ops).

@@ -20,6 +20,8 @@ S_dmask) needs the attention probabilities, which these kernels never materializ
 without dropout). ``alibi_slopes`` (fp32 ``(Hq,)`` or ``(B, Hq)``) adds FlashAttention's ALiBi,
 ``-slope * |i + Sk - Sq - j|`` (fp16/bf16, without dropout or softcap). An option aotriton does
 not have (``block_table``) raises ``NotImplementedError`` naming it; nothing is launched.
+``float8_e4m3fn`` q, k, v (sm_90) run FlashAttention-3's fp8 forward with its ``q_descale``,
+``k_descale``, ``v_descale`` (fp32 ``(B, Hk)``): bf16 out, forward only, head dims multiples of 16.
 """
 import math
 
@@ -67,10 +69,22 @@ def _result(out, lse, d, return_softmax_lse):
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     alibi_slopes=None, deterministic=False, return_attn_probs=False, *, return_softmax_lse=False,
-                    sinks=None):
+                    sinks=None, q_descale=None, k_descale=None, v_descale=None):
     """q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D) (module docs). ``sinks`` (an aotriton
-    extension): attention sinks, fp32 (Hq,) (aotriton.torch.flash_attention)."""
+    extension): attention sinks, fp32 (Hq,) (aotriton.torch.flash_attention). float8_e4m3fn q, k, v
+    take FlashAttention-3's fp8 forward: ``q/k/v_descale`` fp32 (B, Hk) (None: ones), out bf16,
+    forward only (aotriton.torch.flash_attention_fp8)."""
     _refuse(return_attn_probs)
+    if q.dtype == torch.float8_e4m3fn:
+        unsupported = [name for name, on in (("dropout_p", dropout_p != 0.0), ("softcap", softcap != 0.0),
+                                             ("alibi_slopes", alibi_slopes is not None), ("sinks", sinks is not None))
+                       if on]
+        if unsupported:
+            raise NotImplementedError(f"aotriton.flash_attn: the fp8 forward has no {', '.join(unsupported)}")
+        out, lse = aot.flash_attention_fp8(q, k, v, q_descale, k_descale, v_descale, causal=causal,
+                                           window_size=window_size, align="bottom_right", scale=softmax_scale,
+                                           layout="bshd", return_lse=True)
+        return (out, lse) if return_softmax_lse else out
     q, k, v, scale, d = _padded(q, k, v, softmax_scale)
     out, lse, _ = aot.flash_attention(q, k, v, causal=causal, window_size=window_size, align="bottom_right",
                                       dropout_p=dropout_p, scale=scale, layout="bshd", return_aux=True,

@@ -91,14 +91,15 @@ def _keeps_layout(t):
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
-    def like(t, d=None):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
+    def like(t, d=None, dtype=None):  # alloc_like in the C++ ops: t's strides when dense with a unit last stride
+        dtype = t.dtype if dtype is None else dtype
         if _keeps_layout(t) and d in (None, t.size(3)):
-            return t.new_empty_strided(t.shape, t.stride())
+            return t.new_empty_strided(t.shape, t.stride(), dtype=dtype)
         b, h, s, d0 = t.shape
         d = d0 if d is None else d
         if _keeps_layout(t) and t.stride(1) >= t.stride(2):  # (B,H,S,D) memory
-            return t.new_empty((b, h, s, d))
-        return t.new_empty((b, s, h, d)).transpose(1, 2)
+            return t.new_empty((b, h, s, d), dtype=dtype)
+        return t.new_empty((b, s, h, d), dtype=dtype).transpose(1, 2)
 
     @torch.library.register_fake("aotriton::fwd")
     def _fwd_fake(q, k, v, bias, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, causal,
@@ -120,6 +121,11 @@ def _register_fakes():
         dv = like(v)
         dbias = bias.new_empty(bias.shape) if bias_requires_grad else q.new_empty((0,))
         return dq, dk, dv, dbias
+
+    @torch.library.register_fake("aotriton::fwd_fp8")
+    def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, sm_scale, causal, window_left, window_right, align):
+        b, h, s, _ = q.shape
+        return like(q, dtype=torch.bfloat16), q.new_empty((b, h, s), dtype=torch.float32)
 
     @torch.library.register_fake("aotriton::dropout_mask")
     def _mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
@@ -476,6 +482,42 @@ def flash_attention(q, k, v, causal=False, window_size=(-1, -1), align="top_left
     if layout == "bshd":
         out = out.transpose(1, 2)
     return (out, lse, rng_state) if return_aux else out
+
+
+def flash_attention_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None, causal=False, window_size=(-1, -1),
+                        align="top_left", scale=None, layout="bhsd", return_lse=False):
+    """The fp8 (e4m3) forward on sm_90 (FlashAttention-3's): q, k, v ``torch.float8_e4m3fn`` in
+    ``layout`` (``"bhsd"``: ``(B, H, S, D)``, ``"bshd"``: ``(B, S, H, D)``), head dim a multiple of 16
+    up to 256, Hq a multiple of Hk; ``q/k/v_descale``: fp32 ``(B, Hk)`` dequantisation factors
+    (positive; None: ones), so the scores are ``scale * q_descale * k_descale * q.k`` and the output
+    is scaled by ``v_descale``. Returns ``out`` (bfloat16, q's layout) and with ``return_lse`` the
+    fp32 LSE ``(B, Hq, Sq)`` of the descaled scores. Forward only (no autograd); masks as
+    :func:`flash_attention`'s. V is transposed into a workspace from torch's allocator first."""
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"aotriton: layout must be 'bhsd' or 'bshd', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"aotriton: flash_attention_fp8 takes 4-D q, k, v; {name} is not")
+        if t.dtype != torch.float8_e4m3fn:
+            raise NotImplementedError(f"aotriton: flash_attention_fp8 takes float8_e4m3fn q, k, v; {name} is {t.dtype}")
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    left, right = _window(window_size)
+    b, hk = k.size(0), k.size(1)
+    descales = []
+    for name, t in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if t is None:
+            t = torch.ones((b, hk), device=q.device, dtype=torch.float32)
+        elif not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (b, hk):
+            raise ValueError(f"aotriton: {name} must be a float32 tensor of shape (B, Hk) = ({b}, {hk}), got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+        descales.append(t)
+    sm_scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    out, lse = _ops().fwd_fp8(_unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v), *descales, sm_scale,
+                              bool(causal), left, right, _align_code(align))
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
