@@ -85,6 +85,24 @@ for run in ${TORCH_SUITES:-$ALL_SUITES}; do
   grep -E "^FAIL" "$log" | head -n 15 | while read -r l; do echo "    $l"; done >"$BUILD/$name-$backend.failures"
 done
 
+# torch's context parallelism over NCCL with the registered kernels (test_context_parallel.py), a
+# torchrun program: two ranks on a machine with two GPUs or more, else one (the same code path).
+# TORCH_CP=0 skips it; CP_ARGS adds options (--bench). NCCL's NVLink multicast stays off.
+if [ "${TORCH_CP:-1}" != 0 ]; then
+  step "test_context_parallel.py (torchrun)"
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  ranks=$(( gpus >= 2 ? 2 : 1 ))
+  log=$OUT/torch-context_parallel-auto.log
+  PYTHONPATH=$TREE_PYTHONPATH LD_LIBRARY_PATH=$TREE_LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0 \
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=$ranks test/torch/test_context_parallel.py \
+    ${CP_ARGS:-} >"$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  line=$(grep -E "^torch-context_parallel: [0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1)
+  [ -n "$line" ] || line="torch-context_parallel: did not finish (exit $rc): $(tail -n 1 "$log")"
+  summary+=("[auto, $ranks GPU] $line")
+fi
+
 # The README's C++ consumer example (its ```cmake and ```cpp blocks, verbatim).
 step "C++ consumer example from README.md"
 ex=$BUILD/cpp_example
