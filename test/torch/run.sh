@@ -93,9 +93,10 @@ if [ "${TORCH_CP:-1}" != 0 ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
   ranks=$(( gpus >= 2 ? 2 : 1 ))
   log=$OUT/torch-context_parallel-auto.log
+  # A collective that never completes would hang the whole run: bounded (CP_TIMEOUT seconds).
   PYTHONPATH=$TREE_PYTHONPATH LD_LIBRARY_PATH=$TREE_LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0 \
-    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=$ranks test/torch/test_context_parallel.py \
-    ${CP_ARGS:-} >"$log" 2>&1
+    timeout "${CP_TIMEOUT:-300}" "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=$ranks \
+    test/torch/test_context_parallel.py ${CP_ARGS:-} >"$log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || failed=1
   line=$(grep -E "^torch-context_parallel: [0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1)
