@@ -16,6 +16,7 @@ Keep NCCL's multicast off (NCCL_NVLS_ENABLE=0, as the device notes say); run.sh 
 Last line (rank 0): ``torch-context_parallel: N passed, M failed``.
 """
 import argparse
+import datetime
 import math
 import os
 import statistics
@@ -170,7 +171,8 @@ def main():
     args = ap.parse_args()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    # A short collective timeout: a rank that fails alone must not leave the others waiting 10 minutes.
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local), timeout=datetime.timedelta(seconds=120))
     world = dist.get_world_size()
     try:
         R.check("'aotriton' is listed by torch's registry", "aotriton" in torch.nn.attention.list_flash_attention_impls())
