@@ -758,7 +758,27 @@ fn load_kernel(context: &StreamContext, loaded: &LoadedArchive, functional: usiz
     let threads = launch_threads(meta, &context.device)?;
     let images = loaded.images(functional)?;
     let function = context.load_function(&images[kernel], &meta.symbol, meta.shared, &meta.id)?;
+    count_load(context.device.runtime, context.device.ordinal);
     Ok(LoadedKernel { function, plan: OnceLock::new(), meta: meta.clone(), threads })
+}
+
+/// Kernel loads per (runtime, device ordinal) since the process started: the module cache's misses.
+static DEVICE_LOADS: Mutex<Vec<((Runtime, i32), u64)>> = Mutex::new(Vec::new());
+
+fn count_load(runtime: Runtime, ordinal: i32) {
+    let mut loads = lock(&DEVICE_LOADS);
+    match loads.iter_mut().find(|(device, _)| *device == (runtime, ordinal)) {
+        Some((_, n)) => *n += 1,
+        None => loads.push(((runtime, ordinal), 1)),
+    }
+}
+
+/// How many kernels this process has loaded onto device `ordinal` of `runtime` so far. The module
+/// cache loads each kernel once per device (CUDA: per context) whatever the number of threads and
+/// streams that call it, so after a warm-up this stops moving; a multi-device test reads it to
+/// see one load per kernel per device.
+pub fn kernels_loaded(runtime: Runtime, ordinal: i32) -> u64 {
+    lock(&DEVICE_LOADS).iter().find(|(device, _)| *device == (runtime, ordinal)).map_or(0, |(_, n)| *n)
 }
 
 /// Whether the runtime can launch the kernel `meta` describes on `device`, and with how many
@@ -876,6 +896,17 @@ pub fn kernarg_layout(meta: &KernelMeta) -> Result<KernargLayout> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_loads_are_counted_per_device() {
+        // Ordinals no machine has: the counter starts at 0 and counts each device apart.
+        let (a, b) = (Runtime::Hip, 1_000_001);
+        assert_eq!(kernels_loaded(a, b), 0);
+        count_load(a, b);
+        count_load(a, b);
+        count_load(a, b + 1);
+        assert_eq!((kernels_loaded(a, b), kernels_loaded(a, b + 1), kernels_loaded(Runtime::Cuda, b)), (2, 1, 0));
+    }
     use crate::archive::TensorDescMeta;
     use crate::tensor::{DType, TensorView};
 

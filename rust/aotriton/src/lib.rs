@@ -87,6 +87,10 @@ pub use driver::cudarc_interop as interop;
 pub mod tuning {
     pub use crate::dispatch::{database_in_use, force_kernel, forced_count, forced_kernel, use_database};
 }
+/// What the runtime has done so far, for tests and diagnostics.
+pub mod diagnostics {
+    pub use crate::dispatch::kernels_loaded;
+}
 pub use driver::{Runtime, Stream, library_present};
 pub use error::{Error, ErrorKind, Result};
 pub use images::{ImageSource, available_archs, built_archs, image_source, with_archive};

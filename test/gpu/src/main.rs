@@ -1625,6 +1625,26 @@ fn main() {
         });
         record(outcome, &mut log);
     }
+    // The module cache: every kernel those cases need is loaded by now, so running the first
+    // case again loads nothing (one load per kernel per device).
+    if let Some(c) = all.first() {
+        let loaded = || aotriton::diagnostics::kernels_loaded(aotriton::Runtime::Cuda, 0);
+        let before = loaded();
+        let again = run_case(c, &mut rng, stream).map(|o| o.pass).unwrap_or(false);
+        let after = loaded();
+        record(
+            Outcome {
+                pass: again && before > 0 && after == before,
+                line: format!(
+                    "module cache: {before} kernels loaded on device 0; the first case again ({}) loaded {}  {}",
+                    if again { "passed" } else { "FAILED" },
+                    after - before,
+                    if again && before > 0 && after == before { "PASS" } else { "FAIL" }
+                ),
+            },
+            &mut log,
+        );
+    }
     let guarded = |what: String, r: Result<Outcome, String>| {
         r.unwrap_or_else(|e| Outcome {
             pass: false,
