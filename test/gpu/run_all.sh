@@ -29,7 +29,9 @@
 #                            process: --stress concurrency (64 threads x 8 streams, cold start,
 #                            bitwise vs single-threaded runs), large (> 2^32-element tensors vs a
 #                            float64 reference on slices), memory (10^5 calls, no host/device growth);
-#                            about 5 min together. STRESS="large memory" runs the ones named.
+#                            about 5 min together. STRESS="large memory" runs the ones named;
+#                            STRESS=multi-device (two GPUs: the concurrency mode over both devices
+#                            of one process, one kernel load per device) is run only when named.
 #   SANITIZE=1               test/gpu/sanitize.sh after those: compute-sanitizer memcheck, synccheck
 #                            and racecheck over the suite's --quick list per backend (~8 min at most).
 # BASE=0 skips steps 1-3 (with GLUON_CHECKS=0 BENCH=0 TORCH=0, only what STRESS / SANITIZE ask runs).

@@ -486,6 +486,31 @@ fn worker(t: usize, ctx: usize, stream: usize, all_inputs: &[Inputs], barrier: &
 /// The parent process: starts the cold reference process, then the concurrent phase, then the
 /// single-threaded phase, and compares.
 pub(crate) fn run(args: &Args, log: &mut Log, tally: &mut Tally) -> Result<(), String> {
+    run_on(args, log, tally, 1)
+}
+
+/// `--stress multi-device` (issue 21): the same phases with the threads spread over `devices`
+/// GPUs of one process (thread t on device t mod `devices`, its streams made in that device's
+/// primary context), so the first loads race on every device at once; every instance must equal
+/// the single-device references bitwise as above, and each device's module cache must hold the
+/// same number of kernels (one load per kernel per device: `aotriton::diagnostics::kernels_loaded`).
+pub(crate) fn run_multi_device(args: &Args, log: &mut Log, tally: &mut Tally) -> Result<(), String> {
+    let count = result::device::get_count().map_err(|e| format!("cuDeviceGetCount: {e:?}"))? as usize;
+    if count < 2 {
+        log.line(format!("skipped: multi-device needs two GPUs, this machine has {count}"));
+        return Ok(());
+    }
+    run_on(args, log, tally, 2)?;
+    let loads: Vec<u64> = (0..2).map(|d| aotriton::diagnostics::kernels_loaded(aotriton::Runtime::Cuda, d)).collect();
+    tally.record(
+        log,
+        loads[0] > 0 && loads[0] == loads[1],
+        format!("module cache: kernels loaded on device 0 / 1: {} / {} (each kernel once per device)", loads[0], loads[1]),
+    );
+    Ok(())
+}
+
+fn run_on(args: &Args, log: &mut Log, tally: &mut Tally, devices: usize) -> Result<(), String> {
     let (mut host_bytes, mut device_bytes) = (0, 0);
     for c in &CASES {
         let (h, d) = c.bytes();
@@ -520,19 +545,33 @@ pub(crate) fn run(args: &Args, log: &mut Log, tally: &mut Tally) -> Result<(), S
         }
     };
 
-    // 2. The concurrent phase: nothing of the library has run in this process yet.
-    let ctx = result::ctx::get_current()
+    // 2. The concurrent phase: nothing of the library has run in this process yet. Device 0's
+    // context is current (open_device); the others' primary contexts are retained here, each
+    // with its own streams, and device 0's is made current again afterwards.
+    let ctx0 = result::ctx::get_current()
         .map_err(|e| format!("cuCtxGetCurrent: {e:?}"))?
-        .ok_or("no current context")? as usize;
-    let streams: Vec<usize> = (0..STREAMS)
-        .map(|_| nonblocking_stream().map(|s| s as usize))
-        .collect::<Result<_, _>>()?;
+        .ok_or("no current context")?;
+    let mut contexts = vec![ctx0 as usize];
+    for d in 1..devices {
+        let dev = result::device::get(d as i32).map_err(|e| format!("cuDeviceGet({d}): {e:?}"))?;
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| format!("cuDevicePrimaryCtxRetain({d}): {e:?}"))?;
+        contexts.push(ctx as usize);
+    }
+    let mut device_streams: Vec<Vec<usize>> = Vec::new();
+    for &ctx in &contexts {
+        unsafe { result::ctx::set_current(ctx as sys::CUcontext) }.map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+        device_streams.push((0..STREAMS).map(|_| nonblocking_stream().map(|s| s as usize)).collect::<Result<_, _>>()?);
+    }
+    unsafe { result::ctx::set_current(ctx0) }.map_err(|e| format!("cuCtxSetCurrent: {e:?}"))?;
+    let streams = device_streams[0].clone();
     let barrier = Barrier::new(THREADS);
     let started = Instant::now();
     let threads: Vec<ThreadRun> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
-                let (inputs, barrier, stream) = (&all_inputs, &barrier, streams[t % STREAMS]);
+                let device = t % devices;
+                let (inputs, barrier) = (&all_inputs, &barrier);
+                let (ctx, stream) = (contexts[device], device_streams[device][(t / devices) % STREAMS]);
                 s.spawn(move || worker(t, ctx, stream, inputs, barrier))
             })
             .collect();

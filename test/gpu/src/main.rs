@@ -35,7 +35,7 @@
 //! with a new dropout offset, and invalid calls for the new validations.
 //!
 //! Usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend B] [--quick]
-//!        aotriton-gpu-tests --stress concurrency|large|memory [--log PATH] [--seed N] [--require-gpu] [--backend B]
+//!        aotriton-gpu-tests --stress concurrency|large|memory|multi-device [--log PATH] [--seed N] [--require-gpu] [--backend B]
 //! `--backend auto|portable|gluon` forces every call onto one backend (backend.rs: a case the
 //! Gluon backend does not serve must then be refused with `UnsupportedByBackend`).
 //! Without a driver or a device it prints `skipped: no GPU` and exits 0 (2 with --require-gpu).
@@ -1455,7 +1455,7 @@ fn parse_u64(s: &str) -> Option<u64> {
 fn usage() -> ! {
     eprintln!(
         "usage: aotriton-gpu-tests [--log PATH] [--seed N] [--require-gpu] [--list] [--backend auto|portable|gluon] [--quick]\n       \
-         aotriton-gpu-tests --stress concurrency|large|memory [--log PATH] [--seed N] [--require-gpu] [--backend B]"
+         aotriton-gpu-tests --stress concurrency|large|memory|multi-device [--log PATH] [--seed N] [--require-gpu] [--backend B]"
     );
     std::process::exit(2)
 }

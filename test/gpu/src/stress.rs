@@ -5,7 +5,9 @@
 //! * `large` (large.rs): forward and backward on tensors of more than 2^32 elements, checked on
 //!   slices against the float64 reference, on both backends;
 //! * `memory` (growth.rs): 10^5 forward + backward calls per backend, host RSS, Rust heap and
-//!   device memory sampled after warm-up and at the end.
+//!   device memory sampled after warm-up and at the end;
+//! * `multi-device` (concurrency.rs): the concurrency mode with its threads spread over two GPUs
+//!   of one process, and one load per kernel per device (skipped with a line on one GPU).
 //!
 //! Each prints `stress-<name>: N passed, M failed` last (what run_all.sh's summary picks up),
 //! writes its lines to `--log PATH` too, and exits 1 when anything failed. Without a GPU it prints
@@ -61,7 +63,7 @@ pub(crate) fn run(mode: &str, args: &Args) -> i32 {
         return concurrency::reference_process(args);
     }
     let name = match mode {
-        "concurrency" | "large" | "memory" => format!("stress-{mode}"),
+        "concurrency" | "large" | "memory" | "multi-device" => format!("stress-{mode}"),
         _ => usage(),
     };
     let stream = match open_device() {
@@ -88,6 +90,7 @@ pub(crate) fn run(mode: &str, args: &Args) -> i32 {
     let mut tally = Tally::new();
     let outcome = match mode {
         "concurrency" => concurrency::run(args, &mut log, &mut tally),
+        "multi-device" => concurrency::run_multi_device(args, &mut log, &mut tally),
         "large" => large::run(args, stream, &mut log, &mut tally),
         _ => growth::run(stream, &mut log, &mut tally),
     };
