@@ -15,7 +15,7 @@
 //! `attn_bwd_dq` kernel instead of the reduce-adds.
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, Workspace, axes, bias_args, broadcast_strides,
+    ATTENTION_INPUTS, AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, Workspace, axes, bias_args, broadcast_strides,
     check_broadcastable, check_qkv, check_rows, check_tensor, common_args, dropout_args, dropout_regions, mask_args,
     optional_input, strides3, strides4, varlen_regions,
 };
@@ -454,7 +454,7 @@ pub(crate) fn kernel_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
 /// Checks every argument before anything touches the GPU (bias and dropout are checked where
 /// their arguments are built, which `attn_bwd` also does first).
 pub(crate) fn validate(p: &BwdParams) -> Result<(AttnShape, MaskArgs)> {
-    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_bwd_dq")?;
+    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_bwd_dq", &ATTENTION_INPUTS)?;
     let dtype = p.q.dtype;
     if p.lse.is_null() {
         bail!(NullPointer, "lse: the backward needs the forward's log-sum-exp (ask attn_fwd for it)");

@@ -3,7 +3,7 @@
 //! the linear bias of [`FwdParams::alibi_slopes`]).
 use super::gluon;
 use super::{
-    AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, axes, bias_args, check_qkv, check_rows,
+    ATTENTION_INPUTS, AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, axes, bias_args, check_qkv, check_rows,
     check_scalars, check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
 use crate::archive::Functional;
@@ -194,7 +194,7 @@ pub(crate) fn choose_kernel(
 
 /// Checks every argument before anything touches the GPU. Each problem has its own error kind.
 pub(crate) fn validate(p: &FwdParams) -> Result<(AttnShape, MaskArgs)> {
-    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_fwd")?;
+    let shape = check_qkv(&p.q, &p.k, &p.v, p.varlen.as_ref(), "attn_fwd", &ATTENTION_INPUTS)?;
     // O has V's head dim.
     let [b, hq, tokens_q, _] = p.q.sizes;
     check_tensor("o", &p.o, [b, hq, tokens_q, shape.head_dim_v], p.q.dtype)?;

@@ -8,8 +8,8 @@
 //! Vᵀ (in the kernel's key order, keys padded to 32) into the caller's workspace
 //! ([`attn_fwd_fp8_workspace_bytes`]), then runs the forward; both on the stream, nothing
 //! launched unless both kernels are ready.
-use super::gluon::{self, ARCH};
-use super::{AttnShape, Mask, MaskArgs, Workspace, check_qkv, check_scalars, check_tensor, mask_args};
+use super::gluon;
+use super::{AttnShape, InputDTypes, Mask, MaskArgs, Workspace, check_qkv, check_scalars, check_tensor, mask_args};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, blocks, first_preferred};
 use crate::driver::Stream;
 use crate::error::{ErrorKind, Result, bail, checked_product};
@@ -20,6 +20,8 @@ use crate::tma::TensorArg;
 pub(crate) const FAMILY: &str = "attn_fwd_gluon_fp8";
 /// The Vᵀ kernel's family (rules.TRANSPOSE_V_FP8).
 pub(crate) const TRANSPOSE_FAMILY: &str = "transpose_v_fp8";
+/// q, k, v: e4m3 only.
+const FP8_INPUTS: InputDTypes = InputDTypes { dtypes: &[DType::F8E4M3], described: "the fp8 forward takes float8_e4m3fn inputs" };
 /// Vᵀ's keys are permuted within groups of this many and padded to a whole group.
 const KEY_GROUP: u64 = 32;
 
@@ -105,7 +107,7 @@ fn vt_view(ws: &Workspace, shape: &AttnShape) -> TensorView<4> {
 
 /// Checks every argument before anything touches the GPU: the shape, the mask and Vᵀ's view.
 pub(crate) fn validate(p: &Fp8FwdParams) -> Result<(AttnShape, MaskArgs, TensorView<4>)> {
-    let shape = check_qkv(&p.q, &p.k, &p.v, None, FAMILY)?;
+    let shape = check_qkv(&p.q, &p.k, &p.v, None, FAMILY, &FP8_INPUTS)?;
     if shape.splits_head_dims() {
         bail!(ShapeMismatch, "v: the fp8 forward takes V with Q/K's head dim ({}), got {}", shape.head_dim, shape.head_dim_v);
     }
@@ -233,9 +235,7 @@ pub fn attn_fwd_fp8(params: &Fp8FwdParams, stream: Stream) -> Result<()> {
     let f_request = Request { family: FAMILY, axes: axes.as_slice()?, args: f_args.args()? };
     let launcher = Launcher::new(stream)?;
     let device = launcher.device();
-    if device.arch != ARCH {
-        bail!(UnsupportedByBackend, "attn_fwd_fp8: its kernels run on {ARCH} only (device {} is {})", device.ordinal, device.arch);
-    }
+    gluon::device_supported(&device.arch).map_err(|why| why.error("attn_fwd_fp8", Some(device)))?;
     let (keys, heads_k, batch) = (vt.sizes[3], shape.heads_k, shape.batch);
     let transpose = launcher.prepare(&t_request, first_preferred, |meta| Ok([blocks(keys, meta, "BLOCK_N", 64), heads_k, batch]))?;
     let multiprocessors = device.multiprocessors;

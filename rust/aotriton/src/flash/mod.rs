@@ -342,25 +342,31 @@ impl AttnShape {
     }
 }
 
+/// The input dtypes an operator takes, and the sentence its refusal of another one starts with.
+pub(crate) struct InputDTypes {
+    pub dtypes: &'static [DType],
+    pub described: &'static str,
+}
+
+/// `attn_fwd` and `attn_bwd` (the fp8 forward has its own: `fwd_fp8.rs`).
+pub(crate) const ATTENTION_INPUTS: InputDTypes =
+    InputDTypes { dtypes: &[DType::F16, DType::BF16, DType::F32], described: "attention takes fp16, bf16 or fp32 inputs" };
+
 /// Checks q, k, v (and the packing, if any) and returns the shape. `family` names the kernel
-/// family whose compiled head dims bound D.
+/// family whose compiled head dims bound D; `inputs` the dtypes q may have.
 pub(crate) fn check_qkv(
     q: &TensorView<4>,
     k: &TensorView<4>,
     v: &TensorView<4>,
     varlen: Option<&Varlen>,
     family: &'static str,
+    inputs: &InputDTypes,
 ) -> Result<AttnShape> {
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         t.check_layout(name)?;
     }
-    // The fp8 forward (fwd_fp8.rs) takes e4m3 inputs only; every other operator fp16, bf16, fp32.
-    if family == fwd_fp8::FAMILY {
-        if q.dtype != DType::F8E4M3 {
-            bail!(UnsupportedDType, "q: the fp8 forward takes float8_e4m3fn inputs, got {}", q.dtype.triton_name());
-        }
-    } else if !matches!(q.dtype, DType::F16 | DType::BF16 | DType::F32) {
-        bail!(UnsupportedDType, "q: attention takes fp16, bf16 or fp32 inputs, got {}", q.dtype.triton_name());
+    if !inputs.dtypes.contains(&q.dtype) {
+        bail!(UnsupportedDType, "q: {}, got {}", inputs.described, q.dtype.triton_name());
     }
     let [batch, heads_q, tokens_q, head_dim] = q.sizes;
     let [_, heads_k, tokens_k, _] = k.sizes;
