@@ -29,7 +29,7 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental import _attention as cp_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, max_err, visible
+from harness import Runner, attention_ref, count_ops, max_err, visible
 
 import aotriton.torch as A
 
@@ -37,26 +37,7 @@ R = Runner("context_parallel")
 FLASH = [SDPBackend.FLASH_ATTENTION]
 
 
-class Counting:
-    """aotriton's ops, counted: proves each rank's steps reached its kernels."""
-
-    def __init__(self, ops):
-        self.ops, self.fwd_calls, self.bwd_calls = ops, 0, 0
-
-    def fwd(self, *args):
-        self.fwd_calls += 1
-        return self.ops.fwd(*args)
-
-    def bwd(self, *args):
-        self.bwd_calls += 1
-        return self.ops.bwd(*args)
-
-    def __getattr__(self, name):
-        return getattr(self.ops, name)
-
-
-COUNT = Counting(A._ops())
-A._ops = lambda: COUNT
+COUNT = count_ops(A)  # proves each rank's steps reached aotriton's kernels
 
 
 def all_ranks(flag):
@@ -92,9 +73,9 @@ def test_correctness(mesh, world):
                 gen = torch.Generator(device="cuda").manual_seed(1234)  # the same inputs on every rank
                 q, k, v, g = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
                 exact = [t.double() for t in (q, k, v, g)]
-                before = (COUNT.fwd_calls, COUNT.bwd_calls)
+                mark = COUNT.mark()
                 got = run_cp(mesh, q, k, v, g, causal)
-                calls = (COUNT.fwd_calls - before[0], COUNT.bwd_calls - before[1])
+                calls = COUNT.since(mark)
                 leaves = [t.clone().requires_grad_() for t in exact[:3]]
                 ref = attention_ref(*leaves, 1 / math.sqrt(d), vis=visible(s, s, causal=causal))
                 want = [ref] + list(torch.autograd.grad(ref, leaves, exact[3]))

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, gqa_kwargs, lse_ref, max_err, visible
+from harness import Runner, attention_ref, count_ops, gqa_kwargs, lse_ref, max_err, visible
 
 import aotriton.torch as A
 import test_ops as T  # its compare(): three-way (ours, float64, input-dtype reference) bounds
@@ -44,32 +44,7 @@ T.R, T.ARGS = R, argparse.Namespace(k=None)
 FLASH = [SDPBackend.FLASH_ATTENTION]
 
 
-class Counting:
-    """The extension ops, counted: proves a call really reached aotriton's kernels."""
-
-    def __init__(self, ops):
-        self.ops, self.fwd_calls, self.bwd_calls = ops, 0, 0
-
-    def fwd(self, *args):
-        self.fwd_calls += 1
-        return self.ops.fwd(*args)
-
-    def bwd(self, *args):
-        self.bwd_calls += 1
-        return self.ops.bwd(*args)
-
-    def __getattr__(self, name):
-        return getattr(self.ops, name)
-
-    def mark(self):
-        return self.fwd_calls, self.bwd_calls
-
-    def since(self, mark):
-        return self.fwd_calls - mark[0], self.bwd_calls - mark[1]
-
-
-COUNT = Counting(A._ops())
-A._ops = lambda: COUNT
+COUNT = count_ops(A)
 
 
 def test_activation():
