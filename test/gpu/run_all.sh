@@ -38,7 +38,8 @@
 # keeps going when one part fails, prints a short summary last (pass/fail lines and the
 # benchmark tables) and exits 1 if anything failed. Files in $OUT: <suite>-<backend>.log,
 # gluon-*.log, bench_attn.log, bench_attn.json, torch-*.log, stress-<mode>.log, sanitize-<tool>.log,
-# and build-<name>.log only for a failed build. BACKENDS (default "portable gluon") picks the
+# and build-<name>.log only for a failed build; at the end every *.log is packed into logs.tar.gz
+# (the device tool brings back 8 files at most; PACK_LOGS=0 leaves them loose). BACKENDS (default "portable gluon") picks the
 # backends; BENCH_ARGS adds options to bench_attn.py (e.g. BENCH_ARGS="--head-dims 128 --seqlens
 # 4096 --dtypes bf16").
 set -u
@@ -295,4 +296,7 @@ if [ -f "$OUT/bench_torch.log" ]; then
   sed -n '/^torch /,$p' "$OUT/bench_torch.log" | tail -n 40
 fi
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
+if [ "${PACK_LOGS:-1}" = 1 ] && ls "$OUT"/*.log >/dev/null 2>&1; then
+  (cd "$OUT" && tar -czf logs.tar.gz ./*.log && rm -f ./*.log)
+fi
 exit $failed

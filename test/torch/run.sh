@@ -102,6 +102,10 @@ if [ "${TORCH_CP:-1}" != 0 ]; then
   line=$(grep -E "^torch-context_parallel: [0-9]+ passed, [0-9]+ failed" "$log" | tail -n 1)
   [ -n "$line" ] || line="torch-context_parallel: did not finish (exit $rc): $(tail -n 1 "$log")"
   summary+=("[auto, $ranks GPU] $line")
+  # Its failed cases and, when one raised, the exception's last line (ranks print tracebacks).
+  grep -E "^FAIL" "$log" | head -n 10 | sed 's/^/    /' >"$BUILD/context_parallel-auto, $ranks GPU.failures"
+  grep -E "^[A-Za-z_.]*(Error|Exception): " "$log" | sort -u | head -n 3 | cut -c1-300 | sed 's/^/    /' \
+    >>"$BUILD/context_parallel-auto, $ranks GPU.failures"
 fi
 
 # The README's C++ consumer example (its ```cmake and ```cpp blocks, verbatim).

@@ -67,7 +67,8 @@ def test_correctness(mesh, world):
     b, h, s, d = 2, 8, 1024 * world, 128
     for rotate in ("allgather", "alltoall"):
         for balance in (True, False):
-            for causal in (True, False):
+            # torch balances the load of causal attention only (full attention is balanced as is).
+            for causal in ((True, False) if not balance else (True,)):
                 cp_attention.set_rotate_method(rotate)
                 cp_attention._cp_options.enable_load_balance = balance
                 gen = torch.Generator(device="cuda").manual_seed(1234)  # the same inputs on every rank
