@@ -206,12 +206,12 @@ def check(configs):
     return failed == 0
 
 
-def bench(configs):
+def bench(configs, head_dims=(128, 256)):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention
 
     print(f"{'case':<40} {'cfg':<12} {'fp8 TF/s':>9} {'Vt us':>7} {'cuDNN bf16':>10} {'cuDNN fp8':>10}")
-    for d in (128, 256):
+    for d in head_dims:
         h = 2048 // d
         for s in (4096, 8192, 16384):
             b = 16384 // s
@@ -254,6 +254,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bench-head-dims", default="128,256", help="head dims the benchmark runs (comma-separated)")
     ap.add_argument("--config", action="append", default=[], help="HD:BLOCK_N:STAGES:OVERLAP[:PINGPONG[:NUM_CONSUMERS]]")
     args = ap.parse_args()
     configs = [tuple(int(x) for x in c.split(":")) for c in args.config]
@@ -261,7 +262,7 @@ def main():
     if not args.no_check:
         ok = check(configs)
     if args.bench:
-        ok = bench(configs) and ok
+        ok = bench(configs, [int(d) for d in args.bench_head_dims.split(",")]) and ok
     return 0 if ok else 1
 
 
