@@ -161,21 +161,24 @@ ALIGN_BYTES = 16
 D_HEAD_DIVISIBILITY = 8
 
 #: Tensors in the input/output dtype; their z/h/row strides are hinted in ``aligned``.
-_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT", "VT")
+_DATA_TENSORS = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT", "VT", "K_NEW", "V_NEW")
 #: fp32 per-row tensors (pointers hinted, strides not: a hint would send every odd Sq to `generic`).
 _ROW_TENSORS = ("LSE", "DELTA")
 #: Row strides (i32: the runtime guarantees ``row * stride`` fits in int32).
 _ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
-                "stride_dvn"}
+                "stride_dvn", "stride_xkm", "stride_xvm"}
 #: stride argument prefix -> tensor
 _STRIDE_TENSOR = {"stride_q": "Q", "stride_k": "K", "stride_v": "V", "stride_o": "O", "stride_do": "DO",
                   "stride_dq": "DQ", "stride_dk": "DK", "stride_dv": "DV", "stride_l": "LSE",
                   "stride_delta": "DELTA", "stride_b": "BIAS", "stride_db": "DBIAS", "stride_a": "ALIBI_SLOPES",
-                  "stride_vt": "VT", "stride_dsq": "DESCALE_Q", "stride_dsk": "DESCALE_K", "stride_dsv": "DESCALE_V"}
+                  "stride_vt": "VT", "stride_dsq": "DESCALE_Q", "stride_dsk": "DESCALE_K", "stride_dsv": "DESCALE_V",
+                  "stride_xk": "K_NEW", "stride_xv": "V_NEW", "stride_pt": "PAGE_TABLE"}
 #: i64 pointers of the dropout group.
 _I64_POINTERS = ("PHILOX_SEED", "PHILOX_OFFSET", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT")
 #: i32 pointers of the varlen group.
-_I32_POINTERS = ("CU_SEQLENS_Q", "CU_SEQLENS_K", "VARLEN_STATUS")
+_I32_POINTERS = ("CU_SEQLENS_Q", "CU_SEQLENS_K", "VARLEN_STATUS", "PAGE_TABLE", "CACHE_SEQLENS", "KV_STATUS")
+#: fp32 workspace of the decode's split-KV partials.
+_DECODE_PARTIALS = ("O_PART", "LSE_PART")
 
 
 def _strides(prefix: str, dims: str) -> list[str]:
@@ -249,6 +252,28 @@ DEBUG_DROPOUT_MASK_ARGS = (
     + ["N_CTX_Q", "N_CTX_K", "N_HEADS", "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]
     + ["BLOCK_M", "BLOCK_N"]
 )
+#: KV-cache decoding (kernels/decode/ABI.md): the append of new tokens, the split-KV attention
+#: over a dense or paged cache with the GQA group packed into the rows, the merge of the splits.
+_KV_CACHE_GEOMETRY = ["CACHE_CAPACITY", "PAGE_SIZE_LOG2", "N_PAGES"]
+ATTN_DECODE_ARGS = (
+    ["Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "PAGE_TABLE", "CACHE_SEQLENS", "KV_STATUS", "sm_scale"]
+    + _strides("q", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + _strides("o", "zhm")
+    + _strides("l", "zh") + ["stride_ptz"]
+    + ["N_CTX_Q", "N_NEW", "D_HEAD", "GQA_GROUP", "N_HEADS_Q", "WINDOW_LEFT", "WINDOW_RIGHT", *_KV_CACHE_GEOMETRY,
+       "N_SPLITS", "STORE_LSE", "STORE_KV_STATUS"]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED"]
+)
+ATTN_DECODE_COMBINE_ARGS = (
+    ["O_PART", "LSE_PART", "O", "LSE"] + _strides("o", "zhm") + _strides("l", "zh")
+    + ["N_BATCH", "N_HEADS_Q", "N_CTX_Q", "D_HEAD", "N_SPLITS", "STORE_LSE"]
+    + ["HEAD_DIM", "BLOCK_M"]
+)
+KVCACHE_APPEND_ARGS = (
+    ["K_NEW", "V_NEW", "K", "V", "PAGE_TABLE", "CACHE_SEQLENS", "KV_STATUS"]
+    + _strides("xk", "zhm") + _strides("xv", "zhm") + _strides("k", "zhn") + _strides("v", "zhn") + ["stride_ptz"]
+    + ["N_NEW", "N_HEADS_K", "D_HEAD", *_KV_CACHE_GEOMETRY, "STORE_KV_STATUS"]
+    + ["HEAD_DIM", "BLOCK_M", "PAGED"]
+)
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
@@ -256,7 +281,7 @@ GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_ST
 _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP",
                "HAS_ALIBI", "HAS_SINKS",
                "STAGES",
-               "COMPUTE_DQ",
+               "COMPUTE_DQ", "PAGED",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS, "PINGPONG")
 
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
@@ -371,7 +396,7 @@ def arg_type(name: str, dtype: str) -> str:
     if name in _DATA_TENSORS:
         return f"*{dtype}"
     if name in _ROW_TENSORS or name in _WORKSPACE_TENSORS or name in ("ALIBI_SLOPES", "SINKS", "DSINK") \
-            or name in _DESCALES:
+            or name in _DESCALES or name in _DECODE_PARTIALS:
         return "*fp32"
     if name in _I64_POINTERS:
         return "*i64"
@@ -814,6 +839,31 @@ def _attn_bwd_dsink_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     return [_amd(1024, None, 4) if TARGETS[arch][0] == "hip" else _cfg(1024, None, 4, 1)]
 
 
+def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """Two row tiles (16: a GQA group of up to 16 query rows, the common decode step; 64: 8 heads x 8
+    tokens of speculative decoding), BLOCK_N 64 (32 at hd256: two [256, 32] 16-bit tiles per stage),
+    3 stages on NVIDIA (the loop is a stream of K/V loads; the pipeline keeps them in flight), 1 on
+    AMD. Untimed picks, spill-free."""
+    wide = functional["head_dim"] > 128
+    bn = 32 if wide else 64
+    if TARGETS[arch][0] == "hip":
+        # BLOCK_N 32: at 64 the paged kernels need a 36-byte stack object on every AMD arch; the
+        # 64 x 256 accumulator spills at waves_per_eu 2.
+        return [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
+    # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
+    return [_cfg(64, bn, 8 if wide else 4, 3), _cfg(16, bn, 4, 3)]
+
+
+def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config: the query tokens (at most 16) of one (sequence, head) per program."""
+    return [_amd(16, None, 4) if TARGETS[arch][0] == "hip" else _cfg(16, None, 4, 1)]
+
+
+def _kvcache_append_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """One config: 16 tokens of one KV head per program (a copy)."""
+    return [_amd(16, None, 4) if TARGETS[arch][0] == "hip" else _cfg(16, None, 4, 1)]
+
+
 def _debug_dropout_mask_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config (a debug path); AMD: waves_per_eu 4."""
     return [_amd(32, 64, 4) if TARGETS[arch][0] == "hip" else _cfg(32, 64, 4, 1)]
@@ -848,10 +898,11 @@ class Family:
     candidates: Any = None
 
 
-def _family(name, module, args, axes, configs, candidates=None) -> Family:
+def _family(name, module, args, axes, configs, candidates=None, sources=("flash",)) -> Family:
     constexprs = [a for a in args if a in _CONSTEXPRS]
     return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
-                  signature=_signature_of(list(args), constexprs), configs=configs, candidates=candidates)
+                  signature=_signature_of(list(args), constexprs), configs=configs, candidates=candidates,
+                  sources=sources)
 
 
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
@@ -874,6 +925,21 @@ ATTN_BWD_DSINK = _family("attn_bwd_dsink", "kernels/flash/bwd_dsink.py", ATTN_BW
                          {"dtype": ["fp32"]}, _attn_bwd_dsink_configs)
 DEBUG_DROPOUT_MASK = _family("debug_dropout_mask", "kernels/flash/debug_dropout.py", DEBUG_DROPOUT_MASK_ARGS,
                              {"dtype": ["fp32"]}, _debug_dropout_mask_configs)
+#: KV-cache decoding: 16-bit, head dims 64/128/256 (smaller ones padded to 64), dense or paged caches.
+DECODE_DTYPES = ["fp16", "bf16"]
+DECODE_HEAD_DIMS = [64, 128, 256]
+PAGED = [False, True]
+#: Their own package (kernels/decode/): editing it recompiles only them.
+_DECODE_SOURCES = ("flash", "decode")
+ATTN_DECODE = _family("attn_decode", "kernels/decode/decode.py", ATTN_DECODE_ARGS,
+                      {"dtype": DECODE_DTYPES, "head_dim": DECODE_HEAD_DIMS, "paged": PAGED}, _attn_decode_configs,
+                      sources=_DECODE_SOURCES)
+ATTN_DECODE_COMBINE = _family("attn_decode_combine", "kernels/decode/decode_combine.py", ATTN_DECODE_COMBINE_ARGS,
+                              {"dtype": DECODE_DTYPES, "head_dim": DECODE_HEAD_DIMS}, _attn_decode_combine_configs,
+                              sources=_DECODE_SOURCES)
+KVCACHE_APPEND = _family("kvcache_append", "kernels/decode/kvcache_append.py", KVCACHE_APPEND_ARGS,
+                         {"dtype": DECODE_DTYPES, "head_dim": DECODE_HEAD_DIMS, "paged": PAGED},
+                         _kvcache_append_configs, sources=_DECODE_SOURCES)
 
 
 
@@ -906,7 +972,7 @@ ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 
 PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, ATTN_BWD_DSINK,
-                     DEBUG_DROPOUT_MASK]
+                     DEBUG_DROPOUT_MASK, ATTN_DECODE, ATTN_DECODE_COMBINE, KVCACHE_APPEND]
 GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ_CONVERT,
                   ATTN_FWD_GLUON_FP8, TRANSPOSE_V_FP8]
 FAMILIES = PORTABLE_FAMILIES + GLUON_FAMILIES
@@ -1063,6 +1129,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
               "HAS_ALIBI": bool(functional.get("alibi")), "HAS_SINKS": bool(functional.get("sinks")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
+              "PAGED": bool(functional.get("paged")),
               **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS + GLUON_FP8_FWD_KNOBS}}
     constexprs = {n: values[n] for n in family.constexprs}
     if variant == "aligned":

@@ -32,13 +32,19 @@ FAMILY_COUNTS_SM90 = {
     # one fp32 functional (1 aligned + 1 generic)
     "attn_bwd_dsink": 2,
     "debug_dropout_mask": 2,
+    # KV-cache decoding: 16-bit x hd 64/128/256 x dense/paged; two aligned + one generic
+    "attn_decode": 2 * 3 * 2 * 3,
+    # 16-bit x hd 64/128/256, one aligned + one generic
+    "attn_decode_combine": 2 * 3 * 2,
+    "kvcache_append": 2 * 3 * 2 * 2,
 }
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
-               "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1}
+               "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1,
+               "attn_decode": 12, "attn_decode_combine": 6, "kvcache_append": 12}
 
 ATTENTION_GROUP = ["N_CTX_Q", "N_CTX_K", "D_HEAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT",
                    "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
@@ -84,20 +90,39 @@ CONTRACT = {
     "debug_dropout_mask": [
         "OUT", "stride_oz", "stride_oh", "stride_om", "N_CTX_Q", "N_CTX_K", "N_HEADS",
         "DROPOUT_THRESHOLD", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "BLOCK_M", "BLOCK_N"],
+    # kernels/decode/ABI.md
+    "attn_decode": [
+        "Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "PAGE_TABLE", "CACHE_SEQLENS", "KV_STATUS", "sm_scale",
+        "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
+        "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
+        "stride_ptz", "N_CTX_Q", "N_NEW", "D_HEAD", "GQA_GROUP", "N_HEADS_Q", "WINDOW_LEFT", "WINDOW_RIGHT",
+        "CACHE_CAPACITY", "PAGE_SIZE_LOG2", "N_PAGES", "N_SPLITS", "STORE_LSE", "STORE_KV_STATUS",
+        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED"],
+    "attn_decode_combine": [
+        "O_PART", "LSE_PART", "O", "LSE", "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
+        "N_BATCH", "N_HEADS_Q", "N_CTX_Q", "D_HEAD", "N_SPLITS", "STORE_LSE", "HEAD_DIM", "BLOCK_M"],
+    "kvcache_append": [
+        "K_NEW", "V_NEW", "K", "V", "PAGE_TABLE", "CACHE_SEQLENS", "KV_STATUS",
+        "stride_xkz", "stride_xkh", "stride_xkm", "stride_xvz", "stride_xvh", "stride_xvm",
+        "stride_kz", "stride_kh", "stride_kn", "stride_vz", "stride_vh", "stride_vn", "stride_ptz",
+        "N_NEW", "N_HEADS_K", "D_HEAD", "CACHE_CAPACITY", "PAGE_SIZE_LOG2", "N_PAGES", "STORE_KV_STATUS",
+        "HEAD_DIM", "BLOCK_M", "PAGED"],
 }
 CONSTEXPRS = {"HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI",
-              "HAS_SINKS"}
-DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT"}
+              "HAS_SINKS", "PAGED"}
+DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT", "K_NEW", "V_NEW"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
-               "stride_dvn"}
+               "stride_dvn", "stride_xkm", "stride_xvm"}
 #: Non-default argument types (everything else not a pointer/stride is i32).
 SPECIAL_TYPES = {"sm_scale": "fp32", "softcap": "fp32", "dropout_scale": "fp32", "DROPOUT_THRESHOLD": "u32", "philox_offset_base": "i64",
                  "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64", "PHILOX_SEED_OUT": "*i64",
                  "PHILOX_OFFSET_OUT": "*i64", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32",
                  "VARLEN_STATUS": "*i32", "LSE": "*fp32", "DELTA": "*fp32", "ALIBI_SLOPES": "*fp32",
-                 "SINKS": "*fp32", "DSINK": "*fp32"}
+                 "SINKS": "*fp32", "DSINK": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32", "PAGE_TABLE": "*i32",
+                 "CACHE_SEQLENS": "*i32", "KV_STATUS": "*i32"}
 STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ", "dk": "DK", "dv": "DV", "b": "BIAS",
-                 "db": "DBIAS", "l": "LSE", "delta": "DELTA", "a": "ALIBI_SLOPES"}
+                 "db": "DBIAS", "l": "LSE", "delta": "DELTA", "a": "ALIBI_SLOPES", "xk": "K_NEW", "xv": "V_NEW",
+                 "pt": "PAGE_TABLE"}
 
 
 _WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
@@ -161,7 +186,8 @@ class EnumerateKernelsTest(unittest.TestCase):
     def test_families_and_axes(self):
         self.assertEqual([f.name for f in rules.PORTABLE_FAMILIES],
                          ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_bwd_dbias",
-                          "attn_bwd_dsink", "debug_dropout_mask"])
+                          "attn_bwd_dsink", "debug_dropout_mask", "attn_decode", "attn_decode_combine",
+                          "kvcache_append"])
         self.assertEqual(rules.FAMILIES, rules.PORTABLE_FAMILIES + rules.GLUON_FAMILIES)
         self.assertEqual(rules.HEAD_DIMS, [16, 32, 64, 128, 256, 512])
         axes = {f.name: f.axes for f in rules.FAMILIES}
@@ -177,9 +203,15 @@ class EnumerateKernelsTest(unittest.TestCase):
         self.assertEqual(list(axes["attn_bwd_dbias"]), ["dtype", "tf32", "head_dim", "dropout"])
         self.assertEqual(list(axes["attn_bwd_preprocess"]), ["dtype", "head_dim"])
         self.assertEqual(axes["debug_dropout_mask"], {"dtype": ["fp32"]})
-        modules = {"attn_fwd": "fwd", "debug_dropout_mask": "debug_dropout"}
+        decode = {"dtype": ["fp16", "bf16"], "head_dim": [64, 128, 256]}
+        self.assertEqual(axes["attn_decode"], dict(decode, paged=[False, True]))
+        self.assertEqual(axes["attn_decode_combine"], decode)
+        self.assertEqual(axes["kvcache_append"], dict(decode, paged=[False, True]))
+        modules = {"attn_fwd": "flash/fwd", "debug_dropout_mask": "flash/debug_dropout",
+                   "attn_decode": "decode/decode", "attn_decode_combine": "decode/decode_combine",
+                   "kvcache_append": "decode/kvcache_append"}
         for f in rules.PORTABLE_FAMILIES:
-            self.assertEqual(f.module, f"kernels/flash/{modules.get(f.name, f.name[5:])}.py")
+            self.assertEqual(f.module, f"kernels/{modules.get(f.name, 'flash/' + f.name[5:])}.py")
         for f in rules.FAMILIES:
             for fn in rules.functionals(f):
                 self.assertFalse(fn.get("tf32") and fn["dtype"] != "fp32", fn)  # tf32 only for fp32
@@ -209,8 +241,9 @@ class EnumerateKernelsTest(unittest.TestCase):
                 aligned = [s for s in mine if s.variant == "aligned"]
                 self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
-                two = (key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
-                       and not any(fn.get(a) for a in rules.OPTIONAL_AXES) and fn["head_dim"] <= 256)
+                two = key[0] == "attn_decode" or (
+                    key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
+                    and not any(fn.get(a) for a in rules.OPTIONAL_AXES) and fn["head_dim"] <= 256)
                 self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
