@@ -855,8 +855,8 @@ def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
 
 
 def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """One config: the query tokens (at most 16) of one (sequence, head) per program."""
-    return [_amd(16, None, 4) if TARGETS[arch][0] == "hip" else _cfg(16, None, 4, 1)]
+    """One config: 32 splits' partials per step (one [32, HEAD_DIM] fp32 tile)."""
+    return [_amd(32, None, 4) if TARGETS[arch][0] == "hip" else _cfg(32, None, 4, 1)]
 
 
 def _kvcache_append_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

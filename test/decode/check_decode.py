@@ -5,8 +5,10 @@ runtime's operator exists; the operator's own tests are the Rust GPU suite's).
 
     python3 test/decode/check_decode.py [--bench]
 
-Bandwidth = K/V bytes read / median time (triton.testing.do_bench), beside a device-to-device copy
-of 2 GiB (read + write bytes / time) measured in the same process.
+Bandwidth = K/V bytes read / median time, each call replayed from a CUDA graph
+(``triton.testing.do_bench_cudagraph``: the JIT's Python launch of ~40 arguments takes longer
+than a small decode step, which the library's launch does not), beside a device-to-device copy of
+2 GiB (read + write bytes / time) measured in the same process.
 """
 import argparse
 import math
@@ -25,13 +27,20 @@ from kernels.decode.decode_combine import attn_decode_combine  # noqa: E402
 UNBOUNDED = 2 ** 30
 
 
+def bench_ms(fn):
+    """Median ms of fn replayed from a CUDA graph (after one eager call that compiles it)."""
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench_cudagraph(fn, rep=30)
+
+
 def splits_for(b, hk, rows, capacity, sms, block_m):
     """The split rule (as the runtime's): about two waves of programs, at most one per 256 keys."""
     programs = b * hk * triton.cdiv(rows, block_m)
     return max(1, min(triton.cdiv(2 * sms, programs), 128, triton.cdiv(capacity, 256)))
 
 
-def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None):
+def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4):
     """Launch closure for dense caches k, v [B, S, Hk, D]; q [B, Sq, Hq, D]. Returns (fn, o, lse)."""
     b, sq, hq, d = q.shape
     cap, hk = k.shape[1], k.shape[2]
@@ -49,17 +58,22 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None):
     grid = (n_split, b * hk, triton.cdiv(group * sq, bm))
     right = 0 if causal else UNBOUNDED
 
-    def run():
+    def run(parts="both"):
+        if parts == "combine":
+            attn_decode_combine[(b * hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
+                                           lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
+                                           HEAD_DIM=hd, BLOCK_M=32, num_warps=4)
+            return
         attn_decode[grid](q, k, v, o, lse, o_part, lse_part, dummy, seqlens, dummy, 1.0 / math.sqrt(d),
                           q.stride(0), q.stride(2), q.stride(1), k.stride(0), k.stride(2), k.stride(1),
                           v.stride(0), v.stride(2), v.stride(1), o.stride(0), o.stride(2), o.stride(1),
                           lse.stride(0), lse.stride(1), 0,
                           sq, 0, d, group, hq, UNBOUNDED, right, cap, 0, 0, n_split, 1, 0,
-                          HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PAGED=False, num_warps=4, num_stages=3)
-        if n_split > 1:
+                          HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PAGED=False, num_warps=warps, num_stages=stages)
+        if n_split > 1 and parts == "both":
             attn_decode_combine[(b * hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
                                            lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
-                                           HEAD_DIM=hd, BLOCK_M=16, num_warps=4)
+                                           HEAD_DIM=hd, BLOCK_M=32, num_warps=4)
     return run, o, lse, n_split
 
 
@@ -109,7 +123,7 @@ def bench():
     buf = torch.empty(2 ** 30, dtype=torch.int16, device="cuda")
     dst = torch.empty_like(buf)
     t = triton.testing.do_bench(lambda: dst.copy_(buf), warmup=5, rep=50)
-    copy_bw = 2 * buf.numel() * 2 / t * 1e-9
+    copy_bw = 2 * buf.numel() * 2 / t * 1e-6
     print(f"device copy: {copy_bw:.0f} GB/s (read + write)")
     del buf, dst
     print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'splits':>6} {'aot GB/s':>9} {'of copy':>8} {'FA2 GB/s':>9} {'cuDNN GB/s':>10} {'aot/best':>8}")
@@ -122,7 +136,7 @@ def bench():
             seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             run, o, lse, n_split = prepare(q, k, v, seqlens, True)
             bytes_kv = 2 * b * sk * hk * d * 2
-            t = triton.testing.do_bench(run, warmup=10, rep=50)
+            t = bench_ms(run)
             peers = {}
             qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             ke, ve = kt.repeat_interleave(hq // hk, 1), vt.repeat_interleave(hq // hk, 1)
@@ -136,7 +150,7 @@ def bench():
                         with sdpa_kernel(be):
                             fn = lambda a=args: sdpa(a[0], a[1], a[2], is_causal=False, enable_gqa=a[3])  # noqa: E731
                             fn()
-                            peers[name] = bytes_kv / triton.testing.do_bench(fn, warmup=10, rep=50) * 1e-6
+                            peers[name] = bytes_kv / bench_ms(fn) * 1e-6
                         break
                     except Exception:  # noqa: BLE001
                         continue
@@ -147,14 +161,56 @@ def bench():
                   f"{f(peers['cuDNN']):>10} {aot / best:>8.2f}", flush=True)
 
 
+def sweep():
+    """Split count, BLOCK_N, stages and warps at the small-batch Sq 1 shapes (bf16, Hq 32, Hk 8, hd128)."""
+    hq, hk, d = 32, 8, 128
+    print(f"{'B':>4} {'Sk':>6} {'splits':>6} {'BLOCK_N':>7} {'stages':>6} {'warps':>5} {'GB/s':>6}")
+    for b, sk in ((1, 8192), (8, 4096), (8, 8192), (16, 4096), (8, 32768)):
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        bytes_kv = 2 * b * sk * hk * d * 2
+        for splits in (None, 8, 16, 32, 64):
+            for bn, stages, warps in ((64, 3, 4), (32, 4, 4), (64, 4, 4), (128, 3, 8)):
+                if splits is not None and splits * 256 > sk * 2:
+                    continue
+                run, o, lse, n = prepare(q, k, v, seqlens, True, splits, bn, stages, warps)
+                t = bench_ms(run)
+                print(f"{b:>4} {sk:>6} {n:>6} {bn:>7} {stages:>6} {warps:>5} {bytes_kv / t * 1e-6:>6.0f}", flush=True)
+
+
+def split_times():
+    """Decode and combine timed apart (Sq 1, bf16, Hq 32, Hk 8, hd128)."""
+    hq, hk, d = 32, 8, 128
+    for b, sk, splits in ((1, 8192, 32), (8, 4096, 5), (8, 4096, 16), (16, 4096, 3), (64, 4096, 1)):
+        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        run, o, lse, n = prepare(q, k, v, seqlens, True, splits)
+        both = bench_ms(run) * 1e3
+        dec = bench_ms(lambda: run("decode")) * 1e3
+        comb = bench_ms(lambda: run("combine")) * 1e3 if n > 1 else 0.0
+        gb = 2 * b * sk * hk * d * 2 / 1e3
+        print(f"B{b} Sk{sk} splits {n}: both {both:.1f} us ({gb / both:.0f} GB/s), decode {dec:.1f} us "
+              f"({gb / dec:.0f} GB/s), combine {comb:.1f} us", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="split count and config sweep at small batches")
+    ap.add_argument("--times", action="store_true", help="decode and combine timed apart")
     args = ap.parse_args()
     ok = check()
     print(f"check_decode: {'ok' if ok else 'FAILED'}")
     if args.bench:
         bench()
+    if args.sweep:
+        sweep()
+    if args.times:
+        split_times()
     return 0 if ok else 1
 
 
