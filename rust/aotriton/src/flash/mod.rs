@@ -72,11 +72,16 @@ mod debug;
 mod fwd;
 mod fwd_fp8;
 mod gluon;
+mod kvcache;
 
 pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 pub use fwd_fp8::{Fp8FwdParams, attn_fwd_fp8, attn_fwd_fp8_workspace_bytes};
+pub use kvcache::{
+    KV_PAGE_OUT_OF_RANGE, KV_SEQLEN_OUT_OF_RANGE, KVCACHE_MAX_QUERY_TOKENS, KVCACHE_MAX_SPLITS, KvCacheParams, attn_fwd_kvcache,
+    attn_fwd_kvcache_num_splits, attn_fwd_kvcache_workspace_bytes,
+};
 
 use crate::archive::MaskKind;
 use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
