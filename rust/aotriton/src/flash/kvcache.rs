@@ -810,3 +810,493 @@ pub fn attn_fwd_kvcache(params: &KvCacheParams, stream: Stream) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const B: u64 = 2;
+    const SQ: u64 = 4;
+    const HQ: u64 = 8;
+    const HK: u64 = 2;
+    const D: u64 = 64;
+    const S_CACHE: u64 = 300;
+    const N_PAGES: u64 = 10;
+    const PAGE: u64 = 32;
+    const MAX_PAGES: u64 = 5;
+    const N_NEW: u64 = 3;
+
+    /// A well-formed dense GQA call on fake, aligned device addresses (never dereferenced here),
+    /// 2^32 bytes apart so no two overlap whatever sizes a test gives them.
+    fn dense() -> KvCacheParams {
+        let t = |i: u64, sizes| TensorView::contiguous(i << 32, sizes, DType::F16);
+        let mut p = KvCacheParams::new(
+            t(1, [B, SQ, HQ, D]),
+            t(2, [B, S_CACHE, HK, D]),
+            t(3, [B, S_CACHE, HK, D]),
+            None,
+            TensorView::contiguous(4 << 32, [B], DType::I32),
+            t(5, [B, SQ, HQ, D]),
+            Some(TensorView::contiguous(6 << 32, [B, HQ, SQ], DType::F32)),
+        );
+        p.status = 7 << 32;
+        p
+    }
+
+    /// The same call on a paged cache (10 pages of 32 rows, 5 pages per sequence), appending 3
+    /// tokens.
+    fn paged() -> KvCacheParams {
+        let mut p = dense();
+        p.k_cache = TensorView::contiguous(2 << 32, [N_PAGES, PAGE, HK, D], DType::F16);
+        p.v_cache = TensorView::contiguous(3 << 32, [N_PAGES, PAGE, HK, D], DType::F16);
+        p.page_table = Some(TensorView::contiguous(8 << 32, [B, MAX_PAGES], DType::I32));
+        p.k_new = Some(TensorView::contiguous(9 << 32, [B, N_NEW, HK, D], DType::F16));
+        p.v_new = Some(TensorView::contiguous(10 << 32, [B, N_NEW, HK, D], DType::F16));
+        p
+    }
+
+    fn arg_of(args: &ArgList, name: &str) -> Option<ArgValue> {
+        args.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+    }
+
+    #[test]
+    fn valid_calls_give_their_shapes() {
+        let s = validate(&dense()).unwrap();
+        assert_eq!((s.batch, s.heads_q, s.heads_k, s.seqlen_q, s.head_dim, s.bucket, s.bucket_axis), (B, HQ, HK, SQ, D, 64, "64"));
+        assert_eq!((s.paged, s.capacity, s.page_size_log2, s.pages, s.n_new), (false, S_CACHE, 0, B, 0));
+        assert_eq!((s.gqa_group(), s.rows(), s.window_left, s.window_right), (4, 16, -1, -1));
+        let s = validate(&paged()).unwrap();
+        assert_eq!((s.paged, s.capacity, s.page_size_log2, s.pages, s.n_new), (true, MAX_PAGES * PAGE, 5, N_PAGES, N_NEW));
+        let mut p = dense();
+        (p.lse, p.status) = (None, 0);
+        p.mask = Mask::causal(MaskAlign::BottomRight);
+        let s = validate(&p).unwrap();
+        assert_eq!((s.window_left, s.window_right), (-1, 0));
+        // A side wider than the cache is clamped to it (same keys; int32-safe bounds).
+        p.mask = Mask::window(1 << 30, 7, MaskAlign::BottomRight);
+        let s = validate(&p).unwrap();
+        assert_eq!((s.window_left, s.window_right), (S_CACHE as i32, 7));
+        // Head-dim buckets.
+        for (d, bucket) in [(8, 16), (16, 16), (24, 32), (72, 128), (136, 256), (256, 256)] {
+            assert_eq!(bucket_of(d).unwrap().0, bucket, "D {d}");
+        }
+    }
+
+    #[test]
+    fn every_refusal_has_its_kind() {
+        type Mutation = Box<dyn Fn(&mut KvCacheParams)>;
+        let head_dim = |d: u64| -> Mutation {
+            Box::new(move |p: &mut KvCacheParams| {
+                for t in [&mut p.q, &mut p.k_cache, &mut p.v_cache, &mut p.o] {
+                    *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], d], t.dtype);
+                }
+            })
+        };
+        let all_dtype = |dtype: DType| -> Mutation {
+            Box::new(move |p: &mut KvCacheParams| {
+                for t in [&mut p.q, &mut p.k_cache, &mut p.v_cache, &mut p.o] {
+                    t.dtype = dtype;
+                }
+            })
+        };
+        let sq = |n: u64| -> Mutation {
+            Box::new(move |p: &mut KvCacheParams| {
+                p.q = TensorView::contiguous(p.q.ptr, [B, n, HQ, D], DType::F16);
+                p.o = TensorView::contiguous(p.o.ptr, [B, n, HQ, D], DType::F16);
+                p.lse = Some(TensorView::contiguous(6 << 32, [B, HQ, n], DType::F32));
+            })
+        };
+        let page_size = |n: u64| -> Mutation {
+            Box::new(move |p: &mut KvCacheParams| {
+                p.k_cache = TensorView::contiguous(p.k_cache.ptr, [N_PAGES, n, HK, D], DType::F16);
+                p.v_cache = TensorView::contiguous(p.v_cache.ptr, [N_PAGES, n, HK, D], DType::F16);
+            })
+        };
+        use ErrorKind::*;
+        // (name, paged base?, mutation, kind)
+        let cases: Vec<(&str, bool, Mutation, ErrorKind)> = vec![
+            ("q fp32", false, all_dtype(DType::F32), UnsupportedDType),
+            ("q int32", false, all_dtype(DType::I32), UnsupportedDType),
+            ("k_cache bf16", false, Box::new(|p| p.k_cache.dtype = DType::BF16), DTypeMismatch),
+            ("v_cache bf16", false, Box::new(|p| p.v_cache.dtype = DType::BF16), DTypeMismatch),
+            ("o bf16", false, Box::new(|p| p.o.dtype = DType::BF16), DTypeMismatch),
+            ("k_new bf16", true, Box::new(|p| p.k_new.as_mut().unwrap().dtype = DType::BF16), DTypeMismatch),
+            ("lse fp16", false, Box::new(|p| p.lse.as_mut().unwrap().dtype = DType::F16), DTypeMismatch),
+            ("cache_seqlens fp32", false, Box::new(|p| p.cache_seqlens.dtype = DType::F32), DTypeMismatch),
+            ("page_table fp32", true, Box::new(|p| p.page_table.as_mut().unwrap().dtype = DType::F32), DTypeMismatch),
+            ("Sq 0", false, sq(0), EmptyInput),
+            ("Sq 17", false, sq(17), InvalidArgument),
+            ("batch 0", false, Box::new(|p| p.q.sizes[0] = 0), EmptyInput),
+            ("Hk 0", false, Box::new(|p| (p.k_cache.sizes[2], p.v_cache.sizes[2]) = (0, 0)), EmptyInput),
+            ("S_cache 0", false, Box::new(|p| (p.k_cache.sizes[1], p.v_cache.sizes[1]) = (0, 0)), EmptyInput),
+            ("no pages", true, Box::new(|p| (p.k_cache.sizes[0], p.v_cache.sizes[0]) = (0, 0)), EmptyInput),
+            ("page table without columns", true, Box::new(|p| p.page_table.as_mut().unwrap().sizes[1] = 0), EmptyInput),
+            ("head dim 20", false, head_dim(20), UnsupportedHeadDim),
+            ("head dim 264", false, head_dim(264), UnsupportedHeadDim),
+            ("head dim 0", false, head_dim(0), UnsupportedHeadDim),
+            ("k_cache head dim", false, Box::new(|p| p.k_cache.sizes[3] = 32), ShapeMismatch),
+            ("v_cache rows", false, Box::new(|p| p.v_cache.sizes[1] = S_CACHE - 1), ShapeMismatch),
+            ("dense cache batch", false, Box::new(|p| (p.k_cache.sizes[0], p.v_cache.sizes[0]) = (B + 1, B + 1)), ShapeMismatch),
+            ("Hq not a multiple of Hk", false, Box::new(|p| (p.k_cache.sizes[2], p.v_cache.sizes[2]) = (3, 3)), ShapeMismatch),
+            ("o heads", false, Box::new(|p| p.o.sizes[2] = HQ / 2), ShapeMismatch),
+            ("lse tokens", false, Box::new(|p| p.lse.as_mut().unwrap().sizes[2] = SQ + 1), ShapeMismatch),
+            ("cache_seqlens of B+1", false, Box::new(|p| p.cache_seqlens.sizes[0] = B + 1), ShapeMismatch),
+            ("page_table batch", true, Box::new(|p| p.page_table.as_mut().unwrap().sizes[0] = B + 1), ShapeMismatch),
+            ("k_new heads", true, Box::new(|p| p.k_new.as_mut().unwrap().sizes[2] = HQ), ShapeMismatch),
+            ("v_new tokens", true, Box::new(|p| p.v_new.as_mut().unwrap().sizes[1] = N_NEW + 1), ShapeMismatch),
+            (
+                "k_new beyond the capacity",
+                true,
+                Box::new(|p| {
+                    let n = MAX_PAGES * PAGE + 1;
+                    p.k_new = Some(TensorView::contiguous(9 << 32, [B, n, HK, D], DType::F16));
+                    p.v_new = Some(TensorView::contiguous(10 << 32, [B, n, HK, D], DType::F16));
+                }),
+                ShapeMismatch,
+            ),
+            ("k_new without v_new", true, Box::new(|p| p.v_new = None), InvalidArgument),
+            ("v_new without k_new", true, Box::new(|p| p.k_new = None), InvalidArgument),
+            ("page size 8", true, page_size(8), InvalidArgument),
+            ("page size 48", true, page_size(48), InvalidArgument),
+            ("page size 512", true, page_size(512), InvalidArgument),
+            ("capacity above 2^30", true, Box::new(|p| p.page_table.as_mut().unwrap().sizes[1] = (1 << 25) + 1), TooLarge),
+            ("capacity product overflows", true, Box::new(|p| p.page_table.as_mut().unwrap().sizes[1] = u64::MAX / 4), TooLarge),
+            ("pages above int32", true, Box::new(|p| (p.k_cache.sizes[0], p.v_cache.sizes[0]) = (1 << 31, 1 << 31)), TooLarge),
+            ("cache row offsets overflow int32", false, Box::new(|p| p.k_cache.strides[1] = 1 << 23), TooLarge),
+            ("paged row stride overflows int32", true, Box::new(|p| p.v_cache.strides[1] = 1 << 27), TooLarge),
+            ("q row stride above int32", false, Box::new(|p| p.q.strides[1] = 1 << 31), TooLarge),
+            ("o row stride above int32", false, Box::new(|p| p.o.strides[1] = 1 << 31), TooLarge),
+            ("B · Hk above the grid", false, Box::new(|p| {
+                for t in [&mut p.q, &mut p.o, &mut p.k_cache, &mut p.v_cache] {
+                    t.sizes[0] = 40_000;
+                }
+                p.cache_seqlens.sizes[0] = 40_000;
+                p.lse.as_mut().unwrap().sizes[0] = 40_000;
+            }), TooLarge),
+            ("q null", false, Box::new(|p| p.q.ptr = 0), NullPointer),
+            ("cache_seqlens null", false, Box::new(|p| p.cache_seqlens.ptr = 0), NullPointer),
+            ("page_table null", true, Box::new(|p| p.page_table.as_mut().unwrap().ptr = 0), NullPointer),
+            ("k_cache misaligned", false, Box::new(|p| p.k_cache.ptr += 1), MisalignedPointer),
+            ("lse misaligned", false, Box::new(|p| p.lse.as_mut().unwrap().ptr += 2), MisalignedPointer),
+            ("status misaligned", false, Box::new(|p| p.status += 2), MisalignedPointer),
+            ("workspace misaligned", false, Box::new(|p| p.workspace = Some(Workspace { ptr: (11 << 32) + 8, bytes: 1 << 20 })), MisalignedPointer),
+            ("workspace null", false, Box::new(|p| p.workspace = Some(Workspace { ptr: 0, bytes: 1 << 20 })), MisalignedPointer),
+            ("q head dim strided", false, Box::new(|p| p.q.strides[3] = 2), BadStrides),
+            ("cache_seqlens strided", false, Box::new(|p| p.cache_seqlens.strides[0] = 2), BadStrides),
+            ("page_table columns strided", true, Box::new(|p| p.page_table.as_mut().unwrap().strides[1] = 2), BadStrides),
+            ("lse strided along Sq", false, Box::new(|p| p.lse.as_mut().unwrap().strides[2] = 2), BadStrides),
+            ("negative cache stride", false, Box::new(|p| p.k_cache.strides[0] = -1), BadStrides),
+            ("o with overlapping rows", false, Box::new(|p| p.o.strides[1] = 0), BadStrides),
+            ("sm_scale 0", false, Box::new(|p| p.sm_scale = 0.0), InvalidArgument),
+            ("sm_scale negative", false, Box::new(|p| p.sm_scale = -0.125), InvalidArgument),
+            ("sm_scale NaN", false, Box::new(|p| p.sm_scale = f32::NAN), InvalidArgument),
+            ("sm_scale inf", false, Box::new(|p| p.sm_scale = f32::INFINITY), InvalidArgument),
+            ("sm_scale · log2(e) inf", false, Box::new(|p| p.sm_scale = f32::MAX), InvalidArgument),
+            ("window left -2", false, Box::new(|p| p.mask = Mask::window(-2, 0, MaskAlign::BottomRight)), InvalidArgument),
+            ("top-left causal", false, Box::new(|p| p.mask = Mask::causal(MaskAlign::TopLeft)), InvalidArgument),
+            ("top-left window", false, Box::new(|p| p.mask = Mask::window(16, -1, MaskAlign::TopLeft)), InvalidArgument),
+            ("num_splits 129", false, Box::new(|p| p.num_splits = KVCACHE_MAX_SPLITS + 1), InvalidArgument),
+            ("o over q", false, Box::new(|p| p.o.ptr = p.q.ptr), InvalidArgument),
+            ("o over k_cache", false, Box::new(|p| p.o.ptr = p.k_cache.ptr + 128), InvalidArgument),
+            ("lse over cache_seqlens", false, Box::new(|p| p.lse.as_mut().unwrap().ptr = p.cache_seqlens.ptr), InvalidArgument),
+            ("status inside o", false, Box::new(|p| p.status = p.o.ptr + 64), InvalidArgument),
+            ("status inside the page table", true, Box::new(|p| p.status = p.page_table.unwrap().ptr), InvalidArgument),
+            ("appending k_cache over q", true, Box::new(|p| p.k_cache.ptr = p.q.ptr), InvalidArgument),
+            ("appending v_cache over k_new", true, Box::new(|p| p.v_cache.ptr = p.k_new.unwrap().ptr), InvalidArgument),
+            ("appending v_cache over o", true, Box::new(|p| p.o.ptr = p.v_cache.ptr + 2 * D), InvalidArgument),
+            ("appending k_cache over the page table", true, Box::new(|p| p.page_table.as_mut().unwrap().ptr = p.k_cache.ptr), InvalidArgument),
+            ("appending k_cache = v_cache", true, Box::new(|p| p.v_cache.ptr = p.k_cache.ptr), InvalidArgument),
+            ("appending v_cache one row after k_cache", true, Box::new(|p| p.v_cache.ptr = p.k_cache.ptr + 2 * HK * D), InvalidArgument),
+        ];
+        for (name, is_paged, mutate, kind) in cases {
+            let mut p = if is_paged { paged() } else { dense() };
+            mutate(&mut p);
+            match validate(&p) {
+                Ok(_) => panic!("{name}: accepted"),
+                Err(e) => {
+                    assert_eq!(e.kind(), kind, "{name}: {e}");
+                    assert!(!e.message().is_empty(), "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn caches_may_interleave_and_be_read_together() {
+        // A pool [N_PAGES, 2, PAGE, Hk, D] holding K and V of each page: views kv[:, 0], kv[:, 1].
+        let mut p = paged();
+        let strides = [(2 * PAGE * HK * D) as i64, (HK * D) as i64, D as i64, 1];
+        p.k_cache = TensorView::new(2 << 32, [N_PAGES, PAGE, HK, D], strides, DType::F16);
+        p.v_cache = TensorView::new((2 << 32) + 2 * PAGE * HK * D, [N_PAGES, PAGE, HK, D], strides, DType::F16);
+        assert!(validate(&p).is_ok(), "interleaved pages, appending");
+        // A dense [B, S, 2, Hk, D] buffer: K and V interleaved per token.
+        let mut p = dense();
+        p.k_new = Some(TensorView::contiguous(9 << 32, [B, 1, HK, D], DType::F16));
+        p.v_new = Some(TensorView::contiguous(10 << 32, [B, 1, HK, D], DType::F16));
+        let strides = [(S_CACHE * 2 * HK * D) as i64, (2 * HK * D) as i64, D as i64, 1];
+        p.k_cache = TensorView::new(2 << 32, [B, S_CACHE, HK, D], strides, DType::F16);
+        p.v_cache = TensorView::new((2 << 32) + 2 * HK * D, [B, S_CACHE, HK, D], strides, DType::F16);
+        assert!(validate(&p).is_ok(), "interleaved tokens, appending");
+        // Shifted by half a token's K: elements shared.
+        p.v_cache.ptr = (2 << 32) + HK * D;
+        assert_eq!(validate(&p).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        // Without an append the caches are inputs: any overlap is fine.
+        (p.k_new, p.v_new) = (None, None);
+        p.v_cache = p.k_cache;
+        assert!(validate(&p).is_ok(), "read-only caches may be one tensor");
+        // Element-level test on its own.
+        let a = TensorView::new(0x1000, [4, 8], [16, 1], DType::F16);
+        assert!(element_disjoint(&a, &TensorView { ptr: 0x1000 + 16, ..a }));
+        assert!(!element_disjoint(&a, &TensorView { ptr: 0x1000 + 8, ..a }));
+        assert!(!element_disjoint(&a, &a));
+        assert!(!element_disjoint(&a, &TensorView { ptr: 0x1000 + 17, ..a }), "not a whole element apart");
+        assert!(!element_disjoint(&a, &TensorView { strides: [8, 1], ..a }), "other strides");
+    }
+
+    #[test]
+    fn split_rule() {
+        let base = SplitInputs { batch: 1, heads_k: 8, rows: 4, capacity: 4096, block_m: 16, block_n: 64, multiprocessors: 132, requested: 0 };
+        let with = |f: &dyn Fn(&mut SplitInputs)| {
+            let mut s = base;
+            f(&mut s);
+            split_count(s)
+        };
+        // 8 programs on 132 SMs: cdiv(264, 8) = 33, under min(128, 4096/256 = 16) → 16.
+        assert_eq!(split_count(base), 16);
+        assert_eq!(with(&|s| s.capacity = 100_000), 33);
+        assert_eq!(with(&|s| (s.capacity, s.heads_k) = (1 << 20, 1)), 128, "capped at 128");
+        assert_eq!(with(&|s| s.batch = 64), 1, "512 programs fill the device");
+        assert_eq!(with(&|s| s.batch = 16), 3, "cdiv(264, 128)");
+        assert_eq!(with(&|s| s.capacity = 200), 1, "a short cache: one split of ≥ 256 keys");
+        assert_eq!(with(&|s| s.capacity = 257), 2);
+        // GQA rows above BLOCK_M add programs along grid dim 2.
+        assert_eq!(with(&|s| (s.rows, s.capacity) = (128, 1 << 20)), 5, "8 · cdiv(128, 16) = 64 programs: cdiv(264, 64)");
+        assert_eq!(with(&|s| (s.rows, s.block_m, s.capacity) = (128, 64, 1 << 20)), 17, "8 · 2 = 16 programs: cdiv(264, 16)");
+        // Forced: as asked, capped at the BLOCK_N chunks of the capacity.
+        assert_eq!(with(&|s| s.requested = 1), 1);
+        assert_eq!(with(&|s| s.requested = 7), 7);
+        assert_eq!(with(&|s| (s.requested, s.capacity) = (100, 300)), 5, "cdiv(300, 64)");
+        assert_eq!(with(&|s| (s.requested, s.capacity) = (128, 1)), 1);
+        // Never 0, whatever the inputs.
+        assert_eq!(with(&|s| (s.multiprocessors, s.capacity) = (0, 1)), 1);
+    }
+
+    #[test]
+    fn block_m_rule() {
+        let compiled = [(0, 16), (1, 64), (2, 16), (3, 64)];
+        let pick = |rows| pick_block_m(|| compiled.iter().copied(), rows);
+        assert_eq!(pick(1), Some(0));
+        assert_eq!(pick(16), Some(0));
+        assert_eq!(pick(17), Some(1));
+        assert_eq!(pick(64), Some(1));
+        assert_eq!(pick(128), Some(1), "above every tile: the largest");
+        assert_eq!(pick_block_m(|| std::iter::empty(), 4), None);
+    }
+
+    #[test]
+    fn workspace_holds_the_partials() {
+        let s = validate(&dense()).unwrap();
+        assert_eq!(workspace_layout(&s, 1).unwrap(), WorkspaceLayout { splits: 1, lse_offset: 0, bytes: 0 });
+        // 3 splits · B 2 · Hq 8 · Sq 4 = 192 rows: O_PART 192 · 64 · 4, LSE_PART 192 · 4.
+        let l = workspace_layout(&s, 3).unwrap();
+        assert_eq!((l.lse_offset, l.bytes), (192 * 64 * 4, 192 * 64 * 4 + 192 * 4));
+        // O_PART is as wide as the bucket (HEAD_DIM), not D; LSE_PART rounded up to 16 bytes.
+        let mut p = dense();
+        p.q = TensorView::contiguous(1 << 32, [1, 1, 3, 72], DType::F16);
+        p.o = TensorView::contiguous(5 << 32, [1, 1, 3, 72], DType::F16);
+        p.k_cache = TensorView::contiguous(2 << 32, [1, 64, 1, 72], DType::F16);
+        p.v_cache = TensorView::contiguous(3 << 32, [1, 64, 1, 72], DType::F16);
+        p.cache_seqlens.sizes = [1];
+        p.lse = None;
+        let s = validate(&p).unwrap();
+        let l = workspace_layout(&s, 5).unwrap();
+        assert_eq!((l.lse_offset, l.bytes), (15 * 128 * 4, 15 * 128 * 4 + 64));
+        let huge = DecodeShape { batch: u64::MAX / 2, ..s };
+        assert_eq!(workspace_layout(&huge, 2).unwrap_err().kind(), ErrorKind::TooLarge);
+    }
+
+    #[test]
+    fn the_workspace_is_checked_against_the_split_count() {
+        let mut p = dense();
+        let s = validate(&p).unwrap();
+        let l = workspace_layout(&s, 4).unwrap();
+        assert_eq!(check_workspace(&p, &s, &workspace_layout(&s, 1).unwrap()).unwrap(), (0, 0), "one split: none needed");
+        assert_eq!(check_workspace(&p, &s, &l).unwrap_err().kind(), ErrorKind::InvalidArgument, "none given");
+        p.workspace = Some(Workspace { ptr: 11 << 32, bytes: l.bytes - 1 });
+        assert_eq!(check_workspace(&p, &s, &l).unwrap_err().kind(), ErrorKind::InvalidArgument, "a byte short");
+        p.workspace = Some(Workspace { ptr: 11 << 32, bytes: l.bytes });
+        assert_eq!(check_workspace(&p, &s, &l).unwrap(), (11 << 32, (11 << 32) + l.lse_offset));
+        p.workspace = Some(Workspace { ptr: p.o.ptr, bytes: l.bytes });
+        assert_eq!(check_workspace(&p, &s, &l).unwrap_err().kind(), ErrorKind::InvalidArgument, "over o");
+        p.workspace = Some(Workspace { ptr: p.k_cache.ptr + 4096, bytes: l.bytes });
+        assert_eq!(check_workspace(&p, &s, &l).unwrap_err().kind(), ErrorKind::InvalidArgument, "over k_cache");
+    }
+
+    /// The runtime arguments of each kernel in DECODE_ABI.md's order (its constexprs left out),
+    /// with the ABI's types: `p` pointer, `f` fp32, `w` i64, `i` i32.
+    const DECODE_ABI: &[(&str, char)] = &[
+        ("Q", 'p'), ("K", 'p'), ("V", 'p'), ("O", 'p'), ("LSE", 'p'), ("O_PART", 'p'), ("LSE_PART", 'p'), ("PAGE_TABLE", 'p'),
+        ("CACHE_SEQLENS", 'p'), ("KV_STATUS", 'p'), ("sm_scale", 'f'), ("stride_qz", 'w'), ("stride_qh", 'w'), ("stride_qm", 'i'),
+        ("stride_kz", 'w'), ("stride_kh", 'w'), ("stride_kn", 'i'), ("stride_vz", 'w'), ("stride_vh", 'w'), ("stride_vn", 'i'),
+        ("stride_oz", 'w'), ("stride_oh", 'w'), ("stride_om", 'i'), ("stride_lz", 'w'), ("stride_lh", 'w'), ("stride_ptz", 'w'),
+        ("N_CTX_Q", 'i'), ("N_NEW", 'i'), ("D_HEAD", 'i'), ("GQA_GROUP", 'i'), ("N_HEADS_Q", 'i'), ("WINDOW_LEFT", 'i'),
+        ("WINDOW_RIGHT", 'i'), ("CACHE_CAPACITY", 'i'), ("PAGE_SIZE_LOG2", 'i'), ("N_PAGES", 'i'), ("N_SPLITS", 'i'),
+        ("STORE_LSE", 'i'), ("STORE_KV_STATUS", 'i'),
+    ];
+    const COMBINE_ABI: &[(&str, char)] = &[
+        ("O_PART", 'p'), ("LSE_PART", 'p'), ("O", 'p'), ("LSE", 'p'), ("stride_oz", 'w'), ("stride_oh", 'w'), ("stride_om", 'i'),
+        ("stride_lz", 'w'), ("stride_lh", 'w'), ("N_BATCH", 'i'), ("N_HEADS_Q", 'i'), ("N_CTX_Q", 'i'), ("D_HEAD", 'i'),
+        ("N_SPLITS", 'i'), ("STORE_LSE", 'i'),
+    ];
+    const APPEND_ABI: &[(&str, char)] = &[
+        ("K_NEW", 'p'), ("V_NEW", 'p'), ("K", 'p'), ("V", 'p'), ("PAGE_TABLE", 'p'), ("CACHE_SEQLENS", 'p'), ("KV_STATUS", 'p'),
+        ("stride_xkz", 'w'), ("stride_xkh", 'w'), ("stride_xkm", 'w'), ("stride_xvz", 'w'), ("stride_xvh", 'w'), ("stride_xvm", 'w'),
+        ("stride_kz", 'w'), ("stride_kh", 'w'), ("stride_kn", 'i'), ("stride_vz", 'w'), ("stride_vh", 'w'), ("stride_vn", 'i'),
+        ("stride_ptz", 'w'), ("N_NEW", 'i'), ("D_HEAD", 'i'), ("CACHE_CAPACITY", 'i'), ("PAGE_SIZE_LOG2", 'i'), ("N_PAGES", 'i'),
+        ("STORE_KV_STATUS", 'i'),
+    ];
+
+    fn assert_abi(kernel: &str, args: &ArgList, abi: &[(&str, char)]) {
+        let list = args.args().unwrap();
+        for (i, (name, _)) in list.iter().enumerate() {
+            assert!(list[i + 1..].iter().all(|(n, _)| n != name), "{kernel}: '{name}' given twice");
+        }
+        for &(name, ty) in abi {
+            let value = arg_of(args, name).unwrap_or_else(|| panic!("{kernel}: no '{name}'"));
+            let fits = match value {
+                ArgValue::Ptr(_) => ty == 'p',
+                ArgValue::F32(_) => ty == 'f',
+                ArgValue::I64(_) => ty == 'w',
+                ArgValue::I32(_) => ty == 'i' || ty == 'w', // widened where the kernel takes i64
+                _ => false,
+            };
+            assert!(fits, "{kernel}: '{name}' is {value:?}, the ABI says {ty}");
+        }
+    }
+
+    #[test]
+    fn arguments_by_name_follow_the_abi() {
+        use ArgValue::{F32, I32, I64, Ptr};
+        // Paged, appending, causal, no status word, 3 splits.
+        let mut p = paged();
+        p.status = 0;
+        p.mask = Mask::causal(MaskAlign::BottomRight);
+        // Token-major q with a padded head pitch: (z, h, m) = (strides[0], strides[2], strides[1]).
+        p.q = TensorView::new(1 << 32, [B, SQ, HQ, D], [(SQ * HQ * 72) as i64, (HQ * 72) as i64, 72, 1], DType::F16);
+        let s = validate(&p).unwrap();
+        let d = decode_args(&p, &s, 3, 0x5000_0000, 0x5010_0000).unwrap();
+        assert_abi("attn_decode", &d, DECODE_ABI);
+        let expect = [
+            ("Q", Ptr(1 << 32)),
+            ("K", Ptr(2 << 32)),
+            ("V", Ptr(3 << 32)),
+            ("O", Ptr(5 << 32)),
+            ("LSE", Ptr(6 << 32)),
+            ("O_PART", Ptr(0x5000_0000)),
+            ("LSE_PART", Ptr(0x5010_0000)),
+            ("PAGE_TABLE", Ptr(8 << 32)),
+            ("CACHE_SEQLENS", Ptr(4 << 32)),
+            ("KV_STATUS", Ptr(0)),
+            ("STORE_KV_STATUS", I32(0)),
+            ("sm_scale", F32(0.125)),
+            ("stride_qz", I64((SQ * HQ * 72) as i64)),
+            ("stride_qh", I64(72)),
+            ("stride_qm", I32((HQ * 72) as i32)),
+            ("stride_kz", I64((PAGE * HK * D) as i64)),
+            ("stride_kh", I64(D as i64)),
+            ("stride_kn", I32((HK * D) as i32)),
+            ("stride_vn", I32((HK * D) as i32)),
+            ("stride_oh", I64(D as i64)),
+            ("stride_om", I32((HQ * D) as i32)),
+            ("stride_lz", I64((HQ * SQ) as i64)),
+            ("stride_lh", I64(SQ as i64)),
+            ("stride_ptz", I64(MAX_PAGES as i64)),
+            ("N_CTX_Q", I32(SQ as i32)),
+            ("N_NEW", I32(N_NEW as i32)),
+            ("D_HEAD", I32(D as i32)),
+            ("GQA_GROUP", I32(4)),
+            ("N_HEADS_Q", I32(HQ as i32)),
+            ("WINDOW_LEFT", I32(-1)),
+            ("WINDOW_RIGHT", I32(0)),
+            ("CACHE_CAPACITY", I32((MAX_PAGES * PAGE) as i32)),
+            ("PAGE_SIZE_LOG2", I32(5)),
+            ("N_PAGES", I32(N_PAGES as i32)),
+            ("N_SPLITS", I32(3)),
+            ("STORE_LSE", I32(1)),
+        ];
+        for (name, value) in expect {
+            assert_eq!(arg_of(&d, name), Some(value), "attn_decode {name}");
+        }
+
+        let c = combine_args(&p, &s, 3, 0x5000_0000, 0x5010_0000).unwrap();
+        assert_abi("attn_decode_combine", &c, COMBINE_ABI);
+        for (name, value) in [("N_BATCH", I32(B as i32)), ("N_SPLITS", I32(3)), ("O_PART", Ptr(0x5000_0000)), ("stride_om", I32((HQ * D) as i32))] {
+            assert_eq!(arg_of(&c, name), Some(value), "attn_decode_combine {name}");
+        }
+
+        let a = append_args(&p, &s).unwrap();
+        assert_abi("kvcache_append", &a, APPEND_ABI);
+        for (name, value) in [
+            ("K_NEW", Ptr(9 << 32)),
+            ("V_NEW", Ptr(10 << 32)),
+            ("stride_xkz", I64((N_NEW * HK * D) as i64)),
+            ("stride_xkh", I64(D as i64)),
+            ("stride_xkm", I64((HK * D) as i64)),
+            ("N_HEADS_K", I32(HK as i32)),
+        ] {
+            assert_eq!(arg_of(&a, name), Some(value), "kvcache_append {name}");
+        }
+
+        // Dense, one split, no LSE, a status word, a sliding window.
+        let mut p = dense();
+        p.lse = None;
+        p.mask = Mask::window(100, 0, MaskAlign::BottomRight);
+        let s = validate(&p).unwrap();
+        let d = decode_args(&p, &s, 1, 0, 0).unwrap();
+        assert_abi("attn_decode", &d, DECODE_ABI);
+        for (name, value) in [
+            ("LSE", Ptr(0)),
+            ("STORE_LSE", I32(0)),
+            ("O_PART", Ptr(0)),
+            ("PAGE_TABLE", Ptr(0)),
+            ("stride_ptz", I64(0)),
+            ("PAGE_SIZE_LOG2", I32(0)),
+            ("CACHE_CAPACITY", I32(S_CACHE as i32)),
+            ("N_PAGES", I32(B as i32)),
+            ("N_NEW", I32(0)),
+            ("stride_kz", I64((S_CACHE * HK * D) as i64)),
+            ("KV_STATUS", Ptr(7 << 32)),
+            ("STORE_KV_STATUS", I32(1)),
+            ("WINDOW_LEFT", I32(100)),
+            ("WINDOW_RIGHT", I32(0)),
+            ("N_SPLITS", I32(1)),
+        ] {
+            assert_eq!(arg_of(&d, name), Some(value), "dense attn_decode {name}");
+        }
+    }
+
+    #[test]
+    fn axes_name_the_functionals() {
+        let s = validate(&paged()).unwrap();
+        let axes = |family| family_axes(family, DType::BF16, &s).as_slice().unwrap().to_vec();
+        assert_eq!(axes(DECODE_FAMILY), [("dtype", "bf16"), ("head_dim", "64"), ("paged", "true")]);
+        assert_eq!(axes(APPEND_FAMILY), [("dtype", "bf16"), ("head_dim", "64"), ("paged", "true")]);
+        assert_eq!(axes(COMBINE_FAMILY), [("dtype", "bf16"), ("head_dim", "64")]);
+        let s = validate(&dense()).unwrap();
+        assert_eq!(family_axes(DECODE_FAMILY, DType::F16, &s).as_slice().unwrap()[2], ("paged", "false"));
+    }
+
+    #[test]
+    fn refusals_come_before_the_driver() {
+        // No GPU is needed to be told an argument is wrong (and nothing is launched).
+        let mut p = dense();
+        p.num_splits = 1000;
+        for e in [
+            attn_fwd_kvcache(&p, Stream::null()).unwrap_err(),
+            attn_fwd_kvcache_workspace_bytes(&p, Stream::null()).unwrap_err(),
+            attn_fwd_kvcache_num_splits(&p, Stream::null()).unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        }
+    }
+}
