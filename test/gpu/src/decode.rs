@@ -248,9 +248,9 @@ pub(crate) fn run(c: &DecodeCase, rng: &mut SplitMix64, stream: sys::CUstream) -
         Some(FRONT + ((block * rows + row) * hk) * d)
     };
     let (mut k_model, mut v_model) = (k_cache.host.clone(), v_cache.host.clone());
-    for z in 0..b {
+    for (z, &start) in starts.iter().enumerate() {
         for tok in 0..n_new {
-            if let Some(base) = place_of(z, starts[z] + tok) {
+            if let Some(base) = place_of(z, start + tok) {
                 for h in 0..hk {
                     for dd in 0..d {
                         let src = ((z * n_new + tok) * hk + h) * d + dd;
@@ -271,8 +271,8 @@ pub(crate) fn run(c: &DecodeCase, rng: &mut SplitMix64, stream: sys::CUstream) -
     let (mut l_got, mut l_ref, mut l_naive) = (Vec::new(), Vec::new(), Vec::new());
     let mut empty_ok = true;
     let mut empty_rows = 0;
-    for z in 0..b {
-        let length = starts[z] + n_new;
+    for (z, &start) in starts.iter().enumerate() {
+        let length = start + n_new;
         for h in 0..hq {
             let kh = h / g;
             for tok in 0..sq {

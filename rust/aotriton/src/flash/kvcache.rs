@@ -1090,7 +1090,7 @@ mod tests {
         assert_eq!(pick(17), Some(1));
         assert_eq!(pick(64), Some(1));
         assert_eq!(pick(128), Some(1), "above every tile: the largest");
-        assert_eq!(pick_block_m(|| std::iter::empty(), 4), None);
+        assert_eq!(pick_block_m(std::iter::empty, 4), None);
     }
 
     #[test]

@@ -1,4 +1,6 @@
-//! FlashAttention operators: [`attn_fwd`], [`attn_bwd`] and the [`debug_dropout_mask`] entry.
+//! FlashAttention operators: [`attn_fwd`], [`attn_bwd`] and the [`debug_dropout_mask`] entry;
+//! [`attn_fwd_fp8`] (fp8 inputs, sm_90) and [`attn_fwd_kvcache`] (a decode step over a dense or
+//! paged KV cache, with its own layouts: see [`KvCacheParams`]).
 //!
 //! Layouts: Q is B×Hq×Sq×D, K and V are B×Hk×Sk×D, with Hq a multiple of Hk (GQA; Hk = 1 is
 //! MQA). Any element strides whose last stride is 1 work, so both B×H×S×D and B×S×H×D memory can
