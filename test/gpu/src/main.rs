@@ -45,6 +45,7 @@
 //! memory modes to one backend (concurrency mixes all three by case).
 mod backend;
 mod concurrency;
+mod decode;
 mod ext;
 mod fp8;
 mod growth;
@@ -1551,6 +1552,9 @@ fn main() {
         for (i, c) in ext_all.iter().enumerate() {
             println!("[ext {:2}] {}  cost {:.1e}", i + 1, c.describe(), c.cost() as f64);
         }
+        for (i, c) in decode::cases().iter().enumerate() {
+            println!("[decode {:2}] {}", i + 1, c.describe());
+        }
         println!(
             "plus {} debug-mask shapes, {} keep-rate checks, {} mask-reveal cases, 1 CUDA-graph case, \
              {} invalid calls{}",
@@ -1618,6 +1622,26 @@ fn main() {
     for c in fp8::cases() {
         record(fp8::run(&c, &mut rng, stream).unwrap_or_else(|e| Outcome { pass: false, line: format!("{c:?}: {e}  FAIL") }), &mut log);
     }
+    // The KV-cache decode attention (portable kernels only) whatever --backend says. A build
+    // whose archive lacks its kernels fails once, not once per case.
+    for c in decode::cases() {
+        match decode::run(&c, &mut rng, stream) {
+            Ok(outcome) => record(outcome, &mut log),
+            Err(e) => {
+                let missing = e.contains("KernelNotFound");
+                let rest = if missing { " (the other decode cases are skipped)" } else { "" };
+                record(Outcome { pass: false, line: format!("{}: {e}{rest}  FAIL", c.describe()) }, &mut log);
+                if missing {
+                    break;
+                }
+            }
+        }
+    }
+    record(
+        decode::short_workspace_case(&mut rng, stream)
+            .unwrap_or_else(|e| Outcome { pass: false, line: format!("decode workspace: {e}  FAIL") }),
+        &mut log,
+    );
     for c in &all {
         let outcome = run_case(c, &mut rng, stream).unwrap_or_else(|e| Outcome {
             pass: false,

@@ -1,4 +1,6 @@
-//! FlashAttention operators: [`attn_fwd`], [`attn_bwd`] and the [`debug_dropout_mask`] entry.
+//! FlashAttention operators: [`attn_fwd`], [`attn_bwd`] and the [`debug_dropout_mask`] entry;
+//! [`attn_fwd_fp8`] (fp8 inputs, sm_90) and [`attn_fwd_kvcache`] (a decode step over a dense or
+//! paged KV cache, with its own layouts: see [`KvCacheParams`]).
 //!
 //! Layouts: Q is B×Hq×Sq×D, K and V are B×Hk×Sk×D, with Hq a multiple of Hk (GQA; Hk = 1 is
 //! MQA). Any element strides whose last stride is 1 work, so both B×H×S×D and B×S×H×D memory can
@@ -72,11 +74,16 @@ mod debug;
 mod fwd;
 mod fwd_fp8;
 mod gluon;
+mod kvcache;
 
 pub use bwd::{BwdParams, attn_bwd, attn_bwd_workspace_bytes};
 pub use debug::debug_dropout_mask;
 pub use fwd::{FwdParams, attn_fwd};
 pub use fwd_fp8::{Fp8FwdParams, attn_fwd_fp8, attn_fwd_fp8_workspace_bytes};
+pub use kvcache::{
+    KV_PAGE_OUT_OF_RANGE, KV_SEQLEN_OUT_OF_RANGE, KVCACHE_MAX_QUERY_TOKENS, KVCACHE_MAX_SPLITS, KvCacheParams, attn_fwd_kvcache,
+    attn_fwd_kvcache_num_splits, attn_fwd_kvcache_workspace_bytes,
+};
 
 use crate::archive::MaskKind;
 use crate::dispatch::{ArgList, ArgValue, Axes, bool_axis};
