@@ -2,7 +2,7 @@
 //! paged, optionally appending this step's new keys and values to the cache first
 //! (FlashAttention's `flash_attn_with_kvcache`). The kernels are the portable ones of
 //! `python/kernels/flash/{kvcache_append,decode,decode_combine}.py`; their contract is
-//! `python/kernels/flash/DECODE_ABI.md`.
+//! `python/kernels/flash/kernels/decode/ABI.md`.
 //!
 //! Up to three launches on the caller's stream, all chosen and loaded before the first is
 //! enqueued: `kvcache_append` (only with `k_new`/`v_new`), `attn_decode` (the cache split into
@@ -87,8 +87,8 @@ const MAX_HEAD_DIM: u64 = 256;
 const MAX_CAPACITY: u64 = 1 << 30;
 /// The auto rule gives each split at least this many keys of capacity.
 const KEYS_PER_SPLIT: u64 = 256;
-/// The compiled head-dim buckets of the decode families (DECODE_ABI.md), with their axis values.
-const HEAD_DIM_BUCKETS: [(u64, &str); 5] = [(16, "16"), (32, "32"), (64, "64"), (128, "128"), (256, "256")];
+/// The compiled head-dim buckets of the decode families (kernels/decode/ABI.md), with their axis values.
+const HEAD_DIM_BUCKETS: [(u64, &str); 3] = [(64, "64"), (128, "128"), (256, "256")];
 
 /// Parameters of [`attn_fwd_kvcache`] (see the module docs for layouts and semantics). Marked
 /// non-exhaustive so later versions can add fields: build it with [`KvCacheParams::new`] and set
@@ -315,6 +315,8 @@ pub(crate) fn validate(p: &KvCacheParams) -> Result<DecodeShape> {
             let n_new = k_new.sizes[1];
             check_tensor("k_new", k_new, [batch, n_new, heads_k, head_dim], dtype)?;
             check_tensor("v_new", v_new, k_new.sizes, dtype)?;
+            check_row_stride("k_new", k_new.strides[1], n_new, head_dim)?;
+            check_row_stride("v_new", v_new.strides[1], n_new, head_dim)?;
             if n_new > capacity {
                 bail!(ShapeMismatch, "k_new has {n_new} tokens per sequence, more than the cache holds ({capacity})");
             }
@@ -521,23 +523,24 @@ fn cache_scalars(shape: &DecodeShape) -> Result<[(&'static str, ArgValue); 6]> {
     ])
 }
 
-/// Arguments of `kvcache_append` (DECODE_ABI.md).
+/// Arguments of `kvcache_append` (kernels/decode/ABI.md).
 fn append_args(p: &KvCacheParams, shape: &DecodeShape) -> Result<ArgList> {
-    use ArgValue::{I64, Ptr};
+    use ArgValue::{I32, I64, Ptr};
     let mut args = ArgList::new();
     let (Some(kn), Some(vn)) = (p.k_new, p.v_new) else {
         return Err(Error::new(ErrorKind::Internal, "kvcache_append without k_new / v_new"));
     };
     args.extend([("K_NEW", Ptr(kn.ptr)), ("V_NEW", Ptr(vn.ptr))]);
     cache_args(p, &mut args);
-    // [B, N_NEW, Hk, D]: (z, h, m) = (batch, head, token); every stride i64 (DECODE_ABI.md).
+    // [B, N_NEW, Hk, D]: (z, h, m) = (batch, head, token); the token stride i32 (checked), the others
+    // i64 (kernels/decode/ABI.md).
     args.extend([
         ("stride_xkz", I64(kn.strides[0])),
         ("stride_xkh", I64(kn.strides[2])),
-        ("stride_xkm", I64(kn.strides[1])),
+        ("stride_xkm", I32(kn.strides[1] as i32)),
         ("stride_xvz", I64(vn.strides[0])),
         ("stride_xvh", I64(vn.strides[2])),
-        ("stride_xvm", I64(vn.strides[1])),
+        ("stride_xvm", I32(vn.strides[1] as i32)),
     ]);
     args.extend(cache_scalars(shape)?);
     Ok(args)
@@ -568,7 +571,7 @@ pub(crate) fn workspace_layout(shape: &DecodeShape, splits: u32) -> Result<Works
     Ok(WorkspaceLayout { splits, lse_offset: o_part, bytes: crate::error::checked_sum("KV-cache workspace bytes", o_part, lse_part)? })
 }
 
-/// Arguments of `attn_decode` (DECODE_ABI.md): `o_part` / `lse_part` the workspace's partials
+/// Arguments of `attn_decode` (kernels/decode/ABI.md): `o_part` / `lse_part` the workspace's partials
 /// (0 with one split).
 fn decode_args(p: &KvCacheParams, shape: &DecodeShape, splits: u32, o_part: u64, lse_part: u64) -> Result<ArgList> {
     use ArgValue::{F32, I32, I64, Ptr};
@@ -605,7 +608,7 @@ fn decode_args(p: &KvCacheParams, shape: &DecodeShape, splits: u32, o_part: u64,
     Ok(args)
 }
 
-/// Arguments of `attn_decode_combine` (DECODE_ABI.md).
+/// Arguments of `attn_decode_combine` (kernels/decode/ABI.md).
 fn combine_args(p: &KvCacheParams, shape: &DecodeShape, splits: u32, o_part: u64, lse_part: u64) -> Result<ArgList> {
     use ArgValue::{I32, I64, Ptr};
     let mut args = ArgList::new();
@@ -716,7 +719,7 @@ pub fn attn_fwd_kvcache_num_splits(params: &KvCacheParams, stream: Stream) -> Re
 
 /// Bytes of the workspace [`attn_fwd_kvcache`] needs for `params` on `stream`'s device: with
 /// `N_SPLITS` = [`attn_fwd_kvcache_num_splits`] > 1, fp32 `O_PART [N_SPLITS, B, Hq, Sq, HEAD_DIM]`
-/// (HEAD_DIM: D rounded up to the compiled bucket 16, 32, 64, 128 or 256) and `LSE_PART
+/// (HEAD_DIM: D rounded up to the compiled bucket 64, 128 or 256) and `LSE_PART
 /// [N_SPLITS, B, Hq, Sq]`, each rounded up to 16 bytes; 0 when the call does not split.
 /// `params.workspace` is not looked at.
 pub fn attn_fwd_kvcache_workspace_bytes(params: &KvCacheParams, stream: Stream) -> Result<u64> {
@@ -774,8 +777,8 @@ pub fn attn_fwd_kvcache(params: &KvCacheParams, stream: Stream) -> Result<()> {
             let request = Request { family: APPEND_FAMILY, axes: a_axes.as_slice()?, args: args.args()? };
             let n_new = shape.n_new;
             Some(launcher.prepare(&request, crate::dispatch::first_preferred, |meta| {
-                // The ABI names the append's token tile BLOCK_N.
-                let tile = config(meta, "BLOCK_N", config(meta, "BLOCK_M", 16));
+                // BLOCK_M: the append's tokens per program.
+                let tile = config(meta, "BLOCK_M", 16);
                 Ok([n_new.div_ceil(tile.max(1) as u64), programs_bh, 1])
             })?)
         }
@@ -790,14 +793,7 @@ pub fn attn_fwd_kvcache(params: &KvCacheParams, stream: Stream) -> Result<()> {
     )?;
     let combine = if splits > 1 {
         let request = Request { family: COMBINE_FAMILY, axes: c_axes.as_slice()?, args: c_args.args()? };
-        let seqlen_q = shape.seqlen_q;
-        Some(launcher.prepare(&request, crate::dispatch::first_preferred, |meta| {
-            let tile = config(meta, "BLOCK_M", 16).max(1) as u64;
-            if tile < seqlen_q {
-                bail!(KernelNotFound, "{}: BLOCK_M {tile} is below Sq = {seqlen_q} (the combine serves a row's tokens in one tile)", meta.id);
-            }
-            Ok([shape.batch * shape.heads_q, 1, 1])
-        })?)
+        Some(launcher.prepare(&request, crate::dispatch::first_preferred, |_| Ok([shape.batch * shape.heads_q, 1, 1]))?)
     } else {
         None
     };
@@ -877,7 +873,7 @@ mod tests {
         let s = validate(&p).unwrap();
         assert_eq!((s.window_left, s.window_right), (S_CACHE as i32, 7));
         // Head-dim buckets.
-        for (d, bucket) in [(8, 16), (16, 16), (24, 32), (72, 128), (136, 256), (256, 256)] {
+        for (d, bucket) in [(8, 64), (16, 64), (24, 64), (72, 128), (136, 256), (256, 256)] {
             assert_eq!(bucket_of(d).unwrap().0, bucket, "D {d}");
         }
     }
@@ -1132,7 +1128,7 @@ mod tests {
         assert_eq!(check_workspace(&p, &s, &l).unwrap_err().kind(), ErrorKind::InvalidArgument, "over k_cache");
     }
 
-    /// The runtime arguments of each kernel in DECODE_ABI.md's order (its constexprs left out),
+    /// The runtime arguments of each kernel in kernels/decode/ABI.md's order (its constexprs left out),
     /// with the ABI's types: `p` pointer, `f` fp32, `w` i64, `i` i32.
     const DECODE_ABI: &[(&str, char)] = &[
         ("Q", 'p'), ("K", 'p'), ("V", 'p'), ("O", 'p'), ("LSE", 'p'), ("O_PART", 'p'), ("LSE_PART", 'p'), ("PAGE_TABLE", 'p'),
@@ -1150,7 +1146,7 @@ mod tests {
     ];
     const APPEND_ABI: &[(&str, char)] = &[
         ("K_NEW", 'p'), ("V_NEW", 'p'), ("K", 'p'), ("V", 'p'), ("PAGE_TABLE", 'p'), ("CACHE_SEQLENS", 'p'), ("KV_STATUS", 'p'),
-        ("stride_xkz", 'w'), ("stride_xkh", 'w'), ("stride_xkm", 'w'), ("stride_xvz", 'w'), ("stride_xvh", 'w'), ("stride_xvm", 'w'),
+        ("stride_xkz", 'w'), ("stride_xkh", 'w'), ("stride_xkm", 'i'), ("stride_xvz", 'w'), ("stride_xvh", 'w'), ("stride_xvm", 'i'),
         ("stride_kz", 'w'), ("stride_kh", 'w'), ("stride_kn", 'i'), ("stride_vz", 'w'), ("stride_vh", 'w'), ("stride_vn", 'i'),
         ("stride_ptz", 'w'), ("N_NEW", 'i'), ("D_HEAD", 'i'), ("CACHE_CAPACITY", 'i'), ("PAGE_SIZE_LOG2", 'i'), ("N_PAGES", 'i'),
         ("STORE_KV_STATUS", 'i'),
@@ -1241,7 +1237,7 @@ mod tests {
             ("V_NEW", Ptr(10 << 32)),
             ("stride_xkz", I64((N_NEW * HK * D) as i64)),
             ("stride_xkh", I64(D as i64)),
-            ("stride_xkm", I64((HK * D) as i64)),
+            ("stride_xkm", I32((HK * D) as i32)),
             ("N_HEADS_K", I32(HK as i32)),
         ] {
             assert_eq!(arg_of(&a, name), Some(value), "kvcache_append {name}");
