@@ -40,10 +40,12 @@ def splits_for(b, hk, rows, capacity, sms, block_m):
     return max(1, min(triton.cdiv(2 * sms, programs), 128, triton.cdiv(capacity, 256)))
 
 
-def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4):
-    """Launch closure for dense caches k, v [B, S, Hk, D]; q [B, Sq, Hq, D]. Returns (fn, o, lse)."""
+def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4, paged=None):
+    """Launch closure for dense caches k, v [B, S, Hk, D] (or, with ``paged = (table, page)``, pools k, v
+    [N_PAGES, page, Hk, D]); q [B, Sq, Hq, D]. Returns (fn, o, lse, splits)."""
     b, sq, hq, d = q.shape
-    cap, hk = k.shape[1], k.shape[2]
+    hk = k.shape[2]
+    cap = paged[0].shape[1] * paged[1] if paged else k.shape[1]
     group = hq // hk
     hd = max(64, triton.next_power_of_2(d))
     bm = 16 if group * sq <= 16 else 64
@@ -55,6 +57,9 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
     o_part = torch.empty(n_split, b, hq, sq, hd, device=q.device)
     lse_part = torch.empty(n_split, b, hq, sq, device=q.device)
     dummy = torch.zeros(4, dtype=torch.int32, device=q.device)
+    table = paged[0] if paged else dummy
+    log2_page = int(math.log2(paged[1])) if paged else 0
+    n_pages = k.shape[0] if paged else 0
     grid = (n_split, b * hk, triton.cdiv(group * sq, bm))
     right = 0 if causal else UNBOUNDED
 
@@ -64,12 +69,12 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
                                            lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
                                            HEAD_DIM=hd, BLOCK_M=32, num_warps=4)
             return
-        attn_decode[grid](q, k, v, o, lse, o_part, lse_part, dummy, seqlens, dummy, 1.0 / math.sqrt(d),
+        attn_decode[grid](q, k, v, o, lse, o_part, lse_part, table, seqlens, dummy, 1.0 / math.sqrt(d),
                           q.stride(0), q.stride(2), q.stride(1), k.stride(0), k.stride(2), k.stride(1),
                           v.stride(0), v.stride(2), v.stride(1), o.stride(0), o.stride(2), o.stride(1),
-                          lse.stride(0), lse.stride(1), 0,
-                          sq, 0, d, group, hq, UNBOUNDED, right, cap, 0, 0, n_split, 1, 0,
-                          HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PAGED=False, num_warps=warps, num_stages=stages)
+                          lse.stride(0), lse.stride(1), table.stride(0),
+                          sq, 0, d, group, hq, UNBOUNDED, right, cap, log2_page, n_pages, n_split, 1, 0,
+                          HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PAGED=bool(paged), num_warps=warps, num_stages=stages)
         if n_split > 1 and parts == "both":
             attn_decode_combine[(b * hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
                                            lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
@@ -197,11 +202,39 @@ def split_times():
               f"({gb / dec:.0f} GB/s), combine {comb:.1f} us", flush=True)
 
 
+def paged_vs_dense():
+    """The same keys read from a dense cache and from pages (a random permutation of the pool)."""
+    hq, hk, d = 32, 8, 128
+    print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'page':>5} {'dense GB/s':>10} {'paged GB/s':>10} {'paged/dense':>11} {'max|diff|':>9}")
+    for b, sq, sk in ((8, 1, 4096), (16, 1, 8192), (64, 1, 2048), (16, 8, 4096)):
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        run, o_dense, _, _ = prepare(q, k, v, seqlens, True)
+        t_dense = bench_ms(run)
+        gb = 2 * b * sk * hk * d * 2 * 1e-6
+        for page in (16, 64, 256):
+            per_seq = sk // page
+            perm = torch.randperm(b * per_seq, device="cuda")
+            table = perm.view(b, per_seq).to(torch.int32).contiguous()
+            pool_k = torch.empty(b * per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
+            pool_v = torch.empty_like(pool_k)
+            pool_k[perm] = k.view(b * per_seq, page, hk, d)
+            pool_v[perm] = v.view(b * per_seq, page, hk, d)
+            runp, o_paged, _, _ = prepare(q, pool_k, pool_v, seqlens, True, paged=(table, page))
+            t_paged = bench_ms(runp)
+            diff = (o_paged.float() - o_dense.float()).abs().max().item()
+            print(f"{b:>4} {sq:>3} {sk:>6} {page:>5} {gb / t_dense:>10.0f} {gb / t_paged:>10.0f} "
+                  f"{t_dense / t_paged:>11.2f} {diff:>9.1e}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="split count and config sweep at small batches")
     ap.add_argument("--times", action="store_true", help="decode and combine timed apart")
+    ap.add_argument("--paged", action="store_true", help="paged caches (pages 16, 64, 256) beside dense")
     args = ap.parse_args()
     ok = check()
     print(f"check_decode: {'ok' if ok else 'FAILED'}")
@@ -211,6 +244,8 @@ def main():
         sweep()
     if args.times:
         split_times()
+    if args.paged:
+        paged_vs_dense()
     return 0 if ok else 1
 
 
