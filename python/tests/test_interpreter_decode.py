@@ -224,6 +224,7 @@ class DecodeTest(unittest.TestCase):
                 # The appends cross a page boundary (15, 16 with page 16) and land mid-page.
                 seqlens = [page - 1, 2 * page + 3, page + 5]
                 with self.subTest(page=page, splits=splits):
+                    # page 16: a page id per key; page 32: one per 32-key block.
                     self.check("paged", q, cache, seqlens, k_new, v_new, (UNBOUNDED, 0), splits, block_n=32)
 
     def test_bounds_and_status(self):
@@ -240,18 +241,20 @@ class DecodeTest(unittest.TestCase):
         # The clamped lengths: the append went to rows 0 and 39, the attention over 1 and 40 keys.
         self.check("clamped", q, Cache(rng, b, hk, d, np.float16, capacity=40), [-3, 1000], k_new, v_new)
 
-        table = np.array([[0, 99], [1, -1]], np.int32)
-        cache = Cache(rng, b, hk, d, np.float16, page=16, table=table, n_pages=2)
-        status = np.zeros(1, np.int32)
-        o, lse = run_decode(q, cache, [20, 20], k_new, v_new, status=status)
-        self.assertEqual(status[0], 2, "page id out of range: bit 2")
-        self.assertTrue(cache.guards_intact())
-        # Keys on the bad pages are left out: the rows see keys 0..15 of their first page.
-        good = Cache(rng, b, hk, d, np.float16, page=16, table=np.array([[0, 0], [1, 1]], np.int32), n_pages=2)
-        good.k[...] = cache.k
-        good.v[...] = cache.v
-        ref, _ = reference(q, good.k, good.v, good, [16, 16], (UNBOUNDED, UNBOUNDED), 1.0 / math.sqrt(d))
-        self.assertLessEqual(np.abs(o.astype(np.float64) - ref).max(), 5e-3)
+        # BLOCK_N 32 > page 16: a page id per key; BLOCK_N 16: one per block.
+        for block_n in (32, 16):
+            table = np.array([[0, 99], [1, -1]], np.int32)
+            cache = Cache(rng, b, hk, d, np.float16, page=16, table=table, n_pages=2)
+            status = np.zeros(1, np.int32)
+            o, lse = run_decode(q, cache, [20, 20], k_new, v_new, status=status, block_n=block_n)
+            self.assertEqual(status[0], 2, "page id out of range: bit 2")
+            self.assertTrue(cache.guards_intact())
+            # Keys on the bad pages are left out: the rows see keys 0..15 of their first page.
+            good = Cache(rng, b, hk, d, np.float16, page=16, table=np.array([[0, 0], [1, 1]], np.int32), n_pages=2)
+            good.k[...] = cache.k
+            good.v[...] = cache.v
+            ref, _ = reference(q, good.k, good.v, good, [16, 16], (UNBOUNDED, UNBOUNDED), 1.0 / math.sqrt(d))
+            self.assertLessEqual(np.abs(o.astype(np.float64) - ref).max(), 5e-3, f"BLOCK_N {block_n}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,20 @@ def _visible_range(pos, length, WINDOW_LEFT, WINDOW_RIGHT):
 
 
 @triton.jit
+def _attend_block(q, K_head, V_head, k_off, v_off, ok, keys, row_lo, row_hi, offs_d, d_ok, qk_scale, m_i, l_i, acc):
+    """One block of keys folded into the rows' softmax state and accumulator: K^T and V tiles at the
+    keys' row offsets (``ok``: may be read), the rows' visible ranges ``[row_lo, row_hi)``."""
+    kt = tl.load(K_head + k_off[None, :] + offs_d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
+    s = tl.dot(q, kt) * qk_scale
+    visible = ok[None, :] & (keys[None, :] >= row_lo[:, None]) & (keys[None, :] < row_hi[:, None])
+    s = tl.where(visible, s, float("-inf"))
+    p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
+    v = tl.load(V_head + v_off[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def attn_decode(Q, K, V, O, LSE, O_PART, LSE_PART, PAGE_TABLE, CACHE_SEQLENS, KV_STATUS, sm_scale,
                 stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
                 stride_oz, stride_oh, stride_om, stride_lz, stride_lh, stride_ptz,
@@ -62,8 +76,9 @@ def attn_decode(Q, K, V, O, LSE, O_PART, LSE_PART, PAGE_TABLE, CACHE_SEQLENS, KV
     row_lo, row_hi = _visible_range(length - N_CTX_Q + token, length, WINDOW_LEFT, WINDOW_RIGHT)
     row_hi = tl.where(row_ok, row_hi, 0)
     row_lo = tl.where(row_ok, row_lo, length)
-    # The chunk of the keys this split covers, whole BLOCK_N blocks from the rows' union.
-    lo = tl.min(row_lo, 0)
+    # The chunk of the keys this split covers: whole BLOCK_N blocks, aligned to BLOCK_N (the keys
+    # below the rows' union are masked), from the union of the rows' ranges.
+    lo = tl.min(row_lo, 0) // BLOCK_N * BLOCK_N
     hi = tl.max(row_hi, 0)
     chunk = tl.cdiv(tl.cdiv(tl.maximum(hi - lo, 0), N_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * chunk
@@ -82,21 +97,30 @@ def attn_decode(Q, K, V, O, LSE, O_PART, LSE_PART, PAGE_TABLE, CACHE_SEQLENS, KV
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     n_bad = 0
-    for first in range(start, end, BLOCK_N):
-        keys = first + tl.arange(0, BLOCK_N)
-        in_range = keys < end
-        block, row, ok = key_rows(keys, in_range, z, PAGE_TABLE, stride_ptz, PAGE_SIZE_LOG2, N_PAGES, PAGED)
-        k_off = row_offset(block, row, stride_kz, stride_kn)
-        v_off = row_offset(block, row, stride_vz, stride_vn)
-        if PAGED:
-            n_bad += tl.sum((in_range & ~ok).to(tl.int32), 0)
-        kt = tl.load(K_head + k_off[None, :] + offs_d[:, None], mask=ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, kt) * qk_scale
-        visible = (ok[None, :] & (keys[None, :] >= row_lo[:, None]) & (keys[None, :] < row_hi[:, None]))
-        s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
-        v = tl.load(V_head + v_off[:, None] + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    if PAGED and (1 << PAGE_SIZE_LOG2) >= BLOCK_N:
+        # Pages of at least BLOCK_N keys: every block (aligned to BLOCK_N) lies in one page, so one
+        # page id per block and the dense cache's tile pattern inside it.
+        for first in range(start, end, BLOCK_N):
+            keys = first + tl.arange(0, BLOCK_N)
+            in_range = keys < end
+            page = tl.load(PAGE_TABLE + z.to(tl.int64) * stride_ptz + (first >> PAGE_SIZE_LOG2))
+            page_ok = (page >= 0) & (page < N_PAGES)
+            n_bad += tl.where(page_ok, 0, tl.sum(in_range.to(tl.int32), 0))
+            block = tl.where(page_ok, page, 0).to(tl.int64)
+            row = keys & ((1 << PAGE_SIZE_LOG2) - 1)
+            m_i, l_i, acc = _attend_block(q, K_head, V_head, row_offset(block, row, stride_kz, stride_kn),
+                                          row_offset(block, row, stride_vz, stride_vn), in_range & page_ok, keys,
+                                          row_lo, row_hi, offs_d, d_ok, qk_scale, m_i, l_i, acc)
+    else:
+        for first in range(start, end, BLOCK_N):
+            keys = first + tl.arange(0, BLOCK_N)
+            in_range = keys < end
+            block, row, ok = key_rows(keys, in_range, z, PAGE_TABLE, stride_ptz, PAGE_SIZE_LOG2, N_PAGES, PAGED)
+            if PAGED:
+                n_bad += tl.sum((in_range & ~ok).to(tl.int32), 0)
+            m_i, l_i, acc = _attend_block(q, K_head, V_head, row_offset(block, row, stride_kz, stride_kn),
+                                          row_offset(block, row, stride_vz, stride_vn), ok, keys,
+                                          row_lo, row_hi, offs_d, d_ok, qk_scale, m_i, l_i, acc)
     report_bad_pages(n_bad, KV_STATUS, STORE_KV_STATUS, PAGED)
 
     o, lse = softmax_epilogue(acc, m_i, l_i)
