@@ -91,6 +91,15 @@ def _keeps_layout(t):
     return t.stride(-1) == 1
 
 
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, sm_scale, causal, window_left,
+                      window_right, num_splits, return_lse):
+    """aotriton::fwd_kvcache's fake: out contiguous (B, Sq, Hq, D) in q's dtype, lse fp32 (B, Hq, Sq)
+    (or (0,) without return_lse); the caches are mutated in place (the schema's (a!), (b!))."""
+    b, s, h, _ = q.shape
+    lse = q.new_empty((b, h, s) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
@@ -130,12 +139,7 @@ def _register_fakes():
         b, h, s, _ = q.shape
         return like(q, dtype=torch.bfloat16), q.new_empty((b, h, s), dtype=torch.float32)
 
-    @torch.library.register_fake("aotriton::fwd_kvcache")
-    def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, sm_scale, causal, window_left,
-                          window_right, num_splits, return_lse):
-        b, s, h, _ = q.shape
-        lse = q.new_empty((b, h, s) if return_lse else (0,), dtype=torch.float32)
-        return q.new_empty(q.shape), lse
+    torch.library.register_fake("aotriton::fwd_kvcache")(_fwd_kvcache_fake)
 
     @torch.library.register_fake("aotriton::dropout_mask")
     def _mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
