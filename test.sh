@@ -44,7 +44,7 @@ cargo run --locked --quiet -p aotriton-gpu-tests
 TORCH_PYTHON=${TORCH_PYTHON:-python3}
 if "$TORCH_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
   log=$(mktemp)
-  for t in test_flash_impl_plumbing test_hf_plumbing; do
+  for t in test_flash_impl_plumbing test_hf_plumbing test_kvcache_plumbing; do
     if ! PYTHONPATH="$(pwd)/bindings/torch/python:$(pwd)/test/torch" "$TORCH_PYTHON" "test/torch/$t.py" >"$log" 2>&1; then
       grep -E "^FAIL|Error" "$log" | head -n 20
       tail -n 1 "$log"

@@ -276,6 +276,68 @@ Status attn_fwd_fp8_workspace_bytes(TensorView<4> k, uint64_t* bytes) noexcept {
   });
 }
 
+namespace {
+
+// The bridge's view of a KvCacheParams; fails on an unknown version.
+Status kvcache_args_of(const KvCacheParams& params, bridge::KvCacheArgs* out) {
+  if (params.version != KvCacheParams::kVersion) {
+    return unknown_version("KvCacheParams", params.version, KvCacheParams::kVersion);
+  }
+  *out = bridge::KvCacheArgs{to_bridge<4, bridge::TensorView4>(params.q),
+                             to_bridge<4, bridge::TensorView4>(params.k_cache),
+                             to_bridge<4, bridge::TensorView4>(params.v_cache),
+                             to_bridge<2, bridge::TensorView2>(params.page_table),
+                             to_bridge<1, bridge::TensorView1>(params.cache_seqlens),
+                             to_bridge<4, bridge::TensorView4>(params.k_new),
+                             to_bridge<4, bridge::TensorView4>(params.v_new),
+                             to_bridge<4, bridge::TensorView4>(params.o),
+                             to_bridge<3, bridge::TensorView3>(params.lse),
+                             params.sm_scale,
+                             mask_of(params.causal, MaskAlign::kBottomRight, params.window_left, params.window_right),
+                             params.num_splits,
+                             static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.workspace)),
+                             params.workspace_bytes,
+                             static_cast<uint64_t>(reinterpret_cast<uintptr_t>(params.status))};
+  return Status::kSuccess;
+}
+
+}  // namespace
+
+Status attn_fwd_kvcache(const KvCacheParams& params, Stream stream) noexcept {
+  return detail::guarded([&] {
+    bridge::KvCacheArgs args;
+    Status status = kvcache_args_of(params, &args);
+    if (status != Status::kSuccess) return status;
+    return detail::finish(bridge::attn_fwd_kvcache(args, stream_of(stream)));
+  });
+}
+
+Status attn_fwd_kvcache_workspace_bytes(const KvCacheParams& params, Stream stream, uint64_t* bytes) noexcept {
+  return detail::guarded([&] {
+    if (bytes == nullptr) {
+      return detail::fail(Status::kNullPointer, "attn_fwd_kvcache_workspace_bytes: bytes (the output) is null");
+    }
+    *bytes = 0;
+    bridge::KvCacheArgs args;
+    Status status = kvcache_args_of(params, &args);
+    if (status != Status::kSuccess) return status;
+    return detail::finish(bridge::attn_fwd_kvcache_workspace_bytes(args, stream_of(stream), *bytes));
+  });
+}
+
+Status attn_fwd_kvcache_num_splits(const KvCacheParams& params, Stream stream, uint32_t* splits) noexcept {
+  return detail::guarded([&] {
+    if (splits == nullptr) {
+      return detail::fail(Status::kNullPointer, "attn_fwd_kvcache_num_splits: splits (the output) is null");
+    }
+    *splits = 0;
+    bridge::KvCacheArgs args;
+    Status status = kvcache_args_of(params, &args);
+    if (status != Status::kSuccess) return status;
+    return detail::finish(bridge::attn_fwd_kvcache_num_splits(args, stream_of(stream), *splits));
+  });
+}
+
 Status dropout_offsets_consumed(uint64_t batch, uint64_t heads_q, uint64_t seqlen_q, uint64_t seqlen_k,
                                 uint64_t* count) noexcept {
   return detail::guarded([&] {

@@ -264,6 +264,85 @@ AOTRITON_API Status attn_fwd_fp8(const Fp8FwdParams& params, Stream stream) noex
 // KEYS_PAD = Sk rounded up to 32. kTooLarge (and *bytes = 0) when it does not fit 64 bits.
 AOTRITON_API Status attn_fwd_fp8_workspace_bytes(TensorView<4> k, uint64_t* bytes) noexcept;
 
+// KV-cache decode attention (FlashAttention's flash_attn_with_kvcache): a decode step's 1..16
+// query tokens per sequence over a dense or paged KV cache, optionally appending this step's new
+// keys and values to the cache first. Token-major layouts (unlike the functions above): q and o
+// B x Sq x Hq x D; a dense cache B x S_cache x Hk x D; a paged cache a pool of pages
+// N_PAGES x PAGE_SIZE x Hk x D (PAGE_SIZE a power of two in 16..256) with an int32 page table
+// B x MAX_PAGES: key j of sequence b is row j % PAGE_SIZE of page page_table[b][j / PAGE_SIZE].
+// Any strides with the last one 1; fp16 or bf16; D a multiple of 8 up to 256; Hq a multiple of Hk.
+//
+// Sequence b attends over L = cache_seqlens[b] + N_NEW keys (its cached ones, then the N_NEW
+// appended this step, written at rows cache_seqlens[b] ..). Query token t sits at position
+// L - Sq + t: masks are always aligned bottom-right (causal: query t sees keys up to its own
+// position; window_left / window_right count from there, -1 unbounded). A row that sees no key
+// gets O = 0 and LSE = +inf.
+//
+// cache_seqlens and the page ids are read by the kernels only (nothing is read on the host, so a
+// step can be captured in a CUDA graph and replayed with new lengths). A length outside
+// [0, capacity - N_NEW] is clamped into it and a page id outside [0, N_PAGES) is never followed
+// (its keys are left out, its appended rows not written): nothing outside the caller's tensors is
+// read or written whatever those words hold, and the kernels OR kKvSeqlenOutOfRange /
+// kKvPageOutOfRange into *status (when given) when that happened.
+//
+// Up to three launches on `stream`: the append (with k_new/v_new), the split-KV attention and,
+// when the cache is split in more than one chunk, the merge of the chunks' fp32 partials, which
+// live in the caller's workspace (attn_fwd_kvcache_workspace_bytes; 0 bytes when not split).
+// The split count comes from host-known values only (shapes, num_splits, the device's
+// multiprocessor count): attn_fwd_kvcache_num_splits. One version of the struct so far.
+constexpr int32_t kKvSeqlenOutOfRange = 1;  // a cache_seqlens value was clamped
+constexpr int32_t kKvPageOutOfRange = 2;    // a page id outside [0, N_PAGES) was skipped
+constexpr uint32_t kKvCacheMaxSplits = 128;
+constexpr uint64_t kKvCacheMaxQueryTokens = 16;
+
+struct KvCacheParams {
+  static constexpr uint32_t kVersion = 1;
+  uint32_t version = kVersion;
+  TensorView<4> q;        // B x Sq x Hq x D, fp16 or bf16, 1 <= Sq <= 16
+  TensorView<4> k_cache;  // B x S_cache x Hk x D, or with page_table N_PAGES x PAGE_SIZE x Hk x D
+  TensorView<4> v_cache;  // the sizes of k_cache (may interleave with it, sharing no element)
+  TensorView<2> page_table;     // int32 B x MAX_PAGES (last stride 1); null data = a dense cache
+  TensorView<1> cache_seqlens;  // int32 [B], contiguous: the cached length before this step
+  TensorView<4> k_new;    // B x N_NEW x Hk x D keys to append; null data (with v_new) = no append
+  TensorView<4> v_new;    // B x N_NEW x Hk x D values to append
+  TensorView<4> o;        // B x Sq x Hq x D output, q's dtype
+  TensorView<3> lse;      // B x Hq x Sq fp32 output (last stride 1); null data = not wanted
+  // Scale of q.k; must be set, finite and positive (typically 1/sqrt(D); NaN: "not set").
+  float sm_scale = std::numeric_limits<float>::quiet_NaN();
+  bool causal = false;     // sets window_right to 0
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  // Chunks the cache is split into: 0 = the library's rule; else at most kKvCacheMaxSplits
+  // (capped at the cache's key blocks).
+  uint32_t num_splits = 0;
+  // fp32 scratch for the chunks' partials (16-byte aligned), at least
+  // attn_fwd_kvcache_workspace_bytes() bytes, any contents, not shared with a concurrent call;
+  // needed only when the call splits the cache (a short one is kInvalidArgument, never a silent
+  // fallback).
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
+  // Device address of an int32 word (4-byte aligned; null = not recorded) into which the kernels
+  // OR kKvSeqlenOutOfRange / kKvPageOutOfRange. Zero it before the call, read it after (in stream
+  // order); written only on a violation.
+  int32_t* status = nullptr;
+};
+
+// Enqueues the step on `stream`; every argument is checked first and nothing is launched on any
+// error (a missing or short workspace included).
+AOTRITON_API Status attn_fwd_kvcache(const KvCacheParams& params, Stream stream) noexcept;
+
+// The workspace bytes attn_fwd_kvcache(params, stream) needs on the stream's device: with
+// N_SPLITS = attn_fwd_kvcache_num_splits() > 1, N_SPLITS * B * Hq * Sq * (HEAD_DIM + 1) * 4 bytes
+// (HEAD_DIM: D rounded up to 64, 128 or 256; each part rounded up to 16 bytes), else 0. The
+// workspace fields are ignored. Errors as attn_fwd_kvcache's; *bytes is 0 then.
+AOTRITON_API Status attn_fwd_kvcache_workspace_bytes(const KvCacheParams& params, Stream stream,
+                                                     uint64_t* bytes) noexcept;
+
+// How many chunks attn_fwd_kvcache(params, stream) splits the cache into on the stream's device
+// (*splits is 0 on error).
+AOTRITON_API Status attn_fwd_kvcache_num_splits(const KvCacheParams& params, Stream stream,
+                                                uint32_t* splits) noexcept;
+
 // Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
 // (max lengths for packed batches), written to *count. Advance the generator's offset by this
 // between calls. kTooLarge (and *count = 0) when the count does not fit 64 bits: such a call's

@@ -241,3 +241,54 @@ def count_ops(aot):
     count = Counting(aot._ops())
     aot._ops = lambda: count
     return count
+
+
+def kvcache_append_ref(k_cache, v_cache, cache_seqlens, k_new, v_new, page_table=None):
+    """Writes k_new/v_new (B, N_NEW, Hk, D) into the caches in place at rows cache_seqlens[b] ..
+    (dense (B, S, Hk, D), or pages (N_PAGES, PAGE, Hk, D) through page_table (B, MAX_PAGES)), as
+    attn_fwd_kvcache's append does for lengths in range."""
+    if k_new is None:
+        return
+    lens = [int(x) for x in cache_seqlens.tolist()]
+    for b, start in enumerate(lens):
+        for t in range(k_new.size(1)):
+            j = start + t
+            if page_table is None:
+                page, row = b, j
+            else:
+                page, row = int(page_table[b, j // k_cache.size(1)]), j % k_cache.size(1)
+            k_cache[page, row] = k_new[b, t].to(k_cache.dtype)
+            v_cache[page, row] = v_new[b, t].to(v_cache.dtype)
+
+
+def kvcache_ref(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, page_table=None, scale=None,
+                causal=False, window=(-1, -1)):
+    """float64 (out (B, Sq, Hq, D), lse (B, Hq, Sq)) of a KV-cache decode step (flash.h
+    KvCacheParams), computed from the caches as they are *before* the step: sequence b attends over
+    its cache_seqlens[b] cached keys then the N_NEW new ones; query t sits at L - Sq + t (bottom-right);
+    a row that sees no key gives out 0 and lse +inf. The inputs are taken in their own dtype."""
+    b_, sq, hq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(b_, sq, hq, d, dtype=torch.float64, device=q.device)
+    lse = torch.full((b_, hq, sq), math.inf, dtype=torch.float64, device=q.device)
+    lens = [int(x) for x in cache_seqlens.tolist()]
+    for b, n in enumerate(lens):
+        if page_table is None:
+            keys, vals = k_cache[b, :n], v_cache[b, :n]
+        else:
+            page = k_cache.size(1)
+            rows = [(int(page_table[b, j // page]), j % page) for j in range(n)]
+            keys = torch.stack([k_cache[p, r] for p, r in rows]) if rows else k_cache[0, :0]
+            vals = torch.stack([v_cache[p, r] for p, r in rows]) if rows else v_cache[0, :0]
+        if k_new is not None:
+            keys = torch.cat([keys, k_new[b].to(keys.dtype)])
+            vals = torch.cat([vals, v_new[b].to(vals.dtype)])
+        if keys.size(0) == 0:
+            continue
+        qh = q[b].transpose(0, 1)[None].double()            # (1, Hq, Sq, D)
+        kh = keys.transpose(0, 1)[None].double()            # (1, Hk, L, D)
+        vh = vals.transpose(0, 1)[None].double()
+        vis = visible(sq, keys.size(0), window[0], window[1], align=1, causal=causal, device=q.device)
+        out[b] = attention_ref(qh, kh, vh, scale, vis=vis)[0].transpose(0, 1)
+        lse[b] = lse_ref(qh, kh, scale, vis=vis)[0]
+    return out, lse

@@ -4,8 +4,9 @@
 Code written against flash_attn 2.x must work by swapping the import: (B, S, H, D) and packed
 (total, H, D) layouts, bottom-right causal and windows, GQA, softmax_scale, head dims that are not
 multiples of 8 (padded), deterministic backward, return_softmax_lse, the packed-qkv/kv variants,
-softcap and alibi_slopes (dense and packed, forward and backward), and refusals naming
-return_attn_probs and block_table. Bounds as
+softcap and alibi_slopes (dense and packed, forward and backward), refusals naming
+return_attn_probs and block_table, the fp8 forward, and flash_attn_with_kvcache (test_kvcache: dense
+and paged caches, appends across a page boundary, a CUDA graph replayed with new lengths). Bounds as
 test_ops.py (compare: aotriton's error at most a few times the plain input-dtype computation's).
 
     PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_flash_attn_compat.py
@@ -16,7 +17,7 @@ import math
 
 import torch
 
-from harness import Runner, attention_ref, lse_ref, max_err, visible
+from harness import Runner, attention_ref, kvcache_append_ref, kvcache_ref, lse_ref, max_err, visible
 
 import aotriton.flash_attn as FA
 import test_ops as T
@@ -309,13 +310,155 @@ def test_fp8():
             R.check(f"refuses {what}", want in str(e), str(e)[:160])
 
 
+def _kv_same(a, b):
+    """Bitwise equal, NaN where NaN (poisoned pages must stay poisoned)."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _kv_case(dtype, b, hq, hk, d, sq, page, capacity, lens, n_new, seed=0):
+    """q, caches and new tokens of a KV-cache step. Paged: the sequences' pages shuffled over a pool
+    with spare pages poisoned with NaN (never to be read or written); every cache row past a
+    sequence's length + n_new holds 1e4 (finite: a kernel that let it into the softmax would be
+    far off; multiplied by a zero probability it stays 0)."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, device=DEV, generator=gen).to(dtype)  # noqa: E731
+    q = rnd(b, sq, hq, d)
+    if page is None:
+        kc, vc, table = rnd(b, capacity, hk, d), rnd(b, capacity, hk, d), None
+        for i, n in enumerate(lens):
+            kc[i, n + n_new:] = 1e4
+            vc[i, n + n_new:] = 1e4
+    else:
+        per = capacity // page
+        pool = b * per + 2
+        kc, vc = rnd(pool, page, hk, d), rnd(pool, page, hk, d)
+        perm = torch.randperm(pool, device=DEV, generator=gen)
+        table = perm[:b * per].reshape(b, per).to(torch.int32).contiguous()
+        for spare in perm[b * per:].tolist():
+            kc[spare] = float("nan")
+            vc[spare] = float("nan")
+        for i, n in enumerate(lens):
+            for j in range(n + n_new, capacity):
+                kc[table[i, j // page], j % page] = 1e4
+                vc[table[i, j // page], j % page] = 1e4
+    k_new = rnd(b, n_new, hk, d) if n_new else None
+    v_new = rnd(b, n_new, hk, d) if n_new else None
+    return q, kc, vc, table, k_new, v_new
+
+
+def _kv_check(name, out, lse, ref, lse64, dtype):
+    """out within 4x its own rounding of the float64 reference + 1e-3; LSE within 1e-3 * max(1, |lse|),
+    +inf exactly where the reference's is (a row that sees no key: out 0)."""
+    o_err, rounding = max_err(out, ref), max_err(ref.to(dtype), ref)
+    o_bound = 4 * rounding + 1e-3
+    fin = torch.isfinite(lse64)
+    inf_ok = torch.equal(torch.isfinite(lse), fin) and bool((out.transpose(1, 2)[~fin] == 0).all())
+    l_err = ((lse.double() - lse64).abs() / lse64.abs().clamp(min=1))[fin].max().item() if fin.any() else 0.0
+    ok = o_err <= o_bound and l_err <= 1e-3 and inf_ok and not out.isnan().any()
+    return R.check(name, ok, f"out {o_err:.2e}/{o_bound:.2e} lse {l_err:.2e} empty rows {int((~fin).sum())} "
+                             f"{'ok' if inf_ok else 'WRONG'}")
+
+
+def test_kvcache():
+    """flash_attn_with_kvcache against float64 (harness.kvcache_ref, from the caches as they were
+    before the step): dense and paged (16, 256) caches, appends crossing a page boundary with the
+    whole cache buffers checked bitwise afterwards, GQA/MQA, Sq 1/4/16, causal and windows, lengths
+    0 and full, num_splits forced and automatic, LSE, an int cache_seqlens; a CUDA graph captured
+    once and replayed with new lengths and new tokens; refusals."""
+    bf, fp = torch.bfloat16, torch.float16
+    cases = (  # dtype, B, Hq, Hk, D, Sq, page, capacity, lens, n_new, causal, window, num_splits
+        (bf, 3, 8, 2, 128, 1, None, 300, [0, 17, 300], 0, False, (-1, -1), 0),
+        (fp, 2, 4, 4, 64, 4, None, 512, [100, 300], 4, True, (-1, -1), 0),
+        (bf, 1, 8, 2, 128, 1, None, 4096, [4000], 0, False, (-1, -1), 0),      # long: the auto rule splits
+        (bf, 1, 8, 2, 128, 1, None, 4096, [4000], 0, False, (-1, -1), 1),      # forced one split
+        (bf, 3, 8, 1, 128, 1, 16, 320, [13, 0, 150], 5, True, (-1, -1), 0),    # 13 + 5 crosses 16
+        (bf, 2, 16, 2, 128, 16, 256, 768, [250, 500], 16, True, (64, 0), 0),   # 250 + 16 crosses 256
+        (fp, 2, 8, 4, 256, 4, 16, 256, [30, 7], 4, False, (20, 2), 4),
+        (bf, 2, 4, 2, 64, 16, 16, 64, [0, 48], 16, True, (-1, -1), 3),          # Sq 16 at length 0: all append
+    )
+    for i, (dtype, b, hq, hk, d, sq, page, cap, lens, n_new, causal, window, splits) in enumerate(cases):
+        name = (f"with_kvcache {T.tag(dtype)} B{b} Hq{hq} Hk{hk} D{d} Sq{sq} " + ("dense" if page is None else f"page{page}")
+                + f" cap{cap} lens{lens} new{n_new}" + (" causal" if causal else "")
+                + (f" window{window}" if window != (-1, -1) else "") + (f" splits{splits}" if splits else ""))
+        q, kc, vc, table, k_new, v_new = _kv_case(dtype, b, hq, hk, d, sq, page, cap, lens, n_new, seed=i)
+        seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+        k0, v0 = kc.clone(), vc.clone()
+        ref, lse64 = kvcache_ref(q, k0, v0, seqlens, k_new, v_new, table, None, causal, window)
+        kvcache_append_ref(k0, v0, seqlens, k_new, v_new, table)
+        out, lse = FA.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, block_table=table,
+                                              causal=causal, window_size=window, num_splits=splits,
+                                              return_softmax_lse=True)
+        torch.cuda.synchronize()
+        _kv_check(name, out, lse, ref, lse64, dtype)
+        R.check(name + " caches after the step (whole buffers, bitwise)", _kv_same(kc, k0) and _kv_same(vc, v0))
+    # cache_seqlens as a Python int, no LSE.
+    q, kc, vc, table, _, _ = _kv_case(bf, 2, 8, 2, 128, 1, 16, 128, [70, 70], 0, seed=50)
+    ref, _ = kvcache_ref(q, kc, vc, torch.tensor([70, 70]), None, None, table)
+    out = FA.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=70, block_table=table)
+    R.check("with_kvcache cache_seqlens=70 (int), out alone", isinstance(out, torch.Tensor)
+            and max_err(out, ref) <= 4 * max_err(ref.to(bf), ref) + 1e-3)
+
+    # A CUDA graph captured once, replayed with new lengths and new tokens written into its inputs.
+    b, hq, hk, d, page, cap, n_new = 3, 8, 2, 128, 16, 512, 1
+    q, kc, vc, table, k_new, v_new = _kv_case(bf, b, hq, hk, d, 1, page, cap, [0, 0, 0], n_new, seed=60)
+    gen = torch.Generator(device=DEV).manual_seed(61)
+    for t in (kc, vc):  # plain random caches: the replays' growing lengths read rows the case filled with 1e4
+        t.copy_(torch.randn(t.shape, device=DEV, generator=gen))
+    seqlens = torch.zeros(b, dtype=torch.int32, device=DEV)
+    static = dict(q=q, k=k_new, v=v_new, cache_seqlens=seqlens, block_table=table, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (loads the kernels) outside the capture
+        FA.flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=True, **static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = FA.flash_attn_with_kvcache(q, kc, vc, return_softmax_lse=True, **static)
+    for step, lens in enumerate(([5, 0, 31], [6, 15, 32], [300, 16, 511])):
+        q.copy_(torch.randn(q.shape, device=DEV, generator=gen))
+        k_new.copy_(torch.randn(k_new.shape, device=DEV, generator=gen))
+        v_new.copy_(torch.randn(v_new.shape, device=DEV, generator=gen))
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        k0, v0 = kc.clone(), vc.clone()
+        ref, lse64 = kvcache_ref(q, k0, v0, seqlens, k_new, v_new, table, None, True)
+        kvcache_append_ref(k0, v0, seqlens, k_new, v_new, table)
+        graph.replay()
+        torch.cuda.synchronize()
+        _kv_check(f"with_kvcache CUDA graph replay {step} lens {lens} (+{n_new} appended)", g_out, g_lse, ref, lse64, bf)
+        R.check(f"with_kvcache CUDA graph replay {step}: caches appended at the new lengths",
+                _kv_same(kc, k0) and _kv_same(vc, v0))
+
+    q, kc, vc, table, _, _ = _kv_case(bf, 2, 8, 2, 64, 1, 16, 64, [3, 3], 0, seed=70)
+    lens = torch.tensor([3, 3], dtype=torch.int32, device=DEV)
+    kc3 = torch.zeros(kc.size(0), 16, 3, 64, device=DEV, dtype=bf)
+    for what, fn, want in (
+            ("rotary", lambda: FA.flash_attn_with_kvcache(q, kc, vc, rotary_cos=torch.zeros(64, 32, device=DEV),
+                                                          cache_seqlens=lens, block_table=table), "rotary_cos"),
+            ("softcap", lambda: FA.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, softcap=5.0), "softcap"),
+            ("Sq 17", lambda: FA.flash_attn_with_kvcache(q.expand(2, 17, 8, 64), kc, vc, cache_seqlens=lens,
+                                                         block_table=table), "1..16"),
+            ("fp32", lambda: FA.flash_attn_with_kvcache(q.float(), kc.float(), vc.float(), cache_seqlens=lens,
+                                                        block_table=table), "fp16 or bf16"),
+            ("head dim 60", lambda: FA.flash_attn_with_kvcache(q[..., :60], kc[..., :60], vc[..., :60],
+                                                               cache_seqlens=lens, block_table=table), "head dim"),
+            ("page size 8", lambda: FA.flash_attn_with_kvcache(q, kc[:, :8], vc[:, :8], cache_seqlens=lens,
+                                                               block_table=table), "page size"),
+            ("Hq 8 over Hk 3", lambda: FA.flash_attn_with_kvcache(q, kc3, kc3.clone(), cache_seqlens=lens,
+                                                                  block_table=table), "multiple")):
+        try:
+            fn()
+            R.check(f"with_kvcache refuses {what}", False, "no error")
+        except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+            R.check(f"with_kvcache refuses {what}", want in str(e), str(e)[:160])
+
+
 def main():
     if not torch.cuda.is_available():
         R.check("CUDA device present", False)
         R.finish()
     torch.manual_seed(0)
     for t in (test_dense, test_softcap, test_alibi, test_lse_and_deterministic, test_packed_variants, test_varlen,
-              test_refusals, test_fp8):
+              test_refusals, test_fp8, test_kvcache):
         R.run(t.__name__, t)
     R.finish()
 

@@ -14,6 +14,15 @@
 //   torch.ops.aotriton.fwd_fp8(q, k, v, q_descale, k_descale, v_descale, sm_scale, causal,
 //                              window_left, window_right, align) -> (out, lse)
 //       (float8_e4m3fn q/k/v, fp32 [B, Hk] descales, bf16 out; sm_90; forward only)
+//   torch.ops.aotriton.fwd_kvcache(q, k_cache(a!), v_cache(b!), cache_seqlens, k_new?, v_new?, page_table?,
+//                                  sm_scale, causal, window_left, window_right, num_splits, return_lse)
+//       -> (out, lse)
+//       (a decode step over a KV cache, flash.h KvCacheParams: token-major q (B, Sq, Hq, D), caches
+//       (B, S_cache, Hk, D) or pages (N_PAGES, PAGE, Hk, D) with an int32 page table (B, MAX_PAGES),
+//       int32 cache_seqlens (B) read on the device only; k_new/v_new (B, N_NEW, Hk, D) appended to
+//       the caches in place; masks bottom-right; out (B, Sq, Hq, D) contiguous, lse fp32
+//       (B, Hq, Sq), or an empty tensor without return_lse; the split partials' workspace from
+//       torch's allocator; graph-capturable)
 //   torch.ops.aotriton.dropout_mask(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p) -> mask
 //   torch.ops.aotriton.dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k) -> int
 //
@@ -497,6 +506,65 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   return {out, lse};
 }
 
+// The KV-cache decode step (flash.h, KvCacheParams). Nothing here reads a device value on the host
+// (cache_seqlens and the page ids stay on the device), so the call can be captured in a CUDA graph;
+// the split count and the workspace size depend on shapes and the device only.
+std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                            const Tensor& cache_seqlens, const c10::optional<Tensor>& k_new,
+                                            const c10::optional<Tensor>& v_new,
+                                            const c10::optional<Tensor>& page_table, double sm_scale, bool causal,
+                                            int64_t window_left, int64_t window_right, int64_t num_splits,
+                                            bool return_lse) {
+  TORCH_CHECK(q.is_cuda(), "aotriton: q must be a CUDA tensor, got device ", q.device());
+  check_cuda(k_cache, q, "k_cache");
+  check_cuda(v_cache, q, "v_cache");
+  check_cuda(cache_seqlens, q, "cache_seqlens");
+  const bool has_k_new = k_new.has_value() && k_new->defined();
+  const bool has_v_new = v_new.has_value() && v_new->defined();
+  const bool paged = page_table.has_value() && page_table->defined();
+  TORCH_CHECK_VALUE(has_k_new == has_v_new, "aotriton: k_new and v_new go together: give both or neither");
+  if (has_k_new) {
+    check_cuda(*k_new, q, "k_new");
+    check_cuda(*v_new, q, "v_new");
+  }
+  if (paged) check_cuda(*page_table, q, "page_table");
+  TORCH_CHECK_VALUE(q.dim() == 4, "aotriton: q must be 4-D (B x Sq x Hq x D), got ", q.sizes());
+  TORCH_CHECK_VALUE(num_splits >= 0 && num_splits <= flash::kKvCacheMaxSplits, "aotriton: num_splits must be in 0..",
+                    flash::kKvCacheMaxSplits, " (0: the library's rule), got ", num_splits);
+  const c10::cuda::CUDAGuard guard(q.device());
+  Tensor out = at::empty(q.sizes(), q.options());
+  Tensor lse = return_lse ? at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat))
+                          : at::empty({0}, q.options().dtype(at::kFloat));
+  flash::KvCacheParams p;
+  p.q = view_of<4>(q, "q");
+  p.k_cache = view_of<4>(k_cache, "k_cache");
+  p.v_cache = view_of<4>(v_cache, "v_cache");
+  if (paged) p.page_table = view_of<2>(*page_table, "page_table");
+  p.cache_seqlens = view_of<1>(cache_seqlens, "cache_seqlens");
+  if (has_k_new) {
+    p.k_new = view_of<4>(*k_new, "k_new");
+    p.v_new = view_of<4>(*v_new, "v_new");
+  }
+  p.o = view_of<4>(out, "out");
+  if (return_lse) p.lse = view_of<3>(lse, "lse");
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.causal = causal;
+  p.window_left = window_of(window_left, "window_left");
+  p.window_right = window_of(window_right, "window_right");
+  p.num_splits = static_cast<uint32_t>(num_splits);
+  // The split partials' workspace (0 bytes: one split), from torch's caching allocator (graph-safe).
+  uint64_t bytes = 0;
+  check_status(flash::attn_fwd_kvcache_workspace_bytes(p, current_stream(q), &bytes), "attn_fwd_kvcache_workspace_bytes");
+  Tensor workspace;
+  if (bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = bytes;
+  }
+  check_status(flash::attn_fwd_kvcache(p, current_stream(q)), "attn_fwd_kvcache");
+  return {out, lse};
+}
+
 std::string library_version() { return aotriton::version(); }
 
 }  // namespace
@@ -523,6 +591,10 @@ TORCH_LIBRARY(aotriton, m) {
   m.def(
       "fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor q_descale, Tensor k_descale, Tensor v_descale, "
       "float sm_scale, bool causal, int window_left, int window_right, int align) -> (Tensor, Tensor)");
+  m.def(
+      "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, Tensor? k_new, "
+      "Tensor? v_new, Tensor? page_table, float sm_scale, bool causal, int window_left, int window_right, "
+      "int num_splits, bool return_lse) -> (Tensor, Tensor)");
   m.def("dropout_offsets_consumed(int batch, int heads_q, int seqlen_q, int seqlen_k) -> int",
         &dropout_offsets_consumed);
   m.def("version() -> str", &library_version);
@@ -533,6 +605,7 @@ TORCH_LIBRARY_IMPL(aotriton, CUDA, m) {
   m.impl("bwd", &bwd_cuda);
   m.impl("dropout_mask", &dropout_mask_cuda);
   m.impl("fwd_fp8", &fwd_fp8_cuda);
+  m.impl("fwd_kvcache", &fwd_kvcache_cuda);
 }
 
 // A Python module too, so that `import aotriton._C` loads the library (and registers the ops).

@@ -135,6 +135,31 @@ mod ffi {
         workspace_bytes: u64,
     }
 
+    /// aotriton::v2::flash::KvCacheParams (the decode step over a KV cache).
+    struct KvCacheArgs {
+        q: TensorView4,
+        k_cache: TensorView4,
+        v_cache: TensorView4,
+        /// ptr 0: a dense cache.
+        page_table: TensorView2,
+        cache_seqlens: TensorView1,
+        /// ptr 0 (both): no append.
+        k_new: TensorView4,
+        v_new: TensorView4,
+        o: TensorView4,
+        /// ptr 0: not wanted.
+        lse: TensorView3,
+        sm_scale: f32,
+        /// Always bottom-right aligned (v2src sets align 1).
+        mask: MaskSpec,
+        num_splits: u32,
+        /// 0 (with workspace_bytes 0): no workspace.
+        workspace: u64,
+        workspace_bytes: u64,
+        /// Device address of the int32 status word; 0: none.
+        status: u64,
+    }
+
     /// aotriton::Stream: the raw handle and its aotriton::GpuRuntime value.
     struct StreamSpec {
         handle: u64,
@@ -256,6 +281,11 @@ mod ffi {
         fn attn_fwd_fp8(params: &Fp8FwdArgs, stream: &StreamSpec) -> Outcome;
         /// Writes the fp8 forward's workspace bytes for K's view into `bytes` (0 on error).
         fn attn_fwd_fp8_workspace_bytes(k: &TensorView4, bytes: &mut u64) -> Outcome;
+        fn attn_fwd_kvcache(params: &KvCacheArgs, stream: &StreamSpec) -> Outcome;
+        /// Writes the workspace bytes the KV-cache call needs on the stream's device into `bytes` (0 on error).
+        fn attn_fwd_kvcache_workspace_bytes(params: &KvCacheArgs, stream: &StreamSpec, bytes: &mut u64) -> Outcome;
+        /// Writes the split count the KV-cache call uses on the stream's device into `splits` (0 on error).
+        fn attn_fwd_kvcache_num_splits(params: &KvCacheArgs, stream: &StreamSpec, splits: &mut u32) -> Outcome;
         /// Writes the counter count into `count` (0 on error: the product overflows u64).
         fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome;
         fn debug_dropout_mask(out: &TensorView4, dropout: &DropoutSpec, stream: &StreamSpec) -> Outcome;
@@ -481,6 +511,49 @@ fn attn_fwd_fp8_workspace_bytes(k: &ffi::TensorView4, bytes: &mut u64) -> Outcom
     })
 }
 
+/// The Rust parameters of a KV-cache call (the workspace fields of `p` included).
+fn kvcache_params(p: &ffi::KvCacheArgs) -> Result<flash::KvCacheParams, Error> {
+    let page_table = if p.page_table.ptr == 0 { None } else { Some(view!(p.page_table, "page_table")) };
+    let lse = if p.lse.ptr == 0 { None } else { Some(view!(p.lse, "lse")) };
+    let mut params = flash::KvCacheParams::new(
+        view!(p.q, "q"),
+        view!(p.k_cache, "k_cache"),
+        view!(p.v_cache, "v_cache"),
+        page_table,
+        view!(p.cache_seqlens, "cache_seqlens"),
+        view!(p.o, "o"),
+        lse,
+    );
+    params.k_new = optional(&p.k_new, "k_new")?;
+    params.v_new = optional(&p.v_new, "v_new")?;
+    params.sm_scale = p.sm_scale;
+    params.mask = mask(&p.mask)?;
+    params.num_splits = p.num_splits;
+    params.workspace = (p.workspace != 0 || p.workspace_bytes != 0).then_some(Workspace { ptr: p.workspace, bytes: p.workspace_bytes });
+    params.status = p.status;
+    Ok(params)
+}
+
+fn attn_fwd_kvcache(p: &ffi::KvCacheArgs, s: &ffi::StreamSpec) -> Outcome {
+    guard(|| flash::attn_fwd_kvcache(&kvcache_params(p)?, stream(s)?))
+}
+
+fn attn_fwd_kvcache_workspace_bytes(p: &ffi::KvCacheArgs, s: &ffi::StreamSpec, bytes: &mut u64) -> Outcome {
+    *bytes = 0;
+    guard(|| {
+        *bytes = flash::attn_fwd_kvcache_workspace_bytes(&kvcache_params(p)?, stream(s)?)?;
+        Ok(())
+    })
+}
+
+fn attn_fwd_kvcache_num_splits(p: &ffi::KvCacheArgs, s: &ffi::StreamSpec, splits: &mut u32) -> Outcome {
+    *splits = 0;
+    guard(|| {
+        *splits = flash::attn_fwd_kvcache_num_splits(&kvcache_params(p)?, stream(s)?)?;
+        Ok(())
+    })
+}
+
 fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64, count: &mut u64) -> Outcome {
     *count = 0;
     guard(|| {
@@ -622,6 +695,82 @@ mod tests {
         let huge = ffi::TensorView4 { sizes: [u64::MAX / 2, 2, 40, 64], ..t(30, 1 << 32) };
         assert_eq!(attn_fwd_fp8_workspace_bytes(&huge, &mut bytes).code, ErrorKind::TooLarge as i32);
         assert_eq!(bytes, 0);
+    }
+
+    #[test]
+    fn kvcache_calls_are_outcomes() {
+        // B 2, Sq 4, Hq 8, Hk 2, D 128 over paged caches (16 pages of 16 rows, 4 pages per sequence),
+        // appending 3 tokens: every field reaches the Rust parameters.
+        let t4 = |ptr: u64, sizes: [u64; 4]| ffi::TensorView4 {
+            ptr,
+            sizes,
+            strides: [(sizes[1] * sizes[2] * sizes[3]) as i64, (sizes[2] * sizes[3]) as i64, sizes[3] as i64, 1],
+            dtype: 2,
+        };
+        let paged = || ffi::KvCacheArgs {
+            q: t4(1 << 32, [2, 4, 8, 128]),
+            k_cache: t4(2 << 32, [16, 16, 2, 128]),
+            v_cache: t4(3 << 32, [16, 16, 2, 128]),
+            page_table: ffi::TensorView2 { ptr: 4 << 32, sizes: [2, 4], strides: [4, 1], dtype: 12 },
+            cache_seqlens: ffi::TensorView1 { ptr: 5 << 32, sizes: [2], strides: [1], dtype: 12 },
+            k_new: t4(6 << 32, [2, 3, 2, 128]),
+            v_new: t4(7 << 32, [2, 3, 2, 128]),
+            o: t4(8 << 32, [2, 4, 8, 128]),
+            lse: ffi::TensorView3 { ptr: 9 << 32, sizes: [2, 8, 4], strides: [32, 4, 1], dtype: 1 },
+            sm_scale: 0.125,
+            mask: ffi::MaskSpec { causal: true, align: 1, window_left: 100, window_right: -1 },
+            num_splits: 3,
+            workspace: 10 << 32,
+            workspace_bytes: 1 << 20,
+            status: 11 << 32,
+        };
+        let p = paged();
+        let rust = kvcache_params(&p).unwrap();
+        assert!(rust.page_table.is_some() && rust.k_new.is_some() && rust.v_new.is_some() && rust.lse.is_some());
+        assert_eq!(rust.mask, Mask::window(100, 0, MaskAlign::BottomRight));
+        assert_eq!((rust.num_splits, rust.status, rust.sm_scale), (3, 11 << 32, 0.125));
+        assert_eq!(rust.workspace.map(|w| (w.ptr, w.bytes)), Some((10 << 32, 1 << 20)));
+        // Valid arguments get past validation to the driver (none here, or a stream of no GPU's).
+        let null = ffi::StreamSpec { handle: 0, runtime: 0 };
+        let device_error = |code: i32| {
+            [ErrorKind::NoDriver, ErrorKind::NoDevice, ErrorKind::Driver, ErrorKind::InvalidArgument].iter().any(|k| *k as i32 == code)
+        };
+        let out = attn_fwd_kvcache(&p, &null);
+        assert!(out.code != 0 && device_error(out.code), "{} {}", out.code, out.message);
+        let (mut bytes, mut splits) = (7, 7);
+        let out = attn_fwd_kvcache_workspace_bytes(&p, &null, &mut bytes);
+        assert!(out.code != 0 && bytes == 0, "{}", out.message);
+        let out = attn_fwd_kvcache_num_splits(&p, &null, &mut splits);
+        assert!(out.code != 0 && splits == 0, "{}", out.message);
+        // Dense: no page table, optional tensors absent (ptr 0), refusals with their reasons.
+        let dense = || ffi::KvCacheArgs {
+            k_cache: t4(2 << 32, [2, 64, 2, 128]),
+            v_cache: t4(3 << 32, [2, 64, 2, 128]),
+            page_table: ffi::TensorView2 { ptr: 0, sizes: [0; 2], strides: [0; 2], dtype: 0 },
+            k_new: t4(0, [0; 4]),
+            v_new: t4(0, [0; 4]),
+            lse: ffi::TensorView3 { ptr: 0, sizes: [0; 3], strides: [0; 3], dtype: 0 },
+            workspace: 0,
+            workspace_bytes: 0,
+            status: 0,
+            ..paged()
+        };
+        let rust = kvcache_params(&dense()).unwrap();
+        assert!(rust.page_table.is_none() && rust.k_new.is_none() && rust.lse.is_none() && rust.workspace.is_none());
+        let q17 = ffi::KvCacheArgs { q: t4(1 << 32, [2, 17, 8, 128]), o: t4(8 << 32, [2, 17, 8, 128]), ..dense() };
+        let out = attn_fwd_kvcache(&q17, &null);
+        assert!(out.code == ErrorKind::InvalidArgument as i32 && out.message.contains("Sq"), "{}", out.message);
+        let one_new = ffi::KvCacheArgs { k_new: t4(6 << 32, [2, 3, 2, 128]), ..dense() };
+        let out = attn_fwd_kvcache(&one_new, &null);
+        assert!(out.code == ErrorKind::InvalidArgument as i32 && out.message.contains("v_new"), "{}", out.message);
+        let hk3 = ffi::KvCacheArgs { k_cache: t4(2 << 32, [2, 64, 3, 128]), v_cache: t4(3 << 32, [2, 64, 3, 128]), ..dense() };
+        assert_eq!(attn_fwd_kvcache(&hk3, &null).code, ErrorKind::ShapeMismatch as i32);
+        let mut bytes = 7;
+        let fp32_lens = ffi::KvCacheArgs { cache_seqlens: ffi::TensorView1 { dtype: 1, ..p.cache_seqlens }, ..dense() };
+        assert_eq!(attn_fwd_kvcache_workspace_bytes(&fp32_lens, &null, &mut bytes).code, ErrorKind::DTypeMismatch as i32);
+        assert_eq!(bytes, 0);
+        let misaligned = ffi::KvCacheArgs { status: (11 << 32) + 2, ..dense() };
+        assert_eq!(attn_fwd_kvcache(&misaligned, &null).code, ErrorKind::MisalignedPointer as i32);
     }
 
     #[test]

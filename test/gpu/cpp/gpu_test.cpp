@@ -19,6 +19,9 @@
 // zero-length sequences, fp32; see "third milestone" below) and invalid calls for the new
 // validations (dropout_p = 1, a missing seed, a bias that does not broadcast, dbias without
 // bias, int32 cu_seqlens given as fp32, max_seqlen below a sequence's length with host copies).
+// Beside the fp8 forward's cases (run_fp8), three KV-cache decode cases (run_kvcache,
+// attn_fwd_kvcache: a dense and two paged caches with appends, one across a page boundary, GQA/MQA,
+// splits forced and automatic, a length past the capacity clamped and reported in the status word).
 //
 // `--backend auto|portable|gluon` (default auto) sets FwdParams::backend / BwdParams::backend of
 // every call. Each backward first asks attn_bwd_workspace_bytes() and, when that is > 0, is given
@@ -2081,6 +2084,216 @@ bool e4m3_codec_ok() {
          e4m3_decode(e4m3_encode(1000.0f)) == 448.0f;
 }
 
+// ---- KV-cache decode attention (attn_fwd_kvcache) -------------------------------------------
+// Token-major q/o [B, Sq, Hq, D], caches dense [B, S, Hk, D] or pages [N_PAGES, PAGE, Hk, D]
+// with a shuffled int32 page table, k_new/v_new appended at cache_seqlens first. Float64 host
+// reference over the caches as the host appended them; O within 3x the naive computation (P and O
+// rounded to the input dtype) + 1e-3, LSE within 1e-3 * max(1, |lse|), +inf exactly for rows that
+// see no key. O (with a guard after it), LSE and the workspace are poisoned; the whole cache
+// buffers (spare pages poisoned with NaN) must equal the host-appended ones bit for bit; the
+// status word must hold exactly the expected bits (a length past the capacity: clamped, bit 1).
+struct KvCase {
+  Lowp t;
+  size_t b, hq, hk, d, sq, page;  // page 0: dense
+  size_t rows;                    // dense: S_cache; paged: pages per sequence (MAX_PAGES)
+  std::vector<int32_t> lens;
+  size_t n_new;
+  bool causal;
+  int32_t left, right;
+  uint32_t splits;
+  int32_t want_status;
+  std::string describe() const {
+    std::string l;
+    for (int32_t x : lens) l += (l.empty() ? "" : ",") + std::to_string(x);
+    return std::string("kvcache ") + lowp_name(t) + " B=" + std::to_string(b) + " Hq=" + std::to_string(hq) +
+           " Hk=" + std::to_string(hk) + " D=" + std::to_string(d) + " Sq=" + std::to_string(sq) +
+           (page ? " page=" + std::to_string(page) + " pages/seq=" + std::to_string(rows)
+                 : " dense S=" + std::to_string(rows)) +
+           " lens=[" + l + "] new=" + std::to_string(n_new) + (causal ? " causal" : "") + " window(" +
+           std::to_string(left) + ", " + std::to_string(right) + ") splits=" + std::to_string(splits);
+  }
+};
+
+std::vector<KvCase> kvcache_cases() {
+  return {{Lowp::kBF16, 2, 8, 2, 128, 1, 0, 200, {37, 150}, 2, false, -1, -1, 0, 0},
+          {Lowp::kF16, 3, 8, 2, 64, 4, 16, 6, {14, 0, 60}, 4, true, -1, -1, 3, 0},  // 14 + 4 crosses a page
+          {Lowp::kBF16, 2, 4, 1, 128, 1, 16, 6, {500, 5}, 2, false, 30, -1, 0, 1}};   // 500: clamped to 94
+}
+
+Outcome run_kvcache(const KvCase& c, SplitMix64& rng, CUstream stream) {
+  using aotriton::DType;
+  namespace fl = aotriton::v2::flash;
+  const bool paged = c.page != 0;
+  const size_t row = c.hk * c.d;  // elements per cache row
+  const size_t capacity = paged ? c.rows * c.page : c.rows;
+  const size_t pool = paged ? c.b * c.rows + 2 : c.b;  // two spare pages, never referenced
+  const size_t rows_per_block = paged ? c.page : c.rows;
+  std::vector<uint16_t> qh(c.b * c.sq * c.hq * c.d), kc(pool * rows_per_block * row), vc(kc.size());
+  std::vector<uint16_t> kn(c.b * c.n_new * row), vn(kn.size());
+  for (auto* v : {&qh, &kc, &vc, &kn, &vn})
+    for (uint16_t& x : *v) x = to_bits(c.t, rng.normal_in(c.t));
+  std::vector<int32_t> table;
+  if (paged) {
+    std::vector<int32_t> ids(pool);
+    for (size_t i = 0; i < pool; ++i) ids[i] = static_cast<int32_t>(i);
+    for (size_t i = pool - 1; i > 0; --i) std::swap(ids[i], ids[rng.next() % (i + 1)]);
+    table.assign(ids.begin(), ids.begin() + c.b * c.rows);
+    for (size_t s = c.b * c.rows; s < pool; ++s)  // spare pages: NaN
+      for (size_t e = 0; e < c.page * row; ++e) kc[ids[s] * c.page * row + e] = vc[ids[s] * c.page * row + e] = kPoison16;
+  }
+  // Where key j of sequence b lives (element offset of its row).
+  auto at = [&](size_t b, size_t j) {
+    return paged ? (static_cast<size_t>(table[b * c.rows + j / c.page]) * c.page + j % c.page) * row : (b * c.rows + j) * row;
+  };
+  // The host's append, with each length clamped as the kernels do.
+  std::vector<size_t> len(c.b);
+  std::vector<uint16_t> kc_want = kc, vc_want = vc;
+  for (size_t b = 0; b < c.b; ++b) {
+    len[b] = std::min<size_t>(static_cast<size_t>(std::max(c.lens[b], 0)), capacity - c.n_new);
+    for (size_t t = 0; t < c.n_new; ++t)
+      for (size_t e = 0; e < row; ++e) {
+        kc_want[at(b, len[b] + t) + e] = kn[(b * c.n_new + t) * row + e];
+        vc_want[at(b, len[b] + t) + e] = vn[(b * c.n_new + t) * row + e];
+      }
+  }
+  const size_t o_elems = qh.size(), lse_elems = c.b * c.hq * c.sq;
+  DevBuf q(qh.size() * 2), k(kc.size() * 2), v(vc.size() * 2), knb(std::max<size_t>(kn.size(), 1) * 2),
+      vnb(std::max<size_t>(vn.size(), 1) * 2), o((o_elems + kGuard) * 2), lse(lse_elems * 4), lens(c.b * 4),
+      tab(std::max<size_t>(table.size(), 1) * 4), status(4);
+  q.upload(qh, stream);
+  k.upload(kc, stream);
+  v.upload(vc, stream);
+  if (c.n_new) {
+    knb.upload(kn, stream);
+    vnb.upload(vn, stream);
+  }
+  if (paged) tab.upload(table, stream);
+  lens.upload(c.lens, stream);
+  std::vector<uint16_t> o_host(o_elems + kGuard, kPoison16);
+  std::vector<uint32_t> lse_host(lse_elems, kPoison32);
+  std::vector<int32_t> status_host(1, 0);
+  o.upload(o_host, stream);
+  lse.upload(lse_host, stream);
+  status.upload(status_host, stream);
+  auto addr = [](const DevBuf& buf) { return reinterpret_cast<const void*>(static_cast<uintptr_t>(buf.ptr)); };
+  const DType dt = c.t == Lowp::kF16 ? DType::kFloat16 : DType::kBFloat16;
+  const uint64_t q_sz[4] = {c.b, c.sq, c.hq, c.d}, c_sz[4] = {pool, rows_per_block, c.hk, c.d},
+                 n_sz[4] = {c.b, c.n_new, c.hk, c.d}, l_sz[3] = {c.b, c.hq, c.sq}, t_sz[2] = {c.b, c.rows},
+                 s_sz[1] = {c.b};
+  fl::KvCacheParams p;
+  p.q = aotriton::TensorView<4>::contiguous(addr(q), q_sz, dt);
+  p.k_cache = aotriton::TensorView<4>::contiguous(addr(k), c_sz, dt);
+  p.v_cache = aotriton::TensorView<4>::contiguous(addr(v), c_sz, dt);
+  if (paged) p.page_table = aotriton::TensorView<2>::contiguous(addr(tab), t_sz, DType::kInt32);
+  p.cache_seqlens = aotriton::TensorView<1>::contiguous(addr(lens), s_sz, DType::kInt32);
+  if (c.n_new) {
+    p.k_new = aotriton::TensorView<4>::contiguous(addr(knb), n_sz, dt);
+    p.v_new = aotriton::TensorView<4>::contiguous(addr(vnb), n_sz, dt);
+  }
+  p.o = aotriton::TensorView<4>::contiguous(addr(o), q_sz, dt);
+  p.lse = aotriton::TensorView<3>::contiguous(addr(lse), l_sz, DType::kFloat32);
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.causal = c.causal;
+  p.window_left = c.left;
+  p.window_right = c.right;
+  p.num_splits = c.splits;
+  p.status = reinterpret_cast<int32_t*>(static_cast<uintptr_t>(status.ptr));
+  const aotriton::Stream s = aotriton::Stream::cuda(stream);
+  uint64_t ws_bytes = 0;
+  uint32_t splits = 0;
+  if (fl::attn_fwd_kvcache_workspace_bytes(p, s, &ws_bytes) != aotriton::Status::kSuccess ||
+      fl::attn_fwd_kvcache_num_splits(p, s, &splits) != aotriton::Status::kSuccess) {
+    return {false, c.describe() + "  workspace/splits query: " + aotriton::last_error_message() + "  FAIL"};
+  }
+  std::unique_ptr<DevBuf> ws;
+  if (ws_bytes) {
+    ws = std::make_unique<DevBuf>(ws_bytes);
+    ws->upload(std::vector<uint8_t>(ws_bytes, 0xFF), stream);
+    p.workspace = reinterpret_cast<void*>(static_cast<uintptr_t>(ws->ptr));
+    p.workspace_bytes = ws_bytes;
+  } else if (splits > 1) {
+    return {false, c.describe() + "  " + std::to_string(splits) + " splits but no workspace  FAIL"};
+  }
+  if (fl::attn_fwd_kvcache(p, s) != aotriton::Status::kSuccess) {
+    return {false, c.describe() + "  attn_fwd_kvcache: " + aotriton::last_error_message() + "  FAIL"};
+  }
+  std::vector<uint16_t> kc_got(kc.size()), vc_got(vc.size());
+  o.download(o_host, stream);
+  lse.download(lse_host, stream);
+  status.download(status_host, stream);
+  k.download(kc_got, stream);
+  v.download(vc_got, stream);
+  check(g_cu.cuStreamSynchronize(stream), "cuStreamSynchronize");
+
+  const size_t g = c.hq / c.hk, d = c.d;
+  size_t nan = 0;
+  bool empty_ok = true, guard_ok = true;
+  for (size_t e = o_elems; e < o_host.size(); ++e) guard_ok &= o_host[e] == kPoison16;
+  double o_err = 0, naive_err = 0, lse_err = 0;
+  auto val = [&](const std::vector<uint16_t>& buf, size_t off) { return static_cast<double>(from_bits(c.t, buf[off])); };
+  for (size_t b = 0; b < c.b; ++b) {
+    const size_t L = len[b] + c.n_new;
+    for (size_t h = 0; h < c.hq; ++h) {
+      const size_t kh = h / g;
+      for (size_t t = 0; t < c.sq; ++t) {
+        const long pos = static_cast<long>(L) - static_cast<long>(c.sq) + static_cast<long>(t);
+        const int32_t right = c.causal ? 0 : c.right;
+        std::vector<size_t> seen;
+        for (size_t j = 0; j < L; ++j) {
+          const long jj = static_cast<long>(j);
+          if ((c.left < 0 || jj >= pos - c.left) && (right < 0 || jj <= pos + right)) seen.push_back(j);
+        }
+        const size_t qo = ((b * c.sq + t) * c.hq + h) * d, lrow = (b * c.hq + h) * c.sq + t;
+        float lse_got;
+        std::memcpy(&lse_got, &lse_host[lrow], 4);
+        if (seen.empty()) {
+          for (size_t x = 0; x < d; ++x) empty_ok &= o_host[qo + x] == 0 || o_host[qo + x] == 0x8000;
+          empty_ok &= std::isinf(lse_got) && lse_got > 0;
+          continue;
+        }
+        std::vector<double> sc(seen.size()), pr(seen.size());
+        double m = -INFINITY;
+        for (size_t i = 0; i < seen.size(); ++i) {
+          double acc = 0;
+          for (size_t x = 0; x < d; ++x) acc += val(qh, qo + x) * val(kc_want, at(b, seen[i]) + kh * d + x);
+          m = std::max(m, sc[i] = acc * sm_scale);
+        }
+        double l = 0;
+        for (size_t i = 0; i < seen.size(); ++i) l += (pr[i] = std::exp(sc[i] - m));
+        const double lse_ref = m + std::log(l);
+        if (std::isnan(lse_got)) ++nan;
+        else lse_err = std::max(lse_err, std::fabs(lse_got - lse_ref) / std::max(1.0, std::fabs(lse_ref)));
+        for (size_t x = 0; x < d; ++x) {
+          double r = 0, nv = 0;
+          for (size_t i = 0; i < seen.size(); ++i) {
+            const double vx = val(vc_want, at(b, seen[i]) + kh * d + x);
+            r += pr[i] * vx;
+            nv += round_to(c.t, static_cast<float>(pr[i])) * vx;
+          }
+          r /= l;
+          nv = round_to(c.t, static_cast<float>(nv / l));
+          const double got = from_bits(c.t, o_host[qo + x]);
+          if (std::isnan(got)) ++nan;
+          o_err = std::max(o_err, std::fabs(got - r));
+          naive_err = std::max(naive_err, std::fabs(nv - r));
+        }
+      }
+    }
+  }
+  const bool caches_ok = kc_got == kc_want && vc_got == vc_want;
+  const double bound = 3 * naive_err + 1e-3;
+  const bool pass = o_err <= bound && lse_err <= 1e-3 && nan == 0 && empty_ok && guard_ok && caches_ok &&
+                    status_host[0] == c.want_status;
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "  splits %u ws %llu B  O %.2e/%.2e  LSE %.2e  NaN %zu  empty rows %s  guard %s  caches %s  status %d/%d  %s",
+                splits, static_cast<unsigned long long>(ws_bytes), o_err, bound, lse_err, nan, empty_ok ? "ok" : "WRONG",
+                guard_ok ? "ok" : "WRITTEN", caches_ok ? "ok" : "WRONG", status_host[0], c.want_status,
+                pass ? "PASS" : "FAIL");
+  return {pass, c.describe() + line};
+}
+
 int main(int argc, char** argv) {
   std::string log_path;
   uint64_t seed = 0x5EEDA07Eull;
@@ -2155,6 +2368,14 @@ int main(int argc, char** argv) {
   for (const Fp8Case& c : fp8_cases()) {
     try {
       record(run_fp8(c, rng, stream));
+    } catch (const DriverError& e) {
+      record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
+    }
+  }
+  // The KV-cache attention has one backend (portable), whatever --backend says.
+  for (const KvCase& c : kvcache_cases()) {
+    try {
+      record(run_kvcache(c, rng, stream));
     } catch (const DriverError& e) {
       record({false, c.describe() + "  driver error: " + e.message + "  FAIL"});
     }

@@ -19,7 +19,9 @@ S_dmask) needs the attention probabilities, which these kernels never materializ
 ``(B, Hq, Sq)`` or, packed, ``(Hq, total_q)``. ``softcap`` > 0 caps the scores (fp16/bf16,
 without dropout). ``alibi_slopes`` (fp32 ``(Hq,)`` or ``(B, Hq)``) adds FlashAttention's ALiBi,
 ``-slope * |i + Sk - Sq - j|`` (fp16/bf16, without dropout or softcap). An option aotriton does
-not have (``block_table``) raises ``NotImplementedError`` naming it; nothing is launched.
+not have (``block_table`` of ``flash_attn_varlen_func``) raises ``NotImplementedError`` naming it; nothing is launched.
+``flash_attn_with_kvcache`` (a decode step over a dense or paged KV cache, the step's k/v appended
+in place, ``block_table`` for pages) runs aotriton's KV-cache attention (fp16/bf16, Sq <= 16).
 ``float8_e4m3fn`` q, k, v (sm_90) run FlashAttention-3's fp8 forward with its ``q_descale``,
 ``k_descale``, ``v_descale`` (fp32 ``(B, Hk)``): bf16 out, forward only, head dims multiples of 16.
 """
@@ -36,6 +38,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
 ]
 
 
@@ -45,7 +48,8 @@ def _refuse(return_attn_probs, block_table=None):
                                   "probabilities are never materialized); return_softmax_lse=True returns "
                                   "(out, softmax_lse)")
     if block_table is not None:
-        raise NotImplementedError("aotriton.flash_attn: block_table (paged KV) is not supported")
+        raise NotImplementedError("aotriton.flash_attn: block_table (paged KV) is not supported by the varlen "
+                                  "functions; flash_attn_with_kvcache takes it")
 
 
 def _padded(q, k, v, softmax_scale):
@@ -144,3 +148,44 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs, return_softmax_lse=return_softmax_lse)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                            cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """FlashAttention-2's decode call over a KV cache (aotriton.torch.flash_attention_kvcache).
+
+    q ``(B, Sq, Hq, D)`` (Sq <= 16); k_cache/v_cache ``(B, S_cache, Hk, D)``, or with ``block_table``
+    (int32 ``(B, max_blocks)``) paged ``(num_blocks, page_block_size, Hk, D)`` (page_block_size a power
+    of two in 16..256); ``cache_seqlens``: int32 ``(B,)`` tensor or a Python int, the cached lengths
+    (None: the caches are full, ``S_cache`` or ``max_blocks * page_block_size`` keys per sequence;
+    not allowed with k/v). ``k``/``v`` ``(B, N_NEW, Hk, D)`` are written into the caches in place at
+    ``cache_seqlens`` first, and attended to. ``causal`` and ``window_size`` are bottom-right aligned
+    (query t of Sq at position ``cache_seqlens + N_NEW - Sq + t``). Returns out ``(B, Sq, Hq, D)``, or
+    ``(out, softmax_lse)`` with ``return_softmax_lse`` (fp32 ``(B, Hq, Sq)``). Not supported (raise
+    ``NotImplementedError`` naming them, nothing launched): rotary_cos/rotary_sin, cache_batch_idx,
+    cache_leftpad, softcap, alibi_slopes; ``rotary_interleaved`` is only read with rotary.
+    """
+    unsupported = [name for name, on in (("rotary_cos", rotary_cos is not None), ("rotary_sin", rotary_sin is not None),
+                                         ("cache_batch_idx", cache_batch_idx is not None),
+                                         ("cache_leftpad", cache_leftpad is not None),
+                                         ("softcap", softcap != 0.0), ("alibi_slopes", alibi_slopes is not None))
+                   if on]
+    if unsupported:
+        raise NotImplementedError(f"aotriton.flash_attn.flash_attn_with_kvcache: {', '.join(unsupported)} "
+                                  "not supported")
+    if (k is None) != (v is None):
+        raise ValueError("aotriton.flash_attn.flash_attn_with_kvcache: give k and v together, or neither")
+    batch = q.size(0)
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("aotriton.flash_attn.flash_attn_with_kvcache: k and v are appended at cache_seqlens; "
+                             "give cache_seqlens with them")
+        full = k_cache.size(1) * (block_table.size(1) if block_table is not None else 1)
+        cache_seqlens = torch.full((batch,), full, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    return aot.flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=k, v_new=v, page_table=block_table,
+                                       scale=softmax_scale, causal=causal, window_size=window_size,
+                                       num_splits=num_splits, return_lse=return_softmax_lse)

@@ -8,6 +8,8 @@ Entry points (all differentiable through ``torch.autograd.Function``):
   windows, bottom-right alignment, an additive bias and dropout.
 * :func:`flash_attn_varlen` -- packed variable-length batches, ``(total, H, D)`` tensors plus
   ``cu_seqlens`` offsets (flash-attn's ``flash_attn_varlen_func`` layout).
+* :func:`flash_attention_kvcache` -- a decode step over a dense or paged KV cache, appending the
+  step's keys and values in place (forward only; FlashAttention's ``flash_attn_with_kvcache``).
 * :func:`dropout_mask` -- the keep-mask a dropout call used, from its ``rng_state``.
 
 The ops behind them are ``torch.ops.aotriton.{fwd,bwd,dropout_mask}`` (C++, library
@@ -42,6 +44,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "flash_attention",
     "flash_attn_varlen",
+    "flash_attention_kvcache",
     "dropout_mask",
     "philox_increment",
     "is_available",
@@ -88,6 +91,15 @@ def _keeps_layout(t):
     return t.stride(-1) == 1
 
 
+def _fwd_kvcache_fake(q, k_cache, v_cache, cache_seqlens, k_new, v_new, page_table, sm_scale, causal, window_left,
+                      window_right, num_splits, return_lse):
+    """aotriton::fwd_kvcache's fake: out contiguous (B, Sq, Hq, D) in q's dtype, lse fp32 (B, Hq, Sq)
+    (or (0,) without return_lse); the caches are mutated in place (the schema's (a!), (b!))."""
+    b, s, h, _ = q.shape
+    lse = q.new_empty((b, h, s) if return_lse else (0,), dtype=torch.float32)
+    return q.new_empty(q.shape), lse
+
+
 def _register_fakes():
     """Meta/fake implementations: output shapes, dtypes and strides exactly as the C++ ops make."""
 
@@ -126,6 +138,8 @@ def _register_fakes():
     def _fwd_fp8_fake(q, k, v, q_descale, k_descale, v_descale, sm_scale, causal, window_left, window_right, align):
         b, h, s, _ = q.shape
         return like(q, dtype=torch.bfloat16), q.new_empty((b, h, s), dtype=torch.float32)
+
+    torch.library.register_fake("aotriton::fwd_kvcache")(_fwd_kvcache_fake)
 
     @torch.library.register_fake("aotriton::dropout_mask")
     def _mask_fake(rng_state, batch, heads, seqlen_q, seqlen_k, dropout_p):
@@ -517,6 +531,73 @@ def flash_attention_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None,
                               bool(causal), left, right, _align_code(align))
     if layout == "bshd":
         out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+#: The most query tokens per sequence of one KV-cache call (flash.h kKvCacheMaxQueryTokens).
+_KVCACHE_MAX_QUERY_TOKENS = 16
+#: The most splits of the cache (flash.h kKvCacheMaxSplits).
+_KVCACHE_MAX_SPLITS = 128
+
+
+def flash_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k_new=None, v_new=None, page_table=None, scale=None,
+                            causal=False, window_size=(-1, -1), num_splits=0, return_lse=False):
+    """Attention of a decode step's query tokens over a KV cache (flash.h ``attn_fwd_kvcache``).
+
+    Token-major layouts: q ``(B, Sq, Hq, D)`` with 1 <= Sq <= 16, fp16 or bf16, D a multiple of 8 up
+    to 256; a dense cache ``(B, S_cache, Hk, D)``, or with ``page_table`` (int32 ``(B, MAX_PAGES)``)
+    a pool of pages ``(N_PAGES, PAGE_SIZE, Hk, D)`` (PAGE_SIZE a power of two in 16..256), where key
+    j of sequence b is row ``j % PAGE_SIZE`` of page ``page_table[b, j // PAGE_SIZE]``; Hq a multiple
+    of Hk. The caches need a unit last stride (they are written in place: never copied here).
+    ``cache_seqlens``: int32 ``(B,)`` CUDA tensor (other integer dtypes are converted), each
+    sequence's cached length before this step; read by the kernels only, so the call can be
+    captured in a CUDA graph and replayed with new lengths. ``k_new``/``v_new`` ``(B, N_NEW, Hk, D)``:
+    written into the caches at rows ``cache_seqlens[b] ..`` before attending (both or neither).
+
+    Sequence b attends over ``L = cache_seqlens[b] + N_NEW`` keys; query token t sits at position
+    ``L - Sq + t`` (masks always bottom-right: ``causal`` sees keys up to its own position,
+    ``window_size=(left, right)`` counts from there, -1 unbounded). ``scale`` default 1/sqrt(D).
+    ``num_splits``: 0 lets the library split the cache (flash-decoding), else at most 128 chunks.
+    Returns out ``(B, Sq, Hq, D)`` (contiguous) and with ``return_lse`` the fp32 natural-log LSE
+    ``(B, Hq, Sq)`` (+inf for a row that sees no key, whose out is 0). Lengths outside
+    ``[0, capacity - N_NEW]`` are clamped and page ids outside ``[0, N_PAGES)`` skipped, on the device
+    (nothing outside the tensors is touched). Forward only (no autograd).
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"aotriton: flash_attention_kvcache takes 4-D q, k_cache, v_cache; {name} is "
+                             f"{t.dim() if isinstance(t, torch.Tensor) else type(t).__name__}-D")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1 and t.size(-1) > 1:
+            raise ValueError(f"aotriton: {name} must have a unit last stride (it is written in place, never copied)")
+    if (k_new is None) != (v_new is None):
+        raise ValueError("aotriton: k_new and v_new go together: give both or neither")
+    if not 1 <= q.size(1) <= _KVCACHE_MAX_QUERY_TOKENS:
+        raise ValueError(f"aotriton: flash_attention_kvcache takes 1..{_KVCACHE_MAX_QUERY_TOKENS} query tokens per "
+                         f"sequence, got Sq {q.size(1)} (use flash_attention for a longer prefill)")
+    left, right = _window(window_size)
+    splits = int(num_splits)
+    if not 0 <= splits <= _KVCACHE_MAX_SPLITS:
+        raise ValueError(f"aotriton: num_splits must be in 0..{_KVCACHE_MAX_SPLITS} (0: the library's rule), "
+                         f"got {num_splits}")
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+        raise ValueError("aotriton: cache_seqlens must be a 1-D (B,) integer tensor")
+    if cache_seqlens.dtype != torch.int32:
+        if cache_seqlens.dtype.is_floating_point or cache_seqlens.dtype == torch.bool:
+            raise TypeError(f"aotriton: cache_seqlens must be int32, got {cache_seqlens.dtype}")
+        cache_seqlens = cache_seqlens.to(torch.int32)
+    cache_seqlens = cache_seqlens.contiguous()
+    if page_table is not None:
+        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
+            raise ValueError("aotriton: page_table must be a 2-D (B, MAX_PAGES) int32 tensor")
+        if page_table.dtype != torch.int32:
+            raise TypeError(f"aotriton: page_table must be int32, got {page_table.dtype}")
+        page_table = _unit_last_stride(page_table)
+    if k_new is not None:
+        k_new, v_new = _unit_last_stride(k_new), _unit_last_stride(v_new)
+    sm_scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else float(scale)
+    out, lse = _ops().fwd_kvcache(_unit_last_stride(q), k_cache, v_cache, cache_seqlens, k_new, v_new, page_table,
+                                  sm_scale, bool(causal), left, right, splits, bool(return_lse))
     return (out, lse) if return_lse else out
 
 
