@@ -21,9 +21,10 @@
 #                             torch SDPA's FA2 and cuDNN backends and FlexAttention, plus a GQA row;
 #                             then the feature rows: dropout, bias, varlen)
 #   5. the PyTorch tests     (test/torch/run.sh; TORCH=0 skips; BENCH=0 skips step 4)
-#   6. the PyTorch benchmark (bench/bench_torch.py: aotriton.torch with autograd vs SDPA's cuDNN
-#                             and FA2, (B,H,S,D) and (B,S,H,D) inputs; needs steps 4 and 5 on;
-#                             BENCH_TORCH_ARGS adds options, e.g. --quick)
+#   6. the PyTorch benchmarks (bench/bench_torch.py: aotriton.torch with autograd vs SDPA's cuDNN
+#                             and FA2, (B,H,S,D) and (B,S,H,D) inputs; bench/bench_decode.py: KV-cache
+#                             decoding vs the same; needs steps 4 and 5 on; BENCH_TORCH_ARGS and
+#                             BENCH_DECODE_ARGS add options, e.g. --quick)
 # and, when asked (off by default; each adds its summary lines):
 #   STRESS=1                 the stress modes of the Rust test binary after step 1, each its own
 #                            process: --stress concurrency (64 threads x 8 streams, cold start,
@@ -104,7 +105,7 @@ result_line() {
 }
 
 rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
+  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
@@ -273,6 +274,14 @@ if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   rc=$?
   [ $rc -eq 0 ] || failed=1
   note "bench-torch: exit $rc (full log $OUT/bench_torch.log)"
+  # KV-cache decoding through the binding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
+  step "decode benchmark"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/bench_decode.py \
+    --json "$OUT/bench_decode.json" ${BENCH_DECODE_ARGS:-} >"$OUT/bench_decode.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || failed=1
+  note "bench-decode: exit $rc (full log $OUT/bench_decode.log)"
 fi
 
 echo
@@ -294,6 +303,9 @@ if [ -f "$OUT/bench_attn.log" ]; then
 fi
 if [ -f "$OUT/bench_torch.log" ]; then
   sed -n '/^torch /,$p' "$OUT/bench_torch.log" | tail -n 40
+fi
+if [ -f "$OUT/bench_decode.log" ]; then
+  sed -n '/^device copy/,$p' "$OUT/bench_decode.log" | tail -n 70
 fi
 echo "overall: $([ $failed -eq 0 ] && echo PASS || echo FAIL)"
 if [ "${PACK_LOGS:-1}" = 1 ] && ls "$OUT"/*.log >/dev/null 2>&1; then
