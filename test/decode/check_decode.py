@@ -17,21 +17,16 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.decode.decode import attn_decode  # noqa: E402
 from kernels.decode.decode_combine import attn_decode_combine  # noqa: E402
+from decode_timing import bench_ms, copy_bandwidth, paged, peer_call  # noqa: E402
 
 UNBOUNDED = 2 ** 30
-
-
-def bench_ms(fn):
-    """Median ms of fn replayed from a CUDA graph (after one eager call that compiles it)."""
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench_cudagraph(fn, rep=30)
 
 
 def splits_for(b, hk, rows, capacity, sms, block_m):
@@ -123,14 +118,10 @@ def check():
 
 
 def bench():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-    buf = torch.empty(2 ** 30, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(buf)
-    t = triton.testing.do_bench(lambda: dst.copy_(buf), warmup=5, rep=50)
-    copy_bw = 2 * buf.numel() * 2 / t * 1e-6
+    """The kernels (JIT) beside SDPA's FA2 and cuDNN (decode_timing.py's peers): bf16, Hq 32, Hk 8, hd128."""
+    from torch.nn.attention import SDPBackend
+    copy_bw = copy_bandwidth()
     print(f"device copy: {copy_bw:.0f} GB/s (read + write)")
-    del buf, dst
     print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'splits':>6} {'aot GB/s':>9} {'of copy':>8} {'FA2 GB/s':>9} {'cuDNN GB/s':>10} {'aot/best':>8}")
     hq, hk, d = 32, 8, 128
     for sq in (1, 4, 8, 16):
@@ -140,26 +131,12 @@ def bench():
             v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
             seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
             run, o, lse, n_split = prepare(q, k, v, seqlens, True)
-            bytes_kv = 2 * b * sk * hk * d * 2
-            t = bench_ms(run)
+            mb = 2 * b * sk * hk * d * 2 * 1e-6  # over a time in ms: GB/s
+            aot = mb / bench_ms(run)
             peers = {}
-            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            ke, ve = kt.repeat_interleave(hq // hk, 1), vt.repeat_interleave(hq // hk, 1)
-            for name, be in (("FA2", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
-                peers[name] = None
-                # GQA through enable_gqa where the backend takes it, else K/V expanded to Hq heads
-                # (the same attention; bandwidth counted on the un-expanded bytes either way). No mask:
-                # the same keys as the bottom-right causal mask at Sq 1, slightly more work above.
-                for args in ((qt, kt, vt, True), (qt, ke, ve, False)):
-                    try:
-                        with sdpa_kernel(be):
-                            fn = lambda a=args: sdpa(a[0], a[1], a[2], is_causal=False, enable_gqa=a[3])  # noqa: E731
-                            fn()
-                            peers[name] = bytes_kv / bench_ms(fn) * 1e-6
-                        break
-                    except Exception:  # noqa: BLE001
-                        continue
-            aot = bytes_kv / t * 1e-6
+            for name, backend in (("FA2", SDPBackend.FLASH_ATTENTION), ("cuDNN", SDPBackend.CUDNN_ATTENTION)):
+                call = peer_call(backend, q, k, v)
+                peers[name] = mb / bench_ms(call) if call else None
             best = max([p for p in peers.values() if p] or [float("nan")])
             f = lambda x: f"{x:.0f}" if x else "n/a"  # noqa: E731
             print(f"{b:>4} {sq:>3} {sk:>6} {n_split:>6} {aot:>9.0f} {aot / copy_bw:>8.2f} {f(peers['FA2']):>9} "
@@ -215,13 +192,7 @@ def paged_vs_dense():
         t_dense = bench_ms(run)
         gb = 2 * b * sk * hk * d * 2 * 1e-6
         for page in (16, 64, 256):
-            per_seq = sk // page
-            perm = torch.randperm(b * per_seq, device="cuda")
-            table = perm.view(b, per_seq).to(torch.int32).contiguous()
-            pool_k = torch.empty(b * per_seq, page, hk, d, device="cuda", dtype=torch.bfloat16)
-            pool_v = torch.empty_like(pool_k)
-            pool_k[perm] = k.view(b * per_seq, page, hk, d)
-            pool_v[perm] = v.view(b * per_seq, page, hk, d)
+            pool_k, pool_v, table = paged(k, v, page)
             runp, o_paged, _, _ = prepare(q, pool_k, pool_v, seqlens, True, paged=(table, page))
             t_paged = bench_ms(runp)
             diff = (o_paged.float() - o_dense.float()).abs().max().item()
