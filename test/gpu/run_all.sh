@@ -265,23 +265,22 @@ if [ "${TORCH:-1}" = 1 ]; then
   while IFS= read -r line; do note "$line"; done < <(sed -n '/^================ torch summary/,$p' "$BUILD/torch.out" | tail -n +3)
 fi
 
-# 6. The benchmark through the PyTorch binding built by step 5.
+# 6. The benchmarks through the PyTorch binding built by step 5: bench/<name>.py, its options in
+# the variable named by the third argument, its log and JSON in $OUT/<name>.{log,json}.
+torch_bench() {
+  local name=$1 title=$2 options=${!3:-}
+  step "$title"
+  # shellcheck disable=SC2086
+  PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "bench/$name.py" \
+    --json "$OUT/$name.json" $options >"$OUT/$name.log" 2>&1
+  local rc=$?
+  [ $rc -eq 0 ] || failed=1
+  note "${name//_/-}: exit $rc (full log $OUT/$name.log)"
+}
 if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
-  step "torch benchmark"
-  # shellcheck disable=SC2086
-  PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/bench_torch.py \
-    --json "$OUT/bench_torch.json" ${BENCH_TORCH_ARGS:-} >"$OUT/bench_torch.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || failed=1
-  note "bench-torch: exit $rc (full log $OUT/bench_torch.log)"
-  # KV-cache decoding through the binding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
-  step "decode benchmark"
-  # shellcheck disable=SC2086
-  PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/bench_decode.py \
-    --json "$OUT/bench_decode.json" ${BENCH_DECODE_ARGS:-} >"$OUT/bench_decode.log" 2>&1
-  rc=$?
-  [ $rc -eq 0 ] || failed=1
-  note "bench-decode: exit $rc (full log $OUT/bench_decode.log)"
+  torch_bench bench_torch "torch benchmark" BENCH_TORCH_ARGS
+  # KV-cache decoding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
+  torch_bench bench_decode "decode benchmark" BENCH_DECODE_ARGS
 fi
 
 echo
