@@ -154,6 +154,14 @@ def max_err(a, r):
     return (a[fin] - r[fin]).abs().max().item() if fin.any() else 0.0
 
 
+def rel_l2(a, b):
+    """||a - b|| / ||b|| in float64; inf when a holds a non-finite value."""
+    a, b = a.double(), b.double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
 def visible(sq, sk, left=-1, right=-1, align=0, causal=False, device="cuda"):
     """Bool [Sq, Sk]: query i sees key j iff i+off-left <= j <= i+off+right (-1 = unbounded)."""
     if causal:

@@ -29,7 +29,7 @@ import argparse
 
 import torch
 
-from harness import Runner
+from harness import Runner, rel_l2
 
 import aotriton.hf as H
 import aotriton.torch as A
@@ -78,13 +78,6 @@ class Backend:
             model.set_attn_implementation(which)
         else:
             model.config._attn_implementation = which
-
-
-def rel_l2(a, b):
-    a, b = a.double(), b.double()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def fwd_bwd(model, ids):
