@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import _paths  # noqa: E402,F401
 import rules  # noqa: E402
 import test_interpreter as ti  # noqa: E402  (module import: its TestCase classes are not re-collected here)
+import test_interpreter_decode as tid  # noqa: E402
 import test_philox as tp  # noqa: E402
 from philox_model import keep_mask, threshold  # noqa: E402
 
@@ -32,6 +33,7 @@ HEAD_DIM_IN_BUCKET = {16: 8, 32: 24, 64: 40, 128: 96, 256: 200, 512: 392}
 MASKS = [ti.Mask("causal"), ti.Mask("window", 13, 7, align="br"), ti.Mask(), ti.Mask("causal", align="br"),
          ti.Mask("window", 40, 0)]
 BIAS_BROADCASTS = ["", "h", "m", "bhm"]
+DECODE_FAMILIES = ("attn_decode", "attn_decode_combine", "kvcache_append")
 
 
 def _blocks(spec):
@@ -93,7 +95,7 @@ class AmdConfigInterpreterTest(unittest.TestCase):
         self.assertTrue(HIP_ARCHS)
         for arch in HIP_ARCHS:
             for s in rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES):
-                if s.family in ("debug_dropout_mask", "attn_bwd_dsink"):  # their own tests below
+                if s.family in ("debug_dropout_mask", "attn_bwd_dsink") + DECODE_FAMILIES:  # their own tests below
                     continue
                 f = s.functional
                 want = (s.family, "fp32" if f["dtype"] == "fp32" else "fp16", f.get("head_dim"), f.get("dropout"),
@@ -135,6 +137,35 @@ class AmdConfigInterpreterTest(unittest.TestCase):
                 self.check(2, 2, 1, bm + 11, 21, 8, ti.Mask("causal", align="br"), fwd_blocks=(64, 32),
                            dkdv_blocks=(32, 32), dq_blocks=(64, 32), pre_block=64,
                            sinks=np.array([1.0, -2.0], np.float32), dsink_block=bm)
+            type(self).ran += 1
+
+    def test_decode_with_amd_blocks(self):
+        """The KV-cache kernels with every AMD block size: each (head-dim bucket, dense|paged, BLOCK_M,
+        BLOCK_N) of ``attn_decode`` once, with the append's and the combine's AMD blocks, an append,
+        GQA packing rows past BLOCK_M (a second row tile), three splits and a causal window."""
+        blocks = {}
+        for arch in HIP_ARCHS:
+            for s in rules.enumerate_kernels(arch, [rules.ATTN_DECODE, rules.ATTN_DECODE_COMBINE, rules.KVCACHE_APPEND]):
+                blocks.setdefault(s.family, set()).add((s.functional["head_dim"], s.functional.get("paged"), _blocks(s)))
+        combine = sorted({b[2][0] for b in blocks["attn_decode_combine"]})
+        append = sorted({b[2][0] for b in blocks["kvcache_append"]})
+        self.assertEqual(len(combine), 1)
+        self.assertEqual(len(append), 1)
+        rng = np.random.default_rng(5)
+        for hd, paged, (bm, bn) in sorted(blocks["attn_decode"]):
+            b, hq, hk, d = 2, 8, 2, HEAD_DIM_IN_BUCKET[hd]
+            sq = bm // (hq // hk) + 1  # group x Sq rows: one more than BLOCK_M
+            if paged:
+                cache = tid.Cache(rng, b, hk, d, np.float16, page=16, table=np.array([[3, 0, 5, 1], [2, 4, 6, 7]], np.int32),
+                                  n_pages=8)
+            else:
+                cache = tid.Cache(rng, b, hk, d, np.float16, capacity=64)
+            q = rng.standard_normal((b, sq, hq, d)).astype(np.float16)
+            k_new = rng.standard_normal((b, 2, hk, d)).astype(np.float16)
+            v_new = rng.standard_normal((b, 2, hk, d)).astype(np.float16)
+            with self.subTest(head_dim=hd, paged=paged, blocks=(bm, bn)):
+                tid.DecodeTest.check(self, "amd blocks", q, cache, [15, 40], k_new, v_new, (30, 0), splits=3,
+                                     block_m=bm, block_n=bn, append_block=append[0], combine_block=combine[0])
             type(self).ran += 1
 
     def test_debug_dropout_mask_with_amd_blocks(self):

@@ -65,7 +65,7 @@ class Cache:
 
 
 def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNBOUNDED), splits=1, sm_scale=None,
-               block_m=16, block_n=32, status=None):
+               block_m=16, block_n=32, status=None, append_block=16, combine_block=2):
     """The operator as the runtime runs it: append (when new tokens), decode, combine (splits > 1).
     Returns (o, lse)."""
     b, sq, hq, d = q.shape
@@ -84,12 +84,12 @@ def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNB
     if n_new:
         xk, xv = NpTensor(k_new), NpTensor(v_new)
         sk, sv = xk.stride(), xv.stride()
-        kvcache_append[(triton.cdiv(n_new, 16), b * hk)](
+        kvcache_append[(triton.cdiv(n_new, append_block), b * hk)](
             xk, xv, kt, vt, table, seq_t, st,
             sk[0], sk[2], sk[1], sv[0], sv[2], sv[1],
             *cache.strides(cache.k), *cache.strides(cache.v), stride_ptz,
             n_new, hk, d, cache.capacity, log2_page, cache.n_pages, store_status,
-            HEAD_DIM=head_dim, BLOCK_M=16, PAGED=cache.paged)
+            HEAD_DIM=head_dim, BLOCK_M=append_block, PAGED=cache.paged)
     o = np.full(q.shape, np.nan, q.dtype)
     lse = np.full((b, hq, sq), np.nan, np.float32)
     o_part = np.full((splits, b, hq, sq, head_dim), np.nan, np.float32)
@@ -105,7 +105,7 @@ def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNB
                       HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=cache.paged)
     if splits > 1:
         attn_decode_combine[(b * hq,)](NpTensor(o_part), NpTensor(lse_part), ot, lt, os_[0], os_[2], os_[1],
-                                       hq * sq, sq, b, hq, sq, d, splits, 1, HEAD_DIM=head_dim, BLOCK_M=2)
+                                       hq * sq, sq, b, hq, sq, d, splits, 1, HEAD_DIM=head_dim, BLOCK_M=combine_block)
     return o, lse
 
 
@@ -147,11 +147,12 @@ def reference(q, cache_k, cache_v, cache, seqlens, window, sm_scale, naive=False
 
 class DecodeTest(unittest.TestCase):
     def check(self, name, q, cache, seqlens_before, k_new=None, v_new=None, window=(UNBOUNDED, UNBOUNDED),
-              splits=1, block_m=16, block_n=32):
+              splits=1, block_m=16, block_n=32, append_block=16, combine_block=2):
         n_new = 0 if k_new is None else k_new.shape[1]
         lengths = [min(max(s, 0), cache.capacity - n_new) + n_new for s in seqlens_before]
         k_before, v_before = cache.k.copy(), cache.v.copy()
-        o, lse = run_decode(q, cache, seqlens_before, k_new, v_new, window, splits, block_m=block_m, block_n=block_n)
+        o, lse = run_decode(q, cache, seqlens_before, k_new, v_new, window, splits, block_m=block_m, block_n=block_n,
+                            append_block=append_block, combine_block=combine_block)
         sm_scale = 1.0 / math.sqrt(q.shape[3])
         # The appended rows, and nothing else, changed.
         want_k, want_v = k_before.copy(), v_before.copy()
