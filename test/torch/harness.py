@@ -223,7 +223,7 @@ class Counting:
     """The extension ops, counted: proves a call really reached aotriton's kernels."""
 
     def __init__(self, ops):
-        self.ops, self.fwd_calls, self.bwd_calls = ops, 0, 0
+        self.ops, self.fwd_calls, self.bwd_calls, self.kvcache_calls = ops, 0, 0, 0
 
     def fwd(self, *args):
         self.fwd_calls += 1
@@ -232,6 +232,10 @@ class Counting:
     def bwd(self, *args):
         self.bwd_calls += 1
         return self.ops.bwd(*args)
+
+    def fwd_kvcache(self, *args):
+        self.kvcache_calls += 1
+        return self.ops.fwd_kvcache(*args)
 
     def __getattr__(self, name):
         return getattr(self.ops, name)

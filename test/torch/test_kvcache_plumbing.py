@@ -259,6 +259,53 @@ def check_op(run, stand_in):
         aot._ops = real_ops
 
 
+def check_registry_kvcache(run, stand_in):
+    """torch's varlen_attn KV-cache mode (aten::_flash_attention_forward with a block_table) as the
+    registered implementation serves it: packed queries of max_q tokens per sequence, a paged cache,
+    seqused_k (or cum_seq_k's differences) on the device; out (total_q, Hq, D) and lse (Hq, total_q)
+    against the float64 reference; the refusals."""
+    from aotriton import flash_impl
+    torch.manual_seed(5)
+    b, sq, hq, hk, d = 3, 2, 8, 2, 32
+    q, kc, vc, table, _, _ = case_inputs(b, sq, hq, hk, d, page=16, pages_per_seq=4)
+    lens = torch.tensor([7, 0, 40], dtype=torch.int32)
+    packed = q.reshape(b * sq, hq, d)
+    cu_q = torch.arange(0, b * sq + 1, sq, dtype=torch.int32)
+    cu_k = torch.cat([torch.zeros(1, dtype=torch.int32), lens.cumsum(0).to(torch.int32)])
+    for how, extra in (("seqused_k", dict(seqused_k=NoHostRead(lens))), ("cum_seq_k", {})):
+        for causal, window in ((True, (None, None)), (False, (5, 1))):
+            before = len(stand_in.calls)
+            out, lse, *_ = flash_impl.flash_attention_forward(
+                packed, kc, vc, cu_q, cu_k if how == "cum_seq_k" else None, sq, 64, 0.0, causal, False, scale=0.25,
+                window_size_left=window[0], window_size_right=window[1], block_table=table, num_splits=3, **extra)
+            ref, ref_lse = kvcache_ref(q, kc, vc, lens, None, None, table, 0.25, causal,
+                                       (-1 if window[0] is None else window[0], -1 if window[1] is None else window[1]))
+            call = stand_in.calls[before] if len(stand_in.calls) > before else {}
+            ok = (out.shape == packed.shape and lse.shape == (hq, b * sq)
+                  and max_err(out, ref.reshape(b * sq, hq, d)) < 1e-5  # fp32 inputs, a float64 stand-in
+                  and max_err(lse, ref_lse.permute(1, 0, 2).reshape(hq, b * sq)) < 1e-5
+                  and call.get("num_splits") == 3 and call.get("page_table") is table)
+            run.check(f"registry: varlen_attn KV-cache mode ({how}, causal={causal}, window={window})", ok,
+                      f"out {tuple(out.shape)} lse {tuple(lse.shape)}")
+    for what, kwargs, want in (
+            ("dropout", dict(dropout_p=0.1), "dropout"),
+            ("uneven query counts", dict(query=packed[:-1]), "query tokens"),
+            ("more than 16 tokens", dict(max_q=17, query=torch.randn(b * 17, hq, d)), "query tokens"),
+            ("seqused_k without a block_table", dict(block_table=None, seqused_k=lens), "seqused_k")):
+        args = dict(query=packed, key=kc, value=vc, cum_seq_q=cu_q, cum_seq_k=None, max_q=sq, max_k=64,
+                    dropout_p=0.0, is_causal=True, return_debug_mask=False)
+        kw = dict(block_table=table, seqused_k=lens)
+        for k, v in kwargs.items():
+            (args if k in args else kw)[k] = v
+        before = len(stand_in.calls)
+        try:
+            flash_impl.flash_attention_forward(*args.values(), **kw)
+            run.check(f"registry: KV-cache mode refuses {what}", False, "no error")
+        except NotImplementedError as e:
+            run.check(f"registry: KV-cache mode refuses {what}", want in str(e) and len(stand_in.calls) == before,
+                      str(e)[:160])
+
+
 def main():
     run = Runner("kvcache_plumbing")
     stand_in = StandIn()
@@ -266,6 +313,7 @@ def main():
     check_reference(run)
     check_mapping(run, stand_in)
     check_op(run, stand_in)
+    check_registry_kvcache(run, stand_in)
     run.finish()
 
 

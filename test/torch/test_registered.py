@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, count_ops, gqa_kwargs, lse_ref, max_err, visible
+from harness import Runner, attention_ref, count_ops, gqa_kwargs, kvcache_ref, lse_ref, max_err, visible
 
 import aotriton.torch as A
 import test_ops as T  # its compare(): three-way (ours, float64, input-dtype reference) bounds
@@ -144,6 +144,33 @@ def test_varlen():
         T.compare(name, torch.bfloat16, dict(q=T.rnd(cq[-1], hq, d), k=T.rnd(ck[-1], hk, d), v=T.rnd(ck[-1], hk, d)), ours,
                   ref, ["q", "k", "v"], varlen=True)
         R.check(name + ": ran on aotriton", COUNT.since(mark) == (1, 1), f"calls {COUNT.since(mark)}")
+
+
+def test_varlen_kvcache():
+    """varlen_attn's KV-cache mode (a paged cache, block_table and seqused_k; torch versions whose
+    aten::_flash_attention_forward takes a block_table) through aotriton's KV-cache attention:
+    packed decode queries (2 per sequence), GQA, causal, lengths 0 to 70 (one sequence's pages
+    shared), out against float64."""
+    from torch.nn.attention.varlen import varlen_attn
+    if "block_table" not in str(torch.ops.aten._flash_attention_forward.default._schema):
+        print(f"skipped: varlen_attn KV-cache mode (torch {torch.__version__}'s flash op takes no block_table)",
+              flush=True)
+        return
+    b, sq, hq, hk, d, page = 3, 2, 8, 2, 128, 16
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16)
+    k_pool, v_pool = (torch.randn(12, page, hk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    table = torch.tensor([[3, 7, 1, 9, 0], [3, 7, 2, 4, 5], [11, 10, 8, 6, 2]], device=DEV, dtype=torch.int32)
+    lens = torch.tensor([33, 0, 70], device=DEV, dtype=torch.int32)
+    cu_q = torch.arange(0, b * sq + 1, sq, device=DEV, dtype=torch.int32)
+    before = COUNT.kvcache_calls
+    out = varlen_attn(q.reshape(b * sq, hq, d), k_pool, v_pool, cu_q, None, sq, 5 * page, seqused_k=lens,
+                      block_table=table, window_size=(-1, 0), **gqa_kwargs(varlen_attn))
+    ref, _ = kvcache_ref(q, k_pool, v_pool, lens, None, None, table, 1 / math.sqrt(d), True)
+    err = max_err(out.reshape(b, sq, hq, d), ref)
+    bound = 2 ** -6 * ref.abs().max().item()  # O rounded to bf16 (2^-8) and P in bf16 for the PV product
+    R.check(f"varlen_attn KV-cache mode bf16 B{b} Sq{sq} Hq{hq} Hk{hk} D{d} page {page} lens {lens.tolist()}",
+            err <= bound and COUNT.kvcache_calls == before + 1,
+            f"out {err:.2e}/{bound:.2e}, aotriton KV-cache calls {COUNT.kvcache_calls - before}")
 
 
 def test_foreign_out_lse():
@@ -331,7 +358,8 @@ def main():
     print("torch", torch.__version__, "| aotriton", A.version(), "|", torch.cuda.get_device_name(), flush=True)
     torch.manual_seed(0)
     test_activation()
-    for t in (test_sdpa, test_layouts, test_dropout, test_varlen, test_foreign_out_lse, test_context_parallel,
+    for t in (test_sdpa, test_layouts, test_dropout, test_varlen, test_varlen_kvcache, test_foreign_out_lse,
+              test_context_parallel,
               test_cuda_graph, test_compile, test_opcheck):
         R.run(t.__name__, t)
     R.run("test_refusals_and_restore", test_refusals_and_restore)

@@ -11,7 +11,9 @@ torch's registry lets an implementation replace, as its FA3/FA4 modules do):
   ``F.scaled_dot_product_attention`` (when torch picks the flash backend) and torch's context
   parallel run aotriton. Inputs (B, H, S, D).
 * ``_flash_attention_forward`` and ``_flash_attention_backward``: dense (B, S, H, D) or packed
-  (total, H, D) with ``cu_seq_q/k``; ``torch.nn.attention.varlen.varlen_attn`` calls these.
+  (total, H, D) with ``cu_seq_q/k``; ``torch.nn.attention.varlen.varlen_attn`` calls these. Its
+  KV-cache mode (torch versions whose op takes ``block_table``: a paged cache, ``seqused_k`` keys
+  per sequence, inference only) runs aotriton's KV-cache attention (``_kvcache_forward``).
 
 Semantics are the ops' own (those of the FlashAttention-2 kernel torch ships): output with the
 query's strides (``empty_like``), gradients with q/k/v's; LSE fp32 (B, H, Sq) dense, (H, total_q)
@@ -23,7 +25,7 @@ CUDA generator, its (seed, offset) returned as the uint64[2] ``rng_state`` the b
 sliced ones (context parallel) are used as passed.
 
 What aotriton does not serve raises ``NotImplementedError`` naming it (``return_debug_mask``,
-``alibi_slopes``, ``seqused_k``, head dims that are not multiples of 8 or above 512, dtypes other
+``alibi_slopes``, ``seqused_k`` without a ``block_table``, head dims that are not multiples of 8 or above 512, dtypes other
 than fp16/bf16/fp32), like torch's FA3/FA4 implementations; nothing is launched.
 ``restore_flash_attention_impl()`` brings torch's kernel back for such inputs. Activate before
 the forward: a backward whose forward ran on torch's kernel with dropout would regenerate another
@@ -125,15 +127,23 @@ def _no_work(query, key):
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                             return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
-                            seqused_k=None, alibi_slopes=None):
-    """aten::_flash_attention_forward: dense (B, S, H, D) or packed (total, H, D) with cu_seq_q/k."""
+                            seqused_k=None, alibi_slopes=None, block_table=None, num_splits=None):
+    """aten::_flash_attention_forward: dense (B, S, H, D) or packed (total, H, D) with cu_seq_q/k;
+    with a ``block_table``, varlen_attn's KV-cache mode (``_kvcache_forward``)."""
     op = "_flash_attention_forward"
     if return_debug_mask:
         _unsupported(op, "return_debug_mask=True")
     if alibi_slopes is not None:
         _unsupported(op, "alibi_slopes")
+    if block_table is not None:
+        _check_inputs(op, query, key, value)
+        return _kvcache_forward(op, query, key, value, cum_seq_q, cum_seq_k, max_q, dropout_p, is_causal, scale,
+                                _window(is_causal, window_size_left, window_size_right), seqused_k, block_table,
+                                num_splits)
     if seqused_k is not None:
-        _unsupported(op, "seqused_k")
+        _unsupported(op, "seqused_k without a block_table")
+    if num_splits not in (None, 0, 1):
+        _unsupported(op, f"num_splits={num_splits} without a block_table")
     if (cum_seq_q is None) != (cum_seq_k is None):
         raise RuntimeError(f"aotriton flash attention ({op}): cum_seq_q and cum_seq_k must be given together")
     _check_inputs(op, query, key, value)
@@ -160,6 +170,41 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         q4, k4, v4 = (t.transpose(1, 2) for t in (query, key, value))
         out4, lse, rng = _kernels_forward(q4, k4, v4, None, None, 0, 0, dropout_p, is_causal, left, right, scale)
         out = out4.transpose(1, 2)
+    return (_as_empty_like(out, query), lse) + _seed_offset(rng) + (query.new_empty(0),)
+
+
+def _kvcache_forward(op, query, key, value, cum_seq_q, cum_seq_k, max_q, dropout_p, is_causal, scale, window,
+                     seqused_k, block_table, num_splits):
+    """varlen_attn's KV-cache mode through aotriton's KV-cache attention (``flash_attention_kvcache``):
+    query packed (total_q, Hq, D) with ``cum_seq_q``, every sequence holding ``max_q`` (1 to 16)
+    tokens (total_q = B * max_q, since none has more); key/value the paged cache (num_blocks, page,
+    Hk, D) with its int32 ``block_table`` (B, max_blocks); the keys per sequence ``seqused_k`` (else
+    cum_seq_k's differences, computed on the device: nothing is read on the host, so a decode step
+    stays graph-capturable). Masks bottom-right per sequence, as the op's. Inference only: no
+    backward op takes a block table. Returns the op's outputs: out (total_q, Hq, D), lse (Hq, total_q)."""
+    if dropout_p:
+        _unsupported(op, "dropout with a block_table")
+    if cum_seq_q is None:
+        _unsupported(op, "a block_table with dense (B, S, H, D) queries")
+    batch = cum_seq_q.numel() - 1
+    total_q, heads, d = query.shape
+    max_q = int(max_q)
+    if not 1 <= max_q <= 16 or total_q != batch * max_q:
+        _unsupported(op, f"a block_table with {total_q} query tokens over {batch} sequences of at most {max_q} "
+                         "(aotriton's KV-cache attention takes the same 1 to 16 tokens in every sequence)")
+    if seqused_k is not None:
+        lens = _cu_seqlens(op, "seqused_k", seqused_k, query.device)
+    elif cum_seq_k is not None:
+        cu_k = _cu_seqlens(op, "cum_seq_k", cum_seq_k, query.device)
+        lens = cu_k[1:] - cu_k[:-1]
+    else:
+        _unsupported(op, "a block_table without seqused_k or cum_seq_k")
+    out, lse = _aot().flash_attention_kvcache(query.reshape(batch, max_q, heads, d), key, value, lens,
+                                              page_table=block_table, scale=scale, causal=is_causal,
+                                              window_size=window, num_splits=num_splits or 0, return_lse=True)
+    out = out.reshape(total_q, heads, d)
+    lse = lse.permute(1, 0, 2).reshape(heads, total_q)
+    rng = torch.zeros(2, dtype=torch.int64, device=query.device)
     return (_as_empty_like(out, query), lse) + _seed_offset(rng) + (query.new_empty(0),)
 
 
