@@ -126,6 +126,19 @@ void check_cuda(const Tensor& t, const Tensor& q, const char* name) {
 }
 
 // A non-success Status becomes a Python exception of a fitting type with aotriton's message.
+// The workspace a call needs (`bytes`, 0 = none) from torch's caching allocator (stream-ordered, so
+// graph-safe), set into `p`. The caller holds the returned tensor until the launch is enqueued.
+template <typename Params>
+Tensor give_workspace(Params& p, uint64_t bytes, const Tensor& like) {
+  Tensor workspace;
+  if (bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    p.workspace_bytes = bytes;
+  }
+  return workspace;
+}
+
 void check_status(Status st, const char* op) {
   if (st == Status::kSuccess) return;
   const std::string msg = std::string("aotriton ") + op + " failed (" + aotriton::status_name(st) +
@@ -427,15 +440,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_cuda(
   p.allow_tf32 = allow_tf32;
   p.deterministic = deterministic;
   p.backend = backend_from_env();
-  // The workspace the chosen backend needs (0 = none), from torch's caching allocator (graph-safe).
+  // The workspace the chosen backend needs (0 = none).
   uint64_t workspace_bytes = 0;
   check_status(flash::attn_bwd_workspace_bytes(p, current_stream(q), &workspace_bytes), "attn_bwd_workspace_bytes");
-  Tensor workspace;
-  if (workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-    p.workspace_bytes = workspace_bytes;
-  }
+  const Tensor workspace = give_workspace(p, workspace_bytes, q);
   check_status(flash::attn_bwd(p, current_stream(q)), "attn_bwd");
   return {dq, dk, dv, dbias};
 }
@@ -499,9 +507,7 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   p.window_right = window_of(window_right, "window_right");
   uint64_t bytes = 0;
   check_status(flash::attn_fwd_fp8_workspace_bytes(p.k, &bytes), "fwd_fp8");
-  Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  p.workspace = workspace.data_ptr();
-  p.workspace_bytes = bytes;
+  const Tensor workspace = give_workspace(p, bytes, q);
   check_status(flash::attn_fwd_fp8(p, current_stream(q)), "fwd_fp8");
   return {out, lse};
 }
@@ -552,15 +558,10 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
   p.window_left = window_of(window_left, "window_left");
   p.window_right = window_of(window_right, "window_right");
   p.num_splits = static_cast<uint32_t>(num_splits);
-  // The split partials' workspace (0 bytes: one split), from torch's caching allocator (graph-safe).
+  // The split partials' workspace (0 bytes: one split).
   uint64_t bytes = 0;
   check_status(flash::attn_fwd_kvcache_workspace_bytes(p, current_stream(q), &bytes), "attn_fwd_kvcache_workspace_bytes");
-  Tensor workspace;
-  if (bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
-    p.workspace_bytes = bytes;
-  }
+  const Tensor workspace = give_workspace(p, bytes, q);
   check_status(flash::attn_fwd_kvcache(p, current_stream(q)), "attn_fwd_kvcache");
   return {out, lse};
 }
