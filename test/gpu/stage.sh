@@ -2,8 +2,9 @@
 # Runs on the BUILD machine (no GPU needed), from anywhere inside the repo. Puts into .stage/
 # (git-ignored) what test/gpu/run_all.sh needs on the GPU machine besides the sources:
 #   .stage/bin/aotriton-gpu-tests   the Rust API test, release, stripped
-#   .stage/bin/aotriton-unit-tests  the crate's own unit tests, release, stripped: run_all.sh runs
-#                                   the ones CI skips because they need a GPU (`#[ignore]`)
+#   .stage/bin/aotriton-unit-tests  the crate's own unit tests, release, runtime-only, stripped:
+#                                   run_all.sh runs the ones CI skips because they need a GPU
+#                                   (`#[ignore]`; they load no kernel)
 #   .stage/bin/examples/            the crate's examples and aotriton-info, release, runtime-only
 #   .stage/images/                  the sm_90 archive + its digest line, their AOTRITON_IMAGE_DIR
 #   .stage/gluon-cubins/            the Gluon kernels' cubins (sm_90), for racecheck_triage.py
@@ -28,8 +29,12 @@ ls "$AOTRITON_KERNEL_DIR"/*/manifest.json >/dev/null 2>&1 \
 [ -d "$ROOT/.tools/bin" ] && export PATH="$ROOT/.tools/bin:$PATH"
 cargo build --release -p aotriton-gpu-tests
 target_dir=${CARGO_TARGET_DIR:-$ROOT/target}
-# The unit-test executable's path has a hash in it: cargo names it in its JSON messages.
-unit_tests=$(cargo test --release -p aotriton --lib --no-run --message-format=json 2>/dev/null \
+# The unit-test executable's path has a hash in it: cargo names it in its JSON messages. Built
+# runtime-only (feature no-images, as the examples below): the GPU unit tests load no kernel, and an
+# embedded archive would add ~12 MB to a carried tree that must stay under 64 MiB.
+examples_target=$target_dir/stage-no-images
+unit_tests=$(CARGO_TARGET_DIR=$examples_target cargo test --release -p aotriton --lib --no-default-features \
+  --features no-images,cudarc-adapters,cli --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -44,7 +49,6 @@ cp "$unit_tests" .stage/bin/aotriton-unit-tests
 # The crate's examples and aotriton-info, built runtime-only (feature no-images: an embedded
 # archive in each would take ~12 MB apiece) and run with AOTRITON_IMAGE_DIR=.stage/images, the
 # build's archives and their digest manifest: the runtime-only path a packager ships.
-examples_target=$target_dir/stage-no-images
 CARGO_TARGET_DIR=$examples_target cargo build --release -p aotriton --no-default-features \
   --features no-images,cudarc-adapters,cli --examples --bin aotriton-info
 mkdir -p .stage/bin/examples .stage/images
