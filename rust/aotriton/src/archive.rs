@@ -54,10 +54,11 @@
 //! ```
 //!
 //! A functional is (family, functional axes). A stream is the concatenation of the images of
-//! the functionals with the same [`stream_key`] (fp16 and bf16 alike; fp32 with and without
-//! TF32 alike: nearly the same machine code), functionals in index order and their kernels by
-//! id, so a stream
-//! decompresses independently of all others and only when one of its functionals is launched.
+//! the functionals with the same [`stream_key`] (a family's functionals of one head dim, fp16
+//! and bf16 alike, fp32 with and without TF32 alike, every feature axis alike: nearly the same
+//! machine code), functionals in index order and their kernels by id, so a stream
+//! decompresses independently of all others and only when one of its functionals is launched,
+//! and then only up to that functional's last image.
 //! Functionals are sorted by (family, axes), streams numbered in the order of their first
 //! functional, streams and images laid out contiguously in that order, and the writer is
 //! deterministic, so rebuilding from the same inputs gives a byte-identical file. The reader
@@ -123,11 +124,15 @@ const TUNED_VERSION: u32 = 3;
 /// functionals share streams (`streams`); the writer writes no older version.
 const SHARED_VERSION: u32 = 4;
 
-/// The functionals with equal keys share one xz stream (version 4 on): the same family and axes,
-/// except that fp16 and bf16 count as one dtype, TF32 on and off as one, and the score modifiers
-/// (the optional axes `softcap` and `alibi`) on and off as one. Their kernels are near-identical machine code, which one stream compresses about a
-/// fifth smaller than two, for more bytes decoded when one of them is first used; a 16-bit call
-/// decodes no fp32 code (sharing across all three dtypes saved only 2 % more and tripled that).
+/// The functionals with equal keys share one xz stream (version 4 on): the same family, head dim
+/// and dtype class, with fp16 and bf16 counting as one dtype, TF32 on and off as one, and every
+/// feature axis (dropout, bias, the optional axes softcap, alibi, sinks and V's head dim, the KV
+/// cache's paging) on and off as one. Their kernels are near-identical machine code, which one
+/// stream compresses much smaller than many (sm_90: 11.38 MB in a stream per fp16/bf16 pair of
+/// functionals, 10.52 MB so); a 16-bit call decodes no fp32 code (sharing across all three dtypes
+/// saved only 2 % more). Inside a stream the functionals lie in index order, which puts the
+/// features' off values first, and a load decodes only the stream's prefix up to the images it
+/// needs ([`Archive::load_images`]): the plain kernels' first use decodes what it did before.
 pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTreeMap<String, String>) {
     let mut key = axes.clone();
     if let Some(dtype) = key.get_mut("dtype")
@@ -135,9 +140,9 @@ pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTr
     {
         *dtype = "fp16|bf16".into();
     }
-    key.remove("tf32");
-    key.remove("softcap");
-    key.remove("alibi");
+    for axis in ["tf32", "dropout", "bias", "softcap", "alibi", "sinks", "head_dim_v", "paged"] {
+        key.remove(axis);
+    }
     (family.to_string(), key)
 }
 /// Most dimensions of a TMA descriptor.
@@ -572,8 +577,9 @@ impl Archive {
             .ok()
     }
 
-    /// Decompresses functional `index`, verifies blob and per-image CRCs, returns one image per
-    /// kernel in `functionals()[index].kernels` order.
+    /// Decompresses functional `index` (its stream up to the end of its last image: the
+    /// functionals before it in the stream, not those after), verifies the stream's and every
+    /// image's CRC, returns one image per kernel in `functionals()[index].kernels` order.
     pub fn load_images(&self, index: usize) -> Result<Vec<Vec<u8>>, ArchiveError> {
         let err = |problem: String| ArchiveError::new(&self.name, problem);
         let f = self.functionals.get(index).ok_or_else(|| {
@@ -603,7 +609,8 @@ impl Archive {
                 f.stream, stream.crc32
             )));
         }
-        let blob = decompress(compressed, stream.uncompressed_size)
+        let needed = f.images.iter().map(|slot| slot.offset.saturating_add(slot.size)).max().unwrap_or(0);
+        let blob = decompress_prefix(compressed, stream.uncompressed_size, needed)
             .map_err(|p| err(format!("decompression failed for functional {fname} (stream {}): {p}", f.stream)))?;
 
         let mut images = Vec::with_capacity(f.kernels.len());
@@ -705,6 +712,41 @@ fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Res
         return Err(err(format!("trailing garbage: expected {expected} bytes, file has {len}")));
     }
     Ok(parsed)
+}
+
+/// The first `needed` bytes (or more) of an xz stream of `expected` bytes: decoding stops once they
+/// are out. The whole stream (`needed` = `expected`) is [`decompress`]'s, which also checks that
+/// it ends there and uses all its input; a prefix relies on the stream's CRC (checked by the
+/// caller over the compressed bytes) and the images' own.
+fn decompress_prefix(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, String> {
+    if needed >= expected {
+        return decompress(input, expected);
+    }
+    let needed = usize::try_from(needed).map_err(|_| format!("size {needed} too large"))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(needed)
+        .map_err(|e| format!("cannot allocate {needed} bytes: {e}"))?;
+    let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
+    while out.len() < needed {
+        if out.len() == out.capacity() {
+            out.try_reserve_exact(needed - out.len())
+                .map_err(|e| format!("cannot allocate {needed} bytes: {e}"))?;
+        }
+        let consumed = usize::try_from(stream.total_in()).map_err(|e| e.to_string())?;
+        let rest = input.get(consumed..).ok_or("decoder overran its input")?;
+        let before = (consumed, out.len());
+        let status = stream
+            .process_vec(rest, &mut out, Action::Run)
+            .map_err(|e| e.to_string())?;
+        if status == Status::StreamEnd && out.len() < needed {
+            return Err(format!("stream ends after {} bytes, before the {needed} its images need", out.len()));
+        }
+        let after = (usize::try_from(stream.total_in()).map_err(|e| e.to_string())?, out.len());
+        if after == before {
+            return Err("compressed stream ends early".into());
+        }
+    }
+    Ok(out)
 }
 
 /// Decompresses one xz stream that must yield exactly `expected` bytes and use all its input.
@@ -2545,6 +2587,24 @@ mod tests {
                 .starts_with(&format!("image checksum mismatch for kernel {id}")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_load_decodes_only_the_stream_prefix_it_needs() {
+        let blob: Vec<u8> = (0..200_000u32).flat_map(|i| (i.wrapping_mul(2654435761) >> 7).to_le_bytes()).collect();
+        let packed = compress(&blob, 4).unwrap();
+        let total = blob.len() as u64;
+        for needed in [1u64, 4096, 333_333, total - 1] {
+            let got = decompress_prefix(&packed, total, needed).unwrap();
+            assert!(got.len() as u64 >= needed && got.len() as u64 <= total, "{needed}: {} bytes", got.len());
+            assert_eq!(got[..], blob[..got.len()], "{needed}: not the stream's prefix");
+        }
+        assert_eq!(decompress_prefix(&packed, total, total).unwrap(), blob);
+        // A stream shorter than the index says, and a truncated one, fail as such.
+        let e = decompress_prefix(&packed, total + 10, total + 5).unwrap_err();
+        assert!(e.contains("ends after"), "{e}");
+        let e = decompress_prefix(&packed[..packed.len() / 2], total, total - 1).unwrap_err();
+        assert!(e.contains("ends early") || e.contains("ends after"), "{e}");
     }
 
     #[test]
