@@ -154,6 +154,28 @@ def max_err(a, r):
     return (a[fin] - r[fin]).abs().max().item() if fin.any() else 0.0
 
 
+def cp_forward_backward(mesh, q, k, v, g, causal):
+    """SDPA forward + backward of (B, H, S, D) q, k, v with output gradient g under torch's
+    context_parallel over `mesh` (the flash backend: aotriton's ops when activated); this rank's
+    shards of (out, dq, dk, dv). q, k, v, g are restored in place on exit, gradients dropped."""
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]), context_parallel(mesh, buffers=[q, k, v, g],
+                                                                      buffer_seq_dims=[2, 2, 2, 2]):
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        out.backward(g)
+        shards = [out.detach().clone()] + [t.grad.clone() for t in (q, k, v)]
+        # On exit context_parallel restores the buffers in place (resize_ + copy_), which autograd
+        # refuses on leaves that require grad (torch's own CP tests do the same).
+        for t in (q, k, v):
+            t.requires_grad_(False)
+            t.grad = None
+    return shards
+
+
 def rel_l2(a, b):
     """||a - b|| / ||b|| in float64; inf when a holds a non-finite value."""
     a, b = a.double(), b.double()

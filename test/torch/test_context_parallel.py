@@ -32,7 +32,7 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental import _attention as cp_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, count_ops, max_err, rel_l2, visible
+from harness import Runner, attention_ref, count_ops, cp_forward_backward, max_err, rel_l2, visible
 
 import aotriton.torch as A
 
@@ -52,18 +52,7 @@ def all_ranks(flag):
 
 def run_cp(mesh, q, k, v, g, causal):
     """Forward + backward of SDPA under context_parallel; the unsharded (out, dq, dk, dv)."""
-    with sdpa_kernel(FLASH), context_parallel(mesh, buffers=[q, k, v, g], buffer_seq_dims=[2, 2, 2, 2]):
-        for t in (q, k, v):
-            t.requires_grad_(True)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        out.backward(g)
-        shards = [out.detach().clone()] + [t.grad.clone() for t in (q, k, v)]
-        # On exit context_parallel restores the buffers in place, which autograd refuses on
-        # leaves that require grad.
-        for t in (q, k, v):
-            t.requires_grad_(False)
-            t.grad = None
-    return cp_attention.context_parallel_unshard(mesh, shards, [2, 2, 2, 2])
+    return cp_attention.context_parallel_unshard(mesh, cp_forward_backward(mesh, q, k, v, g, causal), [2, 2, 2, 2])
 
 
 def test_correctness(mesh, world):

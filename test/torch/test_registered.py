@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, count_ops, gqa_kwargs, kvcache_ref, lse_ref, max_err, visible
+from harness import (Runner, attention_ref, count_ops, cp_forward_backward, gqa_kwargs, kvcache_ref, lse_ref, max_err,
+                     visible)
 
 import aotriton.torch as A
 import test_ops as T  # its compare(): three-way (ours, float64, input-dtype reference) bounds
@@ -220,7 +221,6 @@ def free_port():
 def test_context_parallel():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -231,16 +231,7 @@ def test_context_parallel():
         q, k, v, g = (T.rnd(b, h, s, d).to(torch.bfloat16) for _ in range(4))
         exact = [t.double() for t in (q, k, v, g)]  # the rounded inputs, kept before sharding
         mark = COUNT.mark()
-        with sdpa_kernel(FLASH), context_parallel(mesh, buffers=[q, k, v, g], buffer_seq_dims=[2, 2, 2, 2]):
-            for t in (q, k, v):
-                t.requires_grad_(True)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out.backward(g)
-            got = [out.detach().clone()] + [t.grad.clone() for t in (q, k, v)]
-            # On exit context_parallel restores the buffers in place (resize_ + copy_), which
-            # autograd refuses on leaves that require grad (torch's own CP tests do the same).
-            for t in (q, k, v):
-                t.requires_grad_(False)
+        got = cp_forward_backward(mesh, q, k, v, g, True)  # one rank: its shards are the whole tensors
         calls = COUNT.since(mark)
         leaves = [t.clone().requires_grad_() for t in exact[:3]]
         ref = attention_ref(*leaves, 1 / math.sqrt(d), vis=visible(s, s, causal=True))
