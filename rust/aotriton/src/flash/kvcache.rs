@@ -52,7 +52,7 @@
 //! [`attn_fwd_kvcache_workspace_bytes`] the workspace it needs (0 when `N_SPLITS` is 1): both take
 //! the stream, as [`attn_bwd_workspace_bytes`](super::attn_bwd_workspace_bytes) does, since the
 //! count depends on its device.
-use super::{Mask, MaskAlign, Workspace, check_tensor};
+use super::{Mask, MaskAlign, Workspace, check_tensor, head_dim_bucket};
 use crate::archive::{Functional, KernelMeta};
 use crate::dispatch::{
     ArgList, ArgValue, Axes, KernelSet, Launcher, Request, blocks, bool_axis, config, find_functional, fitting_kernels, preferred_variant,
@@ -80,15 +80,11 @@ pub const KV_PAGE_OUT_OF_RANGE: i32 = 2;
 pub const KVCACHE_MAX_SPLITS: u32 = 128;
 /// The most query tokens per sequence (Sq) of one call: a longer prefill goes to `attn_fwd`.
 pub const KVCACHE_MAX_QUERY_TOKENS: u64 = 16;
-/// The largest head dim the decode kernels are compiled for.
-const MAX_HEAD_DIM: u64 = 256;
 /// The largest cache capacity (S_cache or MAX_PAGES · PAGE_SIZE): key positions and the window
 /// bounds `pos ± window + 1` are int32 in the kernels, so 2 · capacity + Sq must fit.
 const MAX_CAPACITY: u64 = 1 << 30;
 /// The auto rule gives each split at least this many keys of capacity.
 const KEYS_PER_SPLIT: u64 = 256;
-/// The compiled head-dim buckets of the decode families (kernels/decode/ABI.md), with their axis values.
-const HEAD_DIM_BUCKETS: [(u64, &str); 3] = [(64, "64"), (128, "128"), (256, "256")];
 
 /// Parameters of [`attn_fwd_kvcache`] (see the module docs for layouts and semantics). Marked
 /// non-exhaustive so later versions can add fields: build it with [`KvCacheParams::new`] and set
@@ -208,17 +204,6 @@ impl DecodeShape {
     }
 }
 
-/// The head-dim bucket serving `head_dim` (a multiple of 8 up to 256).
-fn bucket_of(head_dim: u64) -> Result<(u64, &'static str)> {
-    if head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > MAX_HEAD_DIM {
-        bail!(UnsupportedHeadDim, "head dim {head_dim}: the KV-cache attention takes multiples of 8 up to {MAX_HEAD_DIM}");
-    }
-    match HEAD_DIM_BUCKETS.iter().find(|(b, _)| *b >= head_dim) {
-        Some(&bucket) => Ok(bucket),
-        None => bail!(UnsupportedHeadDim, "head dim {head_dim} is above {MAX_HEAD_DIM}"),
-    }
-}
-
 /// The kernels index a row of `name` as `row · stride` in int32 (row < `rows`): the last row's
 /// extent must fit.
 fn check_row_stride(name: &str, stride: i64, rows: u64, head_dim: u64) -> Result<()> {
@@ -249,7 +234,8 @@ pub(crate) fn validate(p: &KvCacheParams) -> Result<DecodeShape> {
             "q: Sq = {seqlen_q} query tokens; the KV-cache attention takes 1..={KVCACHE_MAX_QUERY_TOKENS} (use attn_fwd for a longer prefill)"
         );
     }
-    let (bucket, bucket_axis) = bucket_of(head_dim)?;
+    // The decode families share their buckets (rules.DECODE_HEAD_DIMS): the compiled ones.
+    let (bucket, bucket_axis) = head_dim_bucket(DECODE_FAMILY, head_dim)?;
 
     // The caches: dense [B, S_cache, Hk, D] or a pool of pages [N_PAGES, PAGE_SIZE, Hk, D].
     p.k_cache.check_layout("k_cache")?;
@@ -874,7 +860,7 @@ mod tests {
         assert_eq!((s.window_left, s.window_right), (S_CACHE as i32, 7));
         // Head-dim buckets.
         for (d, bucket) in [(8, 64), (16, 64), (24, 64), (72, 128), (136, 256), (256, 256)] {
-            assert_eq!(bucket_of(d).unwrap().0, bucket, "D {d}");
+            assert_eq!(head_dim_bucket(DECODE_FAMILY, d).unwrap().0, bucket, "D {d}");
         }
     }
 
