@@ -35,7 +35,7 @@ def splits_for(b, hk, rows, capacity, sms, block_m):
     return max(1, min(triton.cdiv(2 * sms, programs), 128, triton.cdiv(capacity, 256)))
 
 
-def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4, paged=None):
+def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4, paged=None, block_m=None):
     """Launch closure for dense caches k, v [B, S, Hk, D] (or, with ``paged = (table, page)``, pools k, v
     [N_PAGES, page, Hk, D]); q [B, Sq, Hq, D]. Returns (fn, o, lse, splits)."""
     b, sq, hq, d = q.shape
@@ -43,7 +43,7 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
     cap = paged[0].shape[1] * paged[1] if paged else k.shape[1]
     group = hq // hk
     hd = max(64, triton.next_power_of_2(d))
-    bm = 16 if group * sq <= 16 else 64
+    bm = block_m or (16 if group * sq <= 16 else 64)
     bn = block_n or (32 if hd > 128 else 64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n_split = splits or splits_for(b, hk, group * sq, cap, sms, bm)
@@ -162,6 +162,36 @@ def sweep():
                 print(f"{b:>4} {sk:>6} {n:>6} {bn:>7} {stages:>6} {warps:>5} {bytes_kv / t * 1e-6:>6.0f}", flush=True)
 
 
+def sweep_rows():
+    """Row tile, split count and config at small batches, Sq 1-16 (bf16, Hq 32, Hk 8, hd128): where the
+    programs do not fill whole waves."""
+    hq, hk, d = 32, 8, 128
+    print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'BLOCK_M':>7} {'splits':>6} {'BLOCK_N':>7} {'stages':>6} {'warps':>5} {'GB/s':>6}")
+    for b, sq, sk in ((8, 1, 4096), (8, 8, 4096), (8, 16, 4096), (16, 16, 4096), (1, 8, 8192), (8, 16, 32768)):
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        bytes_kv = 2 * b * sk * hk * d * 2
+        rows = (hq // hk) * sq
+        best = (0, None)
+        for bm in sorted({16, max(16, triton.next_power_of_2(rows))}):
+            for splits in (1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 64):
+                if splits * 256 > sk:
+                    continue
+                for bn, stages, warps in ((64, 3, 4), (64, 2, 4), (64, 3, 8)):
+                    run, o, lse, n = prepare(q, k, v, seqlens, True, splits, bn, stages, warps, block_m=bm)
+                    try:
+                        t = bench_ms(run)
+                    except Exception as e:  # out of shared memory / registers for this config
+                        print(f"{b:>4} {sq:>3} {sk:>6} {bm:>7} {n:>6} {bn:>7} {stages:>6} {warps:>5} failed: {type(e).__name__}")
+                        continue
+                    gbs = bytes_kv / t * 1e-6
+                    best = max(best, (gbs, (bm, n, bn, stages, warps)))
+                    print(f"{b:>4} {sq:>3} {sk:>6} {bm:>7} {n:>6} {bn:>7} {stages:>6} {warps:>5} {gbs:>6.0f}", flush=True)
+        print(f"best B{b} Sq{sq} Sk{sk}: {best[0]:.0f} GB/s at (BLOCK_M, splits, BLOCK_N, stages, warps) = {best[1]}", flush=True)
+
+
 def split_times():
     """Decode and combine timed apart (Sq 1, bf16, Hq 32, Hk 8, hd128)."""
     hq, hk, d = 32, 8, 128
@@ -204,6 +234,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="split count and config sweep at small batches")
+    ap.add_argument("--sweep-rows", action="store_true", help="row tile / split / config sweep at Sq 4-16")
     ap.add_argument("--times", action="store_true", help="decode and combine timed apart")
     ap.add_argument("--paged", action="store_true", help="paged caches (pages 16, 64, 256) beside dense")
     args = ap.parse_args()
@@ -213,6 +244,8 @@ def main():
         bench()
     if args.sweep:
         sweep()
+    if args.sweep_rows:
+        sweep_rows()
     if args.times:
         split_times()
     if args.paged:

@@ -405,7 +405,7 @@ def test_kvcache():
     for t in (kc, vc):  # plain random caches: the replays' growing lengths read rows the case filled with 1e4
         t.copy_(torch.randn(t.shape, device=DEV, generator=gen))
     seqlens = torch.zeros(b, dtype=torch.int32, device=DEV)
-    static = dict(q=q, k=k_new, v=v_new, cache_seqlens=seqlens, block_table=table, causal=True)
+    static = dict(k=k_new, v=v_new, cache_seqlens=seqlens, block_table=table, causal=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up (loads the kernels) outside the capture

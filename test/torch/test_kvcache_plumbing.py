@@ -1,7 +1,8 @@
 """The KV-cache decode API's plumbing, on the CPU (no GPU, no extension).
 
 aotriton.flash_attn.flash_attn_with_kvcache (FlashAttention-2's call) -> aotriton.torch.
-flash_attention_kvcache -> the op ``aotriton::fwd_kvcache``. Here the op is defined from the C++
+flash_attention_kvcache -> the op ``aotriton::fwd_kvcache``. Here the op is defined (in a namespace of
+the test's own, so the real extension may be loaded beside it) from the C++
 file's own schema string (bindings/torch/csrc/aotriton_torch.cpp) with a float64 stand-in as its
 CPU kernel and aotriton.torch's fake, so that checked without a GPU are: the schema (opcheck: the
 caches declared mutated and nothing else, the fake's shapes and strides, dynamic shapes), what each
@@ -204,19 +205,22 @@ def check_mapping(run, stand_in):
     run.check("with_kvcache refusals reach no kernel", len(stand_in.calls) == n)
 
 
+#: The namespace the test defines the op in: not ``aotriton``, which the GPU machine's run loads the
+#: real extension into (its CUDA kernel has no CPU tensors to take).
+TEST_NS = "aotriton_kvcache_plumbing"
+
+
 def check_op(run, stand_in):
-    """The op from the C++ schema, with the stand-in as its CPU kernel and aotriton.torch's fake."""
+    """The op from the C++ schema, with the stand-in as its CPU kernel and aotriton.torch's fake,
+    defined in a namespace of the test's own (``TEST_NS``)."""
     schema = cpp_schema("fwd_kvcache")
     run.check("C++ schema found", schema.startswith("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache"),
               schema)
-    if hasattr(torch.ops, "aotriton") and hasattr(torch.ops.aotriton, "fwd_kvcache"):
-        run.check("no extension loaded (the op is this test's)", False, "aotriton::fwd_kvcache already exists")
-        return
-    lib = torch.library.Library("aotriton", "FRAGMENT")  # noqa: TOR901
+    lib = torch.library.Library(TEST_NS, "DEF")  # noqa: TOR901
     lib.define(schema)
     lib.impl("fwd_kvcache", lambda *a: stand_in.fwd_kvcache(*a), "CPU")
-    torch.library.register_fake("aotriton::fwd_kvcache", lib=lib)(aot._fwd_kvcache_fake)
-    op = torch.ops.aotriton.fwd_kvcache
+    torch.library.register_fake(f"{TEST_NS}::fwd_kvcache", lib=lib)(aot._fwd_kvcache_fake)
+    op = getattr(torch.ops, TEST_NS).fwd_kvcache
     torch.manual_seed(3)
     for label, page, n_new, ret in (("dense, append, lse", None, 3, True), ("paged, no append, no lse", 16, 0, False)):
         q, kc, vc, table, k_new, v_new = case_inputs(page=page, n_new=n_new)
@@ -229,7 +233,7 @@ def check_op(run, stand_in):
             run.check(f"opcheck fwd_kvcache ({label})", False, f"{type(e).__name__}: {str(e)[:400]}")
     # aotriton.torch through the real dispatcher (Optional None arguments, the bool/int/float casts).
     real_ops = aot._ops
-    aot._ops = lambda: torch.ops.aotriton
+    aot._ops = lambda: getattr(torch.ops, TEST_NS)
     try:
         q, kc, vc, table, k_new, v_new = case_inputs(page=16, n_new=3)
         lens = torch.tensor([12, 40], dtype=torch.int32)
