@@ -840,7 +840,8 @@ def _attn_bwd_dsink_configs(arch: str, functional: dict[str, Any]) -> list[dict[
 
 
 def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
-    """Two row tiles (16: a GQA group of up to 16 query rows, the common decode step; 64: 8 heads x 8
+    """Row tiles 16 (a GQA group of up to 16 query rows, the common decode step), 32 on NVIDIA (4
+    heads x 8 tokens: 1.15x over 64 at B8 Sk4k, check_decode.py --sweep-rows) and 64 (8 heads x 8
     tokens of speculative decoding), BLOCK_N 64 (32 at hd256: two [256, 32] 16-bit tiles per stage),
     3 stages on NVIDIA (the loop is a stream of K/V loads; the pipeline keeps them in flight), 1 on
     AMD. Untimed picks, spill-free."""
@@ -851,7 +852,7 @@ def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
         # 64 x 256 accumulator spills at waves_per_eu 2.
         return [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
     # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
-    return [_cfg(64, bn, 8 if wide else 4, 3), _cfg(16, bn, 4, 3)]
+    return [_cfg(64, bn, 8 if wide else 4, 3), _cfg(32, bn, 4, 3), _cfg(16, bn, 4, 3)]
 
 
 def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

@@ -104,7 +104,7 @@ def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNB
                       splits, 1, store_status,
                       HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=cache.paged)
     if splits > 1:
-        attn_decode_combine[(b * hq,)](NpTensor(o_part), NpTensor(lse_part), ot, lt, os_[0], os_[2], os_[1],
+        attn_decode_combine[(b * hq * sq,)](NpTensor(o_part), NpTensor(lse_part), ot, lt, os_[0], os_[2], os_[1],
                                        hq * sq, sq, b, hq, sq, d, splits, 1, HEAD_DIM=head_dim, BLOCK_M=combine_block)
     return o, lse
 

@@ -30,9 +30,10 @@ UNBOUNDED = 2 ** 30
 
 
 def splits_for(b, hk, rows, capacity, sms, block_m):
-    """The split rule (as the runtime's): about two waves of programs, at most one per 256 keys."""
+    """The split rule (as the runtime's, rust/aotriton/src/flash/kvcache.rs): as many splits as fit two
+    programs per multiprocessor in one wave, at most one per 256 keys."""
     programs = b * hk * triton.cdiv(rows, block_m)
-    return max(1, min(triton.cdiv(2 * sms, programs), 128, triton.cdiv(capacity, 256)))
+    return max(1, min(2 * sms // programs, 128, triton.cdiv(capacity, 256)))
 
 
 def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, warps=4, paged=None, block_m=None):
@@ -43,7 +44,7 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
     cap = paged[0].shape[1] * paged[1] if paged else k.shape[1]
     group = hq // hk
     hd = max(64, triton.next_power_of_2(d))
-    bm = block_m or (16 if group * sq <= 16 else 64)
+    bm = block_m or min(b for b in (16, 32, 64) if b >= min(group * sq, 64))
     bn = block_n or (32 if hd > 128 else 64)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n_split = splits or splits_for(b, hk, group * sq, cap, sms, bm)
@@ -60,7 +61,7 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
 
     def run(parts="both"):
         if parts == "combine":
-            attn_decode_combine[(b * hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
+            attn_decode_combine[(b * hq * sq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
                                            lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
                                            HEAD_DIM=hd, BLOCK_M=32, num_warps=4)
             return
@@ -71,7 +72,7 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
                           sq, 0, d, group, hq, UNBOUNDED, right, cap, log2_page, n_pages, n_split, 1, 0,
                           HEAD_DIM=hd, BLOCK_M=bm, BLOCK_N=bn, PAGED=bool(paged), num_warps=warps, num_stages=stages)
         if n_split > 1 and parts == "both":
-            attn_decode_combine[(b * hq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
+            attn_decode_combine[(b * hq * sq,)](o_part, lse_part, o, lse, o.stride(0), o.stride(2), o.stride(1),
                                            lse.stride(0), lse.stride(1), b, hq, sq, d, n_split, 1,
                                            HEAD_DIM=hd, BLOCK_M=32, num_warps=4)
     return run, o, lse, n_split

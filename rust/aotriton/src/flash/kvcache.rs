@@ -44,7 +44,7 @@
 //!     BLOCK_M  = the smallest compiled BLOCK_M ≥ rows, else the largest
 //!     programs = B · Hk · cdiv(rows, BLOCK_M)
 //!     C        = the cache capacity: S_cache (dense) or MAX_PAGES · PAGE_SIZE (paged)
-//!     num_splits = 0:  N_SPLITS = clamp(cdiv(2 · SMs, programs), 1, min(128, cdiv(C, 256)))
+//!     num_splits = 0:  N_SPLITS = clamp(floor(2 · SMs / programs), 1, min(128, cdiv(C, 256)))
 //!     num_splits > 0:  N_SPLITS = min(num_splits, cdiv(C, BLOCK_N))
 //! ```
 //!
@@ -662,7 +662,9 @@ pub(crate) fn split_count(s: SplitInputs) -> u32 {
         return (s.requested as u64).min(chunks) as u32;
     }
     let programs = s.batch.saturating_mul(s.heads_k).saturating_mul(s.rows.div_ceil(s.block_m.max(1))).max(1);
-    let wanted = s.multiprocessors.saturating_mul(2).div_ceil(programs);
+    // Whole waves: a program that starts after the first wave leaves the GPU idle but for
+    // itself while it runs, so as many splits as fit two programs per multiprocessor at once.
+    let wanted = s.multiprocessors.saturating_mul(2) / programs;
     let most = (KVCACHE_MAX_SPLITS as u64).min(s.capacity.div_ceil(KEYS_PER_SPLIT)).max(1);
     wanted.clamp(1, most) as u32
 }
@@ -779,7 +781,10 @@ pub fn attn_fwd_kvcache(params: &KvCacheParams, stream: Stream) -> Result<()> {
     )?;
     let combine = if splits > 1 {
         let request = Request { family: COMBINE_FAMILY, axes: c_axes.as_slice()?, args: c_args.args()? };
-        Some(launcher.prepare(&request, crate::dispatch::first_preferred, |_| Ok([shape.batch * shape.heads_q, 1, 1]))?)
+        Some(launcher.prepare(&request, crate::dispatch::first_preferred, |_| {
+            // One program per query row.
+            Ok([checked_product("KV-cache combine programs (B · Hq · Sq)", &[shape.batch, shape.heads_q, shape.seqlen_q])?, 1, 1])
+        })?)
     } else {
         None
     };
@@ -1043,17 +1048,19 @@ mod tests {
             f(&mut s);
             split_count(s)
         };
-        // 8 programs on 132 SMs: cdiv(264, 8) = 33, under min(128, 4096/256 = 16) → 16.
+        // 8 programs on 132 SMs: 264 / 8 = 33, under min(128, 4096/256 = 16) → 16.
         assert_eq!(split_count(base), 16);
         assert_eq!(with(&|s| s.capacity = 100_000), 33);
         assert_eq!(with(&|s| (s.capacity, s.heads_k) = (1 << 20, 1)), 128, "capped at 128");
         assert_eq!(with(&|s| s.batch = 64), 1, "512 programs fill the device");
-        assert_eq!(with(&|s| s.batch = 16), 3, "cdiv(264, 128)");
+        assert_eq!(with(&|s| s.batch = 16), 2, "264 / 128: 256 programs, one wave");
+        assert_eq!(with(&|s| s.batch = 8), 4, "264 / 64 = 4: 256 programs (5 would leave a wave of 56)");
+        assert_eq!(with(&|s| s.batch = 33), 1, "264 programs already");
         assert_eq!(with(&|s| s.capacity = 200), 1, "a short cache: one split of ≥ 256 keys");
         assert_eq!(with(&|s| s.capacity = 257), 2);
         // GQA rows above BLOCK_M add programs along grid dim 2.
-        assert_eq!(with(&|s| (s.rows, s.capacity) = (128, 1 << 20)), 5, "8 · cdiv(128, 16) = 64 programs: cdiv(264, 64)");
-        assert_eq!(with(&|s| (s.rows, s.block_m, s.capacity) = (128, 64, 1 << 20)), 17, "8 · 2 = 16 programs: cdiv(264, 16)");
+        assert_eq!(with(&|s| (s.rows, s.capacity) = (128, 1 << 20)), 4, "8 · cdiv(128, 16) = 64 programs: 264 / 64");
+        assert_eq!(with(&|s| (s.rows, s.block_m, s.capacity) = (128, 64, 1 << 20)), 16, "8 · 2 = 16 programs: 264 / 16");
         // Forced: as asked, capped at the BLOCK_N chunks of the capacity.
         assert_eq!(with(&|s| s.requested = 1), 1);
         assert_eq!(with(&|s| s.requested = 7), 7);
