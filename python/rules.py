@@ -852,7 +852,15 @@ def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
         # 64 x 256 accumulator spills at waves_per_eu 2.
         return [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
     # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
-    return [_cfg(64, bn, 8 if wide else 4, 3), _cfg(32, bn, 4, 3), _cfg(16, bn, 4, 3)]
+    configs = []
+    for bm in (64, 32, 16):
+        configs.append(_cfg(bm, bn, 8 if wide and bm == 64 else 4, 3))
+        if functional["paged"] and not wide:
+            # Pages of 32: a block of one page reads as fast as the dense cache (0.94-0.97 of it
+            # with 4 stages, where 64-key blocks gathering two pages' ids run at 0.63-0.66;
+            # check_decode.py --sweep-paged). The runtime takes the largest BLOCK_N <= the page.
+            configs.append(_cfg(bm, 32, 4, 4))
+    return configs
 
 
 def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

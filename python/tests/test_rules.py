@@ -32,15 +32,15 @@ FAMILY_COUNTS_SM90 = {
     # one fp32 functional (1 aligned + 1 generic)
     "attn_bwd_dsink": 2,
     "debug_dropout_mask": 2,
-    # KV-cache decoding: 16-bit x hd 64/128/256 x dense/paged; three aligned (two on AMD:
-    # AMD_DECODE_FEWER below) + one generic
-    "attn_decode": 2 * 3 * 2 * 4,
+    # KV-cache decoding: 16-bit x hd 64/128/256 x dense/paged; three row tiles aligned (two on AMD:
+    # AMD_DECODE_FEWER below), each also at BLOCK_N 32 when paged at hd 64/128 on NVIDIA, + one generic
+    "attn_decode": 2 * (3 * 4 + 2 * 7 + 4),
     # 16-bit x hd 64/128/256, one aligned + one generic
     "attn_decode_combine": 2 * 3 * 2,
     "kvcache_append": 2 * 3 * 2 * 2,
 }
-#: AMD compiles one row tile fewer of attn_decode (no BLOCK_M 32) per functional.
-AMD_DECODE_FEWER = 2 * 3 * 2
+#: AMD compiles two row tiles of attn_decode (no BLOCK_M 32) and no BLOCK_N 32 twins: 3 kernels per functional.
+AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 7 + 4) - 2 * 3 * 2 * 3
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
@@ -248,13 +248,15 @@ class EnumerateKernelsTest(unittest.TestCase):
                 two = key[0] == "attn_decode" or (
                     key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
                     and not any(fn.get(a) for a in rules.OPTIONAL_AXES) and fn["head_dim"] <= 256)
-                three = key[0] == "attn_decode" and rules.TARGETS[arch][0] == "cuda"
-                self.assertEqual(len(aligned), 3 if three else 2 if two else 1, key)
+                if key[0] == "attn_decode" and rules.TARGETS[arch][0] == "cuda":
+                    self.assertEqual(len(aligned), 6 if fn["paged"] and fn["head_dim"] <= 128 else 3, key)
+                else:
+                    self.assertEqual(len(aligned), 2 if two else 1, key)
                 self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
                     cfgs = rules.family(key[0]).configs(arch, dict(key[1]))
                     self.assertEqual([c["BLOCK_M"] for c in cfgs], sorted((c["BLOCK_M"] for c in cfgs), reverse=True))
-                    self.assertEqual(len({c["BLOCK_M"] for c in cfgs}), len(cfgs))
+                    self.assertEqual(len({(c["BLOCK_M"], c["BLOCK_N"]) for c in cfgs}), len(cfgs))
 
     def test_divisibility_hints(self):
         for s in rules.enumerate_kernels("sm_90", rules.PORTABLE_FAMILIES):

@@ -231,11 +231,41 @@ def paged_vs_dense():
                   f"{t_dense / t_paged:>11.2f} {diff:>9.1e}", flush=True)
 
 
+def sweep_paged():
+    """Small pages (16, 32) under BLOCK_N 16-64 and deeper pipelines, beside the dense cache's shipped
+    config: whether a block of one page (the one-page-id-per-block path) beats a gather of page ids."""
+    hq, hk, d = 32, 8, 128
+    print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'page':>5} {'BLOCK_N':>7} {'stages':>6} {'dense GB/s':>10} {'paged GB/s':>10} {'paged/dense':>11}")
+    for b, sq, sk in ((8, 1, 4096), (16, 1, 8192), (16, 8, 4096)):
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        run, o_dense, _, n = prepare(q, k, v, seqlens, True)
+        t_dense = bench_ms(run)
+        gb = 2 * b * sk * hk * d * 2 * 1e-6
+        for page in (16, 32, 64):
+            pool_k, pool_v, table = paged(k, v, page)
+            for bn, stages in ((64, 3), (32, 3), (32, 4), (32, 6), (16, 4), (16, 6), (16, 8)):
+                if bn > 2 * page:
+                    continue
+                runp, o_paged, _, _ = prepare(q, pool_k, pool_v, seqlens, True, n, bn, stages, paged=(table, page))
+                try:
+                    t_paged = bench_ms(runp)
+                except Exception as e:  # shared memory
+                    print(f"{b:>4} {sq:>3} {sk:>6} {page:>5} {bn:>7} {stages:>6} failed: {type(e).__name__}")
+                    continue
+                same = torch.equal(o_paged, o_dense) if bn == 64 else True
+                print(f"{b:>4} {sq:>3} {sk:>6} {page:>5} {bn:>7} {stages:>6} {gb / t_dense:>10.0f} {gb / t_paged:>10.0f} "
+                      f"{t_dense / t_paged:>11.2f}{'' if same else ' (differs from dense)'}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="split count and config sweep at small batches")
     ap.add_argument("--sweep-rows", action="store_true", help="row tile / split / config sweep at Sq 4-16")
+    ap.add_argument("--sweep-paged", action="store_true", help="small pages under BLOCK_N 16-64 and deeper pipelines")
     ap.add_argument("--times", action="store_true", help="decode and combine timed apart")
     ap.add_argument("--paged", action="store_true", help="paged caches (pages 16, 64, 256) beside dense")
     args = ap.parse_args()
@@ -247,6 +277,8 @@ def main():
         sweep()
     if args.sweep_rows:
         sweep_rows()
+    if args.sweep_paged:
+        sweep_paged()
     if args.times:
         split_times()
     if args.paged:
