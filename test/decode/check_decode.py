@@ -78,6 +78,14 @@ def prepare(q, k, v, seqlens, causal=True, splits=None, block_n=None, stages=3, 
     return run, o, lse, n_split
 
 
+def full_cache_case(b, sq, sk, hq, hk, d):
+    """Random bf16 q [B, Sq, Hq, D] and a dense cache k, v [B, Sk, Hk, D] that every sequence fills."""
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
+    return q, k, v, torch.full((b,), sk, device="cuda", dtype=torch.int32)
+
+
 def reference(q, k, v, seqlens, causal):
     b, sq, hq, d = q.shape
     group = hq // k.shape[2]
@@ -127,10 +135,7 @@ def bench():
     hq, hk, d = 32, 8, 128
     for sq in (1, 4, 8, 16):
         for b, sk in ((1, 8192), (8, 4096), (16, 4096), (16, 8192), (64, 1024), (64, 4096), (128, 2048), (8, 32768)):
-            q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-            seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+            q, k, v, seqlens = full_cache_case(b, sq, sk, hq, hk, d)
             run, o, lse, n_split = prepare(q, k, v, seqlens, True)
             mb = 2 * b * sk * hk * d * 2 * 1e-6  # over a time in ms: GB/s
             aot = mb / bench_ms(run)
@@ -149,10 +154,7 @@ def sweep():
     hq, hk, d = 32, 8, 128
     print(f"{'B':>4} {'Sk':>6} {'splits':>6} {'BLOCK_N':>7} {'stages':>6} {'warps':>5} {'GB/s':>6}")
     for b, sk in ((1, 8192), (8, 4096), (8, 8192), (16, 4096), (8, 32768)):
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        q, k, v, seqlens = full_cache_case(b, 1, sk, hq, hk, d)
         bytes_kv = 2 * b * sk * hk * d * 2
         for splits in (None, 8, 16, 32, 64):
             for bn, stages, warps in ((64, 3, 4), (32, 4, 4), (64, 4, 4), (128, 3, 8)):
@@ -169,10 +171,7 @@ def sweep_rows():
     hq, hk, d = 32, 8, 128
     print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'BLOCK_M':>7} {'splits':>6} {'BLOCK_N':>7} {'stages':>6} {'warps':>5} {'GB/s':>6}")
     for b, sq, sk in ((8, 1, 4096), (8, 8, 4096), (8, 16, 4096), (16, 16, 4096), (1, 8, 8192), (8, 16, 32768)):
-        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        q, k, v, seqlens = full_cache_case(b, sq, sk, hq, hk, d)
         bytes_kv = 2 * b * sk * hk * d * 2
         rows = (hq // hk) * sq
         best = (0, None)
@@ -197,10 +196,7 @@ def split_times():
     """Decode and combine timed apart (Sq 1, bf16, Hq 32, Hk 8, hd128)."""
     hq, hk, d = 32, 8, 128
     for b, sk, splits in ((1, 8192, 32), (8, 4096, 5), (8, 4096, 16), (16, 4096, 3), (64, 4096, 1)):
-        q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        q, k, v, seqlens = full_cache_case(b, 1, sk, hq, hk, d)
         run, o, lse, n = prepare(q, k, v, seqlens, True, splits)
         both = bench_ms(run) * 1e3
         dec = bench_ms(lambda: run("decode")) * 1e3
@@ -210,18 +206,20 @@ def split_times():
               f"({gb / dec:.0f} GB/s), combine {comb:.1f} us", flush=True)
 
 
+def dense_baseline(b, sq, sk, hq, hk, d):
+    """A full dense cache case on the shipped config: its inputs, output, time (ms), K/V gigabytes
+    over a time in ms (GB/s) and split count."""
+    q, k, v, seqlens = full_cache_case(b, sq, sk, hq, hk, d)
+    run, o_dense, _, n = prepare(q, k, v, seqlens, True)
+    return q, k, v, seqlens, o_dense, bench_ms(run), 2 * b * sk * hk * d * 2 * 1e-6, n
+
+
 def paged_vs_dense():
     """The same keys read from a dense cache and from pages (a random permutation of the pool)."""
     hq, hk, d = 32, 8, 128
     print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'page':>5} {'dense GB/s':>10} {'paged GB/s':>10} {'paged/dense':>11} {'max|diff|':>9}")
     for b, sq, sk in ((8, 1, 4096), (16, 1, 8192), (64, 1, 2048), (16, 8, 4096)):
-        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        run, o_dense, _, _ = prepare(q, k, v, seqlens, True)
-        t_dense = bench_ms(run)
-        gb = 2 * b * sk * hk * d * 2 * 1e-6
+        q, k, v, seqlens, o_dense, t_dense, gb, _ = dense_baseline(b, sq, sk, hq, hk, d)
         for page in (16, 64, 256):
             pool_k, pool_v, table = paged(k, v, page)
             runp, o_paged, _, _ = prepare(q, pool_k, pool_v, seqlens, True, paged=(table, page))
@@ -237,13 +235,7 @@ def sweep_paged():
     hq, hk, d = 32, 8, 128
     print(f"{'B':>4} {'Sq':>3} {'Sk':>6} {'page':>5} {'BLOCK_N':>7} {'stages':>6} {'dense GB/s':>10} {'paged GB/s':>10} {'paged/dense':>11}")
     for b, sq, sk in ((8, 1, 4096), (16, 1, 8192), (16, 8, 4096)):
-        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        run, o_dense, _, n = prepare(q, k, v, seqlens, True)
-        t_dense = bench_ms(run)
-        gb = 2 * b * sk * hk * d * 2 * 1e-6
+        q, k, v, seqlens, o_dense, t_dense, gb, n = dense_baseline(b, sq, sk, hq, hk, d)
         for page in (16, 32, 64):
             pool_k, pool_v, table = paged(k, v, page)
             for bn, stages in ((64, 3), (32, 3), (32, 4), (32, 6), (16, 4), (16, 6), (16, 8)):
