@@ -37,7 +37,7 @@
 #                            and racecheck over the suite's --quick list per backend (~8 min at most).
 # BASE=0 skips steps 1-3 (with GLUON_CHECKS=0 BENCH=0 TORCH=0, only what STRESS / SANITIZE ask runs).
 # On the device tool (600 s a call) even GLUON_CHECKS=0 BENCH=0 does not fit one call on an H200
-# (steps 1-3 took ~450 s, the torch suites ~300 s more): run steps 1-3 (TORCH=0) and the torch
+# (2026-12-04: it was still in the torch suites at 600 s): run steps 1-3 (TORCH=0) and the torch
 # suites (BASE=0, TORCH_SUITES a subset) in separate calls.
 # keeps going when one part fails, prints a short summary last (pass/fail lines and the
 # benchmark tables) and exits 1 if anything failed. Files in $OUT: <suite>-<backend>.log,
