@@ -610,7 +610,7 @@ impl Archive {
             )));
         }
         let needed = f.images.iter().map(|slot| slot.offset.saturating_add(slot.size)).max().unwrap_or(0);
-        let blob = decompress_prefix(compressed, stream.uncompressed_size, needed)
+        let blob = decompress(compressed, stream.uncompressed_size, needed)
             .map_err(|p| err(format!("decompression failed for functional {fname} (stream {}): {p}", f.stream)))?;
 
         let mut images = Vec::with_capacity(f.kernels.len());
@@ -714,56 +714,27 @@ fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Res
     Ok(parsed)
 }
 
-/// The first `needed` bytes (or more) of an xz stream of `expected` bytes: decoding stops once they
-/// are out. The whole stream (`needed` = `expected`) is [`decompress`]'s, which also checks that
-/// it ends there and uses all its input; a prefix relies on the stream's CRC (checked by the
-/// caller over the compressed bytes) and the images' own.
-fn decompress_prefix(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, String> {
-    if needed >= expected {
-        return decompress(input, expected);
-    }
-    let needed = usize::try_from(needed).map_err(|_| format!("size {needed} too large"))?;
-    let mut out = Vec::new();
-    out.try_reserve_exact(needed)
-        .map_err(|e| format!("cannot allocate {needed} bytes: {e}"))?;
-    let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
-    while out.len() < needed {
-        if out.len() == out.capacity() {
-            out.try_reserve_exact(needed - out.len())
-                .map_err(|e| format!("cannot allocate {needed} bytes: {e}"))?;
-        }
-        let consumed = usize::try_from(stream.total_in()).map_err(|e| e.to_string())?;
-        let rest = input.get(consumed..).ok_or("decoder overran its input")?;
-        let before = (consumed, out.len());
-        let status = stream
-            .process_vec(rest, &mut out, Action::Run)
-            .map_err(|e| e.to_string())?;
-        if status == Status::StreamEnd && out.len() < needed {
-            return Err(format!("stream ends after {} bytes, before the {needed} its images need", out.len()));
-        }
-        let after = (usize::try_from(stream.total_in()).map_err(|e| e.to_string())?, out.len());
-        if after == before {
-            return Err("compressed stream ends early".into());
-        }
-    }
-    Ok(out)
-}
-
-/// Decompresses one xz stream that must yield exactly `expected` bytes and use all its input.
-/// Returns the problem as text; the caller adds which functional it was.
-fn decompress(input: &[u8], expected: u64) -> Result<Vec<u8>, String> {
+/// Decodes an xz stream of `expected` bytes until its first `needed` bytes (or a few more) are
+/// out. With `needed` >= `expected` that is the whole stream, which must then yield exactly
+/// `expected` bytes and use all its input; a prefix stops early and relies on the stream's CRC
+/// (checked by the caller over the compressed bytes) and the images' own. Returns the problem as
+/// text; the caller adds which functional it was.
+fn decompress(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, String> {
+    let whole = needed >= expected;
     let expected = usize::try_from(expected).map_err(|_| format!("size {expected} too large"))?;
-    // Room for one byte more than expected, so an oversized stream shows up as such instead of
-    // as "no progress". The buffer grows with what the stream really yields (starting at a
-    // generous guess from its compressed size), so a declared size the stream does not back
-    // is never allocated whole.
-    let capacity = expected.checked_add(1).ok_or("size too large")?;
+    let needed = if whole { expected } else { needed as usize }; // below expected: fits
+    // A whole stream gets room for one byte more than expected, so an oversized stream shows up
+    // as such instead of as "no progress". The buffer grows with what the stream really yields
+    // (starting at a generous guess from its compressed size), so a declared size the stream
+    // does not back is never allocated whole.
+    let capacity = if whole { expected.checked_add(1).ok_or("size too large")? } else { needed };
     let mut out = Vec::new();
     let first = capacity.min(input.len().saturating_mul(8).max(1 << 16));
     out.try_reserve_exact(first)
         .map_err(|e| format!("cannot allocate {first} bytes: {e}"))?;
-    // No CONCATENATED flag: one functional is exactly one stream.
+    // No CONCATENATED flag: one stream is exactly one xz stream.
     let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
+    let action = if whole { Action::Finish } else { Action::Run };
     loop {
         if out.len() == out.capacity() && out.capacity() < capacity {
             let more = out.capacity().min(capacity - out.capacity());
@@ -774,12 +745,15 @@ fn decompress(input: &[u8], expected: u64) -> Result<Vec<u8>, String> {
         let rest = input.get(consumed..).ok_or("decoder overran its input")?;
         let before = (consumed, out.len());
         let status = stream
-            .process_vec(rest, &mut out, Action::Finish)
+            .process_vec(rest, &mut out, action)
             .map_err(|e| e.to_string())?;
         if out.len() > expected {
             return Err(format!(
                 "stream decompresses to more than the {expected} bytes in the index"
             ));
+        }
+        if !whole && out.len() >= needed {
+            return Ok(out);
         }
         if status == Status::StreamEnd {
             break;
@@ -791,6 +765,9 @@ fn decompress(input: &[u8], expected: u64) -> Result<Vec<u8>, String> {
         if after == before {
             return Err("compressed stream ends early".into());
         }
+    }
+    if !whole {
+        return Err(format!("stream ends after {} bytes, before the {needed} its images need", out.len()));
     }
     if stream.total_in() != input.len() as u64 {
         return Err(format!(
@@ -2595,15 +2572,15 @@ mod tests {
         let packed = compress(&blob, 4).unwrap();
         let total = blob.len() as u64;
         for needed in [1u64, 4096, 333_333, total - 1] {
-            let got = decompress_prefix(&packed, total, needed).unwrap();
+            let got = decompress(&packed, total, needed).unwrap();
             assert!(got.len() as u64 >= needed && got.len() as u64 <= total, "{needed}: {} bytes", got.len());
             assert_eq!(got[..], blob[..got.len()], "{needed}: not the stream's prefix");
         }
-        assert_eq!(decompress_prefix(&packed, total, total).unwrap(), blob);
+        assert_eq!(decompress(&packed, total, total).unwrap(), blob);
         // A stream shorter than the index says, and a truncated one, fail as such.
-        let e = decompress_prefix(&packed, total + 10, total + 5).unwrap_err();
+        let e = decompress(&packed, total + 10, total + 5).unwrap_err();
         assert!(e.contains("ends after"), "{e}");
-        let e = decompress_prefix(&packed[..packed.len() / 2], total, total - 1).unwrap_err();
+        let e = decompress(&packed[..packed.len() / 2], total, total - 1).unwrap_err();
         assert!(e.contains("ends early") || e.contains("ends after"), "{e}");
     }
 
