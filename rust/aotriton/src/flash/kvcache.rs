@@ -623,12 +623,16 @@ fn block_m(meta: &KernelMeta) -> u64 {
     config(meta, "BLOCK_M", 16).max(1) as u64
 }
 
+fn block_n(meta: &KernelMeta) -> u64 {
+    config(meta, "BLOCK_N", 64).max(1) as u64
+}
+
 /// The decode kernel of a call: among the fitting kernels of the preferred variant (`aligned`
-/// where it fits), the row tile by [`pick_tile`]'s rule.
+/// where it fits), the tile by [`pick_tile`]'s rule.
 fn choose_decode(functional: &Functional, fitting: KernelSet, shape: &DecodeShape) -> usize {
     let pool = preferred_variant(functional, fitting);
     let page = shape.paged.then(|| 1u64 << shape.page_size_log2);
-    let tiles = || pool.iter().map(|i| (i, block_m(&functional.kernels[i]), config(&functional.kernels[i], "BLOCK_N", 64).max(1) as u64));
+    let tiles = || pool.iter().map(|i| (i, block_m(&functional.kernels[i]), block_n(&functional.kernels[i])));
     pick_tile(tiles, shape.rows(), page).unwrap_or(0)
 }
 
@@ -700,7 +704,7 @@ fn splits_on(launcher: &Launcher, p: &KvCacheParams, shape: &DecodeShape) -> Res
         rows: shape.rows(),
         capacity: shape.capacity,
         block_m: block_m(meta),
-        block_n: config(meta, "BLOCK_N", 64).max(1) as u64,
+        block_n: block_n(meta),
         multiprocessors: launcher.device().multiprocessors as u64,
         requested: p.num_splits,
     }))
