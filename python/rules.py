@@ -261,7 +261,7 @@ ATTN_DECODE_ARGS = (
     + _strides("l", "zh") + ["stride_ptz"]
     + ["N_CTX_Q", "N_NEW", "D_HEAD", "GQA_GROUP", "N_HEADS_Q", "WINDOW_LEFT", "WINDOW_RIGHT", *_KV_CACHE_GEOMETRY,
        "N_SPLITS", "STORE_LSE", "STORE_KV_STATUS"]
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED"]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED", "SMALL_PAGE"]
 )
 ATTN_DECODE_COMBINE_ARGS = (
     ["O_PART", "LSE_PART", "O", "LSE"] + _strides("o", "zhm") + _strides("l", "zh")
@@ -281,7 +281,7 @@ GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_ST
 _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP",
                "HAS_ALIBI", "HAS_SINKS",
                "STAGES",
-               "COMPUTE_DQ", "PAGED",
+               "COMPUTE_DQ", "PAGED", "SMALL_PAGE",
                *GLUON_FWD_KNOBS, *GLUON_BWD_KNOBS, "PINGPONG")
 
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
@@ -844,23 +844,21 @@ def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
     heads x 8 tokens: 1.15x over 64 at B8 Sk4k, check_decode.py --sweep-rows) and 64 (8 heads x 8
     tokens of speculative decoding), BLOCK_N 64 (32 at hd256: two [256, 32] 16-bit tiles per stage),
     3 stages on NVIDIA (the loop is a stream of K/V loads; the pipeline keeps them in flight), 1 on
-    AMD. Untimed picks, spill-free."""
+    AMD. Paged: each tile once for pages of at least BLOCK_N keys and once per smaller page size
+    (``SMALL_PAGE`` 16, 32: the block's page ids as a vector, kernels/decode/kvcache.py); the runtime
+    takes the one for the call's page. Untimed picks, spill-free."""
     wide = functional["head_dim"] > 128
     bn = 32 if wide else 64
     if TARGETS[arch][0] == "hip":
         # BLOCK_N 32: at 64 the paged kernels need a 36-byte stack object on every AMD arch; the
         # 64 x 256 accumulator spills at waves_per_eu 2.
-        return [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
-    # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
-    configs = []
-    for bm in (64, 32, 16):
-        configs.append(_cfg(bm, bn, 8 if wide and bm == 64 else 4, 3))
-        if functional["paged"] and not wide:
-            # Pages of 32: a block of one page reads as fast as the dense cache (0.94-0.97 of it
-            # with 4 stages, where 64-key blocks gathering two pages' ids run at 0.63-0.66;
-            # check_decode.py --sweep-paged). The runtime takes the largest BLOCK_N <= the page.
-            configs.append(_cfg(bm, 32, 4, 4))
-    return configs
+        tiles = [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
+    else:
+        # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
+        tiles = [_cfg(bm, bn, 8 if wide and bm == 64 else 4, 3) for bm in (64, 32, 16)]
+    if not functional["paged"]:
+        return tiles
+    return [dict(c, SMALL_PAGE=page) if page else c for c in tiles for page in (0, 16, 32) if page < c["BLOCK_N"]]
 
 
 def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
@@ -1117,11 +1115,18 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
     return "-".join(parts)
 
 
+#: Config keys that decide which calls a kernel serves, not how fast it runs (the decode kernels'
+#: ``SMALL_PAGE``: the page size they read): the ``generic`` variant has a kernel per value.
+SERVING_KEYS = ("SMALL_PAGE",)
+
+
 def config_tag(config: dict[str, int]) -> str:
     """The config part of a kernel id, also the name the tuning database uses: ``m128n64w4s2``
-    (``e<waves_per_eu>`` appended on AMD; Gluon: ``m<BLOCK_M>n<BLOCK_N>st<STAGES>r<maxnreg>``)."""
+    (``e<waves_per_eu>`` appended on AMD; Gluon: ``m<BLOCK_M>n<BLOCK_N>st<STAGES>r<maxnreg>``; the
+    decode kernels of small pages: ``m16n64p16w4s3``)."""
     bm = f"m{config['BLOCK_M']}" if "BLOCK_M" in config else ""  # transpose_v_fp8: keys only
     bn = f"n{config['BLOCK_N']}" if "BLOCK_N" in config else ""
+    bn += f"p{config['SMALL_PAGE']}" if "SMALL_PAGE" in config else ""
     if "STAGES" in config:  # Gluon: the ring depth and register cap are the config
         return f"{bm}{bn}st{config['STAGES']}r{config['maxnreg']}"
     waves = f"e{config['waves_per_eu']}" if "waves_per_eu" in config else ""
@@ -1138,7 +1143,7 @@ def _spec(family: Family, arch: str, functional: dict[str, Any], config: dict[st
               "HAS_ALIBI": bool(functional.get("alibi")), "HAS_SINKS": bool(functional.get("sinks")),
               "ALLOW_TF32": bool(functional.get("tf32")) and arch not in NO_TF32_ARCHS,
               "STAGES": config.get("STAGES"), "COMPUTE_DQ": bool(functional.get("dq")),
-              "PAGED": bool(functional.get("paged")),
+              "PAGED": bool(functional.get("paged")), "SMALL_PAGE": config.get("SMALL_PAGE", 0),
               **{k: v for k, v in config.items() if k in GLUON_FWD_KNOBS + GLUON_BWD_KNOBS + GLUON_FP8_FWD_KNOBS}}
     constexprs = {n: values[n] for n in family.constexprs}
     if variant == "aligned":
@@ -1164,7 +1169,8 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
     (ties with the heuristic's or another winner folded: ``tuning.fold_ties``), each ``aligned``
     kernel carrying the cells it serves; ``for_tuning``: plus every candidate of the
     family (a tuning build, for tune.py). One ``generic`` kernel per functional (the smallest
-    config of the heuristic, so that tuning never moves it)."""
+    config of the heuristic, so that tuning never moves it), one per value of the ``SERVING_KEYS``
+    where its configs differ there."""
     target_of(arch)
     if tuning is not None and tuning.arch != arch:
         raise ValueError(f"tuning database {tuning.source} is for {tuning.arch}, not {arch}")
@@ -1194,8 +1200,10 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
                 specs.append(dataclasses.replace(spec, tuned_for=tuple(won.get(config_tag(config), ())),
                                                  tuned_only=config not in heuristic, portable_for=yielded))
             if "generic" in family.variants:
-                smallest = min(heuristic, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
-                specs.append(_spec(family, arch, functional, smallest, "generic"))
+                for serves in sorted({tuple(c.get(k, 0) for k in SERVING_KEYS) for c in heuristic}):
+                    group = [c for c in heuristic if tuple(c.get(k, 0) for k in SERVING_KEYS) == serves]
+                    smallest = min(group, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
+                    specs.append(_spec(family, arch, functional, smallest, "generic"))
     specs.sort(key=lambda s: s.id)
     ids = [s.id for s in specs]
     if len(set(ids)) != len(ids):

@@ -66,8 +66,9 @@ class Cache:
 
 def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNBOUNDED), splits=1, sm_scale=None,
                block_m=16, block_n=32, status=None, append_block=16, combine_block=2):
-    """The operator as the runtime runs it: append (when new tokens), decode, combine (splits > 1).
-    Returns (o, lse)."""
+    """The operator as the runtime runs it: append (when new tokens), decode, combine (splits > 1),
+    the decode kernel the one for the cache's pages (``SMALL_PAGE``: the page size where it is below
+    ``block_n``, else 0; the runtime's ``DecodeTile::serves``). Returns (o, lse)."""
     b, sq, hq, d = q.shape
     hk = cache.k.shape[2]
     group = hq // hk
@@ -78,6 +79,7 @@ def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNB
     table = NpTensor(cache.table) if cache.paged else dummy(np.int32)
     stride_ptz = cache.table.shape[1] if cache.paged else 0
     log2_page = int(math.log2(cache.page)) if cache.paged else 0
+    small_page = cache.page if cache.paged and cache.page < block_n else 0
     st = NpTensor(status) if status is not None else dummy(np.int32)
     store_status = int(status is not None)
     kt, vt = NpTensor(cache.k), NpTensor(cache.v)
@@ -102,7 +104,8 @@ def run_decode(q, cache, seqlens, k_new=None, v_new=None, window=(UNBOUNDED, UNB
                       os_[0], os_[2], os_[1], hq * sq, sq, stride_ptz,
                       sq, n_new, d, group, hq, window[0], window[1], cache.capacity, log2_page, cache.n_pages,
                       splits, 1, store_status,
-                      HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=cache.paged)
+                      HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, PAGED=cache.paged,
+                      SMALL_PAGE=small_page)
     if splits > 1:
         attn_decode_combine[(b * hq * sq,)](NpTensor(o_part), NpTensor(lse_part), ot, lt, os_[0], os_[2], os_[1],
                                        hq * sq, sq, b, hq, sq, d, splits, 1, HEAD_DIM=head_dim, BLOCK_M=combine_block)
@@ -217,16 +220,17 @@ class DecodeTest(unittest.TestCase):
             n_pages = 12
             # Sequence 2 shares sequence 0's first page (read only: it appends nothing there).
             table = np.array([[5, 2, 9, 0], [1, 7, 3, 11], [5, 4, 6, 8]], np.int32)
-            for splits in (1, 3):
+            # BLOCK_N 32: pages of 16 two to a block (SMALL_PAGE 16), of 32 one; BLOCK_N 64: pages of
+            # 16 four to a block, of 32 two (SMALL_PAGE 32).
+            for splits, block_n in ((1, 32), (3, 32), (1, 64), (3, 64)):
                 cache = Cache(rng, b, hk, d, np.float16, page=page, table=table, n_pages=n_pages)
                 q = rng.standard_normal((b, sq, hq, d)).astype(np.float16)
                 k_new = rng.standard_normal((b, 2, hk, d)).astype(np.float16)
                 v_new = rng.standard_normal((b, 2, hk, d)).astype(np.float16)
                 # The appends cross a page boundary (15, 16 with page 16) and land mid-page.
                 seqlens = [page - 1, 2 * page + 3, page + 5]
-                with self.subTest(page=page, splits=splits):
-                    # page 16: a page id per key; page 32: one per 32-key block.
-                    self.check("paged", q, cache, seqlens, k_new, v_new, (UNBOUNDED, 0), splits, block_n=32)
+                with self.subTest(page=page, splits=splits, block_n=block_n):
+                    self.check("paged", q, cache, seqlens, k_new, v_new, (UNBOUNDED, 0), splits, block_n=block_n)
 
     def test_bounds_and_status(self):
         rng = np.random.default_rng(4)
@@ -242,8 +246,8 @@ class DecodeTest(unittest.TestCase):
         # The clamped lengths: the append went to rows 0 and 39, the attention over 1 and 40 keys.
         self.check("clamped", q, Cache(rng, b, hk, d, np.float16, capacity=40), [-3, 1000], k_new, v_new)
 
-        # BLOCK_N 32 > page 16: a page id per key; BLOCK_N 16: one per block.
-        for block_n in (32, 16):
+        # BLOCK_N 64 and 32 > page 16: four and two page ids per block (SMALL_PAGE 16); BLOCK_N 16: one.
+        for block_n in (64, 32, 16):
             table = np.array([[0, 99], [1, -1]], np.int32)
             cache = Cache(rng, b, hk, d, np.float16, page=16, table=table, n_pages=2)
             status = np.zeros(1, np.int32)

@@ -33,14 +33,16 @@ FAMILY_COUNTS_SM90 = {
     "attn_bwd_dsink": 2,
     "debug_dropout_mask": 2,
     # KV-cache decoding: 16-bit x hd 64/128/256 x dense/paged; three row tiles aligned (two on AMD:
-    # AMD_DECODE_FEWER below), each also at BLOCK_N 32 when paged at hd 64/128 on NVIDIA, + one generic
-    "attn_decode": 2 * (3 * 4 + 2 * 7 + 4),
+    # AMD_DECODE_FEWER below) + one generic; paged, each tile and the generic also once per page size
+    # below BLOCK_N (SMALL_PAGE 16, 32 at BLOCK_N 64 (hd 64/128), 16 at BLOCK_N 32 (hd 256))
+    "attn_decode": 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2),
     # 16-bit x hd 64/128/256, one aligned + one generic
     "attn_decode_combine": 2 * 3 * 2,
     "kvcache_append": 2 * 3 * 2 * 2,
 }
-#: AMD compiles two row tiles of attn_decode (no BLOCK_M 32) and no BLOCK_N 32 twins: 3 kernels per functional.
-AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 7 + 4) - 2 * 3 * 2 * 3
+#: AMD compiles two row tiles of attn_decode (no BLOCK_M 32), all at BLOCK_N 32 (SMALL_PAGE 16 only):
+#: 3 kernels per dense functional, 6 per paged one.
+AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 6)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
@@ -100,7 +102,7 @@ CONTRACT = {
         "stride_vz", "stride_vh", "stride_vn", "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
         "stride_ptz", "N_CTX_Q", "N_NEW", "D_HEAD", "GQA_GROUP", "N_HEADS_Q", "WINDOW_LEFT", "WINDOW_RIGHT",
         "CACHE_CAPACITY", "PAGE_SIZE_LOG2", "N_PAGES", "N_SPLITS", "STORE_LSE", "STORE_KV_STATUS",
-        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED"],
+        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "PAGED", "SMALL_PAGE"],
     "attn_decode_combine": [
         "O_PART", "LSE_PART", "O", "LSE", "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
         "N_BATCH", "N_HEADS_Q", "N_CTX_Q", "D_HEAD", "N_SPLITS", "STORE_LSE", "HEAD_DIM", "BLOCK_M"],
@@ -112,7 +114,7 @@ CONTRACT = {
         "HEAD_DIM", "BLOCK_M", "PAGED"],
 }
 CONSTEXPRS = {"HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP", "HAS_ALIBI",
-              "HAS_SINKS", "PAGED"}
+              "HAS_SINKS", "PAGED", "SMALL_PAGE"}
 DATA_TENSORS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "BIAS", "DBIAS", "OUT", "K_NEW", "V_NEW"}
 ROW_STRIDES = {"stride_qm", "stride_kn", "stride_vn", "stride_om", "stride_dom", "stride_dqm", "stride_dkn",
                "stride_dvn", "stride_xkm", "stride_xvm"}
@@ -235,28 +237,34 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertEqual(s.target, {"backend": backend, "arch": target_arch, "warp_size": warp_size})
 
     def test_every_functional_has_one_generic(self):
+        # One per functional; the paged decode functionals one per page class (SERVING_KEYS).
         for arch in rules.TARGETS:
             specs = rules.enumerate_kernels(arch, rules.PORTABLE_FAMILIES)
             keys = {_functional_key(s) for s in specs}
             self.assertEqual(len(keys), sum(FUNCTIONALS.values()))
             for key in keys:
                 mine = [s for s in specs if _functional_key(s) == key]
-                generic = [s for s in mine if s.variant == "generic"]
-                aligned = [s for s in mine if s.variant == "aligned"]
-                self.assertEqual(len(generic), 1, key)
                 fn = dict(key[1])
                 two = key[0] == "attn_decode" or (
                     key[0] == "attn_fwd" and fn["dtype"] != "fp32" and not fn["dropout"] and not fn["bias"]
                     and not any(fn.get(a) for a in rules.OPTIONAL_AXES) and fn["head_dim"] <= 256)
-                if key[0] == "attn_decode" and rules.TARGETS[arch][0] == "cuda":
-                    self.assertEqual(len(aligned), 6 if fn["paged"] and fn["head_dim"] <= 128 else 3, key)
-                else:
-                    self.assertEqual(len(aligned), 2 if two else 1, key)
-                self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
+                classes = {s.config.get("SMALL_PAGE", 0) for s in mine}
+                if key[0] == "attn_decode":
+                    block_n = 32 if fn["head_dim"] > 128 or rules.TARGETS[arch][0] == "hip" else 64
+                    self.assertEqual(classes, {0} | ({16, 32} - {block_n} if fn["paged"] else set()), key)
+                for page in classes:
+                    generic = [s for s in mine if s.variant == "generic" and s.config.get("SMALL_PAGE", 0) == page]
+                    aligned = [s for s in mine if s.variant == "aligned" and s.config.get("SMALL_PAGE", 0) == page]
+                    self.assertEqual(len(generic), 1, (key, page))
+                    if key[0] == "attn_decode" and rules.TARGETS[arch][0] == "cuda":
+                        self.assertEqual(len(aligned), 3, (key, page))
+                    else:
+                        self.assertEqual(len(aligned), 2 if two else 1, (key, page))
+                    self.assertEqual(generic[0].config["BLOCK_M"], min(s.config["BLOCK_M"] for s in aligned))
                 if two:  # largest BLOCK_M first
                     cfgs = rules.family(key[0]).configs(arch, dict(key[1]))
                     self.assertEqual([c["BLOCK_M"] for c in cfgs], sorted((c["BLOCK_M"] for c in cfgs), reverse=True))
-                    self.assertEqual(len({(c["BLOCK_M"], c["BLOCK_N"]) for c in cfgs}), len(cfgs))
+                    self.assertEqual(len({(c["BLOCK_M"], c["BLOCK_N"], c.get("SMALL_PAGE")) for c in cfgs}), len(cfgs))
 
     def test_divisibility_hints(self):
         for s in rules.enumerate_kernels("sm_90", rules.PORTABLE_FAMILIES):
@@ -433,7 +441,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertNotIn("waves_per_eu", s.options, s.id)
                 self.assertNotIn("waves_per_eu", s.canonical(), s.id)
                 # transpose_v_fp8 has no query block: its tag starts at n
-                self.assertRegex(s.id, r"-(m\d+)?(n\d+)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
+                self.assertRegex(s.id, r"-(m\d+)?(n\d+(p\d+)?)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
         # A config given waves_per_eu by mistake still compiles for CUDA without the option.
         spec = rules._spec(rules.ATTN_FWD, "sm_90", rules.functionals(rules.ATTN_FWD)[0],
                            rules._cfg(64, 64, 4, 2, waves_per_eu=2), "aligned")

@@ -3,7 +3,11 @@
 A cache is dense (``PAGED`` 0: ``[B, CACHE_CAPACITY, Hk, D]`` with strides ``(stride_?z,
 stride_?n, stride_?h)``) or paged (``PAGED`` 1: a pool ``[N_PAGES, 2**PAGE_SIZE_LOG2, Hk, D]``
 whose page ``p`` has stride ``stride_?z``; sequence ``z``'s key ``j`` is row ``j % page size`` of
-page ``PAGE_TABLE[z, j // page size]``).  Contract: ``ABI.md``.
+page ``PAGE_TABLE[z, j // page size]``).  The decode kernel walks a paged cache a block of
+``BLOCK_N`` keys at a time (``block_page_ids``, ``page_rows``); a kernel with ``SMALL_PAGE`` 0 serves
+pages of at least ``BLOCK_N`` keys (one page per block), one with ``SMALL_PAGE`` 16 or 32 pages of
+exactly that many keys, smaller than ``BLOCK_N`` (the runtime picks the kernel by the page size).
+Contract: ``ABI.md``.
 
 The caller's ``cache_seqlens`` and page ids live on the device and are never read on the host,
 so these helpers bound them: every address the kernels form lies inside the caller's tensors,
@@ -47,6 +51,36 @@ def key_rows(keys, in_range, z, PAGE_TABLE, stride_ptz, PAGE_SIZE_LOG2, N_PAGES,
         block = z.to(tl.int64)
         row = keys
     return block, row, ok
+
+
+@triton.jit
+def block_page_ids(page_table, first, end, n_slots, PAGE_SIZE_LOG2, SMALL_PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The page ids of keys ``[first, first + BLOCK_N)`` (``first`` a multiple of ``BLOCK_N``) from
+    one sequence's ``page_table`` row of ``n_slots`` entries: a scalar, the block's one page
+    (``SMALL_PAGE`` 0), or the ``BLOCK_N // SMALL_PAGE`` pages it spans.  Slots at or past ``end``
+    (or past the row: a page size that is not the kernel's reads no further) read as 0 and are
+    never followed (``page_rows`` leaves their keys out of range)."""
+    if SMALL_PAGE == 0:
+        slot = first >> PAGE_SIZE_LOG2
+        return tl.load(page_table + slot, mask=(first < end) & (slot < n_slots), other=0)
+    else:
+        slots = first // SMALL_PAGE + tl.arange(0, BLOCK_N // SMALL_PAGE)
+        return tl.load(page_table + slots, mask=(slots * SMALL_PAGE < end) & (slots < n_slots), other=0)
+
+
+@triton.jit
+def page_rows(keys, in_range, ids, PAGE_SIZE_LOG2, N_PAGES, SMALL_PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(block, row, ok)`` per key of a block (as ``key_rows``) from its page ids (``block_page_ids``):
+    the page holding it (int64; a scalar with ``SMALL_PAGE`` 0), its row there (masked by the
+    run-time page size, so inside a page whatever kernel runs) and whether it may be read."""
+    ids_ok = (ids >= 0) & (ids < N_PAGES)
+    ids = tl.where(ids_ok, ids, 0)
+    if SMALL_PAGE != 0:
+        # Each id repeated over its page's SMALL_PAGE keys.
+        n_ids: tl.constexpr = BLOCK_N // SMALL_PAGE
+        ids = tl.reshape(tl.broadcast_to(ids[:, None], (n_ids, SMALL_PAGE)), (BLOCK_N,))
+        ids_ok = tl.reshape(tl.broadcast_to(ids_ok[:, None], (n_ids, SMALL_PAGE)), (BLOCK_N,))
+    return ids.to(tl.int64), keys & ((1 << PAGE_SIZE_LOG2) - 1), in_range & ids_ok
 
 
 @triton.jit

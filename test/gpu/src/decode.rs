@@ -98,6 +98,10 @@ pub(crate) fn cases() -> Vec<DecodeCase> {
     let mut bad = c(F16, 3, 4, 4, 2, 64, 16, 64, &[-3, 69, 20], 2, NONE, 2);
     bad.bad_pages = vec![(2, 0), (1, 3)];
     v.push(bad);
+    // Page 16 under D 256's 32-key blocks (two pages a block), G 2, Sq 2, one appended token.
+    v.push(c(BF16, 3, 2, 4, 2, 256, 16, 160, &[17, 150, 1], 1, CAUSAL, 0));
+    // Page 32 under 64-key blocks, G 4 x Sq 16 = 64 rows (BLOCK_M 64), a full cache and a ragged one.
+    v.push(c(F16, 2, 16, 4, 1, 128, 32, 384, &[200, 384], 0, CAUSAL, 0));
     // Dense out of range: 400 > S_cache − N_NEW and −1, clamped, status 1.
     v.push(c(BF16, 2, 1, 4, 4, 64, 0, 100, &[400, -1], 4, CAUSAL, 0));
     v

@@ -194,6 +194,11 @@ pub(crate) struct DecodeShape {
 }
 
 impl DecodeShape {
+    /// Keys per page (`None`: a dense cache).
+    pub fn page(&self) -> Option<u64> {
+        self.paged.then(|| 1u64 << self.page_size_log2)
+    }
+
     pub fn gqa_group(&self) -> u64 {
         self.heads_q / self.heads_k
     }
@@ -627,30 +632,69 @@ fn block_n(meta: &KernelMeta) -> u64 {
     config(meta, "BLOCK_N", 64).max(1) as u64
 }
 
-/// The decode kernel of a call: among the fitting kernels of the preferred variant (`aligned`
-/// where it fits), the tile by [`pick_tile`]'s rule.
-fn choose_decode(functional: &Functional, fitting: KernelSet, shape: &DecodeShape) -> usize {
-    let pool = preferred_variant(functional, fitting);
-    let page = shape.paged.then(|| 1u64 << shape.page_size_log2);
-    let tiles = || pool.iter().map(|i| (i, block_m(&functional.kernels[i]), block_n(&functional.kernels[i])));
-    pick_tile(tiles, shape.rows(), page).unwrap_or(0)
+/// A decode kernel's tiles and the pages it walks: `SMALL_PAGE` 0, pages of at least BLOCK_N
+/// keys (one page per block); 16 or 32, pages of exactly that many keys (kernels/decode/kvcache.py).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DecodeTile {
+    block_m: u64,
+    block_n: u64,
+    small_page: u64,
 }
 
-/// Of `(kernel, BLOCK_M, BLOCK_N)` candidates: BLOCK_M the smallest ≥ `rows`, else the largest;
-/// then BLOCK_N the largest that fits in a page (a block of one page takes one page id and reads
-/// like a dense cache: 0.94-0.99 of the dense speed on the H200, where a block spanning pages
-/// gathers page ids per key at 0.55-0.8), else the largest; the lowest index among equals.
-fn pick_tile<I: Iterator<Item = (usize, u64, u64)>>(candidates: impl Fn() -> I, rows: u64, page: Option<u64>) -> Option<usize> {
-    let bm = candidates()
-        .map(|(_, bm, _)| bm)
+impl DecodeTile {
+    fn of(meta: &KernelMeta) -> Self {
+        Self { block_m: block_m(meta), block_n: block_n(meta), small_page: config(meta, "SMALL_PAGE", 0).max(0) as u64 }
+    }
+
+    /// Whether the kernel reads a cache of `page`-key pages (`None`: dense) right.
+    fn serves(&self, page: Option<u64>) -> bool {
+        match page {
+            None => self.small_page == 0,
+            Some(page) if self.small_page == 0 => self.block_n <= page,
+            Some(page) => self.small_page == page,
+        }
+    }
+}
+
+/// The decode kernel of a call: among the fitting kernels of the preferred variant (`aligned`
+/// where it fits), the tile by [`pick_tile`]'s rule. With none that serves the call's pages it
+/// returns a kernel that does not, which [`check_serves`] refuses before anything is launched.
+fn choose_decode(functional: &Functional, fitting: KernelSet, shape: &DecodeShape) -> usize {
+    let pool = preferred_variant(functional, fitting);
+    let tiles = || pool.iter().map(|i| (i, DecodeTile::of(&functional.kernels[i])));
+    pick_tile(tiles, shape.rows(), shape.page()).unwrap_or(0)
+}
+
+/// The error for a chosen kernel that does not serve the call's pages (an archive without the
+/// kernel of that page size).
+fn check_serves(meta: &KernelMeta, shape: &DecodeShape) -> Result<()> {
+    if !DecodeTile::of(meta).serves(shape.page()) {
+        bail!(
+            KernelNotFound,
+            "no compiled {} kernel that fits this call reads pages of {} keys (kernel {} is for SMALL_PAGE {})",
+            DECODE_FAMILY,
+            shape.page().unwrap_or(0),
+            meta.id,
+            config(meta, "SMALL_PAGE", 0)
+        );
+    }
+    Ok(())
+}
+
+/// Of `(kernel, tile)` candidates, those that serve the pages ([`DecodeTile::serves`]); among
+/// them BLOCK_M the smallest ≥ `rows`, else the largest; then the largest BLOCK_N; the lowest index
+/// among equals. `None` when no candidate serves the pages.
+fn pick_tile<I: Iterator<Item = (usize, DecodeTile)>>(candidates: impl Fn() -> I, rows: u64, page: Option<u64>) -> Option<usize> {
+    let serving = || candidates().filter(|(_, t)| t.serves(page));
+    let bm = serving()
+        .map(|(_, t)| t.block_m)
         .filter(|&bm| bm >= rows)
         .min()
-        .or_else(|| candidates().map(|(_, bm, _)| bm).max())?;
-    let rank = |bn: u64| (page.is_none_or(|p| bn <= p), bn);
-    candidates()
-        .filter(|&(_, m, _)| m == bm)
-        .max_by_key(|&(i, _, bn)| (rank(bn), std::cmp::Reverse(i)))
-        .map(|(i, _, _)| i)
+        .or_else(|| serving().map(|(_, t)| t.block_m).max())?;
+    serving()
+        .filter(|(_, t)| t.block_m == bm)
+        .max_by_key(|&(i, t)| (t.block_n, std::cmp::Reverse(i)))
+        .map(|(i, _)| i)
 }
 
 /// The inputs of the split rule.
@@ -698,6 +742,7 @@ fn splits_on(launcher: &Launcher, p: &KvCacheParams, shape: &DecodeShape) -> Res
         (0..functional.kernels.len().min(KernelSet::CAPACITY)).for_each(|i| fitting.insert(i));
     }
     let meta = &functional.kernels[choose_decode(functional, fitting, shape)];
+    check_serves(meta, shape)?;
     Ok(split_count(SplitInputs {
         batch: shape.batch,
         heads_k: shape.heads_k,
@@ -790,7 +835,10 @@ pub fn attn_fwd_kvcache(params: &KvCacheParams, stream: Stream) -> Result<()> {
     let decode = launcher.prepare(
         &d_request,
         |functional, fitting, _| choose_decode(functional, fitting, &shape),
-        |meta| Ok([splits as u64, programs_bh, blocks(rows, meta, "BLOCK_M", 16)]),
+        |meta| {
+            check_serves(meta, &shape)?;
+            Ok([splits as u64, programs_bh, blocks(rows, meta, "BLOCK_M", 16)])
+        },
     )?;
     let combine = if splits > 1 {
         let request = Request { family: COMBINE_FAMILY, axes: c_axes.as_slice()?, args: c_args.args()? };
@@ -1085,19 +1133,38 @@ mod tests {
 
     #[test]
     fn tile_rule() {
-        // (kernel, BLOCK_M, BLOCK_N): row tiles 16 and 64, each with BLOCK_N 64 and 32.
-        let compiled = [(0, 16, 64), (1, 64, 64), (2, 16, 32), (3, 64, 32), (4, 16, 64)];
+        // (kernel, tile): row tiles 16 and 64 at BLOCK_N 64, each for big pages (SMALL_PAGE 0) and
+        // pages of 16 and 32; a BLOCK_N 32 tile of 16 rows; a duplicate of kernel 0.
+        let t = |block_m, block_n, small_page| DecodeTile { block_m, block_n, small_page };
+        let compiled = [
+            (0, t(16, 64, 0)),
+            (1, t(64, 64, 0)),
+            (2, t(16, 64, 16)),
+            (3, t(64, 64, 16)),
+            (4, t(16, 64, 32)),
+            (5, t(64, 64, 32)),
+            (6, t(16, 32, 0)),
+            (7, t(16, 64, 0)),
+        ];
         let pick = |rows, page| pick_tile(|| compiled.iter().copied(), rows, page);
         assert_eq!(pick(1, None), Some(0), "dense: the largest BLOCK_N, the lowest index among equals");
         assert_eq!(pick(16, None), Some(0));
         assert_eq!(pick(17, None), Some(1));
         assert_eq!(pick(128, None), Some(1), "above every tile: the largest");
-        assert_eq!(pick(4, Some(256)), Some(0), "pages of 256: BLOCK_N 64 fits");
+        assert_eq!(pick(4, Some(256)), Some(0), "pages of 256: a BLOCK_N 64 block on one page");
         assert_eq!(pick(4, Some(64)), Some(0));
-        assert_eq!(pick(4, Some(32)), Some(2), "pages of 32: BLOCK_N 32, one page per block");
-        assert_eq!(pick(40, Some(32)), Some(3));
-        assert_eq!(pick(4, Some(16)), Some(0), "no block fits a page: the largest");
+        assert_eq!(pick(4, Some(32)), Some(4), "pages of 32: the SMALL_PAGE 32 kernel, not BLOCK_N 32");
+        assert_eq!(pick(40, Some(32)), Some(5));
+        assert_eq!(pick(4, Some(16)), Some(2));
+        assert_eq!(pick(128, Some(16)), Some(3));
+        // Only kernels for other pages: none (check_serves refuses the call).
+        let big_only = [(0, t(16, 64, 0)), (1, t(16, 64, 32))];
+        assert_eq!(pick_tile(|| big_only.iter().copied(), 4, Some(16)), None);
+        assert_eq!(pick_tile(|| big_only.iter().copied(), 4, Some(32)), Some(1));
         assert_eq!(pick_tile(std::iter::empty, 4, None), None);
+        // What each tile serves.
+        assert!(t(16, 64, 0).serves(None) && !t(16, 64, 16).serves(None));
+        assert!(!t(16, 64, 0).serves(Some(32)) && t(16, 32, 0).serves(Some(32)) && !t(16, 64, 32).serves(Some(64)));
     }
 
     #[test]
