@@ -475,7 +475,8 @@ def _plain16(functional: dict[str, Any]) -> bool:
             and not _optional_on(functional))
 
 
-# AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes, one pipeline stage
+# AMD (gfx90a, gfx942, gfx950; wave64).  Every config: 4 waves of 64 lanes (8 for the decode
+# kernel's 64-row tile at hd256, where 4 need a stack object on gfx90a), one pipeline stage
 # (``num_stages`` 1: tiles pass through the LDS once, no prefetch buffers), and ``waves_per_eu``, the
 # occupancy the AMD backend compiles for (LLVM ``amdgpu-waves-per-eu``: at most 512 / waves_per_eu
 # VGPRs + AGPRs per lane).  The picks are the largest waves_per_eu whose ``aligned`` *and* ``generic``
@@ -850,15 +851,20 @@ def _attn_decode_configs(arch: str, functional: dict[str, Any]) -> list[dict[str
     wide = functional["head_dim"] > 128
     bn = 32 if wide else 64
     if TARGETS[arch][0] == "hip":
-        # BLOCK_N 32: at 64 the paged kernels need a 36-byte stack object on every AMD arch; the
-        # 64 x 256 accumulator spills at waves_per_eu 2.
-        tiles = [_amd(64, 32, 1 if wide else 2), _amd(16, 32, 2)]
+        # BLOCK_N 32: at 64 the paged kernels need a 36-byte stack object on every AMD arch. The
+        # 64-row tile: 8 waves at hd256 (4 need the stack object on gfx90a), and no SMALL_PAGE
+        # kernel (at hd 64/128 it needs the stack object on gfx90a or gfx950, at 4 or 8 waves):
+        # pages of 16 take the 16-row tile for every row count.
+        tiles = [_cfg(64, 32, 8, 1, 1) if wide else _amd(64, 32, 2), _amd(16, 32, 2)]
+        small_page_tiles = (16,)
     else:
         # 64 x 256 fp32 accumulator: 8 warps (4 spill at 255 registers).
         tiles = [_cfg(bm, bn, 8 if wide and bm == 64 else 4, 3) for bm in (64, 32, 16)]
+        small_page_tiles = (64, 32, 16)
     if not functional["paged"]:
         return tiles
-    return [dict(c, SMALL_PAGE=page) if page else c for c in tiles for page in (0, 16, 32) if page < c["BLOCK_N"]]
+    return [dict(c, SMALL_PAGE=page) if page else c for c in tiles for page in (0, 16, 32)
+            if page < c["BLOCK_N"] and (page == 0 or c["BLOCK_M"] in small_page_tiles)]
 
 
 def _attn_decode_combine_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

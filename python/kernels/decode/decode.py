@@ -106,7 +106,7 @@ def attn_decode(Q, K, V, O, LSE, O_PART, LSE_PART, PAGE_TABLE, CACHE_SEQLENS, KV
     if PAGED:
         page_table = PAGE_TABLE + z.to(tl.int64) * stride_ptz
         n_slots = CACHE_CAPACITY >> PAGE_SIZE_LOG2
-        bad = tl.zeros([BLOCK_N], dtype=tl.int32)  # keys in range left out for their page id
+        n_bad = 0  # keys in range left out for their page id
         next_ids = block_page_ids(page_table, start, end, n_slots, PAGE_SIZE_LOG2, SMALL_PAGE, BLOCK_N)
         for first in range(start, end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)
@@ -115,11 +115,11 @@ def attn_decode(Q, K, V, O, LSE, O_PART, LSE_PART, PAGE_TABLE, CACHE_SEQLENS, KV
             next_ids = block_page_ids(page_table, first + BLOCK_N, end, n_slots, PAGE_SIZE_LOG2,
                                       SMALL_PAGE, BLOCK_N)
             block, row, ok = page_rows(keys, in_range, ids, PAGE_SIZE_LOG2, N_PAGES, SMALL_PAGE, BLOCK_N)
-            bad |= (in_range & ~ok).to(tl.int32)
+            n_bad += tl.sum((in_range & ~ok).to(tl.int32), 0)
             m_i, l_i, acc = _attend_block(q, K_head, V_head, row_offset(block, row, stride_kz, stride_kn),
                                           row_offset(block, row, stride_vz, stride_vn), ok, keys,
                                           row_lo, row_hi, offs_d, d_ok, qk_scale, m_i, l_i, acc)
-        report_bad_pages(tl.sum(bad, 0), KV_STATUS, STORE_KV_STATUS, PAGED)
+        report_bad_pages(n_bad, KV_STATUS, STORE_KV_STATUS, PAGED)
     else:
         for first in range(start, end, BLOCK_N):
             keys = first + tl.arange(0, BLOCK_N)

@@ -57,12 +57,14 @@ def key_rows(keys, in_range, z, PAGE_TABLE, stride_ptz, PAGE_SIZE_LOG2, N_PAGES,
 def block_page_ids(page_table, first, end, n_slots, PAGE_SIZE_LOG2, SMALL_PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
     """The page ids of keys ``[first, first + BLOCK_N)`` (``first`` a multiple of ``BLOCK_N``) from
     one sequence's ``page_table`` row of ``n_slots`` entries: a scalar, the block's one page
-    (``SMALL_PAGE`` 0), or the ``BLOCK_N // SMALL_PAGE`` pages it spans.  Slots at or past ``end``
-    (or past the row: a page size that is not the kernel's reads no further) read as 0 and are
-    never followed (``page_rows`` leaves their keys out of range)."""
+    (``SMALL_PAGE`` 0), or the ``BLOCK_N // SMALL_PAGE`` pages it spans.  Slots of keys at or past
+    ``end`` read as 0 and are never followed (``page_rows`` leaves their keys out of range); none
+    lies past the row, whatever the run-time page size (``n_slots >= 1`` wherever ``end > 0``).
+    The scalar's slot is clamped rather than masked: a mask there costs the AMD hd256 kernel a
+    36-byte stack object."""
     if SMALL_PAGE == 0:
         slot = first >> PAGE_SIZE_LOG2
-        return tl.load(page_table + slot, mask=(first < end) & (slot < n_slots), other=0)
+        return tl.load(page_table + tl.minimum(slot, n_slots - 1), mask=first < end, other=0)
     else:
         slots = first // SMALL_PAGE + tl.arange(0, BLOCK_N // SMALL_PAGE)
         return tl.load(page_table + slots, mask=(slots * SMALL_PAGE < end) & (slots < n_slots), other=0)
