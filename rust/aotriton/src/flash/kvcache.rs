@@ -41,7 +41,8 @@
 //!
 //! ```text
 //!     G        = Hq / Hk,  rows = G · Sq
-//!     BLOCK_M  = the smallest compiled BLOCK_M ≥ rows, else the largest
+//!     BLOCK_M  = the smallest compiled BLOCK_M ≥ rows, else the largest, among the kernels
+//!                for the call's pages (dense; pages of ≥ BLOCK_N keys; SMALL_PAGE = the page)
 //!     programs = B · Hk · cdiv(rows, BLOCK_M)
 //!     C        = the cache capacity: S_cache (dense) or MAX_PAGES · PAGE_SIZE (paged)
 //!     num_splits = 0:  N_SPLITS = clamp(floor(2 · SMs / programs), 1, min(128, cdiv(C, 256)))
