@@ -11,7 +11,7 @@ the same process. Peers: SDPA with enable_gqa where the backend takes it, else K
 heads (the same attention; bandwidth still counted on the un-expanded bytes), no mask (the keys of
 the bottom-right causal mask at Sq 1; a little more work above it). Column pgN: dense time / paged time, the
 same cache as a pool of N-key pages in a random order with its block_table (aotriton only; the
-peers have no paged path in torch; --pages picks N, 64 by default). Before timing, aotriton's
+peers have no paged path in torch; --pages picks N: 16, 32 and 64 by default). Before timing, aotriton's
 dense and paged outputs are compared with cuDNN's (or FA2's);
 a difference above 2e-2 × max|ref| marks the row WRONG and the exit status 1.
 
@@ -39,7 +39,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--quick", action="store_true", help="only B8 and B64 at Sk 4096")
-    ap.add_argument("--pages", default="64", help="page sizes of the paged columns, comma-separated (default 64)")
+    ap.add_argument("--pages", default="16,32,64",
+                    help="page sizes of the paged columns, comma-separated (default 16,32,64)")
     args = ap.parse_args()
     pages = [int(p) for p in args.pages.split(",")]
     torch.manual_seed(0)
