@@ -1126,6 +1126,11 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
 SERVING_KEYS = ("SMALL_PAGE",)
 
 
+def _serves(config: dict[str, int]) -> tuple[int, ...]:
+    """The calls a config's kernel serves, as its ``SERVING_KEYS`` values (0 where absent)."""
+    return tuple(config.get(k, 0) for k in SERVING_KEYS)
+
+
 def config_tag(config: dict[str, int]) -> str:
     """The config part of a kernel id, also the name the tuning database uses: ``m128n64w4s2``
     (``e<waves_per_eu>`` appended on AMD; Gluon: ``m<BLOCK_M>n<BLOCK_N>st<STAGES>r<maxnreg>``; the
@@ -1206,9 +1211,9 @@ def enumerate_kernels(arch: str, families: list[Family] | None = None, tuning=No
                 specs.append(dataclasses.replace(spec, tuned_for=tuple(won.get(config_tag(config), ())),
                                                  tuned_only=config not in heuristic, portable_for=yielded))
             if "generic" in family.variants:
-                for serves in sorted({tuple(c.get(k, 0) for k in SERVING_KEYS) for c in heuristic}):
-                    group = [c for c in heuristic if tuple(c.get(k, 0) for k in SERVING_KEYS) == serves]
-                    smallest = min(group, key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
+                for serves in sorted({_serves(c) for c in heuristic}):
+                    smallest = min((c for c in heuristic if _serves(c) == serves),
+                                   key=lambda c: (c["BLOCK_M"], c.get("BLOCK_N", 0)))
                     specs.append(_spec(family, arch, functional, smallest, "generic"))
     specs.sort(key=lambda s: s.id)
     ids = [s.id for s in specs]
