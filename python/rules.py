@@ -134,9 +134,15 @@ ALIBI = [False, True]
 #: Attention sinks (a logit per query head in the softmax normaliser); forward only: the backward's
 #: dQ/dK/dV kernels see the sink through the LSE, and its gradient has its own family.
 SINKS = [False, True]
+#: Packed (varlen) batches as a compile-time axis: the Gluon forward reads them through ragged TMA
+#: descriptors (kernels/flash_gluon/ragged.py).  The portable kernels take packing at run time
+#: (``IS_VARLEN``) and have no such axis.
+VARLEN = [False, True]
+#: The optional axes that change the scores or V's shape (``_optional_on``).
+SCORE_AXES = ("softcap", "alibi", "sinks", "head_dim_v")
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
-OPTIONAL_AXES = ("softcap", "alibi", "sinks", "head_dim_v")
+OPTIONAL_AXES = (*SCORE_AXES, "varlen")
 #: V's head-dim bucket where it differs from Q/K's (``head_dim``): an optional axis (0 = V's head dim
 #: is Q/K's), compiled for these (Q/K bucket, V bucket) pairs: DeepSeek-style MLA prefill's 192/128
 #: and 128/64. Output and dV use V's head dim; the kernels take ``HEAD_DIM_V`` and ``D_HEAD_V``.
@@ -289,7 +295,7 @@ _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_B
 _GLUON_WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
 ATTN_FWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
-     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW]
+     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW, "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FWD_KNOBS
 )
 #: The fp8 forward (kernels/flash_gluon/fwd_fp8.py): fp32 dequantisation factors per (batch, KV head).
@@ -359,8 +365,10 @@ def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str
         return {"desc_q": (dt, q), "desc_k": (dt, [1, 1, config["BLOCK_N"], hd]),
                 "desc_vt": (dt, [1, 1, hd, config["BLOCK_N"]]), "desc_o": ("bf16", q)}
     if family == "attn_fwd_gluon":
-        q = [1, 1, 64, hd]   # one consumer warpgroup's 64 rows
-        kv = [1, 1, config["BLOCK_N"], hd]
+        # one consumer warpgroup's 64 rows; packed batches: ragged descriptors (flash_gluon/ragged.py)
+        lead = [1, 1, 1] if functional.get("varlen") else [1, 1]
+        q = lead + [64, hd]
+        kv = lead + [config["BLOCK_N"], hd]
         return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_o": (dt, q)}
     q = [1, 1, config["BLOCK_M"], hd]
     kv = [1, 1, config["BLOCK_N"], hd]
@@ -453,8 +461,8 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
 # --------------------------------------------------------------------------
 
 def _optional_on(functional: dict[str, Any]) -> bool:
-    """Whether one of the ``OPTIONAL_AXES`` (softcap, alibi, sinks, head_dim_v) is on."""
-    return any(functional.get(a) for a in OPTIONAL_AXES)
+    """Whether one of the ``SCORE_AXES`` (softcap, alibi, sinks, head_dim_v) is on."""
+    return any(functional.get(a) for a in SCORE_AXES)
 
 
 def _cfg(bm, bn, w, s, waves_per_eu=None):
@@ -787,7 +795,9 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
         knobs["CTAS_PER_SM"] = 2
         return [_gluon_cfg(128, 64, 2, maxnreg=80, CONSUMER_REGS=104, PEEL_FULL=1, OVERLAP=0, PERSISTENT=0, **knobs)]
     if hd == 128:
-        return [_gluon_cfg(128, 128, 2, CONSUMER_REGS=240, PEEL_FULL=1, OVERLAP=1, PERSISTENT=1, **knobs)]
+        # Packed batches: one CTA per tile (the persistent schedule walks fixed-length heads).
+        persistent = 0 if functional.get("varlen") else 1
+        return [_gluon_cfg(128, 128, 2, CONSUMER_REGS=240, PEEL_FULL=1, OVERLAP=1, PERSISTENT=persistent, **knobs)]
     return [_gluon_cfg(128, 64, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, PERSISTENT=0, **knobs)]
 
 
@@ -966,7 +976,8 @@ def _gluon_family(name, module, args, axes, configs, language="gluon") -> Family
 
 GLUON_DTYPES = ["fp16", "bf16"]
 ATTN_FWD_GLUON = _gluon_family("attn_fwd_gluon", "kernels/flash_gluon/fwd.py", ATTN_FWD_GLUON_ARGS,
-                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_fwd_gluon_configs)
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "varlen": VARLEN},
+                               _attn_fwd_gluon_configs)
 ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
     "attn_bwd_gluon_preprocess", "kernels/flash_gluon/bwd_preprocess.py", ATTN_BWD_GLUON_PREPROCESS_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")

@@ -169,34 +169,40 @@ class GluonCompileTest(unittest.TestCase):
     """A Gluon kernel through the same driver: GluonASTSource, and the TMA box of every descriptor
     argument in its JSON (the runtime encodes its CUtensorMaps from these)."""
 
-    ONLY = "attn_fwd_gluon-bf16-hd64-"
+    ONLY = "attn_fwd_gluon-bf16-hd64-"  # the [B, H, S, D] kernel and the packed-batch (varlen1) one
 
     def test_descriptor_meta_in_json(self):
         tmp = tempfile.mkdtemp(prefix="aotriton-test-gluon-")
         try:
             (st,) = driver.build(["sm_90"], os.path.join(tmp, "out"), os.path.join(tmp, "cache"), jobs=1,
                                  only=self.ONLY, log=lambda _: None)
-            self.assertEqual(st.kernels, 1)
+            self.assertEqual(st.kernels, 2)
             arch_dir = os.path.join(tmp, "out", "sm_90")
-            (name,) = [n for n in os.listdir(arch_dir) if n.startswith(self.ONLY) and n.endswith(".json")]
-            with open(os.path.join(arch_dir, name)) as f:
-                info = json.load(f)
+            infos = {}
+            for name in os.listdir(arch_dir):
+                if name.startswith(self.ONLY) and name.endswith(".json"):
+                    with open(os.path.join(arch_dir, name)) as f:
+                        infos["varlen1" in name] = json.load(f)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        self.assertEqual(info["family"], "attn_fwd_gluon")
-        self.assertEqual(info["num_warps"], 12, "two consumer warpgroups and the loader warp")
-        self.assertEqual(info["global_scratch_size"], 0)
-        descs = [a for a in info["args"] if a["type"].startswith("tensordesc")]
-        self.assertEqual([a["name"] for a in descs], ["desc_q", "desc_k", "desc_v", "desc_o"])
-        for a in descs:
-            meta = a["tensordesc"]
-            self.assertEqual(set(meta), set(driver.TENSORDESC_FIELDS))
-            self.assertEqual((meta["swizzle"], meta["elem_size"], meta["elem_type"]), (3, 2, 10))  # 128 B, bf16
-            self.assertEqual(len(meta["block_size"]), 4)
-        self.assertEqual(descs[0]["tensordesc"]["block_size"], [1, 1, 64, 64])
-        for a in info["args"]:
-            if not a["type"].startswith("tensordesc"):
-                self.assertNotIn("tensordesc", a)
+        self.assertEqual(set(infos), {False, True})
+        for varlen, info in infos.items():
+            self.assertEqual(info["family"], "attn_fwd_gluon")
+            self.assertEqual(info["num_warps"], 12, "two consumer warpgroups and the loader warp")
+            self.assertEqual(info["global_scratch_size"], 0)
+            descs = [a for a in info["args"] if a["type"].startswith("tensordesc")]
+            self.assertEqual([a["name"] for a in descs], ["desc_q", "desc_k", "desc_v", "desc_o"])
+            # packed batches: rank-5 ragged descriptors (kernels/flash_gluon/ragged.py)
+            lead = [1, 1, 1] if varlen else [1, 1]
+            for a in descs:
+                meta = a["tensordesc"]
+                self.assertEqual(set(meta), set(driver.TENSORDESC_FIELDS))
+                self.assertEqual((meta["swizzle"], meta["elem_size"], meta["elem_type"]), (3, 2, 10))  # 128 B, bf16
+                self.assertEqual(len(meta["block_size"]), len(lead) + 2)
+            self.assertEqual(descs[0]["tensordesc"]["block_size"], lead + [64, 64])
+            for a in info["args"]:
+                if not a["type"].startswith("tensordesc"):
+                    self.assertNotIn("tensordesc", a)
 
 
 if __name__ == "__main__":

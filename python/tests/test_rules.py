@@ -44,7 +44,7 @@ FAMILY_COUNTS_SM90 = {
 #: 16-row tile only: 3 kernels per dense functional, 5 per paged one.
 AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
@@ -135,6 +135,8 @@ _WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
 GLUON_CONTRACT = {
     "attn_fwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
                        "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
+                       "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
+                       "STORE_VARLEN_STATUS",
                        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
                        "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT", "Q_BUFS"],
     "attn_bwd_gluon_preprocess": ["O", "DO", "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh",
@@ -461,6 +463,8 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertEqual(s.variant, "aligned")
                 self.assertEqual(s.sources, ("flash", "flash_gluon"))
                 hd, dt = s.functional["head_dim"], s.functional["dtype"]
+                # packed batches: ragged descriptors, one more leading dimension (flash_gluon/ragged.py)
+                lead = "1, 1, 1" if s.functional.get("varlen") else "1, 1"
                 for name, ty in s.signature.items():
                     if name.startswith("desc_"):
                         self.assertTrue(ty.startswith("tensordesc<"), ty)
@@ -468,7 +472,14 @@ class EnumerateKernelsTest(unittest.TestCase):
                         if name in ("desc_q", "desc_o", "desc_do"):
                             # the fp8 forward writes O in bf16
                             odt = "bf16" if (s.family, name) == ("attn_fwd_gluon_fp8", "desc_o") else dt
-                            self.assertIn(f"{odt}[1, 1, 64, {hd}]", ty)
+                            self.assertIn(f"{odt}[{lead}, 64, {hd}]", ty)
+                if s.family == "attn_fwd_gluon":
+                    self.assertEqual("varlen" in s.functional, "varlen1" in s.id)  # absent when off
+                    if s.functional.get("varlen"):
+                        self.assertIn(f"{dt}[{lead}, {s.config['BLOCK_N']}, {hd}]", s.signature["desc_k"])
+                        self.assertEqual(s.constexprs["PERSISTENT"], 0, "packed batches: one CTA per tile")
+                        for name in ("CU_SEQLENS_Q", "CU_SEQLENS_K", "VARLEN_STATUS"):
+                            self.assertEqual(s.signature[name], "*i32")
                 if s.family == "attn_fwd_gluon_fp8":  # Vᵀ in [HEAD_DIM, BLOCK_N] tiles (ABI.md)
                     self.assertIn(f"fp8e4nv[1, 1, {hd}, {s.config['BLOCK_N']}]", s.signature["desc_vt"])
                     self.assertEqual(s.constexprs["PINGPONG"], 1)

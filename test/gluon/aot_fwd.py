@@ -79,6 +79,8 @@ def signature(dtype, head_dim, block_n):
         "LSE": "*fp32", "stride_lz": "i64", "stride_lh": "i64", "sm_scale": "fp32", "STORE_LSE": "i32",
         "N_CTX_Q": "i32", "N_CTX_K": "i32", "GQA_GROUP": "i32",
         "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32",
+        "IS_VARLEN": "i32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "N_TOKENS_Q": "i32", "N_TOKENS_K": "i32",
+        "VARLEN_STATUS": "*i32", "STORE_VARLEN_STATUS": "i32",
         "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
     }
 

@@ -84,6 +84,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
+from ..flash.varlen import sequence
+from .ragged import is_ragged, row_coords, row_offset
 from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -147,12 +149,13 @@ def _p_operand_layout(o_layout, operand_dtype):
 
 
 @gluon.jit
-def _load_v(desc_v, off_z, off_hk, col, bar, buf):
-    """TMA load of the V block at key ``col`` (fp8: the ``[HEAD_DIM, BLOCK_N]`` column strip of Vᵀ)."""
+def _load_v(desc_v, off_z, off_hk, col, k_end, k_len, bar, buf):
+    """TMA load of the V block at key ``col`` (fp8: the ``[HEAD_DIM, BLOCK_N]`` column strip of Vᵀ).
+    ``k_end``/``k_len``: the packed sequence (``ragged.row_coords``)."""
     if desc_v.dtype.is_fp8():
         tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, 0, col], bar, buf)
     else:
-        tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, col, 0], bar, buf)
+        tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, off_z, off_hk, col, k_end, k_len), bar, buf)
 
 
 @gluon.jit
@@ -214,7 +217,7 @@ def _wait_pv(acc, p):
 @gluon.jit
 def _v_operand(v_bufs, slot):
     """Ring slot ``slot`` as the PV product's ``[BLOCK_N, HEAD_DIM]`` B operand."""
-    tile = v_bufs.index(slot).reshape([v_bufs.shape[3], v_bufs.shape[4]])
+    tile = v_bufs.index(slot).reshape([v_bufs.shape[-2], v_bufs.shape[-1]])
     if v_bufs.dtype.is_fp8():
         tile = tile.permute((1, 0))
     return tile
@@ -225,14 +228,16 @@ def _v_operand(v_bufs, slot):
 # ----------------------------------------------------------------------------
 @gluon.jit
 def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
-            off_z, off_h, off_hk, q_row0, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
-    q_rows: gl.constexpr = desc_q.block_type.shape[2]
+            off_z, off_h, off_hk, q_row0, q_end, q_len, k_end, k_len, n_full, full_lo, start, n_lead, full_hi,
+            n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, NUM_CONSUMERS: gl.constexpr):
+    """``q_end``/``q_len``, ``k_end``/``k_len``: the packed sequences of a varlen batch (read with
+    ragged descriptors only: ``ragged.row_coords``)."""
+    q_rows: gl.constexpr = desc_q.block_type.shape[-2]
     # One barrier per Q tile, so each consumer starts as soon as its own rows have landed.
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_bars.index(c), desc_q.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [off_z, off_h, q_row0 + c * q_rows, 0], q_bars.index(c),
-                                        q_bufs.index(c))
+        tma.async_copy_global_to_shared(desc_q, row_coords(desc_q, off_z, off_h, q_row0 + c * q_rows, q_end, q_len),
+                                        q_bars.index(c), q_bufs.index(c))
     for it in range(n_blocks):
         col = _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
         slot = it % STAGES
@@ -241,12 +246,13 @@ def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_r
         # of the ring needs no release.
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [off_z, off_hk, col, 0], k_ready.index(slot), k_bufs.index(slot))
+        tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, off_z, off_hk, col, k_end, k_len),
+                                        k_ready.index(slot), k_bufs.index(slot))
         # V is released later than K (after the PV product): wait for it separately so
         # K_{j+1} can land while PV_j is still reading its V slot.
         mbarrier.wait(v_empty.index(slot), phase ^ 1)
         mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
-        _load_v(desc_v, off_z, off_hk, col, v_ready.index(slot), v_bufs.index(slot))
+        _load_v(desc_v, off_z, off_hk, col, k_end, k_len, v_ready.index(slot), v_bufs.index(slot))
 
 
 # ----------------------------------------------------------------------------
@@ -268,8 +274,8 @@ def _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N
 def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
     """Start ``S = Q K^T`` on the tensor cores (async); the caller waits for it."""
     rows: gl.constexpr = q_smem.shape[0]
-    block_n: gl.constexpr = k_bufs.shape[3]
-    head_dim: gl.constexpr = k_bufs.shape[4]
+    block_n: gl.constexpr = k_bufs.shape[-2]
+    head_dim: gl.constexpr = k_bufs.shape[-1]
     k_t = k_bufs.index(slot).reshape([block_n, head_dim]).permute((1, 0))
     s0 = gl.zeros([rows, block_n], gl.float32, s_layout)
     return warpgroup_mma(q_smem, k_t, s0, use_acc=False, is_async=True)
@@ -389,14 +395,15 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
 
 @gluon.jit
 def _store_outputs(o, lse, o_tile, o_smem, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z, off_h, row0, rows,
-                   N_CTX_Q):
+                   N_CTX_Q, q_end):
     """O through a shared tile (16-bit: the Q tile, whose last reader, S = Q K^T, has retired) and a
-    TMA store; LSE by plain stores."""
+    TMA store; LSE by plain stores (a packed batch's at its sequence's rows: ``stride_lz`` is 0)."""
     o_smem.store(o.to(desc_o.dtype))
     fence_async_shared()  # order the generic-proxy smem writes before the async-proxy (TMA) read
-    tma.async_copy_shared_to_global(desc_o, [off_z, off_h, row0, 0], o_tile)
+    tma.async_copy_shared_to_global(desc_o, row_coords(desc_o, off_z, off_h, row0, q_end, N_CTX_Q), o_tile)
     if STORE_LSE != 0:
-        lse_ptrs = LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh + rows
+        lse_ptrs = (LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
+                    + row_offset(desc_o, q_end, N_CTX_Q) + rows)
         gl.store(lse_ptrs, lse, mask=rows < N_CTX_Q)
     tma.store_wait(0)
 
@@ -405,10 +412,12 @@ def _store_outputs(o, lse, o_tile, o_smem, desc_o, LSE, stride_lz, stride_lh, ST
 def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
               q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
               off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-              qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+              qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = 0):
-    QB: gl.constexpr = q_bufs.shape[3]
+    """``N_CTX_Q``/``N_CTX_K``: the lengths of this CTA's sequence; ``q_end``: where it ends among
+    a packed batch's rows (ragged descriptors only)."""
+    QB: gl.constexpr = q_bufs.shape[-2]
     TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
@@ -489,7 +498,7 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     # 16-bit: O goes out through the Q tile (o_bufs is q_bufs); fp8: through its own 16-bit tile.
     o_tile = o_bufs.index(cid)
     _store_outputs(o, lse, o_tile, o_tile.reshape([QB, HEAD_DIM]), desc_o, LSE, stride_lz, stride_lh, STORE_LSE, off_z,
-                   off_h, row0, rows, N_CTX_Q)
+                   off_h, row0, rows, N_CTX_Q, q_end)
 
 
 
@@ -612,7 +621,7 @@ def _loader_pers(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empt
                                                 k_bufs.index(slot))
                 mbarrier.wait(v_empty.index(slot), phase ^ 1)
                 mbarrier.expect(v_ready.index(slot), desc_v.block_type.nbytes)
-                _load_v(desc_v, off_z, off_hk, col, v_ready.index(slot), v_bufs.index(slot))
+                _load_v(desc_v, off_z, off_hk, col, 0, 0, v_ready.index(slot), v_bufs.index(slot))
             kv0 += n_blocks
             i += 1
         u += _nctaid_x(u)
@@ -776,17 +785,48 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
 @gluon.jit
 def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                  IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                   DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz, stride_dsvh,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr, PEEL: gl.constexpr,
                   OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0):
     """The query tile ``_tile_coords`` names: loader and consumers over warp_specialize.  The
-    ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None).
-    ``PINGPONG``: the two consumers take turns on the tensor cores (``_take_turn``)."""
+    ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None); the
+    packing group (``IS_VARLEN`` .. ``STORE_VARLEN_STATUS``, ``kernels/flash/varlen.py``) with
+    ragged descriptors only (``ragged.py``).  ``PINGPONG``: the two consumers take turns on the
+    tensor cores (``_take_turn``)."""
     gl.static_assert(PINGPONG == 0 or N_CONS == 2, "PINGPONG alternates two consumers")
     # -- program scheduling --------------------------------------------------------
     start_m, off_h, off_z = _tile_coords(SCHEDULE)
     off_hk = off_h // GQA_GROUP
+    if is_ragged(desc_q.block_type.shape):
+        # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
+        q_start, N_CTX_Q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
+                                    STORE_VARLEN_STATUS)
+        k_start, N_CTX_K = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS,
+                                    STORE_VARLEN_STATUS)
+        q_end = q_start + N_CTX_Q
+        k_end = k_start + N_CTX_K
+        if start_m * BLOCK_M >= N_CTX_Q:  # a shorter sequence of the batch: no rows here
+            return
+    else:
+        q_end = off_z
+        k_end = off_z
+    _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
+               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
+               DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,
+               stride_dsvh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, PINGPONG)
+
+
+@gluon.jit
+def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
+               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
+               DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,
+               stride_dsvh, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr, N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr,
+               PEEL: gl.constexpr, OVL: gl.constexpr, PINGPONG: gl.constexpr):
+    """Query block ``start_m`` of head ``off_h`` of sequence ``off_z`` (lengths ``N_CTX_Q``/``N_CTX_K``;
+    ``q_end``/``k_end`` where a packed sequence ends)."""
 
     # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
@@ -836,33 +876,33 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
         gl.warp_specialize([
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
                           BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
                           BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
-                       off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-                       BLOCK_N, STAGES, N_CONS)),
+                       off_z, off_h, off_hk, start_m * BLOCK_M, q_end, N_CTX_Q, k_end, N_CTX_K, n_full, full_lo,
+                       start, n_lead, full_hi, n_blocks, BLOCK_N, STAGES, N_CONS)),
         ], [4, 1], [C_REGS, L_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
                           BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
                           BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, HEAD_DIM, BLOCK_M,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
                           BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
-                       off_z, off_h, off_hk, start_m * BLOCK_M, n_full, full_lo, start, n_lead, full_hi, n_blocks,
-                       BLOCK_N, STAGES, N_CONS)),
+                       off_z, off_h, off_hk, start_m * BLOCK_M, q_end, N_CTX_Q, k_end, N_CTX_K, n_full, full_lo,
+                       start, n_lead, full_hi, n_blocks, BLOCK_N, STAGES, N_CONS)),
         ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
 
 
@@ -872,6 +912,7 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
 @gluon.jit
 def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE,
                    N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
+                   IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                    LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
@@ -887,12 +928,14 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
     QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
     gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
-    gl.static_assert(desc_q.block_type.shape[2] == 64, "Q/O descriptor block: [1, 1, 64, HEAD_DIM]")
-    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "Q/O descriptor block: [1, 1, 64, HEAD_DIM]")
-    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K/V descriptor block: [1, 1, BLOCK_N, HEAD_DIM]")
-    gl.static_assert(desc_k.block_type.shape[3] == HEAD_DIM, "K/V descriptor block: [1, 1, BLOCK_N, HEAD_DIM]")
+    # Blocks [1, 1, rows, HEAD_DIM] over [B, H, S, D], or ragged ones [1, 1, 1, rows, HEAD_DIM] (ragged.py).
+    gl.static_assert(desc_q.block_type.shape[-2] == 64, "Q/O descriptor block: [.., 64, HEAD_DIM]")
+    gl.static_assert(desc_q.block_type.shape[-1] == HEAD_DIM, "Q/O descriptor block: [.., 64, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[-2] == BLOCK_N, "K/V descriptor block: [.., BLOCK_N, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[-1] == HEAD_DIM, "K/V descriptor block: [.., BLOCK_N, HEAD_DIM]")
 
     if PERS:
+        gl.static_assert(not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: one CTA per tile")
         gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
         # -- persistent: grid (G, 1, 1), G = num_programs(0); B and Hq from Q's/O's descriptor shape.
         # The partitions derive everything from kernel parameters themselves (no computed captures).
@@ -947,5 +990,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             ], [4, 4, 1], [C_REGS, C_REGS, L_REGS])
     else:
         _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
-                      GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, None, 0, 0, None, 0, 0, None, 0, 0,
+                      GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
+                      CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
+                      None, 0, 0, None, 0, 0, None, 0, 0,
                       HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE)

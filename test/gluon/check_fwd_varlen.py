@@ -1,0 +1,310 @@
+"""GPU check of the Gluon forward on packed (varlen) batches: ragged TMA descriptors.
+
+Launches ``attn_fwd_gluon`` through Triton's JIT with the shipped configs (``python/rules.py``,
+``varlen`` on) and the descriptors the runtime builds (``python/kernels/flash_gluon/ragged.py``:
+rank 5 over the packed ``[tokens, H, D]`` tensors), and checks each sequence against float64
+attention of that sequence alone (``check_fwd.reference_f64``), with the bound of ``check_fwd``
+(3x the error of the same math in the input dtype, + 1e-3; LSE within 1e-3, +inf exactly on rows
+that see no key).  Outputs are poisoned with NaN and the packed tensors carry NaN guard rows
+before and after the tokens: a row the kernel fails to write, a read past a sequence that is not
+masked, or a write outside the tokens shows up.  The status word must stay 0.
+
+usage: python test/gluon/check_fwd_varlen.py [--bench] [--filter SUBSTR]
+  --bench   a packed batch of 16 sequences (~42k tokens, Hq/Hk 32/8, hd128, causal and not) beside
+            the fixed-length Gluon forward on the same token count and torch's varlen_attn
+"""
+import argparse
+import math
+import os
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_fwd  # noqa: E402  (sets up sys.path for python/)
+
+import rules  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from kernels.flash_gluon.ragged import RAGGED_ROWS  # noqa: E402
+
+#: The two address-only leading dimensions of a ragged descriptor (ragged.py).
+RAGGED_SPAN = 0x7FFF0000
+GUARD = 3  # NaN rows before and after the packed tokens
+
+
+def shipped_config(head_dim):
+    (c, ) = rules._attn_fwd_gluon_configs("sm_90", {"head_dim": head_dim, "varlen": True})
+    return c
+
+
+def ragged_descriptor(t, rows, head_dim, dtype):
+    """The runtime's ragged descriptor over a packed ``[tokens, H, D]`` tensor (ragged.py)."""
+    rs, hs = t.stride(0), t.stride(1)
+    shape = [RAGGED_SPAN, RAGGED_SPAN, t.shape[1], RAGGED_ROWS, t.shape[2]]
+    strides = [2**34 - rs, rs, hs, rs, 1]
+    block = [1, 1, 1, rows, head_dim]
+    layout = gl.NVMMASharedLayout.get_default_for(block, check_fwd.GL_DTYPES[dtype])
+    return TensorDescriptor(t, shape, strides, block, layout)
+
+
+def launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, dtype, sm_scale, wl, wr, align, store_lse=True):
+    """One launch over packed q/k/v/o (``[tokens, H, D]`` views), lse ``[Hq, tokens]``."""
+    _, hq, d = q.shape
+    hk = k.shape[1]
+    head_dim = check_fwd.head_dim_bucket(d)
+    c = shipped_config(head_dim)
+    assert not c.get("PERSISTENT"), "packed batches take the one-tile program"
+    n_seq = cu_q.numel() - 1
+    dq_, dk_ = ragged_descriptor(q, 64, head_dim, dtype), ragged_descriptor(k, c["BLOCK_N"], head_dim, dtype)
+    dv_, do_ = ragged_descriptor(v, c["BLOCK_N"], head_dim, dtype), ragged_descriptor(o, 64, head_dim, dtype)
+    grid = (triton.cdiv(max_q, c["BLOCK_M"]), hq, n_seq)
+    cx = {k_: c[k_] for k_ in ("BLOCK_M", "BLOCK_N", "STAGES", *rules.GLUON_FWD_KNOBS) if k_ in c}
+
+    def launch():
+        check_fwd.KERNEL[grid](dq_, dk_, dv_, do_, lse, 0, lse.stride(0), sm_scale, int(store_lse), max_q, max_k,
+                               hq // hk, wl, wr, align, 1, cu_q, cu_k, q.shape[0], k.shape[0], status, 1,
+                               HEAD_DIM=head_dim, **cx, num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+    return launch
+
+
+@dataclass
+class Case:
+    dtype: str
+    d: int
+    lens_q: list
+    lens_k: list = field(default=None)
+    mask: str = "none"
+    hq: int = 2
+    hk: int = 2
+    store_lse: bool = True
+
+    def __post_init__(self):
+        if self.lens_k is None:
+            self.lens_k = list(self.lens_q)
+
+    def name(self):
+        lk = "" if self.lens_k == self.lens_q else f" k{self.lens_k}"
+        return (f"{self.dtype} d{self.d} hq{self.hq} hk{self.hk} q{self.lens_q}{lk} {self.mask}"
+                f"{'' if self.store_lse else ' no-lse'}")
+
+
+def cases():
+    out = []
+    ragged = [300, 1, 129, 0, 1000, 17, 128]
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128, 256, 72, 192):
+            out.append(Case(dtype, d, ragged, mask="none"))
+            out.append(Case(dtype, d, ragged, mask="causal"))
+    # Sq != Sk per sequence, both ways, bottom-right causal and windows (rows that see no key).
+    lq, lk = [129, 1000, 5, 0, 64], [1000, 129, 0, 7, 65]
+    for mask in ("causal_br", "causal", "win64_32", "win16_0_br", "win0_0"):
+        for d in (64, 128, 256):
+            out.append(Case("bf16", d, lq, lk, mask))
+    # GQA / MQA, LSE off, one long sequence among short ones.
+    out.append(Case("bf16", 128, [777, 3, 2048], mask="causal_br", hq=8, hk=2))
+    out.append(Case("fp16", 64, [777, 3, 2048], mask="none", hq=8, hk=1))
+    out.append(Case("bf16", 256, [333, 1, 64], [64, 333, 1], mask="win64_32", hq=4, hk=1))
+    out.append(Case("bf16", 128, ragged, mask="causal", store_lse=False))
+    out.append(Case("bf16", 128, [1], mask="none"))
+    return out
+
+
+def packed(lengths, h, d, dt, gen, device, fill=None):
+    """``[GUARD + tokens + GUARD, H, D]`` storage (NaN guard rows) and its ``[tokens, H, D]`` view."""
+    total = sum(lengths)
+    store = torch.full((total + 2 * GUARD, h, d), float("nan"), device=device, dtype=dt)
+    if fill is None:
+        store[GUARD:GUARD + total] = torch.randn((total, h, d), generator=gen, device=device).to(dt)
+    return store, store[GUARD:GUARD + total]
+
+
+def cu_seqlens(lengths, device):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return torch.tensor(cu, dtype=torch.int32, device=device)
+
+
+def run_case(case, device="cuda"):
+    dt = check_fwd.TORCH_DTYPES[case.dtype]
+    gen = torch.Generator(device=device).manual_seed(zlib.crc32(case.name().encode()))
+    q_store, q = packed(case.lens_q, case.hq, case.d, dt, gen, device)
+    k_store, k = packed(case.lens_k, case.hk, case.d, dt, gen, device)
+    v_store, v = packed(case.lens_k, case.hk, case.d, dt, gen, device)
+    o_store, o = packed(case.lens_q, case.hq, case.d, dt, gen, device, fill=float("nan"))
+    tq = sum(case.lens_q)
+    lse_store = torch.full((case.hq, tq + 2 * GUARD), float("nan"), device=device, dtype=torch.float32)
+    lse = lse_store[:, GUARD:GUARD + tq]
+    status = torch.zeros(4, dtype=torch.int32, device=device)
+    cu_q, cu_k = cu_seqlens(case.lens_q, device), cu_seqlens(case.lens_k, device)
+    max_q, max_k = max(max(case.lens_q), 1), max(max(case.lens_k), 1)
+    sm_scale = 1.0 / math.sqrt(case.d)
+    wl, wr, align = check_fwd.window(case.mask, max_q, max_k)
+    launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, case.dtype, sm_scale, wl, wr, align,
+                  case.store_lse)()
+    torch.cuda.synchronize()
+
+    ok, worst, worst_bound, notes = True, 0.0, 0.0, []
+    for b, (sq, sk) in enumerate(zip(case.lens_q, case.lens_k)):
+        q0, k0 = int(cu_q[b]), int(cu_k[b])
+        qs = q[q0:q0 + sq].permute(1, 0, 2).unsqueeze(0)
+        ks = k[k0:k0 + sk].permute(1, 0, 2).unsqueeze(0)
+        vs = v[k0:k0 + sk].permute(1, 0, 2).unsqueeze(0)
+        os_ = o[q0:q0 + sq].permute(1, 0, 2).unsqueeze(0)
+        visible = check_fwd.visible_mask(sq, sk, wl, wr, align, q.device)
+        o_ref, lse_ref = check_fwd.reference_f64(qs, ks, vs, sm_scale, visible)
+        o_naive = check_fwd.reference_naive(qs, ks, vs, sm_scale, visible)
+        bound = 3 * check_fwd.max_abs(o_naive.double() - o_ref) + 1e-3
+        if torch.isnan(os_).any().item():
+            ok = False
+            notes.append(f"seq{b} NaN-in-O")
+            continue
+        err = check_fwd.max_abs(os_.double() - o_ref)
+        worst, worst_bound = max(worst, err), max(worst_bound, bound)
+        if err > bound:
+            ok = False
+            notes.append(f"seq{b} o_err {err:.2e} > {bound:.2e}")
+        if case.store_lse:
+            ls = lse[:, q0:q0 + sq].unsqueeze(0)
+            inf_ref = torch.isinf(lse_ref)
+            if not torch.equal(torch.isposinf(ls), inf_ref) or torch.isnan(ls).any().item():
+                ok = False
+                notes.append(f"seq{b} LSE inf/NaN mismatch")
+            elif (~inf_ref).any() and check_fwd.max_abs(ls.double()[~inf_ref] - lse_ref[~inf_ref]) > 1e-3:
+                ok = False
+                notes.append(f"seq{b} lse_err")
+    guards = [("q", q_store), ("k", k_store), ("v", v_store), ("o", o_store)]
+    for name, store in guards:
+        if not (torch.isnan(store[:GUARD]).all() and torch.isnan(store[-GUARD:]).all()):
+            ok = False
+            notes.append(f"{name} guard rows written")
+    if not torch.isnan(lse_store[:, :GUARD]).all() or not torch.isnan(lse_store[:, -GUARD:]).all():
+        ok = False
+        notes.append("lse guard written")
+    if not case.store_lse and not torch.isnan(lse).all():
+        ok = False
+        notes.append("LSE WRITTEN WITH STORE_LSE=0")
+    if int(status.sum()) != 0:
+        ok = False
+        notes.append(f"status {status.tolist()}")
+    line = (f"{'PASS' if ok else 'FAIL'} {case.name()}: o_err {worst:.2e} (bound {worst_bound:.2e})"
+            + ("" if not notes else " " + "; ".join(notes)))
+    return ok, line
+
+
+def check(filter_):
+    passed = failed = 0
+    t0 = time.time()
+    for case in cases():
+        if filter_ and filter_ not in case.name():
+            continue
+        try:
+            ok, line = run_case(case)
+        except Exception as e:  # noqa: BLE001 -- report and go on
+            ok, line = False, f"FAIL {case.name()}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:400]}"
+        passed += ok
+        failed += not ok
+        print(line, flush=True)
+    print(f"check_fwd_varlen: {passed} passed, {failed} failed ({time.time() - t0:.1f} s)")
+    return failed == 0
+
+
+def bench_lengths(n=16, total=42_000, seed=0):
+    """``n`` lengths in [total/n/2, 3·total/n/2] summing to about ``total`` (a fixed draw)."""
+    g = torch.Generator().manual_seed(seed)
+    mean = total // n
+    lens = (torch.rand(n, generator=g) * mean + mean // 2).round().int().tolist()
+    return [max(1, x) for x in lens]
+
+
+def flops(lens, h, d, causal):
+    return sum(4 * h * s * s * d // (2 if causal else 1) for s in lens)
+
+
+def _varlen_attn_call(varlen_attn, q, k, v, cu, max_len, causal):
+    """torch's varlen_attn on our inputs, across its versions' keywords (causal: ``is_causal`` or a
+    ``(-1, 0)`` window; GQA: ``enable_gqa`` where it has it, else K/V heads repeated)."""
+    import inspect
+    params = inspect.signature(varlen_attn).parameters
+    kw = {}
+    if "enable_gqa" in params:
+        kw["enable_gqa"] = True
+    elif q.shape[1] != k.shape[1]:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if "is_causal" in params:
+        kw["is_causal"] = causal
+    elif causal:
+        kw["window_size"] = (-1, 0)
+    return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def bench():
+    dt, dtype, hq, hk, d = torch.bfloat16, "bf16", 32, 8, 128
+    lens = bench_lengths()
+    total = sum(lens)
+    dev = "cuda"
+    q = torch.randn(total, hq, d, device=dev, dtype=dt)
+    k = torch.randn(total, hk, d, device=dev, dtype=dt)
+    v = torch.randn(total, hk, d, device=dev, dtype=dt)
+    o = torch.empty_like(q)
+    lse = torch.empty(hq, total, device=dev, dtype=torch.float32)
+    status = torch.zeros(4, dtype=torch.int32, device=dev)
+    cu = cu_seqlens(lens, dev)
+    sm_scale = 1 / math.sqrt(d)
+    # Fixed length on the same token count: B sequences of the mean length.
+    b_fixed, s_fixed = len(lens), total // len(lens)
+    qf = torch.randn(b_fixed, hq, s_fixed, d, device=dev, dtype=dt)
+    kf = torch.randn(b_fixed, hk, s_fixed, d, device=dev, dtype=dt)
+    vf = torch.randn(b_fixed, hk, s_fixed, d, device=dev, dtype=dt)
+    of = torch.empty_like(qf)
+    lsef = torch.empty(b_fixed, hq, s_fixed, device=dev, dtype=torch.float32)
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    print(f"packed batch: {len(lens)} sequences, {total} tokens (min {min(lens)}, max {max(lens)}), "
+          f"Hq/Hk {hq}/{hk}, hd{d}, bf16; fixed length: B{b_fixed} S{s_fixed}")
+    for mask in ("none", "causal"):
+        causal = mask == "causal"
+        wl, wr, align = check_fwd.window(mask, max(lens), max(lens))
+        ours = launch_varlen(q, k, v, o, lse, status, cu, cu, max(lens), max(lens), dtype, sm_scale, wl, wr, align)
+        wlf, wrf, alf = check_fwd.window(mask, s_fixed, s_fixed)
+        fixed = check_fwd.prepare(qf, kf, vf, of, lsef, dtype, sm_scale, wlf, wrf, alf, variant="product")
+        ms = triton.testing.do_bench(ours, warmup=25, rep=200)
+        ms_f = triton.testing.do_bench(fixed, warmup=25, rep=200)
+        tf = flops(lens, hq, d, causal) / ms / 1e9
+        tf_f = flops([s_fixed] * b_fixed, hq, d, causal) / ms_f / 1e9
+        line = (f"varlen {mask:6s}: gluon {tf:6.1f} TFLOP/s ({ms:.3f} ms)  fixed-length gluon {tf_f:6.1f} "
+                f"({ms_f:.3f} ms)  ratio {tf / tf_f:.3f}")
+        if varlen_attn is not None:
+            peer = _varlen_attn_call(varlen_attn, q, k, v, cu, max(lens), causal)
+            try:
+                ms_p = triton.testing.do_bench(peer, warmup=25, rep=200)
+                tf_p = flops(lens, hq, d, causal) / ms_p / 1e9
+                line += f"  torch varlen_attn {tf_p:6.1f} ({ms_p:.3f} ms)  ours/varlen_attn {tf / tf_p:.3f}"
+            except Exception as e:  # noqa: BLE001
+                line += f"  torch varlen_attn: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        else:
+            line += "  torch varlen_attn: not in this torch"
+        print(line, flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--filter", default="")
+    args = ap.parse_args()
+    ok = check(args.filter)
+    if args.bench:
+        bench()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
