@@ -14,6 +14,15 @@ pub(crate) const MAX_RANK: usize = crate::archive::MAX_TENSORDESC_RANK;
 const MAX_STRIDE_BYTES: u64 = 1 << 40;
 const MAX_SIZE: u64 = 1 << 32;
 
+/// Ragged descriptors (python/kernels/flash_gluon/ragged.py): the size of the row dimension,
+/// the most tokens a packed tensor may have.
+pub(crate) const RAGGED_ROWS: u64 = 1 << 30;
+/// Ragged descriptors: the size of the two leading, address-only dimensions.
+const RAGGED_SPAN: u64 = 0x7fff_0000;
+/// Ragged descriptors: the first dimension's stride is this minus the row stride (elements), so
+/// that `RAGGED_ROWS` of its steps are 2^64 elements: nothing, modulo the address width.
+const RAGGED_WRAP: i64 = 1 << 34;
+
 /// A strided tensor given to a descriptor argument: sizes and strides in elements, outermost
 /// first, `rank` of them used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +42,26 @@ impl TensorArg {
         sizes[..R].copy_from_slice(&t.sizes);
         strides[..R].copy_from_slice(&t.strides);
         TensorArg { ptr: t.ptr, dtype: t.dtype, rank: R, sizes, strides }
+    }
+
+    /// The ragged descriptor of a packed `[1, H, tokens, D]` view (ragged.py): rank 5, sizes
+    /// `[RAGGED_SPAN, RAGGED_SPAN, H, RAGGED_ROWS, D]`, strides `[2^34 − rs, rs, hs, rs, 1]`. The
+    /// kernel addresses row `r` of the sequence `[start, start + len)` as
+    /// `[RAGGED_ROWS, start + len, h, RAGGED_ROWS − len + r, 0]`: row `start + r`, in bounds while
+    /// `r < len`. The tensor's own checks (`check`) still apply to the result.
+    pub fn ragged(t: &TensorView<4>) -> Result<TensorArg, TmaProblem> {
+        let [_, heads, tokens, dim] = t.sizes;
+        if tokens > RAGGED_ROWS {
+            return Err(TmaProblem::TooManyTokens { tokens });
+        }
+        let [_, head_stride, row_stride, last] = t.strides;
+        Ok(TensorArg {
+            ptr: t.ptr,
+            dtype: t.dtype,
+            rank: 5,
+            sizes: [RAGGED_SPAN, RAGGED_SPAN, heads, RAGGED_ROWS, dim],
+            strides: [RAGGED_WRAP - row_stride, row_stride, head_stride, row_stride, last],
+        })
     }
 
     /// A dense row-major `rows × cols` matrix.
@@ -56,6 +85,8 @@ pub(crate) enum TmaProblem {
     StrideNotMultiple16 { dim: usize, bytes: i128 },
     StrideTooLarge { dim: usize, bytes: i128 },
     SizeTooLarge { dim: usize, size: u64 },
+    /// A packed tensor has more rows than a ragged descriptor addresses (`RAGGED_ROWS`).
+    TooManyTokens { tokens: u64 },
     /// The kernel's descriptor has another rank or element size than the tensor.
     RankMismatch { tensor: usize, descriptor: usize },
     ElemSizeMismatch { tensor: u64, descriptor: u32 },
@@ -71,6 +102,9 @@ impl fmt::Display for TmaProblem {
             }
             TmaProblem::StrideTooLarge { dim, bytes } => write!(f, "strides[{dim}] is {bytes} bytes, TMA allows < 2^40"),
             TmaProblem::SizeTooLarge { dim, size } => write!(f, "sizes[{dim}] is {size}, TMA allows < 2^32"),
+            TmaProblem::TooManyTokens { tokens } => {
+                write!(f, "{tokens} packed rows, a ragged TMA descriptor addresses at most 2^30")
+            }
             TmaProblem::RankMismatch { tensor, descriptor } => {
                 write!(f, "the tensor has rank {tensor} but the kernel's descriptor rank {descriptor}")
             }
@@ -293,6 +327,30 @@ mod tests {
             Err(TmaProblem::ElemSizeMismatch { tensor: 2, descriptor: 4 })
         );
         assert!(TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 72 }.to_string().contains("72 bytes"));
+    }
+
+    #[test]
+    fn a_ragged_descriptor_wraps_to_the_sequence_row() {
+        // Packed [1, H=4, T=1000, D=72] bf16 (row stride H·D = 288 elements).
+        let v = TensorView::new(0x50000, [1, 4, 1000, 72], [0, 72, 288, 1], DType::BF16);
+        let t = TensorArg::ragged(&v).unwrap();
+        assert_eq!((t.rank, t.sizes()), (5, &[RAGGED_SPAN, RAGGED_SPAN, 4, RAGGED_ROWS, 72][..]));
+        assert_eq!(t.strides, [(1 << 34) - 288, 288, 72, 288, 1]);
+        check(&t).unwrap();
+        // Row r of the sequence [start, start + len) at [ROWS, start + len, h, ROWS - len + r, 0]
+        // lands on row start + r (addresses modulo 2^64), as ragged.py says.
+        let (start, len, r, h) = (700u64, 250u64, 17u64, 3u64);
+        let coords = [RAGGED_ROWS, start + len, h, RAGGED_ROWS - len + r, 0];
+        let elems = coords.iter().zip(t.strides).fold(0u64, |acc, (&c, s)| acc.wrapping_add(c.wrapping_mul(s as u64)));
+        let bytes = elems.wrapping_mul(2);
+        assert_eq!(bytes, ((start + r) * 288 + h * 72) * 2);
+        let e = encode_params(&t, &meta(&[1, 1, 1, 64, 64], 10, 2)).unwrap();
+        assert_eq!(e.rank, 5);
+        assert_eq!(&e.global_dim[..5], &[72, RAGGED_ROWS, 4, RAGGED_SPAN, RAGGED_SPAN]);
+        assert_eq!(&e.global_strides[..4], &[576, 144, 576, ((1u64 << 34) - 288) * 2]);
+        assert_eq!(&e.box_dim[..5], &[64, 64, 1, 1, 1]);
+        let too_many = TensorView::new(0x50000, [1, 1, RAGGED_ROWS + 1, 64], [0, 64, 64, 1], DType::BF16);
+        assert_eq!(TensorArg::ragged(&too_many), Err(TmaProblem::TooManyTokens { tokens: RAGGED_ROWS + 1 }));
     }
 
     #[test]

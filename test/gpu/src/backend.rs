@@ -56,14 +56,21 @@ pub(crate) struct Traits {
     pub head_dim: usize,
     /// Every tensor meets TMA's rules: 16-byte aligned base, strides of 16-byte multiples.
     pub tma_layout: bool,
-    /// Dropout, bias, a packed (varlen) batch or logit soft-capping.
+    /// Dropout, bias, logit soft-capping, ALiBi, sinks or V's own head dim.
     pub features: bool,
+    /// A packed (varlen) batch: the Gluon forward serves it (ragged descriptors), the backward not.
+    pub packed: bool,
 }
 
 impl Traits {
-    /// Both passes serve the head-dim buckets 64, 128 and 256.
-    pub(crate) fn gluon_serves(&self) -> bool {
+    /// The forward serves the head-dim buckets 64, 128 and 256, packed batches included.
+    pub(crate) fn gluon_serves_fwd(&self) -> bool {
         matches!(self.dtype, DType::F16 | DType::BF16) && !self.features && self.tma_layout && self.head_dim <= 256
+    }
+
+    /// Both passes serve the call.
+    pub(crate) fn gluon_serves(&self) -> bool {
+        self.gluon_serves_fwd() && !self.packed
     }
 }
 

@@ -107,7 +107,7 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
         .map_err(|why| why.error("attn_fwd", None))?;
     let launcher = Launcher::new(stream)?;
     if let Some(g) = gluon_inputs {
-        let call = gluon::FwdCall::new(params, &shape, &mask, &g);
+        let call = gluon::FwdCall::new(params, &shape, &mask, &g)?;
         let gluon_request = call.request()?;
         let ready = gluon::device_ready(&launcher, &[&gluon_request], key);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {

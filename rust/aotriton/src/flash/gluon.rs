@@ -4,7 +4,7 @@
 //! module docs of `flash`.
 use std::fmt;
 
-use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4};
+use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4, varlen_args};
 use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
@@ -138,8 +138,8 @@ fn common_inputs(
     dtype: DType,
     shape: &AttnShape,
     buckets: &[(u64, &'static str)],
-    features: [(bool, Unsupported); 6],
-    tensors: &[(&'static str, TensorArg)],
+    features: &[(bool, Unsupported)],
+    tensors: &[(&'static str, Result<TensorArg, TmaProblem>)],
 ) -> Result<GluonShape, Unsupported> {
     if !matches!(dtype, DType::F16 | DType::BF16) {
         return Err(Unsupported::DType(dtype));
@@ -155,24 +155,24 @@ fn common_inputs(
         return Err(Unsupported::HeadDimV { head_dim: shape.head_dim, head_dim_v: shape.head_dim_v });
     }
     for &(tensor, t) in tensors {
-        tma::check(&t).map_err(|problem| Unsupported::Tma { tensor, problem })?;
+        t.and_then(|t| tma::check(&t)).map_err(|problem| Unsupported::Tma { tensor, problem })?;
     }
     Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0 })
 }
 
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
-/// [`device_ready`]).
+/// [`device_ready`]). Packed (varlen) batches are served through ragged descriptors
+/// ([`TensorArg::ragged`]).
 pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
         (p.dropout.is_some(), Unsupported::Dropout),
         (p.bias.is_some(), Unsupported::Bias),
-        (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
         (p.sinks.is_some(), Unsupported::Sinks),
     ];
-    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, TensorArg::from_view(t)));
-    let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, features, &tensors)?;
+    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, fwd_tensor(t, shape)));
+    let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, &features, &tensors)?;
     if p.sm_scale.is_nan() || p.sm_scale <= 0.0 {
         return Err(Unsupported::NonPositiveScale);
     }
@@ -200,8 +200,8 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.sinks.is_some(), Unsupported::Sinks),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o), ("d_o", &p.d_o), ("dq", &p.dq), ("dk", &p.dk), ("dv", &p.dv)]
-        .map(|(n, t)| (n, TensorArg::from_view(t)));
-    let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, features, &tensors)?;
+        .map(|(n, t)| (n, Ok(TensorArg::from_view(t))));
+    let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, &features, &tensors)?;
     aligned16(&[("lse", p.lse.ptr), ("delta", p.delta.ptr)])?;
     g.sq_pad = sq_pad(shape.seqlen_q);
     g.workspace_rows = workspace_rows(shape)?;
@@ -288,9 +288,20 @@ fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
     ArgValue::Tensor(TensorArg::from_view(t))
 }
 
-/// The forward's functional key.
-pub(crate) fn fwd_axes(g: &GluonShape) -> Axes {
-    g.axes()
+/// What the forward's descriptor over `t` (Q, K, V or O) covers: the `[B, H, S, D]` tensor, or
+/// for a packed batch its ragged view (python/kernels/flash_gluon/ragged.py).
+fn fwd_tensor(t: &TensorView<4>, shape: &AttnShape) -> Result<TensorArg, tma::TmaProblem> {
+    if shape.varlen.is_some() { TensorArg::ragged(t) } else { Ok(TensorArg::from_view(t)) }
+}
+
+/// The forward's functional key: dtype, head dim, and `varlen` (an optional axis, named only
+/// when on: the packed-batch kernels take ragged descriptors).
+pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape) -> Axes {
+    let mut axes = g.axes();
+    if shape.varlen.is_some() {
+        axes.push("varlen", bool_axis(true));
+    }
+    axes
 }
 
 /// The Gluon forward's functional key and arguments, built before the backend is decided.
@@ -300,8 +311,8 @@ pub(crate) struct FwdCall {
 }
 
 impl FwdCall {
-    pub fn new(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape) -> FwdCall {
-        FwdCall { axes: fwd_axes(g), args: fwd_args(p, shape, mask) }
+    pub fn new(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape) -> Result<FwdCall> {
+        Ok(FwdCall { axes: fwd_axes(g, shape), args: fwd_args(p, shape, mask)? })
     }
     pub fn request(&self) -> Result<Request<'_>> {
         Ok(Request { family: FWD_FAMILY, axes: self.axes.as_slice()?, args: self.args.args()? })
@@ -309,18 +320,24 @@ impl FwdCall {
 }
 
 /// Arguments of `attn_fwd_gluon` by name (ABI.md).
-fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> ArgList {
+fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
     let mut args = ArgList::new();
-    args.extend([("desc_q", desc(&p.q)), ("desc_k", desc(&p.k)), ("desc_v", desc(&p.v)), ("desc_o", desc(&p.o))]);
+    for (name, tensor, t) in [("desc_q", "q", &p.q), ("desc_k", "k", &p.k), ("desc_v", "v", &p.v), ("desc_o", "o", &p.o)] {
+        let arg = fwd_tensor(t, shape).map_err(|problem| Unsupported::Tma { tensor, problem }.error("attn_fwd", None))?;
+        args.push(name, ArgValue::Tensor(arg));
+    }
     push_fwd_common_args(&mut args, p.lse.as_ref(), p.sm_scale, shape, mask);
-    args
+    args.extend(varlen_args(shape));
+    Ok(args)
 }
 
 /// The arguments the Gluon forwards (`attn_fwd_gluon`, `attn_fwd_gluon_fp8`) take after their
 /// four descriptors (ABI.md): the LSE and its strides, `sm_scale`, `STORE_LSE`, lengths, window.
 pub(crate) fn push_fwd_common_args(args: &mut ArgList, lse: Option<&TensorView<3>>, sm_scale: f32, shape: &AttnShape, mask: &MaskArgs) {
     use ArgValue::{F32, I32, I64, Ptr};
-    let (lse_ptr, lse_strides) = lse.map_or((0, [0, 0]), |l| (l.ptr, [l.strides[0], l.strides[1]]));
+    // A packed batch's LSE is [1, Hq, tokens]: its rows are found from the sequence offsets.
+    let batch_stride = |l: &TensorView<3>| if shape.varlen.is_some() { 0 } else { l.strides[0] };
+    let (lse_ptr, lse_strides) = lse.map_or((0, [0, 0]), |l| (l.ptr, [batch_stride(l), l.strides[1]]));
     args.extend([
         ("LSE", Ptr(lse_ptr)),
         ("stride_lz", I64(lse_strides[0])),
@@ -630,13 +647,54 @@ mod tests {
         );
     }
 
-    #[test]
-    fn packed_batches_are_portable_only() {
-        let t = |ptr, h| TensorView::new(ptr, [1, h, 17, 64], [0, 64, (h * 64) as i64, 1], DType::F16);
+    /// A packed batch of 3 sequences: q/o [1, HQ, 17, d], k/v [1, HK, 13, d] (rows H·d apart).
+    fn packed_fwd(d: u64, dtype: DType) -> FwdParams<'static> {
+        let t = |ptr, h: u64, tokens| TensorView::new(ptr, [1, h, tokens, d], [0, d as i64, (h * d) as i64, 1], dtype);
         let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
-        let mut p = FwdParams::new(t(0x10000, HQ), t(0x20000, HK), t(0x30000, HK), t(0x40000, HQ), None);
-        p.varlen = Some(Varlen::new(cu(0x60000), cu(0x61000), 12, 9));
-        assert_eq!(fwd_check(&p), Err(Unsupported::Varlen));
+        let lse = TensorView::new(at(5), [1, HQ, 17], [0, 32, 1], DType::F32);
+        let mut p = FwdParams::new(t(at(1), HQ, 17), t(at(2), HK, 13), t(at(3), HK, 13), t(at(4), HQ, 17), Some(lse));
+        p.varlen = Some(Varlen::new(cu(at(6)), cu(at(7)), 12, 9));
+        p
+    }
+
+    #[test]
+    fn packed_batches_take_ragged_descriptors_forward_only() {
+        let p = packed_fwd(64, DType::F16);
+        let (shape, mask) = super::super::fwd::validate(&p).unwrap();
+        let g = fwd_check(&p).unwrap();
+        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("varlen", "true")]);
+        let args = fwd_args(&p, &shape, &mask).unwrap();
+        let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        for (name, t) in [("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_o", &p.o)] {
+            assert_eq!(value(name), ArgValue::Tensor(TensorArg::ragged(t).unwrap()), "{name}");
+        }
+        let ArgValue::Tensor(q) = value("desc_q") else { panic!() };
+        assert_eq!((q.rank, q.sizes()[2..].to_vec()), (5, vec![HQ, tma::RAGGED_ROWS, 64]));
+        // Lengths are the max ones (the grid covers them), LSE rows come from the offsets.
+        assert_eq!((value("N_CTX_Q"), value("N_CTX_K")), (ArgValue::I32(12), ArgValue::I32(9)));
+        assert_eq!((value("stride_lz"), value("stride_lh")), (ArgValue::I64(0), ArgValue::I64(32)));
+        assert_eq!(value("IS_VARLEN"), ArgValue::I32(1));
+        assert_eq!((value("CU_SEQLENS_Q"), value("CU_SEQLENS_K")), (ArgValue::Ptr(at(6)), ArgValue::Ptr(at(7))));
+        assert_eq!((value("N_TOKENS_Q"), value("N_TOKENS_K")), (ArgValue::I32(17), ArgValue::I32(13)));
+        // A fixed-length batch passes the neutral packing group, a [B, H, S, D] descriptor, no varlen axis.
+        let f = fwd(64, DType::F16);
+        let (shape, mask) = super::super::fwd::validate(&f).unwrap();
+        let g = fwd_check(&f).unwrap();
+        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
+        let args = fwd_args(&f, &shape, &mask).unwrap();
+        let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        assert_eq!(value("desc_q"), desc(&f.q));
+        assert_eq!((value("IS_VARLEN"), value("CU_SEQLENS_Q")), (ArgValue::I32(0), ArgValue::Ptr(0)));
+        assert_eq!(value("stride_lz"), ArgValue::I64((HQ * SQ) as i64));
+        // The backward stays portable for packed batches.
+        let t = |ptr, h, tokens| TensorView::new(ptr, [1, h, tokens, 64], [0, 64, (h * 64) as i64, 1], DType::F16);
+        let rows = |ptr| TensorView::new(ptr, [1, HQ, 17], [0, 32, 1], DType::F32);
+        let (q, kv) = (|i| t(at(i), HQ, 17), |i| t(at(i), HK, 13));
+        let mut b = BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(at(6)), rows(at(7)), q(8), kv(9), kv(10));
+        let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
+        b.varlen = Some(Varlen::new(cu(at(11)), cu(at(12)), 12, 9));
+        let (shape, _) = super::super::bwd::validate(&b).unwrap();
+        assert_eq!(bwd_inputs(&b, &shape), Err(Unsupported::Varlen));
     }
 
     #[test]
@@ -858,7 +916,8 @@ mod tests {
     #[test]
     fn axes_match_the_rules() {
         let g = fwd_check(&fwd(96, DType::BF16)).unwrap();
-        assert_eq!(fwd_axes(&g).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
+        let (shape, _) = super::super::fwd::validate(&fwd(96, DType::BF16)).unwrap();
+        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
         let (common, main) = bwd_axes(&g, true);
         assert_eq!(common.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
         assert_eq!(main.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128"), ("dq", "false")]);
@@ -888,7 +947,7 @@ mod tests {
         assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(0));
         let f = fwd(128, DType::BF16);
         let (shape, mask) = super::super::fwd::validate(&f).unwrap();
-        let args = fwd_args(&f, &shape, &mask);
+        let args = fwd_args(&f, &shape, &mask).unwrap();
         assert_eq!(names(&args)[..4], ["desc_q", "desc_k", "desc_v", "desc_o"]);
         assert_eq!(value(&args, "GQA_GROUP"), ArgValue::I32(4));
     }
@@ -917,9 +976,8 @@ mod tests {
         };
         super::super::fwd::choose_kernel(functional, fitting, &shape, super::super::tuning_key(&shape, &mask), &device);
         let g = select_by_inputs(Backend::Auto, || fwd_inputs(&p, &shape)).unwrap().unwrap();
-        fwd_args(&p, &shape, &mask).args().unwrap();
-        fwd_axes(&g).as_slice().unwrap();
-        let _ = loaded.archive.find(FWD_FAMILY, fwd_axes(&g).as_slice().unwrap());
+        fwd_args(&p, &shape, &mask).unwrap().args().unwrap();
+        let _ = loaded.archive.find(FWD_FAMILY, fwd_axes(&g, &shape).as_slice().unwrap());
 
         let mut p = bwd(64, DType::F16);
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: 1 << 30 });
@@ -988,7 +1046,7 @@ mod tests {
             };
             let d: u64 = f.axes["head_dim"].parse().unwrap();
             let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
-            let mut fp = fwd(d, dtype);
+            let mut fp = if f.axes.get("varlen").is_some_and(|v| v == "true") { packed_fwd(d, dtype) } else { fwd(d, dtype) };
             fp.mask = Mask::causal(MaskAlign::BottomRight);
             let mut bp = bwd(d, dtype);
             bp.deterministic = deterministic;
@@ -996,7 +1054,8 @@ mod tests {
                 let (shape, mask) = super::super::fwd::validate(&fp).unwrap();
                 let g = fwd_inputs(&fp, &shape).unwrap();
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
-                fwd_args(&fp, &shape, &mask)
+                assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>()[..]);
+                fwd_args(&fp, &shape, &mask).unwrap()
             } else {
                 let (shape, mask) = super::super::bwd::validate(&bp).unwrap();
                 let g = bwd_inputs(&bp, &shape).unwrap();
