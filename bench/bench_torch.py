@@ -21,7 +21,13 @@ FLOPs: forward 4*B*Hq*Sq*Sk*D (x0.5 causal); forward + backward 3.5x that.
 --grid fa3: FlashAttention-3's benchmark grid instead (bf16, B*S = 16k tokens, H*D = 2048, head
 dims 64/128/256, S 512..16k, causal and not).
 
-    PYTHONPATH=bindings/torch/python python3 bench/bench_torch.py [--json out.json] [--quick] [--grid fa3]
+--varlen: instead, the packed batch of bench/packed_batch.py (16 sequences, ~42k tokens, Hq/Hk 32/8,
+hd128, bf16; (tokens, H, D) tensors) through aotriton.torch.flash_attn_varlen with autograd, beside
+the fixed-length aotriton call on the same token count (B 16 of the mean length, (B, S, H, D)
+tensors) and torch's varlen_attn; FLOPs summed per sequence.
+
+    PYTHONPATH=bindings/torch/python:bench python3 bench/bench_torch.py [--json out.json] [--quick]
+        [--grid fa3 | --varlen]
 """
 import argparse
 import json
@@ -33,6 +39,7 @@ import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton.torch as aot
+import packed_batch
 
 PEERS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "fa2": SDPBackend.FLASH_ATTENTION}
 # (name, B, Hq, Hk, S, D, causal)
@@ -174,6 +181,89 @@ def run(args):
     return rows, wrong
 
 
+def _varlen_attn_peer(q, k, v, cu, max_len, causal):
+    """torch's varlen_attn on the packed tensors, across its versions' keywords (causal: ``is_causal``
+    or a ``(-1, 0)`` window; GQA: ``enable_gqa``, else K/V heads repeated); None without it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    import inspect
+    params = inspect.signature(varlen_attn).parameters
+    kw = {}
+    if "enable_gqa" in params:
+        kw["enable_gqa"] = True
+    elif q.size(1) != k.size(1):
+        group = q.size(1) // k.size(1)
+        k, v = (t.detach().repeat_interleave(group, dim=1).requires_grad_(True) for t in (k, v))
+    if "is_causal" in params:
+        kw["is_causal"] = causal
+    elif causal:
+        kw["window_size"] = (-1, 0)
+    return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+
+
+def run_varlen(args):
+    """The packed-batch rows (--varlen): fwd and fwd+bwd TFLOP/s of aotriton's varlen call, the
+    fixed-length call on the same tokens and torch's varlen_attn, causal and not."""
+    dtype, gen = torch.bfloat16, torch.Generator(device="cuda").manual_seed(1234)
+    hq, hk, d = packed_batch.HEADS_Q, packed_batch.HEADS_K, packed_batch.HEAD_DIM
+    lens = packed_batch.lengths()
+    total, max_len = sum(lens), max(lens)
+    cu = torch.tensor(packed_batch.offsets(lens), dtype=torch.int32, device="cuda")
+    b_fixed, s_fixed = len(lens), total // len(lens)
+
+    def packed(h):
+        return (torch.randn((total, h, d), device="cuda", generator=gen).add_(0.01).to(dtype)
+                .requires_grad_(True))
+
+    q, k, v = packed(hq), packed(hk), packed(hk)
+    d_o = torch.randn((total, hq, d), device="cuda", generator=gen).to(dtype)
+    qf, kf, vf = (make(b_fixed, h, s_fixed, d, "bshd", dtype, gen) for h in (hq, hk, hk))
+    d_of = make(b_fixed, hq, s_fixed, d, "bshd", dtype, gen).detach()
+    print(f"packed batch: {len(lens)} sequences, {total} tokens (lengths {min(lens)}..{max_len}), Hq/Hk {hq}/{hk}, "
+          f"hd{d}, bf16; fixed length: B{b_fixed} S{s_fixed} (B, S, H, D)")
+    print("| mask | impl | fwd TFLOP/s | fwd+bwd TFLOP/s |")
+    print("|---|---|---|---|")
+    rows = []
+    for causal in (False, True):
+        row = {"shape": f"varlen {len(lens)} seqs T{total}", "causal": causal, "tokens": total}
+        flops = packed_batch.flops(lens, hq, d, causal)
+        flops_fixed = packed_batch.flops([s_fixed] * b_fixed, hq, d, causal)
+        impls = {
+            "aotriton": (lambda: aot.flash_attn_varlen(q, k, v, cu, cu, max_len, max_len, causal=causal),
+                         (q, k, v), flops),
+            "aotriton_fixed": (lambda: aot.flash_attention(qf, kf, vf, causal=causal, layout="bshd"), (qf, kf, vf),
+                               flops_fixed),
+        }
+        peer = _varlen_attn_peer(q, k, v, cu, max_len, causal)
+        if peer is not None:
+            impls["varlen_attn"] = (peer, (q, k, v), flops)
+        for impl, (fn, leaves, fl) in impls.items():
+            grad = d_of if impl == "aotriton_fixed" else d_o
+            try:
+                fwd = triton.testing.do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median")
+                both = triton.testing.do_bench(lambda: fn().backward(grad), warmup=args.warmup, rep=args.rep,
+                                               grad_to_none=list(leaves), return_mode="median")
+            except RuntimeError as e:
+                row[f"{impl}_error"] = str(e).splitlines()[0][:200]
+                print(f"| {'causal' if causal else 'full'} | {impl} | error: {row[f'{impl}_error']} | |")
+                continue
+            row[f"{impl}_fwd_tflops"], row[f"{impl}_fwdbwd_tflops"] = fl / fwd / 1e9, 3.5 * fl / both / 1e9
+            print(f"| {'causal' if causal else 'full'} | {impl} | {row[f'{impl}_fwd_tflops']:.1f} | "
+                  f"{row[f'{impl}_fwdbwd_tflops']:.1f} |", flush=True)
+        for mode in ("fwd", "fwdbwd"):
+            ours = row.get(f"aotriton_{mode}_tflops")
+            for ref in ("aotriton_fixed", "varlen_attn"):
+                other = row.get(f"{ref}_{mode}_tflops")
+                if ours and other:
+                    row[f"{mode}_over_{ref}"] = ours / other
+                    print(f"bench-torch varlen {'causal' if causal else 'full'} {mode}: aotriton / {ref} "
+                          f"{ours / other:.3f}")
+        rows.append(row)
+    return rows
+
+
 def cell(row, impl, mode):
     x = row.get(f"{impl}_{mode}_tflops")
     if x is None:
@@ -201,7 +291,15 @@ def main():
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--grid", choices=("default", "fa3"), default="default",
                     help="fa3: FlashAttention-3's benchmark grid (36 shapes x 2 layouts)")
+    ap.add_argument("--varlen", action="store_true", help="the packed-batch rows instead (bench/packed_batch.py)")
     args = ap.parse_args()
+    if args.varlen:
+        print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}")
+        rows = run_varlen(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}, bf16; "
           "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward")
     print("| shape | layout | fwd aotriton | fwd registered | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | "

@@ -22,7 +22,9 @@ import zlib
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import check_fwd  # noqa: E402  (sets up sys.path for python/)
+import packed_batch  # noqa: E402
 
 import rules  # noqa: E402
 import torch  # noqa: E402
@@ -124,10 +126,7 @@ def packed(lengths, h, d, dt, gen, device, fill=None):
 
 
 def cu_seqlens(lengths, device):
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return torch.tensor(cu, dtype=torch.int32, device=device)
+    return torch.tensor(packed_batch.offsets(lengths), dtype=torch.int32, device=device)
 
 
 def run_case(case, device="cuda"):
@@ -214,18 +213,6 @@ def check(filter_):
     return failed == 0
 
 
-def bench_lengths(n=16, total=42_000, seed=0):
-    """``n`` lengths in [total/n/2, 3·total/n/2] summing to about ``total`` (a fixed draw)."""
-    g = torch.Generator().manual_seed(seed)
-    mean = total // n
-    lens = (torch.rand(n, generator=g) * mean + mean // 2).round().int().tolist()
-    return [max(1, x) for x in lens]
-
-
-def flops(lens, h, d, causal):
-    return sum(4 * h * s * s * d // (2 if causal else 1) for s in lens)
-
-
 def _varlen_attn_call(varlen_attn, q, k, v, cu, max_len, causal):
     """torch's varlen_attn on our inputs, across its versions' keywords (causal: ``is_causal`` or a
     ``(-1, 0)`` window; GQA: ``enable_gqa`` where it has it, else K/V heads repeated)."""
@@ -245,8 +232,10 @@ def _varlen_attn_call(varlen_attn, q, k, v, cu, max_len, causal):
 
 
 def bench():
-    dt, dtype, hq, hk, d = torch.bfloat16, "bf16", 32, 8, 128
-    lens = bench_lengths()
+    dt, dtype = torch.bfloat16, "bf16"
+    hq, hk, d = packed_batch.HEADS_Q, packed_batch.HEADS_K, packed_batch.HEAD_DIM
+    lens = packed_batch.lengths()
+    flops = packed_batch.flops
     total = sum(lens)
     dev = "cuda"
     q = torch.randn(total, hq, d, device=dev, dtype=dt)

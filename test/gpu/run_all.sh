@@ -108,7 +108,7 @@ result_line() {
 }
 
 rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
+  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_torch_varlen.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
@@ -116,8 +116,9 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 #    GLUON_CHECKS=fwd / bwd runs one kernel family's two checks.
 checks=()
 case ${GLUON_CHECKS:-1} in
-  1) checks=("check_fwd" "check_bwd" "check_fwd --consan" "check_bwd --consan") ;;
-  fwd|bwd) checks=("check_${GLUON_CHECKS}" "check_${GLUON_CHECKS} --consan") ;;
+  1) checks=("check_fwd" "check_fwd_varlen" "check_bwd" "check_fwd --consan" "check_bwd --consan") ;;
+  fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd --consan") ;;
+  bwd) checks=("check_bwd" "check_bwd --consan") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
@@ -269,19 +270,22 @@ if [ "${TORCH:-1}" = 1 ]; then
 fi
 
 # 6. The benchmarks through the PyTorch binding built by step 5: bench/<name>.py, its options in
-# the variable named by the third argument, its log and JSON in $OUT/<name>.{log,json}.
+# the variable named by the third argument (then a fourth argument's options, if any), its log and
+# JSON in $OUT/<out>.{log,json} (<out>: the fifth argument, else <name>).
 torch_bench() {
-  local name=$1 title=$2 options=${!3:-}
+  local name=$1 title=$2 options="${!3:-} ${4:-}" out=${5:-$1}
   step "$title"
   # shellcheck disable=SC2086
   PYTHONPATH="$ROOT/bindings/torch/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" "bench/$name.py" \
-    --json "$OUT/$name.json" $options >"$OUT/$name.log" 2>&1
+    --json "$OUT/$out.json" $options >"$OUT/$out.log" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || failed=1
-  note "${name//_/-}: exit $rc (full log $OUT/$name.log)"
+  note "${out//_/-}: exit $rc (full log $OUT/$out.log)"
 }
 if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   torch_bench bench_torch "torch benchmark" BENCH_TORCH_ARGS
+  # The packed batch (flash_attn_varlen) beside the fixed-length call and torch's varlen_attn.
+  torch_bench bench_torch "torch varlen benchmark" BENCH_TORCH_VARLEN_ARGS --varlen bench_torch_varlen
   # KV-cache decoding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
   torch_bench bench_decode "decode benchmark" BENCH_DECODE_ARGS
 fi
@@ -305,6 +309,9 @@ if [ -f "$OUT/bench_attn.log" ]; then
 fi
 if [ -f "$OUT/bench_torch.log" ]; then
   sed -n '/^torch /,$p' "$OUT/bench_torch.log" | tail -n 40
+fi
+if [ -f "$OUT/bench_torch_varlen.log" ]; then
+  sed -n '/^packed batch/,$p' "$OUT/bench_torch_varlen.log" | tail -n 20
 fi
 if [ -f "$OUT/bench_decode.log" ]; then
   sed -n '/^device copy/,$p' "$OUT/bench_decode.log" | tail -n 70
