@@ -293,9 +293,13 @@ _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_B
 # The Gluon backend (sm_90; contract: kernels/flash_gluon/ABI.md).  Q/K/V/O/dO/dK/dV are rank-4
 # host TMA descriptors over [B, H, S, D]; the backward's workspace views are rank 2.
 _GLUON_WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
+#: The packing group of the Gluon kernels (kernels/flash/varlen.py): read by the ``varlen`` functionals.
+_GLUON_PACKING = ["IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
+#: The query side of it (the backward's row kernels: preprocess, dQ conversion).
+_GLUON_PACKING_Q = [n for n in _GLUON_PACKING if not n.endswith("_K")]
 ATTN_FWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
-     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW, "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
+     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING]
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FWD_KNOBS
 )
 #: The fp8 forward (kernels/flash_gluon/fwd_fp8.py): fp32 dequantisation factors per (batch, KV head).
@@ -317,16 +321,17 @@ TRANSPOSE_V_FP8_ARGS = (
 ATTN_BWD_GLUON_PREPROCESS_ARGS = (
     ["O", "DO"] + _strides("o", "zhm") + _strides("do", "zhm")
     + ["LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz", "stride_deltah", "LSE2", "DELTA2", "DQ_ACC",
-       "N_CTX_Q", "SQ_PAD", "D_HEAD", "ZERO_DQ_ACC"]
+       "N_CTX_Q", "SQ_PAD", "D_HEAD", "ZERO_DQ_ACC", *_GLUON_PACKING_Q]
     + ["HEAD_DIM", "BLOCK_M"]
 )
 ATTN_BWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2",
-     "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW]
+     "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING]
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ"] + GLUON_BWD_KNOBS
 )
 ATTN_BWD_GLUON_DQ_CONVERT_ARGS = (
-    ["DQ_ACC", "DQ"] + _strides("dq", "zhm") + ["sm_scale", "N_CTX_Q", "SQ_PAD", "D_HEAD", "N_HEADS_Q"]
+    ["DQ_ACC", "DQ"] + _strides("dq", "zhm") + ["sm_scale", "N_CTX_Q", "SQ_PAD", "D_HEAD", "N_HEADS_Q",
+                                                *_GLUON_PACKING_Q]
     + ["HEAD_DIM", "BLOCK_M"]
 )
 #: fp32 workspace pointers of the Gluon backward.
@@ -370,10 +375,11 @@ def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str
         q = lead + [64, hd]
         kv = lead + [config["BLOCK_N"], hd]
         return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_o": (dt, q)}
-    q = [1, 1, config["BLOCK_M"], hd]
-    kv = [1, 1, config["BLOCK_N"], hd]
+    lead = [1, 1, 1] if functional.get("varlen") else [1, 1]  # packed batches: ragged descriptors
+    q = lead + [config["BLOCK_M"], hd]
+    kv = lead + [config["BLOCK_N"], hd]
     # one compute warpgroup's share of dK/dV: its 64 keys, or at hd256 (bwd_wide.py) its half of the columns
-    dkv = [1, 1, config["BLOCK_N"], hd // 2] if hd > 128 else [1, 1, config["BLOCK_N"] // 2, hd]
+    dkv = lead + ([config["BLOCK_N"], hd // 2] if hd > 128 else [config["BLOCK_N"] // 2, hd])
     vec = ("fp32", [1, config["BLOCK_M"]])
     return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_do": (dt, q),
             "desc_dk": (dt, dkv), "desc_dv": (dt, dkv),
@@ -982,7 +988,8 @@ ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
     "attn_bwd_gluon_preprocess", "kernels/flash_gluon/bwd_preprocess.py", ATTN_BWD_GLUON_PREPROCESS_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 ATTN_BWD_GLUON = _gluon_family("attn_bwd_gluon", "kernels/flash_gluon/bwd.py", ATTN_BWD_GLUON_ARGS,
-                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "dq": [True, False]},
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "dq": [True, False],
+                                "varlen": VARLEN},
                                _attn_bwd_gluon_configs)
 #: fp8 (e4m3) forward: Q, K, V in ``float8_e4m3fn``, O in bf16 (ABI.md).
 FP8_DTYPES = ["fp8e4nv"]

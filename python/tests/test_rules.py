@@ -44,7 +44,7 @@ FAMILY_COUNTS_SM90 = {
 #: 16-row tile only: 3 kernels per dense functional, 5 per paged one.
 AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2,
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
@@ -131,24 +131,26 @@ STRIDE_TENSOR = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "DO", "dq": "DQ",
 
 
 _WINDOW = ["WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT"]
+#: The packing group (kernels/flash/varlen.py), and its query side (the backward's row kernels).
+_PACKING = ["IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
+            "STORE_VARLEN_STATUS"]
+_PACKING_Q = ["IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
 #: The Gluon backend's argument lists (kernels/flash_gluon/ABI.md).
 GLUON_CONTRACT = {
     "attn_fwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
-                       "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
-                       "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS",
-                       "STORE_VARLEN_STATUS",
+                       "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW, *_PACKING,
                        "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
                        "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT", "Q_BUFS"],
     "attn_bwd_gluon_preprocess": ["O", "DO", "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh",
                                   "stride_dom", "LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz",
                                   "stride_deltah", "LSE2", "DELTA2", "DQ_ACC", "N_CTX_Q", "SQ_PAD", "D_HEAD",
-                                  "ZERO_DQ_ACC", "HEAD_DIM", "BLOCK_M"],
+                                  "ZERO_DQ_ACC", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2",
                        "desc_delta2", "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP",
-                       *_WINDOW, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "MASK_MODE", "CONS_REGS",
+                       *_WINDOW, *_PACKING, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "MASK_MODE", "CONS_REGS",
                        "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
-                                  "SQ_PAD", "D_HEAD", "N_HEADS_Q", "HEAD_DIM", "BLOCK_M"],
+                                  "SQ_PAD", "D_HEAD", "N_HEADS_Q", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
     "attn_fwd_gluon_fp8": ["desc_q", "desc_k", "desc_vt", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
                            "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
                            "DESCALE_Q", "stride_dsqz", "stride_dsqh", "DESCALE_K", "stride_dskz", "stride_dskh",
@@ -489,10 +491,13 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertIn("fp32[1, 64],NVMMASharedLayout(swizzle_byte_width=0", s.signature["desc_lse2"])
                     # dK/dV: one compute warpgroup's share (bwd.py: 64 keys; bwd_wide.py: half the columns)
                     n = s.config["BLOCK_N"]
-                    dkv = f"[1, 1, {n}, {hd // 2}]" if hd > 128 else f"[1, 1, {n // 2}, {hd}]"
+                    dkv = f"[{lead}, {n}, {hd // 2}]" if hd > 128 else f"[{lead}, {n // 2}, {hd}]"
                     self.assertEqual((n, s.config["STAGES"]), (64, 1) if hd > 128 else (128, 2))
                     self.assertIn(f"{dt}{dkv}", s.signature["desc_dk"])
-                    self.assertIn(f"{dt}[1, 1, {n}, {hd}]", s.signature["desc_k"])
+                    self.assertIn(f"{dt}[{lead}, {n}, {hd}]", s.signature["desc_k"])
+                    self.assertEqual("varlen" in s.functional, "varlen1" in s.id)
+                    if s.functional.get("varlen"):
+                        self.assertEqual(s.constexprs["PERSISTENT"], 0, "packed batches: one CTA per key block")
                 if "maxnreg" in s.config:
                     self.assertEqual(s.options, {"num_warps": 4, "maxnreg": s.config["maxnreg"]})
 

@@ -112,7 +112,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
+from ..flash.varlen import sequence
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
+from .ragged import is_ragged, row_coords, row_dim
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .bwd_wide import compute_wide
 from .private_api import tma_reduce_add
@@ -135,7 +137,8 @@ def _row_vector(bufs, idx, BLOCK_M: gl.constexpr, layout: gl.constexpr):
 # ---------------------------------------------------------------------------------------------
 @gluon.jit
 def _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
-               q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+               q_ready, q_empty, b, q_end, q_len, h_first, b_row, SQ_PAD, BLOCK_M: gl.constexpr,
+               STAGES: gl.constexpr):
     nbytes: gl.constexpr = 2 * desc_q.block_type.nbytes + 2 * desc_lse2.block_type.nbytes
     h = h_first + h_off
     row = (b_row + h) * SQ_PAD + start_m  # workspace row of (b, h, start_m)
@@ -143,24 +146,27 @@ def _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_buf
     mbarrier.wait(q_empty.index(idx), ((j // STAGES) & 1) ^ 1)  # slot released by both warpgroups
     bar = q_ready.index(idx)
     mbarrier.expect(bar, nbytes)
-    tma.async_copy_global_to_shared(desc_q, [b, h, start_m, 0], bar, q_bufs.index(idx))
-    tma.async_copy_global_to_shared(desc_do, [b, h, start_m, 0], bar, do_bufs.index(idx))
+    tma.async_copy_global_to_shared(desc_q, row_coords(desc_q, b, h, start_m, 0, q_end, q_len), bar, q_bufs.index(idx))
+    tma.async_copy_global_to_shared(desc_do, row_coords(desc_do, b, h, start_m, 0, q_end, q_len), bar,
+                                    do_bufs.index(idx))
     tma.async_copy_global_to_shared(desc_lse2, [row // BLOCK_M, 0], bar, lse_bufs.index(idx))
     tma.async_copy_global_to_shared(desc_delta2, [row // BLOCK_M, 0], bar, dlt_bufs.index(idx))
 
 
 @gluon.jit
 def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-            b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
+            b, q_end, q_len, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
             BLOCK_M: gl.constexpr, STAGES: gl.constexpr, WALK: gl.constexpr):
+    """``q_end``/``q_len``: where the packed sequence ``b`` ends and its query count (read with ragged
+    descriptors only: ``ragged.row_coords``)."""
     for j in range(n_mask_steps):
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
-                   q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+                   q_ready, q_empty, b, q_end, q_len, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         _load_step(j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs,
-                   q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+                   q_ready, q_empty, b, q_end, q_len, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
 
 
 @gluon.jit
@@ -276,11 +282,13 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
 @gluon.jit
 def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs,
              dq_smem, kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
-             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
              b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr):
-    """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``."""
+    """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``.
+    ``N_CTX_Q``/``N_CTX_K``: the lengths of sequence ``b``; ``k_end``: where its keys end among a packed
+    batch's rows (ragged descriptors only)."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
     dtype: gl.constexpr = k_smem.dtype
@@ -330,14 +338,14 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     if COMPUTE_DQ:
         mbarrier.arrive(done_bar, count=1)
         mbarrier.wait(done_bar, 0)
-    v_out = v_smem.slice(cid * KB, KB, dim=2)
-    k_out = k_smem.slice(cid * KB, KB, dim=2)
+    v_out = v_smem.slice(cid * KB, KB, dim=row_dim(v_smem.shape))
+    k_out = k_smem.slice(cid * KB, KB, dim=row_dim(k_smem.shape))
     v_wg.store(dv.to(dtype))
     k_wg.store((dk * sm_scale).to(dtype))
     fence_async_shared()
     gl.thread_barrier()
-    tma.async_copy_shared_to_global(desc_dv, [b, hk, start_n_wg, 0], v_out)
-    tma.async_copy_shared_to_global(desc_dk, [b, hk, start_n_wg, 0], k_out)
+    tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n_wg, 0, k_end, N_CTX_K), v_out)
+    tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n_wg, 0, k_end, N_CTX_K), k_out)
     tma.store_wait(0)
 
 
@@ -468,7 +476,7 @@ def _loader_pers(desc_q, desc_k, desc_v, desc_do, desc_lse2, desc_delta2, k_smem
                 h_off = gl.where(is_m, mh, fh)
                 start_m = gl.where(is_m, mm, fm)
                 _load_step(j0 + j, h_off, start_m, desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs,
-                           lse_bufs, dlt_bufs, q_ready, q_empty, b, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
+                           lse_bufs, dlt_bufs, q_ready, q_empty, b, 0, 0, h_first, b_row, SQ_PAD, BLOCK_M, STAGES)
                 if j == kv_at:
                     _load_kv(desc_k, desc_v, k_smem, v_smem, kv_bar, kv_empty, i, b, hk, pid_n * BLOCK_N)
             j0 += n_steps
@@ -590,8 +598,8 @@ def _compute_pers(cid: gl.constexpr, desc_k, desc_dk, desc_dv, k_smem, v_smem, q
 def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                      v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                      N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
-                     hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
-                     n_steps, h_first, b_row, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo,
+                     n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MMODE: gl.constexpr, CREGS: gl.constexpr,
                      DKSS: gl.constexpr, PERS: gl.constexpr, WLK: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
@@ -664,8 +672,8 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
             ], [4, 1], [CREGS, PERS_LOAD_REGS])
     else:
         mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
-        tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+        tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, k_smem)
+        tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, v_smem)
 
         # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6); each
         # compute warpgroup's first argument is its id, a literal, so it stays a constexpr.
@@ -673,17 +681,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
+                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
+                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                           b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                           SQ_PAD, BLOCK_M, STAGES, WLK)),
+                           b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                           n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
                 (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
                                n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
             ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
@@ -691,17 +699,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
+                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                             n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M, BLOCK_N,
-                             STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
+                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                           b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                           SQ_PAD, BLOCK_M, STAGES, WLK)),
+                           b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                           n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
             ], [4, 1], [CREGS, LOAD_REGS])
 
 
@@ -711,8 +719,9 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
 @gluon.jit
 def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
                    dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
-                   N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                   n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr,
+                   N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
+                   full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row,
+                   HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
                    MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
@@ -739,23 +748,23 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
         dq_full = kv_bar
         dq_empty = kv_bar
     mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_k, [b, hk, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(desc_v, [b, hk, start_n, 0], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, v_smem)
     if COMPUTE_DQ:
         gl.warp_specialize([
             (compute_wide, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
+                            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
+                            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
-                       BLOCK_M, STAGES, WLK)),
+                       b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                       n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
             (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
                            n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
         ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
@@ -763,17 +772,17 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
         gl.warp_specialize([
             (compute_wide, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
+                            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start,
-                            full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM,
-                            BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
+                            start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                       b, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD,
-                       BLOCK_M, STAGES, WLK)),
+                       b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                       n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
         ], [4, 1], [CREGS, LOAD_REGS])
 
 
@@ -783,10 +792,11 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
 # The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
 # runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
 @gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
-                              "ALIGN_BOTTOM_RIGHT"])
+                              "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "N_TOKENS_Q", "N_TOKENS_K", "STORE_VARLEN_STATUS"])
 def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
                    sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
-                   ALIGN_BOTTOM_RIGHT,
+                   ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
+                   STORE_VARLEN_STATUS,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
                    DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0,
@@ -798,14 +808,15 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert(BLOCK_M == 64, "64 queries per step (a wgmma M of dQ is >= 64)")
     gl.static_assert((HEAD_DIM == 64) or (HEAD_DIM == 128) or (HEAD_DIM == 256), "head-dim buckets 64, 128, 256")
     gl.static_assert(BLOCK_N == (64 if WIDE else 128), "keys per CTA: 64 (hd256), else two warpgroups of 64")
-    gl.static_assert(desc_q.block_type.shape[2] == BLOCK_M, "Q block [1, 1, BLOCK_M, HEAD_DIM]")
-    gl.static_assert(desc_k.block_type.shape[2] == BLOCK_N, "K block [1, 1, BLOCK_N, HEAD_DIM]")
+    # Blocks [1, 1, rows, cols] over [B, H, S, D], or ragged ones [1, 1, 1, rows, cols] (ragged.py).
+    gl.static_assert(desc_q.block_type.shape[-2] == BLOCK_M, "Q block [.., BLOCK_M, HEAD_DIM]")
+    gl.static_assert(desc_k.block_type.shape[-2] == BLOCK_N, "K block [.., BLOCK_N, HEAD_DIM]")
     if WIDE:
-        gl.static_assert((desc_dk.block_type.shape[2] == BLOCK_N) and (desc_dk.block_type.shape[3] == HEAD_DIM // 2),
-                         "dK block [1, 1, BLOCK_N, HEAD_DIM / 2]: one warpgroup's columns")
+        gl.static_assert((desc_dk.block_type.shape[-2] == BLOCK_N) and (desc_dk.block_type.shape[-1] == HEAD_DIM // 2),
+                         "dK block [.., BLOCK_N, HEAD_DIM / 2]: one warpgroup's columns")
     else:
-        gl.static_assert(desc_dk.block_type.shape[2] == BLOCK_N // 2, "dK block [1, 1, BLOCK_N / 2, HEAD_DIM]")
-    gl.static_assert(desc_q.block_type.shape[3] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
+        gl.static_assert(desc_dk.block_type.shape[-2] == BLOCK_N // 2, "dK block [.., BLOCK_N / 2, HEAD_DIM]")
+    gl.static_assert(desc_q.block_type.shape[-1] == HEAD_DIM, "descriptor boxes span the head-dim bucket")
     gl.static_assert(desc_lse2.block_type.shape[1] == BLOCK_M, "lse2/delta2 block [1, BLOCK_M]")
     gl.static_assert((desc_dq_acc.block_type.shape[0] == BLOCK_M) and (desc_dq_acc.block_type.shape[1] == 8),
                      "dq_acc block [BLOCK_M, 8]: one column strip of the dQ tile")
@@ -813,6 +824,19 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     hk = gl.program_id(1)
     b = gl.program_id(2)
     start_n = pid_n * BLOCK_N
+    if is_ragged(desc_q.block_type.shape):
+        # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
+        q_start, N_CTX_Q = sequence(b, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
+                                    STORE_VARLEN_STATUS)
+        k_start, N_CTX_K = sequence(b, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS,
+                                    STORE_VARLEN_STATUS)
+        q_end = q_start + N_CTX_Q
+        k_end = k_start + N_CTX_K
+        if start_n >= N_CTX_K:  # a shorter sequence of the batch: no keys here
+            return
+    else:
+        q_end = b
+        k_end = b
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
     # Query blocks that may see this key block (the same for every head of the group):
     # [start, full_lo) and [full_hi, end) straddle the window's edges, [full_lo, full_hi) is interior.
@@ -829,6 +853,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                      "inner, first block first)")
     gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
     gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
+    gl.static_assert((PERS == 0) or not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: PERSISTENT 0")
     gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
@@ -872,13 +897,13 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     if WIDE:
         _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
                        dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
-                       N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, hk, start_n, start, full_lo, full_hi,
-                       n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M,
-                       BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK)
+                       N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
+                       full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM,
+                       BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                          N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
-                         hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
-                         n_steps, h_first, b_row, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DKSS,
-                         PERS, WLK)
+                         q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap,
+                         f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                         CREGS, DKSS, PERS, WLK)

@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .fwd import LOG2E, _opaque_i32
+from .ragged import col_dim, row_coords
 
 
 @gluon.jit
@@ -114,11 +115,12 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
 @gluon.jit
 def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs,
                  ds_bufs, dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
-                 sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                 sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
                  b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr):
-    """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``."""
+    """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``.
+    ``k_end``: where sequence ``b``'s keys end among a packed batch's rows (ragged descriptors only)."""
     QH: gl.constexpr = BLOCK_M // 2
     DH: gl.constexpr = HEAD_DIM // 2
     dtype: gl.constexpr = k_smem.dtype
@@ -159,12 +161,12 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
     # warpgroup's S^T / dP^T read all of K and V) are done; dK and dV go out through them.
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
-    k_out = k_smem.slice(cid * DH, DH, dim=3)
-    v_out = v_smem.slice(cid * DH, DH, dim=3)
+    k_out = k_smem.slice(cid * DH, DH, dim=col_dim(k_smem.shape))
+    v_out = v_smem.slice(cid * DH, DH, dim=col_dim(v_smem.shape))
     v_all.slice(cid * DH, DH, dim=1).store(dv.to(dtype))
     k_all.slice(cid * DH, DH, dim=1).store((dk * sm_scale).to(dtype))
     fence_async_shared()
     gl.thread_barrier()
-    tma.async_copy_shared_to_global(desc_dv, [b, hk, start_n, cid * DH], v_out)
-    tma.async_copy_shared_to_global(desc_dk, [b, hk, start_n, cid * DH], k_out)
+    tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n, cid * DH, k_end, N_CTX_K), v_out)
+    tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n, cid * DH, k_end, N_CTX_K), k_out)
     tma.store_wait(0)

@@ -155,7 +155,7 @@ def _load_v(desc_v, off_z, off_hk, col, k_end, k_len, bar, buf):
     if desc_v.dtype.is_fp8():
         tma.async_copy_global_to_shared(desc_v, [off_z, off_hk, 0, col], bar, buf)
     else:
-        tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, off_z, off_hk, col, k_end, k_len), bar, buf)
+        tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, off_z, off_hk, col, 0, k_end, k_len), bar, buf)
 
 
 @gluon.jit
@@ -236,7 +236,7 @@ def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_r
     # One barrier per Q tile, so each consumer starts as soon as its own rows have landed.
     for c in gl.static_range(NUM_CONSUMERS):
         mbarrier.expect(q_bars.index(c), desc_q.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, row_coords(desc_q, off_z, off_h, q_row0 + c * q_rows, q_end, q_len),
+        tma.async_copy_global_to_shared(desc_q, row_coords(desc_q, off_z, off_h, q_row0 + c * q_rows, 0, q_end, q_len),
                                         q_bars.index(c), q_bufs.index(c))
     for it in range(n_blocks):
         col = _key_block_col(it, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
@@ -246,7 +246,7 @@ def _loader(desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_r
         # of the ring needs no release.
         mbarrier.wait(k_empty.index(slot), phase ^ 1)
         mbarrier.expect(k_ready.index(slot), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, off_z, off_hk, col, k_end, k_len),
+        tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, off_z, off_hk, col, 0, k_end, k_len),
                                         k_ready.index(slot), k_bufs.index(slot))
         # V is released later than K (after the PV product): wait for it separately so
         # K_{j+1} can land while PV_j is still reading its V slot.
@@ -400,7 +400,7 @@ def _store_outputs(o, lse, o_tile, o_smem, desc_o, LSE, stride_lz, stride_lh, ST
     TMA store; LSE by plain stores (a packed batch's at its sequence's rows: ``stride_lz`` is 0)."""
     o_smem.store(o.to(desc_o.dtype))
     fence_async_shared()  # order the generic-proxy smem writes before the async-proxy (TMA) read
-    tma.async_copy_shared_to_global(desc_o, row_coords(desc_o, off_z, off_h, row0, q_end, N_CTX_Q), o_tile)
+    tma.async_copy_shared_to_global(desc_o, row_coords(desc_o, off_z, off_h, row0, 0, q_end, N_CTX_Q), o_tile)
     if STORE_LSE != 0:
         lse_ptrs = (LSE + off_z.to(gl.int64) * stride_lz + off_h.to(gl.int64) * stride_lh
                     + row_offset(desc_o, q_end, N_CTX_Q) + rows)

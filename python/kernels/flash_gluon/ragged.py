@@ -37,16 +37,29 @@ def is_ragged(block_shape):
     return len(block_shape) == 5
 
 
+@gluon.constexpr_function
+def row_dim(shape):
+    """The row dimension of a tile of this shape (a TMA box, or a buffer ring of them): the one
+    before the last (``[.., rows, HEAD_DIM]``), whatever the descriptor's rank."""
+    return len(shape) - 2
+
+
+@gluon.constexpr_function
+def col_dim(shape):
+    """The column (head-dim) dimension of a tile of this shape: the last."""
+    return len(shape) - 1
+
+
 @gluon.jit
-def row_coords(desc, z, h, row, seq_end, seq_len):
-    """TMA coordinates of row ``row`` (column 0) of head ``h`` of sequence ``z``.
+def row_coords(desc, z, h, row, col, seq_end, seq_len):
+    """TMA coordinates of element ``(row, col)`` of head ``h`` of sequence ``z``.
 
     ``seq_end``/``seq_len`` (the sequence's end offset in the packed tensor and its length) are
-    read by ragged descriptors only; a ``[B, H, S, D]`` descriptor takes ``[z, h, row, 0]``."""
+    read by ragged descriptors only; a ``[B, H, S, D]`` descriptor takes ``[z, h, row, col]``."""
     if is_ragged(desc.block_type.shape):
-        return [RAGGED_ROWS, seq_end, h, RAGGED_ROWS - seq_len + row, 0]
+        return [RAGGED_ROWS, seq_end, h, RAGGED_ROWS - seq_len + row, col]
     else:
-        return [z, h, row, 0]
+        return [z, h, row, col]
 
 
 @gluon.jit
