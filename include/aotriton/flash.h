@@ -30,10 +30,10 @@ enum class MaskAlign : int32_t {
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
 // the dtype and head dim; fp16/bf16; head dim <= 256; no dropout,
-// no bias, no softcap, ALiBi or sinks; forward: sm_scale > 0 (packed (varlen) batches of at most
-// 2^30 tokens included); every tensor TMA can address (data 16-byte aligned, last stride
-// 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: not packed, and a
-// workspace of at least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
+// no bias, no softcap, ALiBi or sinks (packed (varlen) batches of at most 2^30 tokens included);
+// forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
+// 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
+// least attn_bwd_workspace_bytes() bytes. A forced backend that cannot serve the call returns
 // kUnsupportedByBackend (message: the reason) and launches nothing.
 enum class Backend : int32_t {
   kAuto = 0,

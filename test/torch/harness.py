@@ -31,8 +31,8 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
     """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
     kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
     in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; no
-    dropout; no bias (the extension turns bool and float masks into one); backward: not packed
-    (varlen: the forward takes packed batches); no logit soft-capping; no ALiBi; V's head dim Q/K's (head_dim_v None or equal); forward: sm_scale > 0
+    dropout; no bias (the extension turns bool and float masks into one); packed (varlen) batches
+    served; no logit soft-capping; no ALiBi; V's head dim Q/K's (head_dim_v None or equal); forward: sm_scale > 0
     (None = the default 1/sqrt(D)). It also needs
     TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
     bytes), which every test input is once the wrapper has copied a non-unit last stride away."""
@@ -44,8 +44,6 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
         return "dropout"
     if bias:
         return "bias"
-    if varlen and backward:
-        return "varlen"
     if softcap:
         return "soft-capping"
     if alibi:

@@ -724,7 +724,7 @@ struct Outcome {
 // ---- backend (--backend auto|portable|gluon) ------------------------------------------------
 // Every FwdParams / BwdParams this test builds asks for g_backend. The Gluon backend's dispatch
 // rule (flash.h), restated so that a wrong refusal or a wrong acceptance fails a case: fp16 /
-// bf16, no dropout or bias, head dim <= 256 (both passes), no packed batch (backward), every
+// bf16, no dropout or bias, head dim <= 256 (both passes; packed batches too), every
 // tensor TMA-addressable (16-byte aligned base, last stride 1, other strides multiples of 16
 // bytes: the padded rows and the 2-byte shifted q here break that), and for the backward a
 // workspace of attn_bwd_workspace_bytes(). A forced Gluon that cannot serve a call must return
@@ -762,10 +762,8 @@ struct GluonTraits {
   bool lowp;        // fp16 / bf16
   size_t head_dim;
   bool tma_layout;  // every tensor meets TMA's rules
-  bool features;    // dropout, bias or soft-capping
-  bool packed = false;  // a packed batch: the forward serves it, the backward not
-  bool serves_fwd() const { return lowp && !features && tma_layout && head_dim <= 256u; }
-  bool serves() const { return serves_fwd() && !packed; }
+  bool features;    // dropout, bias or soft-capping (packed batches are served)
+  bool serves() const { return lowp && !features && tma_layout && head_dim <= 256u; }
 };
 
 // A call the forced Gluon backend must refuse: kUnsupportedByBackend with a message. True with
@@ -1610,8 +1608,8 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
            delta_dev.read(stream) == delta_dev.host && dbias_dev.read(stream) == dbias_dev.host;
   };
   if (forced_gluon()) {
-    const GluonTraits traits{e != Elt::kF32, d, true, c.dropout > 0 || c.bias, c.packed()};
-    if (!traits.serves_fwd()) {
+    const GluonTraits traits{e != Elt::kF32, d, true, c.dropout > 0 || c.bias};
+    if (!traits.serves()) {
       std::string note, bwd_note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);
       refused &= expect_bwd_refusal(bp, stream, bwd_note);
@@ -1622,17 +1620,6 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
       pass &= refused && untouched;
       return {pass, c.describe() + backend_tag() + "  " + note + "; " + bwd_note + (untouched ? "" : " [outputs written]!") +
                         notes + (pass ? "  PASS" : "  FAIL")};
-    }
-    if (!traits.serves()) {
-      // A packed batch: the Gluon forward runs below; the forced Gluon backward must be refused
-      // with nothing written, then the portable one computes the gradients.
-      std::string bwd_note;
-      const bool refused = expect_bwd_refusal(bp, stream, bwd_note);
-      const bool untouched = dq_dev.read(stream) == dq_dev.host && dk_dev.read(stream) == dk_dev.host &&
-                             dv_dev.read(stream) == dv_dev.host && delta_dev.read(stream) == delta_dev.host;
-      pass &= refused && untouched;
-      notes += "  " + bwd_note + (untouched ? "" : " [outputs written]!") + ", then portable";
-      bp.backend = Backend::kPortable;
     }
   }
 

@@ -56,21 +56,15 @@ pub(crate) struct Traits {
     pub head_dim: usize,
     /// Every tensor meets TMA's rules: 16-byte aligned base, strides of 16-byte multiples.
     pub tma_layout: bool,
-    /// Dropout, bias, logit soft-capping, ALiBi, sinks or V's own head dim.
+    /// Dropout, bias, logit soft-capping, ALiBi, sinks or V's own head dim (packed batches are
+    /// served: ragged descriptors).
     pub features: bool,
-    /// A packed (varlen) batch: the Gluon forward serves it (ragged descriptors), the backward not.
-    pub packed: bool,
 }
 
 impl Traits {
-    /// The forward serves the head-dim buckets 64, 128 and 256, packed batches included.
-    pub(crate) fn gluon_serves_fwd(&self) -> bool {
-        matches!(self.dtype, DType::F16 | DType::BF16) && !self.features && self.tma_layout && self.head_dim <= 256
-    }
-
-    /// Both passes serve the call.
+    /// Both passes serve the head-dim buckets 64, 128 and 256.
     pub(crate) fn gluon_serves(&self) -> bool {
-        self.gluon_serves_fwd() && !self.packed
+        matches!(self.dtype, DType::F16 | DType::BF16) && !self.features && self.tma_layout && self.head_dim <= 256
     }
 }
 

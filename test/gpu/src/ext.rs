@@ -926,33 +926,16 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
             || c.alibi.is_some()
             || c.sinks.is_some()
             || c.dv != c.d,
-        packed: c.varlen.is_some(),
     };
-    let mut notes: Vec<String> = Vec::new();
-    let mut pass = true;
-    if backend::forced_gluon() && !traits.gluon_serves_fwd() {
+    if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);
         return gluon_refusal(&c.describe(), &fp, &bp, s, untouched);
-    }
-    if backend::forced_gluon() && !traits.gluon_serves() {
-        // A packed batch: the forward runs on Gluon (checked below); the forced Gluon backward
-        // must be refused with nothing written, then the portable one computes the gradients.
-        match backend::expect_refusal("attn_bwd", flash::attn_bwd(&bp, s)) {
-            Ok(note) => notes.push(note),
-            Err(e) => {
-                pass = false;
-                notes.push(format!("{e}!"));
-            }
-        }
-        if dq_dev.read(stream)? != dq_dev.host {
-            pass = false;
-            notes.push("refused backward wrote dq!".to_string());
-        }
-        bp.backend = flash::Backend::Portable;
     }
     let _workspace = backend::attach_workspace(&mut bp, stream)?;
 
     let started = Instant::now();
+    let mut notes: Vec<String> = Vec::new();
+    let mut pass = true;
     // The host mask, and the GPU's debug mask of the same (B, Hq, Sq, Sk) bit for bit.
     let keep = drop.as_ref().map(|dr| dr.host().mask(c.b, hq, c.sq, c.sk));
     if let (Some(dr), Some(keep)) = (&drop, &keep) {

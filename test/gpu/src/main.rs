@@ -170,7 +170,6 @@ impl Case {
             head_dim: self.head_dim,
             tma_layout: matches!(self.layout, Layout::Bhsd | Layout::Bshd),
             features: false,
-            packed: false,
         }
     }
     fn describe(&self) -> String {

@@ -35,7 +35,6 @@ pub(crate) enum Unsupported {
     HeadDim { head_dim: u64, max: u64 },
     Dropout,
     Bias,
-    Varlen,
     /// Logit soft-capping (`softcap` > 0).
     Softcap,
     /// ALiBi slopes.
@@ -69,7 +68,6 @@ impl fmt::Display for Unsupported {
             Unsupported::HeadDim { head_dim, max } => write!(f, "head dim {head_dim} is above its largest ({max})"),
             Unsupported::Dropout => write!(f, "it has no dropout (use the portable backend)"),
             Unsupported::Bias => write!(f, "it has no attention bias (use the portable backend)"),
-            Unsupported::Varlen => write!(f, "it does not take packed (varlen) batches (use the portable backend)"),
             Unsupported::Softcap => write!(f, "it has no logit soft-capping (use the portable backend)"),
             Unsupported::Alibi => write!(f, "it has no ALiBi (use the portable backend)"),
             Unsupported::Sinks => write!(f, "it has no attention sinks (use the portable backend)"),
@@ -171,7 +169,7 @@ pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape,
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
         (p.sinks.is_some(), Unsupported::Sinks),
     ];
-    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, fwd_tensor(t, shape)));
+    let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o)].map(|(n, t)| (n, tma_tensor(t, shape)));
     let g = common_inputs(p.q.dtype, shape, &FWD_BUCKETS, &features, &tensors)?;
     if p.sm_scale.is_nan() || p.sm_scale <= 0.0 {
         return Err(Unsupported::NonPositiveScale);
@@ -189,18 +187,18 @@ fn aligned16(pointers: &[(&'static str, u64)]) -> Result<(), Unsupported> {
 }
 
 /// Whether the Gluon backward can serve `p` (inputs only, the workspace aside: see
-/// [`check_workspace`]). The result carries the workspace size.
+/// [`check_workspace`]). The result carries the workspace size. Packed (varlen) batches are
+/// served through ragged descriptors, as in the forward.
 pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
         (p.dropout.is_some(), Unsupported::Dropout),
         (p.bias.is_some() || p.dbias.is_some(), Unsupported::Bias),
-        (p.varlen.is_some(), Unsupported::Varlen),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
         (p.sinks.is_some(), Unsupported::Sinks),
     ];
     let tensors = [("q", &p.q), ("k", &p.k), ("v", &p.v), ("o", &p.o), ("d_o", &p.d_o), ("dq", &p.dq), ("dk", &p.dk), ("dv", &p.dv)]
-        .map(|(n, t)| (n, Ok(TensorArg::from_view(t))));
+        .map(|(n, t)| (n, tma_tensor(t, shape)));
     let mut g = common_inputs(p.q.dtype, shape, &BWD_BUCKETS, &features, &tensors)?;
     aligned16(&[("lse", p.lse.ptr), ("delta", p.delta.ptr)])?;
     g.sq_pad = sq_pad(shape.seqlen_q);
@@ -284,14 +282,21 @@ pub(crate) fn device_ready(launcher: &Launcher, requests: &[&Request], key: Tuni
     Ok(portable_faster)
 }
 
-fn desc(t: &crate::tensor::TensorView<4>) -> ArgValue {
-    ArgValue::Tensor(TensorArg::from_view(t))
+/// What a descriptor over `t` (Q, K, V, O, dO, dK or dV) covers: the `[B, H, S, D]` tensor, or for
+/// a packed batch its ragged view (python/kernels/flash_gluon/ragged.py).
+fn tma_tensor(t: &TensorView<4>, shape: &AttnShape) -> Result<TensorArg, TmaProblem> {
+    if shape.varlen.is_some() { TensorArg::ragged(t) } else { Ok(TensorArg::from_view(t)) }
 }
 
-/// What the forward's descriptor over `t` (Q, K, V or O) covers: the `[B, H, S, D]` tensor, or
-/// for a packed batch its ragged view (python/kernels/flash_gluon/ragged.py).
-fn fwd_tensor(t: &TensorView<4>, shape: &AttnShape) -> Result<TensorArg, tma::TmaProblem> {
-    if shape.varlen.is_some() { TensorArg::ragged(t) } else { Ok(TensorArg::from_view(t)) }
+/// The descriptor arguments `(name, tensor)` of one call ([`tma_tensor`]); a tensor TMA cannot
+/// address is the backend's refusal (`op` names the operator).
+fn push_descs(args: &mut ArgList, descs: &[(&'static str, &TensorView<4>)], shape: &AttnShape, op: &str) -> Result<()> {
+    for &(name, t) in descs {
+        let tensor = name.trim_start_matches("desc_");
+        let arg = tma_tensor(t, shape).map_err(|problem| Unsupported::Tma { tensor, problem }.error(op, None))?;
+        args.push(name, ArgValue::Tensor(arg));
+    }
+    Ok(())
 }
 
 /// The forward's functional key: dtype, head dim, and `varlen` (an optional axis, named only
@@ -322,10 +327,7 @@ impl FwdCall {
 /// Arguments of `attn_fwd_gluon` by name (ABI.md).
 fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList> {
     let mut args = ArgList::new();
-    for (name, tensor, t) in [("desc_q", "q", &p.q), ("desc_k", "k", &p.k), ("desc_v", "v", &p.v), ("desc_o", "o", &p.o)] {
-        let arg = fwd_tensor(t, shape).map_err(|problem| Unsupported::Tma { tensor, problem }.error("attn_fwd", None))?;
-        args.push(name, ArgValue::Tensor(arg));
-    }
+    push_descs(&mut args, &[("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_o", &p.o)], shape, "attn_fwd")?;
     push_fwd_common_args(&mut args, p.lse.as_ref(), p.sm_scale, shape, mask);
     args.extend(varlen_args(shape));
     Ok(args)
@@ -384,11 +386,16 @@ pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnSha
     launcher.launch(&kernel)
 }
 
-/// The backward's functional keys: (preprocess and dq_convert, main kernel).
-pub(crate) fn bwd_axes(g: &GluonShape, deterministic: bool) -> (Axes, Axes) {
+/// The backward's functional keys: (preprocess and dq_convert, main kernel). The main kernel's
+/// `varlen` axis (optional, named only when on) picks its ragged-descriptor kernels; the
+/// preprocess and the dQ conversion take packing at run time.
+pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool) -> (Axes, Axes) {
     let common = g.axes();
     let mut main = common;
     main.push("dq", bool_axis(!deterministic));
+    if shape.varlen.is_some() {
+        main.push("varlen", bool_axis(true));
+    }
     (common, main)
 }
 
@@ -431,15 +438,15 @@ fn bwd_args(
         head_dim,
         ("ZERO_DQ_ACC", ArgValue::I32(!p.deterministic as i32)),
     ]);
+    // The packing group: the preprocess and the conversion take its query side (each kernel
+    // takes the arguments it declares).
+    let packing = varlen_args(shape);
+    pre.extend(packing);
 
     let mut main = ArgList::new();
+    let descs = [("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_do", &p.d_o), ("desc_dk", &p.dk), ("desc_dv", &p.dv)];
+    push_descs(&mut main, &descs, shape, "attn_bwd")?;
     main.extend([
-        ("desc_q", desc(&p.q)),
-        ("desc_k", desc(&p.k)),
-        ("desc_v", desc(&p.v)),
-        ("desc_do", desc(&p.d_o)),
-        ("desc_dk", desc(&p.dk)),
-        ("desc_dv", desc(&p.dv)),
         ("desc_dq_acc", Tensor(TensorArg::matrix(dq_acc, rows, g.bucket, DType::F32))),
         ("desc_lse2", Tensor(TensorArg::matrix(lse2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("desc_delta2", Tensor(TensorArg::matrix(delta2, rows / STAT_ROW, STAT_ROW, DType::F32))),
@@ -448,11 +455,13 @@ fn bwd_args(
         heads_q,
     ]);
     main.extend(seq_mask_args(shape, mask));
+    main.extend(packing);
 
     let mut convert = ArgList::new();
     convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);
     convert.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq, shape));
     convert.extend([("sm_scale", F32(p.sm_scale)), seqlen_q, sq_pad, head_dim, heads_q]);
+    convert.extend(packing);
     Ok((pre, main, convert))
 }
 
@@ -469,7 +478,7 @@ impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
-        let (common, main_axes) = bwd_axes(g, p.deterministic);
+        let (common, main_axes) = bwd_axes(g, shape, p.deterministic);
         let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
         Ok(BwdCall { common, main_axes, pre, main, convert })
     }
@@ -657,8 +666,19 @@ mod tests {
         p
     }
 
+    /// The backward of [`packed_fwd`]'s batch.
+    fn packed_bwd(d: u64, dtype: DType) -> BwdParams<'static> {
+        let t = |ptr, h: u64, tokens| TensorView::new(ptr, [1, h, tokens, d], [0, d as i64, (h * d) as i64, 1], dtype);
+        let rows = |ptr| TensorView::new(ptr, [1, HQ, 17], [0, 32, 1], DType::F32);
+        let (q, kv) = (|i| t(at(i), HQ, 17), |i| t(at(i), HK, 13));
+        let mut b = BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(at(6)), rows(at(7)), q(8), kv(9), kv(10));
+        let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
+        b.varlen = Some(Varlen::new(cu(at(11)), cu(at(12)), 12, 9));
+        b
+    }
+
     #[test]
-    fn packed_batches_take_ragged_descriptors_forward_only() {
+    fn packed_batches_take_ragged_descriptors() {
         let p = packed_fwd(64, DType::F16);
         let (shape, mask) = super::super::fwd::validate(&p).unwrap();
         let g = fwd_check(&p).unwrap();
@@ -683,18 +703,40 @@ mod tests {
         assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
         let args = fwd_args(&f, &shape, &mask).unwrap();
         let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
-        assert_eq!(value("desc_q"), desc(&f.q));
+        assert_eq!(value("desc_q"), ArgValue::Tensor(TensorArg::from_view(&f.q)));
         assert_eq!((value("IS_VARLEN"), value("CU_SEQLENS_Q")), (ArgValue::I32(0), ArgValue::Ptr(0)));
         assert_eq!(value("stride_lz"), ArgValue::I64((HQ * SQ) as i64));
-        // The backward stays portable for packed batches.
-        let t = |ptr, h, tokens| TensorView::new(ptr, [1, h, tokens, 64], [0, 64, (h * 64) as i64, 1], DType::F16);
-        let rows = |ptr| TensorView::new(ptr, [1, HQ, 17], [0, 32, 1], DType::F32);
-        let (q, kv) = (|i| t(at(i), HQ, 17), |i| t(at(i), HK, 13));
-        let mut b = BwdParams::new(q(1), kv(2), kv(3), q(4), q(5), rows(at(6)), rows(at(7)), q(8), kv(9), kv(10));
-        let cu = |ptr| TensorView::contiguous(ptr, [4], DType::I32);
-        b.varlen = Some(Varlen::new(cu(at(11)), cu(at(12)), 12, 9));
-        let (shape, _) = super::super::bwd::validate(&b).unwrap();
-        assert_eq!(bwd_inputs(&b, &shape), Err(Unsupported::Varlen));
+        // The backward: ragged descriptors too, the main kernel's varlen axis, the packing group in
+        // all three kernels' lists, the workspace sized by the sequences and the longest one.
+        let mut b = packed_bwd(64, DType::F16);
+        let (shape, mask) = super::super::bwd::validate(&b).unwrap();
+        let g = bwd_inputs(&b, &shape).unwrap();
+        assert_eq!((g.sq_pad, g.workspace_rows), (128, 3 * HQ * 128), "3 sequences, the longest 12 queries");
+        let (common, main_axes) = bwd_axes(&g, &shape, false);
+        assert_eq!(common.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
+        assert_eq!(main_axes.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("dq", "true"), ("varlen", "true")]);
+        b.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+        let (pre, main, convert) = bwd_args(&b, &shape, &mask, &g, &b.workspace.unwrap()).unwrap();
+        let value = |l: &ArgList, n: &str| l.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        for (name, t) in [("desc_q", &b.q), ("desc_k", &b.k), ("desc_v", &b.v), ("desc_do", &b.d_o), ("desc_dk", &b.dk), ("desc_dv", &b.dv)] {
+            assert_eq!(value(&main, name), ArgValue::Tensor(TensorArg::ragged(t).unwrap()), "{name}");
+        }
+        for list in [&pre, &main, &convert] {
+            assert_eq!(value(list, "IS_VARLEN"), ArgValue::I32(1));
+            assert_eq!(value(list, "CU_SEQLENS_Q"), ArgValue::Ptr(at(11)));
+            assert_eq!(value(list, "N_TOKENS_Q"), ArgValue::I32(17));
+        }
+        assert_eq!(value(&main, "CU_SEQLENS_K"), ArgValue::Ptr(at(12)));
+        assert_eq!((value(&pre, "stride_oz"), value(&pre, "stride_lz")), (ArgValue::I64(0), ArgValue::I64(0)));
+        assert_eq!(value(&convert, "stride_dqz"), ArgValue::I64(0));
+        // More rows than a ragged descriptor addresses: the backend's refusal, not a launch.
+        let mut huge = packed_bwd(64, DType::F16);
+        huge.q.sizes[2] = tma::RAGGED_ROWS + 1;
+        let shape = AttnShape { varlen: shape.varlen, ..super::super::bwd::validate(&b).unwrap().0 };
+        assert_eq!(
+            bwd_inputs(&huge, &shape),
+            Err(Unsupported::Tma { tensor: "q", problem: TmaProblem::TooManyTokens { tokens: tma::RAGGED_ROWS + 1 } })
+        );
     }
 
     #[test]
@@ -854,7 +896,6 @@ mod tests {
         for why in [
             Unsupported::Dropout,
             Unsupported::Bias,
-            Unsupported::Varlen,
             Unsupported::HeadDim { head_dim: 264, max: 256 },
             Unsupported::HeadDimV { head_dim: 192, head_dim_v: 128 },
         ] {
@@ -918,10 +959,10 @@ mod tests {
         let g = fwd_check(&fwd(96, DType::BF16)).unwrap();
         let (shape, _) = super::super::fwd::validate(&fwd(96, DType::BF16)).unwrap();
         assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
-        let (common, main) = bwd_axes(&g, true);
+        let (common, main) = bwd_axes(&g, &shape, true);
         assert_eq!(common.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
         assert_eq!(main.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128"), ("dq", "false")]);
-        assert_eq!(bwd_axes(&g, false).1.as_slice().unwrap()[2], ("dq", "true"));
+        assert_eq!(bwd_axes(&g, &shape, false).1.as_slice().unwrap()[2], ("dq", "true"));
     }
 
     #[test]
@@ -999,7 +1040,7 @@ mod tests {
         for list in [&pre, &main, &convert] {
             list.args().unwrap();
         }
-        let (common, main) = bwd_axes(&g, false);
+        let (common, main) = bwd_axes(&g, &shape, false);
         common.as_slice().unwrap();
         main.as_slice().unwrap();
     }
@@ -1046,21 +1087,30 @@ mod tests {
             };
             let d: u64 = f.axes["head_dim"].parse().unwrap();
             let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
-            let mut fp = if f.axes.get("varlen").is_some_and(|v| v == "true") { packed_fwd(d, dtype) } else { fwd(d, dtype) };
+            let packed = f.axes.get("varlen").is_some_and(|v| v == "true");
+            let mut fp = if packed { packed_fwd(d, dtype) } else { fwd(d, dtype) };
             fp.mask = Mask::causal(MaskAlign::BottomRight);
-            let mut bp = bwd(d, dtype);
+            let mut bp = if packed { packed_bwd(d, dtype) } else { bwd(d, dtype) };
             bp.deterministic = deterministic;
             let list = if f.family == FWD_FAMILY {
                 let (shape, mask) = super::super::fwd::validate(&fp).unwrap();
                 let g = fwd_inputs(&fp, &shape).unwrap();
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
-                assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>()[..]);
+                let mut ours = fwd_axes(&g, &shape).as_slice().unwrap().to_vec();
+                ours.sort();
+                assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
                 fwd_args(&fp, &shape, &mask).unwrap()
             } else {
                 let (shape, mask) = super::super::bwd::validate(&bp).unwrap();
                 let g = bwd_inputs(&bp, &shape).unwrap();
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
                 bp.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+                if f.family == BWD_FAMILY {
+                    let (_, main_axes) = bwd_axes(&g, &shape, deterministic);
+                    let mut ours = main_axes.as_slice().unwrap().to_vec();
+                    ours.sort();
+                    assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
+                }
                 let (pre, main, convert) = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
                 match f.family.as_str() {
                     BWD_PREPROCESS_FAMILY => pre,
