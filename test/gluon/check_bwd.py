@@ -182,6 +182,19 @@ def reference(q, k, v, do, vis, sm_scale, group, dtype64=torch.float64):
 # --------------------------------------------------------------------------------------------
 # the three launches
 # --------------------------------------------------------------------------------------------
+_NO_OFFSETS = {}
+
+
+def not_packed(device):
+    """The packing group of a fixed-length launch (``IS_VARLEN`` 0; check_bwd_varlen.py launches packed
+    batches): the offsets pointer is never read, but the row kernels compile its load, so it is a real
+    int32 tensor."""
+    if device not in _NO_OFFSETS:
+        _NO_OFFSETS[device] = torch.zeros(2, device=device, dtype=torch.int32)
+    cu = _NO_OFFSETS[device]
+    return {"q": (0, cu, 0, cu, 0), "qk": (0, cu, cu, 0, 0, cu, 0)}
+
+
 def nvmma(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[dtype])
 
@@ -250,14 +263,14 @@ class GluonBwd:
         attn_bwd_gluon_preprocess[(self.sq_pad // self.aux_m, hq, B)](
             o, do, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
             lse, lse.stride(0), lse.stride(1), delta, delta.stride(0), delta.stride(1),
-            self.lse2, self.delta2, self.dq_acc, sq, self.sq_pad, d, self.compute_dq,
+            self.lse2, self.delta2, self.dq_acc, sq, self.sq_pad, d, self.compute_dq, *not_packed(o.device)["q"],
             HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
 
     def main(self):
         B, hq, hk, sq, sk, d = self.shape
         wl, wr, abr = self.window
         attn_bwd_gluon[self.grid](
-            *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr,
+            *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr, *not_packed(self.q.device)["qk"],
             HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
             **self.opts, num_warps=4, maxnreg=MAXNREG)
 
@@ -267,7 +280,7 @@ class GluonBwd:
             dq = self.dq
             attn_bwd_gluon_dq_convert[(triton.cdiv(sq, self.aux_m), hq, B)](
                 self.dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), self.sm_scale, sq, self.sq_pad, d, hq,
-                HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
+                *not_packed(dq.device)["q"], HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
 
     def run_aux(self):
         """The preprocess and convert launches alone (their share of the backward's time)."""

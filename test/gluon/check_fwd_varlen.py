@@ -9,49 +9,33 @@ that see no key).  Outputs are poisoned with NaN and the packed tensors carry Na
 before and after the tokens: a row the kernel fails to write, a read past a sequence that is not
 masked, or a write outside the tokens shows up.  The status word must stay 0.
 
-usage: python test/gluon/check_fwd_varlen.py [--bench] [--filter SUBSTR]
+usage: python test/gluon/check_fwd_varlen.py [--bench | --consan] [--filter SUBSTR]
+  --consan  a packed batch per head dim again under Gluon's concurrency sanitizer (one process each)
   --bench   a packed batch of 16 sequences (~42k tokens, Hq/Hk 32/8, hd128, causal and not) beside
             the fixed-length Gluon forward on the same token count and torch's varlen_attn
 """
 import argparse
+import json
 import math
 import os
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import check_fwd  # noqa: E402  (sets up sys.path for python/)
-import packed_batch  # noqa: E402
+import packed  # noqa: E402
+from packed import GUARD, cu_seqlens, packed_batch, ragged_descriptor  # noqa: E402
 
 import rules  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
-
-from kernels.flash_gluon.ragged import RAGGED_ROWS  # noqa: E402
-
-#: The two address-only leading dimensions of a ragged descriptor (ragged.py).
-RAGGED_SPAN = 0x7FFF0000
-GUARD = 3  # NaN rows before and after the packed tokens
 
 
 def shipped_config(head_dim):
     (c, ) = rules._attn_fwd_gluon_configs("sm_90", {"head_dim": head_dim, "varlen": True})
     return c
-
-
-def ragged_descriptor(t, rows, head_dim, dtype):
-    """The runtime's ragged descriptor over a packed ``[tokens, H, D]`` tensor (ragged.py)."""
-    rs, hs = t.stride(0), t.stride(1)
-    shape = [RAGGED_SPAN, RAGGED_SPAN, t.shape[1], RAGGED_ROWS, t.shape[2]]
-    strides = [2**34 - rs, rs, hs, rs, 1]
-    block = [1, 1, 1, rows, head_dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, check_fwd.GL_DTYPES[dtype])
-    return TensorDescriptor(t, shape, strides, block, layout)
 
 
 def launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, dtype, sm_scale, wl, wr, align, store_lse=True):
@@ -62,8 +46,8 @@ def launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, dtype, sm_s
     c = shipped_config(head_dim)
     assert not c.get("PERSISTENT"), "packed batches take the one-tile program"
     n_seq = cu_q.numel() - 1
-    dq_, dk_ = ragged_descriptor(q, 64, head_dim, dtype), ragged_descriptor(k, c["BLOCK_N"], head_dim, dtype)
-    dv_, do_ = ragged_descriptor(v, c["BLOCK_N"], head_dim, dtype), ragged_descriptor(o, 64, head_dim, dtype)
+    dq_, dk_ = ragged_descriptor(q, 64, head_dim), ragged_descriptor(k, c["BLOCK_N"], head_dim)
+    dv_, do_ = ragged_descriptor(v, c["BLOCK_N"], head_dim), ragged_descriptor(o, 64, head_dim)
     grid = (triton.cdiv(max_q, c["BLOCK_M"]), hq, n_seq)
     cx = {k_: c[k_] for k_ in ("BLOCK_M", "BLOCK_N", "STAGES", *rules.GLUON_FWD_KNOBS) if k_ in c}
 
@@ -116,26 +100,19 @@ def cases():
     return out
 
 
-def packed(lengths, h, d, dt, gen, device, fill=None):
-    """``[GUARD + tokens + GUARD, H, D]`` storage (NaN guard rows) and its ``[tokens, H, D]`` view."""
-    total = sum(lengths)
-    store = torch.full((total + 2 * GUARD, h, d), float("nan"), device=device, dtype=dt)
-    if fill is None:
-        store[GUARD:GUARD + total] = torch.randn((total, h, d), generator=gen, device=device).to(dt)
-    return store, store[GUARD:GUARD + total]
-
-
-def cu_seqlens(lengths, device):
-    return torch.tensor(packed_batch.offsets(lengths), dtype=torch.int32, device=device)
+def consan_cases():
+    """One packed batch per head dim under the sanitizer: ragged lengths (an empty sequence, a
+    one-token one, tails around the blocks), causal, GQA."""
+    return [Case("bf16", d, [300, 0, 1, 129], mask="causal_br", hq=4, hk=2) for d in (64, 128, 256)]
 
 
 def run_case(case, device="cuda"):
     dt = check_fwd.TORCH_DTYPES[case.dtype]
     gen = torch.Generator(device=device).manual_seed(zlib.crc32(case.name().encode()))
-    q_store, q = packed(case.lens_q, case.hq, case.d, dt, gen, device)
-    k_store, k = packed(case.lens_k, case.hk, case.d, dt, gen, device)
-    v_store, v = packed(case.lens_k, case.hk, case.d, dt, gen, device)
-    o_store, o = packed(case.lens_q, case.hq, case.d, dt, gen, device, fill=float("nan"))
+    q_store, q = packed.guarded(case.lens_q, case.hq, case.d, dt, gen, device)
+    k_store, k = packed.guarded(case.lens_k, case.hk, case.d, dt, gen, device)
+    v_store, v = packed.guarded(case.lens_k, case.hk, case.d, dt, gen, device)
+    o_store, o = packed.guarded(case.lens_q, case.hq, case.d, dt, gen, device, random=False)
     tq = sum(case.lens_q)
     lse_store = torch.full((case.hq, tq + 2 * GUARD), float("nan"), device=device, dtype=torch.float32)
     lse = lse_store[:, GUARD:GUARD + tq]
@@ -151,10 +128,8 @@ def run_case(case, device="cuda"):
     ok, worst, worst_bound, notes = True, 0.0, 0.0, []
     for b, (sq, sk) in enumerate(zip(case.lens_q, case.lens_k)):
         q0, k0 = int(cu_q[b]), int(cu_k[b])
-        qs = q[q0:q0 + sq].permute(1, 0, 2).unsqueeze(0)
-        ks = k[k0:k0 + sk].permute(1, 0, 2).unsqueeze(0)
-        vs = v[k0:k0 + sk].permute(1, 0, 2).unsqueeze(0)
-        os_ = o[q0:q0 + sq].permute(1, 0, 2).unsqueeze(0)
+        qs, ks, vs = packed.sequence(q, q0, sq), packed.sequence(k, k0, sk), packed.sequence(v, k0, sk)
+        os_ = packed.sequence(o, q0, sq)
         visible = check_fwd.visible_mask(sq, sk, wl, wr, align, q.device)
         o_ref, lse_ref = check_fwd.reference_f64(qs, ks, vs, sm_scale, visible)
         o_naive = check_fwd.reference_naive(qs, ks, vs, sm_scale, visible)
@@ -179,7 +154,7 @@ def run_case(case, device="cuda"):
                 notes.append(f"seq{b} lse_err")
     guards = [("q", q_store), ("k", k_store), ("v", v_store), ("o", o_store)]
     for name, store in guards:
-        if not (torch.isnan(store[:GUARD]).all() and torch.isnan(store[-GUARD:]).all()):
+        if not packed.guards_intact(store):
             ok = False
             notes.append(f"{name} guard rows written")
     if not torch.isnan(lse_store[:, :GUARD]).all() or not torch.isnan(lse_store[:, -GUARD:]).all():
@@ -287,8 +262,19 @@ def bench():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--consan", action="store_true", help="consan_cases() under Gluon's concurrency sanitizer")
+    ap.add_argument("--consan-child", help=argparse.SUPPRESS)
     ap.add_argument("--filter", default="")
     args = ap.parse_args()
+    if args.consan_child:
+        packed.consan_child_setup()
+        ok, line = run_case(Case(**json.loads(args.consan_child)))
+        print(line, flush=True)
+        return 0 if ok else 1
+    if args.consan:
+        cs = consan_cases()
+        return 0 if packed.consan_children(__file__, [json.dumps(asdict(c)) for c in cs], [c.name() for c in cs],
+                                           "check_fwd_varlen --consan") else 1
     ok = check(args.filter)
     if args.bench:
         bench()

@@ -113,12 +113,14 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
 #    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips,
-#    GLUON_CHECKS=fwd / bwd runs one kernel family's two checks.
+#    GLUON_CHECKS=fwd / bwd runs one kernel family's checks, GLUON_CHECKS=varlen the packed-batch ones.
 checks=()
 case ${GLUON_CHECKS:-1} in
-  1) checks=("check_fwd" "check_fwd_varlen" "check_bwd" "check_fwd --consan" "check_bwd --consan") ;;
-  fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd --consan") ;;
-  bwd) checks=("check_bwd" "check_bwd --consan") ;;
+  1) checks=("check_fwd" "check_fwd_varlen" "check_bwd" "check_bwd_varlen" "check_fwd --consan" "check_bwd --consan"
+              "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
+  fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd --consan" "check_fwd_varlen --consan") ;;
+  bwd) checks=("check_bwd" "check_bwd_varlen" "check_bwd --consan" "check_bwd_varlen --consan") ;;
+  varlen) checks=("check_fwd_varlen" "check_bwd_varlen" "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
