@@ -15,13 +15,11 @@ usage: python test/gluon/check_bwd_varlen.py [--consan] [--filter SUBSTR]
   --consan  a packed batch per head dim again under Gluon's concurrency sanitizer (one process each)
 """
 import argparse
-import json
 import math
 import os
 import sys
-import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_bwd  # noqa: E402  (sets up sys.path for python/)
@@ -114,43 +112,17 @@ class PackedBwd:
 
 
 @dataclass
-class Case:
-    dtype: str
-    d: int
-    lens_q: list
-    lens_k: list = field(default=None)
-    mask: str = "none"
-    hq: int = 2
-    hk: int = 2
+class Case(packed.PackedCase):
     compute_dq: int = 1
 
-    def __post_init__(self):
-        if self.lens_k is None:
-            self.lens_k = list(self.lens_q)
-
-    def name(self):
-        lk = "" if self.lens_k == self.lens_q else f" k{self.lens_k}"
-        return (f"{self.dtype} d{self.d} hq{self.hq} hk{self.hk} q{self.lens_q}{lk} {self.mask}"
-                f"{'' if self.compute_dq else ' dq0'}")
+    def flags(self):
+        return "" if self.compute_dq else " dq0"
 
 
 def cases():
-    out = []
-    ragged = [300, 1, 129, 0, 500, 17, 128]
-    for dtype in ("bf16", "fp16"):
-        for d in (64, 128, 256, 72, 192):
-            out.append(Case(dtype, d, ragged, mask="none"))
-            out.append(Case(dtype, d, ragged, mask="causal_tl"))
-    lq, lk = [129, 500, 5, 0, 64], [500, 129, 0, 7, 65]
-    for mask in ("causal_br", "causal_tl", "win_64_32_tl", "win_16_0_br", "win_0_0_tl"):
-        for d in (64, 128, 256):
-            out.append(Case("bf16", d, lq, lk, mask))
-    out.append(Case("bf16", 128, [777, 3, 1024], mask="causal_br", hq=8, hk=2))
-    out.append(Case("fp16", 64, [777, 3, 1024], mask="none", hq=8, hk=1))
-    out.append(Case("bf16", 256, [333, 1, 64], [64, 333, 1], mask="win_64_32_tl", hq=4, hk=1))
-    for d in (64, 128, 256):
-        out.append(Case("bf16", d, ragged, mask="causal_br", hq=4, hk=2, compute_dq=0))
-    return out
+    return packed.packed_cases(Case, 500, 1024) + [
+        Case("bf16", d, [300, 1, 129, 0, 500, 17, 128], mask="causal_br", hq=4, hk=2, compute_dq=0)
+        for d in (64, 128, 256)]
 
 
 def consan_cases():
@@ -260,33 +232,10 @@ def run_case(case, device="cuda"):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--consan", action="store_true", help="consan_cases() under Gluon's concurrency sanitizer")
-    ap.add_argument("--consan-child", help=argparse.SUPPRESS)
-    ap.add_argument("--filter", default="")
+    packed.add_check_options(ap)
     args = ap.parse_args()
-    if args.consan_child:
-        packed.consan_child_setup()
-        ok, line = run_case(Case(**json.loads(args.consan_child)))
-        print(line, flush=True)
-        return 0 if ok else 1
-    if args.consan:
-        cs = consan_cases()
-        return 0 if packed.consan_children(__file__, [json.dumps(asdict(c)) for c in cs], [c.name() for c in cs],
-                                           "check_bwd_varlen --consan") else 1
-    passed = failed = 0
-    t0 = time.time()
-    for case in cases():
-        if args.filter and args.filter not in case.name():
-            continue
-        try:
-            ok, line = run_case(case)
-        except Exception as e:  # noqa: BLE001 -- report and go on
-            ok, line = False, f"FAIL {case.name()}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:400]}"
-        passed += ok
-        failed += not ok
-        print(line, flush=True)
-    print(f"check_bwd_varlen: {passed} passed, {failed} failed ({time.time() - t0:.1f} s)")
-    return 0 if failed == 0 else 1
+    ok = packed.run_check(__file__, "check_bwd_varlen", args, Case, cases, consan_cases, run_case)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 import zlib
@@ -45,6 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from kernels.flash_gluon import fwd as gluon_fwd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import consan as consan_runner  # noqa: E402
 import fwd_variants  # noqa: E402
 
 SCALAR_ARGS = ["LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP",
@@ -375,7 +375,7 @@ def check(filter_):
 
 def consan_child(case_json):
     """Runs in a subprocess with TRITON_INSTRUMENTATION_MODE=consan set before Triton's import."""
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    consan_runner.child_setup()
     ok, line = run_case(Case(**json.loads(case_json)))
     print(line, flush=True)
     return ok
@@ -388,29 +388,8 @@ def consan(filter_):
     if is_persistent(VARIANT):
         cases = with_small_grids(cases, grids=(2,))
     cases = [c for c in cases if fwd_variants.config(VARIANT, head_dim_bucket(c.d)) is not None]
-    env = dict(os.environ, TRITON_INSTRUMENTATION_MODE="consan")
-    clean = flagged = 0
-    # Every case in its own process (a sanitizer trap kills the CUDA context), all at once: the
-    # instrumented compiles dominate and run in parallel.
-    t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--consan-child", json.dumps(asdict(case))],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for case in cases]
-    for case, proc in zip(cases, procs):
-        try:
-            out = proc.communicate(timeout=max(1.0, 500 - (time.time() - t0)))[0].strip()
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out = "timed out"
-        result = [ln for ln in out.splitlines() if ln.startswith(("PASS", "FAIL"))]
-        if proc.returncode == 0 and result and result[-1].startswith("PASS"):
-            clean += 1
-            print(f"CONSAN CLEAN {case.name()} ({time.time() - t0:.0f} s): {result[-1]}", flush=True)
-        else:
-            flagged += 1
-            tail = " | ".join(out.splitlines()[-15:])[-3000:]
-            print(f"CONSAN FLAGGED {case.name()} (rc {proc.returncode}, {time.time() - t0:.0f} s): {tail}", flush=True)
-    print(f"check_fwd --consan: {clean} clean, {flagged} flagged")
-    return flagged == 0
+    return consan_runner.run_children(__file__, [json.dumps(asdict(c)) for c in cases], [c.name() for c in cases],
+                                      "check_fwd --consan")
 
 
 def bench():

@@ -15,16 +15,15 @@ usage: python test/gluon/check_fwd_varlen.py [--bench | --consan] [--filter SUBS
             the fixed-length Gluon forward on the same token count and torch's varlen_attn
 """
 import argparse
-import json
 import math
 import os
 import sys
-import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_fwd  # noqa: E402  (sets up sys.path for python/)
+from check_bwd import window_args  # noqa: E402
 import packed  # noqa: E402
 from packed import GUARD, cu_seqlens, packed_batch, ragged_descriptor  # noqa: E402
 
@@ -59,45 +58,18 @@ def launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, dtype, sm_s
 
 
 @dataclass
-class Case:
-    dtype: str
-    d: int
-    lens_q: list
-    lens_k: list = field(default=None)
-    mask: str = "none"
-    hq: int = 2
-    hk: int = 2
+class Case(packed.PackedCase):
     store_lse: bool = True
 
-    def __post_init__(self):
-        if self.lens_k is None:
-            self.lens_k = list(self.lens_q)
-
-    def name(self):
-        lk = "" if self.lens_k == self.lens_q else f" k{self.lens_k}"
-        return (f"{self.dtype} d{self.d} hq{self.hq} hk{self.hk} q{self.lens_q}{lk} {self.mask}"
-                f"{'' if self.store_lse else ' no-lse'}")
+    def flags(self):
+        return "" if self.store_lse else " no-lse"
 
 
 def cases():
-    out = []
-    ragged = [300, 1, 129, 0, 1000, 17, 128]
-    for dtype in ("bf16", "fp16"):
-        for d in (64, 128, 256, 72, 192):
-            out.append(Case(dtype, d, ragged, mask="none"))
-            out.append(Case(dtype, d, ragged, mask="causal"))
-    # Sq != Sk per sequence, both ways, bottom-right causal and windows (rows that see no key).
-    lq, lk = [129, 1000, 5, 0, 64], [1000, 129, 0, 7, 65]
-    for mask in ("causal_br", "causal", "win64_32", "win16_0_br", "win0_0"):
-        for d in (64, 128, 256):
-            out.append(Case("bf16", d, lq, lk, mask))
-    # GQA / MQA, LSE off, one long sequence among short ones.
-    out.append(Case("bf16", 128, [777, 3, 2048], mask="causal_br", hq=8, hk=2))
-    out.append(Case("fp16", 64, [777, 3, 2048], mask="none", hq=8, hk=1))
-    out.append(Case("bf16", 256, [333, 1, 64], [64, 333, 1], mask="win64_32", hq=4, hk=1))
-    out.append(Case("bf16", 128, ragged, mask="causal", store_lse=False))
-    out.append(Case("bf16", 128, [1], mask="none"))
-    return out
+    return packed.packed_cases(Case, 1000, 2048) + [
+        Case("bf16", 128, [300, 1, 129, 0, 1000, 17, 128], mask="causal_tl", store_lse=False),
+        Case("bf16", 128, [1], mask="none"),
+    ]
 
 
 def consan_cases():
@@ -120,7 +92,7 @@ def run_case(case, device="cuda"):
     cu_q, cu_k = cu_seqlens(case.lens_q, device), cu_seqlens(case.lens_k, device)
     max_q, max_k = max(max(case.lens_q), 1), max(max(case.lens_k), 1)
     sm_scale = 1.0 / math.sqrt(case.d)
-    wl, wr, align = check_fwd.window(case.mask, max_q, max_k)
+    wl, wr, align = window_args(case.mask, max_q, max_k)  # the generic mask names of packed.packed_cases
     launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, case.dtype, sm_scale, wl, wr, align,
                   case.store_lse)()
     torch.cuda.synchronize()
@@ -169,23 +141,6 @@ def run_case(case, device="cuda"):
     line = (f"{'PASS' if ok else 'FAIL'} {case.name()}: o_err {worst:.2e} (bound {worst_bound:.2e})"
             + ("" if not notes else " " + "; ".join(notes)))
     return ok, line
-
-
-def check(filter_):
-    passed = failed = 0
-    t0 = time.time()
-    for case in cases():
-        if filter_ and filter_ not in case.name():
-            continue
-        try:
-            ok, line = run_case(case)
-        except Exception as e:  # noqa: BLE001 -- report and go on
-            ok, line = False, f"FAIL {case.name()}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:400]}"
-        passed += ok
-        failed += not ok
-        print(line, flush=True)
-    print(f"check_fwd_varlen: {passed} passed, {failed} failed ({time.time() - t0:.1f} s)")
-    return failed == 0
 
 
 def _varlen_attn_call(varlen_attn, q, k, v, cu, max_len, causal):
@@ -262,21 +217,10 @@ def bench():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--consan", action="store_true", help="consan_cases() under Gluon's concurrency sanitizer")
-    ap.add_argument("--consan-child", help=argparse.SUPPRESS)
-    ap.add_argument("--filter", default="")
+    packed.add_check_options(ap)
     args = ap.parse_args()
-    if args.consan_child:
-        packed.consan_child_setup()
-        ok, line = run_case(Case(**json.loads(args.consan_child)))
-        print(line, flush=True)
-        return 0 if ok else 1
-    if args.consan:
-        cs = consan_cases()
-        return 0 if packed.consan_children(__file__, [json.dumps(asdict(c)) for c in cs], [c.name() for c in cs],
-                                           "check_fwd_varlen --consan") else 1
-    ok = check(args.filter)
-    if args.bench:
+    ok = packed.run_check(__file__, "check_fwd_varlen", args, Case, cases, consan_cases, run_case)
+    if args.bench and not (args.consan or args.consan_child):
         bench()
     return 0 if ok else 1
 

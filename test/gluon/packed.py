@@ -4,8 +4,12 @@ tensors with NaN guard rows (check_fwd_varlen.py, check_bwd_varlen.py).
 A ragged descriptor is what ``rust/aotriton/src/tma.rs`` (``TensorArg::ragged``) builds for the
 kernels (``python/kernels/flash_gluon/ragged.py``): rank 5 over a packed ``[tokens, H, D]`` tensor.
 """
+import argparse
+import json
 import os
 import sys
+import time
+from dataclasses import asdict, dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -57,37 +61,88 @@ def sequence(t, start, length):
     return t[start:start + length].permute(1, 0, 2).unsqueeze(0)
 
 
-def consan_children(script, case_jsons, names, title, budget_s=500):
-    """Gluon's concurrency sanitizer over ``script``'s cases: each JSON case in its own process
-    (``script --consan-child JSON`` with ``TRITON_INSTRUMENTATION_MODE=consan``: a sanitizer trap
-    kills the CUDA context), all at once (the instrumented compiles dominate).  Prints a line per
-    case and ``<title>: N clean, M flagged``; returns whether every case was clean."""
-    import subprocess
-    import time
-    env = dict(os.environ, TRITON_INSTRUMENTATION_MODE="consan")
+
+@dataclass
+class PackedCase:
+    """A packed batch to check: per-sequence query and key lengths (keys: the queries' when None),
+    a mask by the generic names of ``packed_cases``, heads; ``flags()`` names a script's options."""
+    dtype: str
+    d: int
+    lens_q: list
+    lens_k: list = field(default=None)
+    mask: str = "none"
+    hq: int = 2
+    hk: int = 2
+
+    def __post_init__(self):
+        if self.lens_k is None:
+            self.lens_k = list(self.lens_q)
+
+    def flags(self):
+        return ""
+
+    def name(self):
+        lk = "" if self.lens_k == self.lens_q else f" k{self.lens_k}"
+        return f"{self.dtype} d{self.d} hq{self.hq} hk{self.hk} q{self.lens_q}{lk} {self.mask}{self.flags()}"
+
+
+def packed_cases(case, long, longer):
+    """The packed batches both varlen checks run (``case``: the script's ``PackedCase`` type;
+    ``long``/``longer``: the lengths of its long sequences, kept down where its reference is costly):
+    ragged lengths around the blocks (an empty sequence, a one-token one) at every head-dim bucket
+    and padded dims, both dtypes, full and causal; Sq != Sk per sequence both ways (sequences without
+    keys, without queries) under bottom-right and top-left causal and windows with rows that see no
+    key; GQA and MQA. Masks by generic name: ``none``, ``causal_tl``, ``causal_br``,
+    ``win_<left>_<right>_<tl|br>``."""
+    out = []
+    ragged = [300, 1, 129, 0, long, 17, 128]
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128, 256, 72, 192):
+            out.append(case(dtype, d, ragged, mask="none"))
+            out.append(case(dtype, d, ragged, mask="causal_tl"))
+    lq, lk = [129, long, 5, 0, 64], [long, 129, 0, 7, 65]
+    for mask in ("causal_br", "causal_tl", "win_64_32_tl", "win_16_0_br", "win_0_0_tl"):
+        for d in (64, 128, 256):
+            out.append(case("bf16", d, lq, lk, mask))
+    out.append(case("bf16", 128, [777, 3, longer], mask="causal_br", hq=8, hk=2))
+    out.append(case("fp16", 64, [777, 3, longer], mask="none", hq=8, hk=1))
+    out.append(case("bf16", 256, [333, 1, 64], [64, 333, 1], mask="win_64_32_tl", hq=4, hk=1))
+    return out
+
+
+def add_check_options(ap):
+    """The options of a varlen check script: ``--consan``, ``--filter`` (and the hidden ``--consan-child``)."""
+    ap.add_argument("--consan", action="store_true", help="consan_cases() under Gluon's concurrency sanitizer")
+    ap.add_argument("--consan-child", help=argparse.SUPPRESS)
+    ap.add_argument("--filter", default="")
+
+
+def run_check(script, title, args, case_type, cases, consan_cases, run_case):
+    """A varlen check script's modes: one case in this process (``--consan-child``, under the
+    sanitizer), ``consan_cases()`` each in a sanitized child (``--consan``), else every case of
+    ``cases()`` whose name contains ``--filter``, one line each (``run_case(case)`` returns ``(ok,
+    line)``; an exception is a failure), then ``<title>: N passed, M failed``. Returns success."""
+    import consan
+    if args.consan_child:
+        consan.child_setup()
+        ok, line = run_case(case_type(**json.loads(args.consan_child)))
+        print(line, flush=True)
+        return ok
+    if args.consan:
+        cs = consan_cases()
+        return consan.run_children(script, [json.dumps(asdict(c)) for c in cs], [c.name() for c in cs],
+                                   f"{title} --consan")
+    passed = failed = 0
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--consan-child", c], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in case_jsons]
-    clean = flagged = 0
-    for name, proc in zip(names, procs):
+    for case in cases():
+        if args.filter and args.filter not in case.name():
+            continue
         try:
-            out = proc.communicate(timeout=max(1.0, budget_s - (time.time() - t0)))[0].strip()
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out = "timed out"
-        result = [ln for ln in out.splitlines() if ln.startswith(("PASS", "FAIL"))]
-        if proc.returncode == 0 and result and result[-1].startswith("PASS"):
-            clean += 1
-            print(f"CONSAN CLEAN {name} ({time.time() - t0:.0f} s): {result[-1]}", flush=True)
-        else:
-            flagged += 1
-            tail = " | ".join(out.splitlines()[-15:])[-3000:]
-            print(f"CONSAN FLAGGED {name} (rc {proc.returncode}, {time.time() - t0:.0f} s): {tail}", flush=True)
-    print(f"{title}: {clean} clean, {flagged} flagged")
-    return flagged == 0
-
-
-def consan_child_setup():
-    """What a ``--consan-child`` process needs before its launch: the sanitizer's global scratch."""
-    import triton
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+            ok, line = run_case(case)
+        except Exception as e:  # noqa: BLE001 -- report and go on with the next case
+            ok, line = False, f"FAIL {case.name()}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1][:400]}"
+        passed += ok
+        failed += not ok
+        print(line, flush=True)
+    print(f"{title}: {passed} passed, {failed} failed ({time.time() - t0:.1f} s)")
+    return failed == 0

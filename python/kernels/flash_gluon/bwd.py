@@ -112,9 +112,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
-from ..flash.varlen import sequence
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
-from .ragged import is_ragged, row_coords, row_dim
+from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .bwd_wide import compute_wide
 from .private_api import tma_reduce_add
@@ -824,19 +823,13 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     hk = gl.program_id(1)
     b = gl.program_id(2)
     start_n = pid_n * BLOCK_N
+    # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
+    N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, b, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
+                                                     CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
+                                                     STORE_VARLEN_STATUS)
     if is_ragged(desc_q.block_type.shape):
-        # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
-        q_start, N_CTX_Q = sequence(b, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
-                                    STORE_VARLEN_STATUS)
-        k_start, N_CTX_K = sequence(b, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS,
-                                    STORE_VARLEN_STATUS)
-        q_end = q_start + N_CTX_Q
-        k_end = k_start + N_CTX_K
         if start_n >= N_CTX_K:  # a shorter sequence of the batch: no keys here
             return
-    else:
-        q_end = b
-        k_end = b
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
     # Query blocks that may see this key block (the same for every head of the group):
     # [start, full_lo) and [full_hi, end) straddle the window's edges, [full_lo, full_hi) is interior.

@@ -84,8 +84,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
-from ..flash.varlen import sequence
-from .ragged import is_ragged, row_coords, row_offset
+from .ragged import is_ragged, row_coords, row_offset, sequence_bounds
 from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -799,19 +798,13 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
     # -- program scheduling --------------------------------------------------------
     start_m, off_h, off_z = _tile_coords(SCHEDULE)
     off_hk = off_h // GQA_GROUP
+    # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
+    N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, off_z, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
+                                                     CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
+                                                     STORE_VARLEN_STATUS)
     if is_ragged(desc_q.block_type.shape):
-        # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
-        q_start, N_CTX_Q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
-                                    STORE_VARLEN_STATUS)
-        k_start, N_CTX_K = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS,
-                                    STORE_VARLEN_STATUS)
-        q_end = q_start + N_CTX_Q
-        k_end = k_start + N_CTX_K
         if start_m * BLOCK_M >= N_CTX_Q:  # a shorter sequence of the batch: no rows here
             return
-    else:
-        q_end = off_z
-        k_end = off_z
     _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
                DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,

@@ -27,6 +27,8 @@ clamps the offsets to them).
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from ..flash.varlen import sequence
+
 #: Size of the ragged row dimension (2**30): the most tokens a packed tensor may hold.
 RAGGED_ROWS: gl.constexpr = gl.constexpr(2**30)
 
@@ -70,3 +72,20 @@ def row_offset(desc, seq_end, seq_len):
         return seq_end - seq_len
     else:
         return 0
+
+
+@gluon.jit
+def sequence_bounds(desc, b, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K,
+                    VARLEN_STATUS, STORE_VARLEN_STATUS):
+    """``(N_CTX_Q, N_CTX_K, q_end, k_end)`` of sequence ``b``: with ragged descriptors (``desc`` any of
+    the kernel's Q/K/V/O ones) its own lengths and where its query and key rows end among the
+    packed rows (``kernels/flash/varlen.py``'s ``sequence``: offsets clamped, clamps reported);
+    otherwise the lengths unchanged (``q_end``/``k_end`` then unread by ``row_coords``)."""
+    if is_ragged(desc.block_type.shape):
+        q_start, seqlen_q = sequence(b, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS,
+                                     STORE_VARLEN_STATUS)
+        k_start, seqlen_k = sequence(b, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS,
+                                     STORE_VARLEN_STATUS)
+        return seqlen_q, seqlen_k, q_start + seqlen_q, k_start + seqlen_k
+    else:
+        return N_CTX_Q, N_CTX_K, b, b
