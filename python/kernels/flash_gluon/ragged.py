@@ -13,8 +13,8 @@ and row ``r`` of the sequence ``[start, start + len)`` of head ``h`` is addresse
 ``[RAGGED_ROWS, start + len, h, RAGGED_ROWS - len + r, 0]``:
 
 * address: ``RAGGED_ROWS·(2**34 - rs) + (start + len)·rs + (RAGGED_ROWS - len + r)·rs`` elements
-  = ``2**64·elem + (start + r)·rs`` elements, and addresses wrap modulo ``2**64``, so the row read
-  is ``start + r``;
+  = ``2**64 + (start + r)·rs`` elements; in bytes the ``2**64·elem`` term vanishes (addresses wrap
+  modulo ``2**64``), so the row read is ``start + r``;
 * bounds: the fourth coordinate is in range exactly while ``r < len``, so TMA zero-fills loaded
   rows past the sequence and drops stored ones, as it does at the end of a fixed-length tensor.
 
