@@ -21,13 +21,16 @@ FLOPs: forward 4*B*Hq*Sq*Sk*D (x0.5 causal); forward + backward 3.5x that.
 --grid fa3: FlashAttention-3's benchmark grid instead (bf16, B*S = 16k tokens, H*D = 2048, head
 dims 64/128/256, S 512..16k, causal and not).
 
+--dropout P: every call with dropout probability P (aotriton's dropout_p, SDPA's dropout_p; cuDNN and FA2
+draw other random numbers, so the agreement check is skipped and only the times compare).
+
 --varlen: instead, the packed batch of bench/packed_batch.py (16 sequences, ~42k tokens, Hq/Hk 32/8,
 hd128, bf16; (tokens, H, D) tensors) through aotriton.torch.flash_attn_varlen with autograd, beside
 the fixed-length aotriton call on the same token count (B 16 of the mean length, (B, S, H, D)
 tensors) and torch's varlen_attn; FLOPs summed per sequence.
 
     PYTHONPATH=bindings/torch/python:bench python3 bench/bench_torch.py [--json out.json] [--quick]
-        [--grid fa3 | --varlen]
+        [--grid fa3 | --varlen] [--dropout P]
 """
 import argparse
 import json
@@ -73,8 +76,12 @@ def make(b, h, s, d, layout, dtype, gen):
     return t
 
 
+#: Dropout probability of every timed call (--dropout).
+DROPOUT_P = 0.0
+
+
 def call_aotriton(q, k, v, causal, layout):
-    return aot.flash_attention(q, k, v, causal=causal, layout=layout)
+    return aot.flash_attention(q, k, v, causal=causal, layout=layout, dropout_p=DROPOUT_P)
 
 
 class _KernelLevel:
@@ -91,7 +98,7 @@ class _KernelLevel:
         q, k, v = (t.detach() for t in self.args)
         scale = q.size(-1) ** -0.5
         self.out, self.lse, self.rng = torch.ops.aotriton.fwd(q, k, v, None, None, None, 0, 0, scale, self.causal,
-                                                              -1, -1, 0, 0.0, False, False, None)
+                                                              -1, -1, 0, DROPOUT_P, False, False, None)
         return self
 
     def backward(self, d_o):
@@ -99,7 +106,7 @@ class _KernelLevel:
         if self.layout == "bshd":
             d_o = d_o.transpose(1, 2)
         torch.ops.aotriton.bwd(d_o, q, k, v, self.out, self.lse, None, False, None, None, 0, 0, q.size(-1) ** -0.5,
-                               self.causal, -1, -1, 0, 0.0, self.rng, False, False, False, None)
+                               self.causal, -1, -1, 0, DROPOUT_P, self.rng, False, False, False, None)
 
 
 def call_kernel_level(q, k, v, causal, layout):
@@ -111,7 +118,8 @@ def call_sdpa(backend):
         if layout == "bshd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         with sdpa_kernel(backend):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.size(1) != k.size(1))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.size(1) != k.size(1),
+                                                 dropout_p=DROPOUT_P)
         return out.transpose(1, 2) if layout == "bshd" else out
     return call
 
@@ -153,7 +161,7 @@ def run(args):
                     row[f"{impl}_error"] = str(e).splitlines()[0][:200]
                 for t in (q, k, v):
                     t.grad = None
-            if outs.get("aotriton") and outs.get("cudnn"):
+            if outs.get("aotriton") and outs.get("cudnn") and not DROPOUT_P:
                 diffs = [(a - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
                          for a, r in zip(outs["aotriton"], outs["cudnn"])]
                 row["rel_diff_vs_cudnn"] = max(diffs)
@@ -292,7 +300,10 @@ def main():
     ap.add_argument("--grid", choices=("default", "fa3"), default="default",
                     help="fa3: FlashAttention-3's benchmark grid (36 shapes x 2 layouts)")
     ap.add_argument("--varlen", action="store_true", help="the packed-batch rows instead (bench/packed_batch.py)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability of every call (default 0)")
     args = ap.parse_args()
+    global DROPOUT_P
+    DROPOUT_P = args.dropout
     if args.varlen:
         print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}")
         rows = run_varlen(args)
@@ -301,7 +312,8 @@ def main():
                 json.dump(rows, f, indent=1)
         return 0
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, aotriton {aot.version()}, bf16; "
-          "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward")
+          "TFLOP/s (aotriton / cuDNN in parentheses); fwd: training forward, fwd+bwd: with backward"
+          + (f"; dropout p = {DROPOUT_P} in every call" if DROPOUT_P else ""))
     print("| shape | layout | fwd aotriton | fwd registered | fwd cuDNN | fwd FA2 | fwd+bwd aotriton | "
           "fwd+bwd registered | fwd+bwd kernel-level | fwd+bwd cuDNN | fwd+bwd FA2 | rel. diff vs cuDNN |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -38,7 +38,8 @@ Vocabulary
   ``SHARED_MEMORY_LIMIT[arch]``, and no scratch (spilled registers) on AMD --
   the compile driver refuses the rest.
 * **variant**    -- ``aligned``: every pointer carries ``tt.divisibility=16``
-  (16-byte aligned; BIAS, DBIAS, CU_SEQLENS_*, VARLEN_STATUS, PHILOX_* included), every
+  (16-byte aligned; BIAS and DBIAS included) except the scalar words (``SCALAR_WORD_POINTERS``:
+  the Philox seed/offset slots, 8 bytes; the varlen offsets and status word, 4 bytes), every
   batch/head/row stride of the Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors a hint
   of 16 bytes in elements (8 for fp16/bf16, 4 for fp32), and ``D_HEAD`` a hint of
   8; nothing else is hinted (not the LSE/DELTA strides, sequence lengths,
@@ -436,10 +437,18 @@ def _signature_of(args: list[str], constexprs: list[str]):
     return signature
 
 
+#: Pointers the kernels only read or write one scalar word through (never a vector): the ``aligned``
+#: variant assumes no more than the word's own alignment for them, so that callers whose seed/offset
+#: pair or offsets sit in one tensor (torch's ``rng_state`` int64[2]: the offset 8 bytes in) still
+#: get the aligned kernels.
+SCALAR_WORD_POINTERS = {"PHILOX_SEED": 8, "PHILOX_OFFSET": 8, "PHILOX_SEED_OUT": 8, "PHILOX_OFFSET_OUT": 8,
+                        "CU_SEQLENS_Q": 4, "CU_SEQLENS_K": 4, "VARLEN_STATUS": 4}
+
+
 def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
     """``tt.divisibility`` per runtime argument in the ``aligned`` variant (1 = no hint).
 
-    Pointers: 16 bytes (every pointer).  Batch/head/row strides of the
+    Pointers: 16 bytes, the scalar words of ``SCALAR_WORD_POINTERS`` their own size.  Batch/head/row strides of the
     Q/K/V/O/DO/DQ/DK/DV/BIAS/DBIAS/OUT tensors: 16 bytes in elements (8 for
     fp16/bf16, 4 for fp32).  ``D_HEAD``: 8.  Nothing else (LSE/DELTA strides,
     sequence lengths, window and dropout arguments are free).
@@ -450,7 +459,7 @@ def aligned_hints(signature: dict[str, str]) -> dict[str, int]:
             continue
         d = 1
         if ty.startswith("*"):
-            d = ALIGN_BYTES
+            d = SCALAR_WORD_POINTERS.get(name, ALIGN_BYTES)
         elif name.startswith("stride_") and stride_tensor(name) in _DATA_TENSORS:
             tensor = stride_tensor(name)
             if tensor not in signature:  # debug_dropout_mask: stride_o* belong to OUT

@@ -282,8 +282,12 @@ class EnumerateKernelsTest(unittest.TestCase):
                 tensor = STRIDE_TENSOR.get(name[len("stride_"):-1]) if name.startswith("stride_") else None
                 if tensor == "O" and s.family == "debug_dropout_mask":
                     tensor = "OUT"
-                if s.signature[name].startswith("*"):
-                    want = 16                                  # every pointer (LSE, DELTA, BIAS, CU_SEQLENS, PHILOX)
+                if name.startswith("PHILOX_"):
+                    want = 8                                   # one u64 word (torch: rng_state[1] is 8 bytes in)
+                elif name in ("CU_SEQLENS_Q", "CU_SEQLENS_K", "VARLEN_STATUS"):
+                    want = 4                                   # scalar int32 words
+                elif s.signature[name].startswith("*"):
+                    want = 16                                  # every other pointer (LSE, DELTA, BIAS, ...)
                 elif tensor in DATA_TENSORS:
                     want = 4 if s.functional["dtype"] == "fp32" else 8   # 16 bytes
                 elif name in ("D_HEAD", "D_HEAD_V"):

@@ -885,6 +885,22 @@ pub(crate) mod tests {
         assert_eq!(pick(&p).variant, "generic");
         // A head dim of 24 keeps 16-byte rows: the aligned bucket-32 kernel serves it.
         assert_eq!(pick(&sized(4, 16, 512, 24)).variant, "aligned");
+        // Dropout with torch's rng_state layout, int64[2] = (seed, offset): the offset word 8 bytes
+        // in (not 16-byte aligned). Scalar words are hinted at their own size: still aligned.
+        let mut p = sized(4, 16, 4096, 128);
+        let mut dropout = Dropout::new(0.1, 0x7000_0000, 0x7000_0008);
+        dropout.seed_out = 0x7100_0000;
+        dropout.offset_out = 0x7100_0008;
+        p.dropout = Some(dropout);
+        assert_eq!(pick(&p).variant, "aligned");
+        // Packed batches: offsets sliced 4 bytes into a tensor, a status word likewise.
+        let packed = |ptr| TensorView::new(ptr, [1, 4, 300, 128], [0, 128, 4 * 128, 1], DType::BF16);
+        let mut p = FwdParams::new(packed(1 << 36), packed(2 << 36), packed(3 << 36), packed(4 << 36), None);
+        let cu = |ptr| TensorView::contiguous(ptr, [3], DType::I32);
+        let mut varlen = Varlen::new(cu(0x6000_0004), cu(0x6100_0004), 200, 200);
+        varlen.status = 0x6200_0004;
+        p.varlen = Some(varlen);
+        assert_eq!(pick(&p).variant, "aligned");
     }
 
     #[test]
