@@ -108,7 +108,7 @@ result_line() {
 }
 
 rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_torch_varlen.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
+  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_torch_varlen.* "$OUT"/bench_torch_dropout.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
@@ -288,6 +288,8 @@ if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   torch_bench bench_torch "torch benchmark" BENCH_TORCH_ARGS
   # The packed batch (flash_attn_varlen) beside the fixed-length call and torch's varlen_attn.
   torch_bench bench_torch "torch varlen benchmark" BENCH_TORCH_VARLEN_ARGS --varlen bench_torch_varlen
+  # Dropout 0.1 through the binding (torch's rng_state layout) beside SDPA's cuDNN and FA2 with dropout.
+  torch_bench bench_torch "torch dropout benchmark" BENCH_TORCH_DROPOUT_ARGS "--dropout 0.1 --quick" bench_torch_dropout
   # KV-cache decoding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
   torch_bench bench_decode "decode benchmark" BENCH_DECODE_ARGS
 fi
@@ -311,6 +313,9 @@ if [ -f "$OUT/bench_attn.log" ]; then
 fi
 if [ -f "$OUT/bench_torch.log" ]; then
   sed -n '/^torch /,$p' "$OUT/bench_torch.log" | tail -n 40
+fi
+if [ -f "$OUT/bench_torch_dropout.log" ]; then
+  sed -n '/^torch /,$p' "$OUT/bench_torch_dropout.log" | tail -n 12
 fi
 if [ -f "$OUT/bench_torch_varlen.log" ]; then
   sed -n '/^packed batch/,$p' "$OUT/bench_torch_varlen.log" | tail -n 20
