@@ -1782,6 +1782,16 @@ std::vector<FeatCase> feature_cases() {
   c.causal = true;
   c.align = BR;
   out.push_back(c);
+  // Packed batches the Gluon backend serves too (ragged descriptors): hd256 with a window, GQA hd128.
+  c = pk(Elt::kBF16, 256, 2, 1, {130, 1, 0, 257}, {200, 65, 3, 129}, false);
+  c.window_left = 64;
+  c.window_right = 16;
+  c.align = BR;
+  out.push_back(c);
+  c = pk(Elt::kF16, 128, 8, 2, {100, 1, 0, 77}, {130, 33, 5, 1}, true);
+  c.causal = true;
+  c.align = TL;
+  out.push_back(c);
   c = pk(Elt::kF16, 128, 4, 4, {50, 9, 0}, {0, 31, 44}, false);  // packed + bias [B,Hq,1,Sk] + dropout
   c.bias = true;
   c.bias_one[2] = true;

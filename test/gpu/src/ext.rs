@@ -349,6 +349,11 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
             .bias([f, t, t])
             .dropout(0.2),
         packed(b16, 64, 4, 2, &[128, 3, 60], &[128, 250, 1], causal_br, false).bias([f, f, f]),
+        // Packed batches the Gluon backend serves (ragged descriptors): hd256 (64-key blocks) with
+        // tails around them and a window, a padded head dim with GQA 6/3, deterministic hd128.
+        packed(b16, 256, 4, 1, &[130, 1, 0, 257], &[200, 65, 3, 129], mk(64, 16, true), false),
+        packed(h16, 72, 6, 3, &[31, 97, 1], &[45, 0, 97], causal_tl, true),
+        packed(b16, 128, 8, 2, &[100, 1, 0, 77], &[130, 33, 5, 1], causal_br, false).det(),
         packed(f32_, 64, 2, 1, &[40, 0, 17], &[33, 12, 0], none, true)
             .bias([t, f, f])
             .dropout(0.1),
