@@ -64,6 +64,13 @@ def vec_desc_sig():
     return desc_sig("fp32", [1, 64], gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
+#: The packing group (kernels/flash/varlen.py) after the kernels' other runtime arguments: all of it
+#: in attn_bwd_gluon, its query side in the preprocess and the dQ conversion (ABI.md).
+PACKING_Q = {"IS_VARLEN": "i32", "CU_SEQLENS_Q": "*i32", "N_TOKENS_Q": "i32", "VARLEN_STATUS": "*i32",
+             "STORE_VARLEN_STATUS": "i32"}
+PACKING = {**PACKING_Q, "CU_SEQLENS_K": "*i32", "N_TOKENS_K": "i32"}
+
+
 def bwd_signature(dtype, hd):
     q = desc_sig(dtype, [1, 1, 64, hd])
     kv = desc_sig(dtype, [1, 1, 128, hd])
@@ -73,7 +80,7 @@ def bwd_signature(dtype, hd):
                                                                         rank=2)),
             "desc_lse2": vec_desc_sig(), "desc_delta2": vec_desc_sig(),
             "sm_scale": "fp32", "N_CTX_Q": "i32", "N_CTX_K": "i32", "SQ_PAD": "i32", "N_HEADS_Q": "i32",
-            "GQA_GROUP": "i32", "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32"}
+            "GQA_GROUP": "i32", "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32", **PACKING}
 
 
 def preprocess_signature(dtype):
@@ -81,12 +88,12 @@ def preprocess_signature(dtype):
             "stride_doz": "i64", "stride_doh": "i64", "stride_dom": "i32", "LSE": "*fp32", "stride_lz": "i64",
             "stride_lh": "i64", "DELTA": "*fp32", "stride_deltaz": "i64", "stride_deltah": "i64",
             "LSE2": "*fp32", "DELTA2": "*fp32", "DQ_ACC": "*fp32", "N_CTX_Q": "i32", "SQ_PAD": "i32",
-            "D_HEAD": "i32", "ZERO_DQ_ACC": "i32"}
+            "D_HEAD": "i32", "ZERO_DQ_ACC": "i32", **PACKING_Q}
 
 
 def convert_signature(dtype):
     return {"DQ_ACC": "*fp32", "DQ": f"*{dtype}", "stride_dqz": "i64", "stride_dqh": "i64", "stride_dqm": "i32",
-            "sm_scale": "fp32", "N_CTX_Q": "i32", "SQ_PAD": "i32", "D_HEAD": "i32", "N_HEADS_Q": "i32"}
+            "sm_scale": "fp32", "N_CTX_Q": "i32", "SQ_PAD": "i32", "D_HEAD": "i32", "N_HEADS_Q": "i32", **PACKING_Q}
 
 
 #: Performance options of attn_bwd_gluon (constexprs after COMPUTE_DQ, see bwd.py): tag -> values.
@@ -112,7 +119,7 @@ def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), 
                                         attn_bwd_gluon, bwd_signature(dtype, hd),
                                         {"HEAD_DIM": hd, "BLOCK_M": 64, "BLOCK_N": 128, "STAGES": st,
                                          "COMPUTE_DQ": dq, "MASK_MODE": mm, "CONS_REGS": regs, "DK_SS": ss,
-                                         "PERSISTENT": pe},
+                                         "PERSISTENT": pe, "DESC_PER_STEP": 0, "WALK": 0},
                                         {"num_warps": 4, "maxnreg": MAXNREG}, True)
             out[f"attn_bwd_gluon_preprocess-{dtype}-hd{hd}"] = (
                 attn_bwd_gluon_preprocess, preprocess_signature(dtype), {"HEAD_DIM": hd, "BLOCK_M": AUX_M or AUX_ROWS // hd},

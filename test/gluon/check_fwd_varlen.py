@@ -100,8 +100,18 @@ def run_case(case, device="cuda"):
     ok, worst, worst_bound, notes = True, 0.0, 0.0, []
     for b, (sq, sk) in enumerate(zip(case.lens_q, case.lens_k)):
         q0, k0 = int(cu_q[b]), int(cu_k[b])
-        qs, ks, vs = packed.sequence(q, q0, sq), packed.sequence(k, k0, sk), packed.sequence(v, k0, sk)
+        if sq == 0:
+            continue  # no rows (the guards catch a write)
         os_ = packed.sequence(o, q0, sq)
+        if sk == 0:  # no keys: O = 0 and LSE = +inf exactly (the references reduce over no key)
+            if not torch.equal(os_, torch.zeros_like(os_)):
+                ok = False
+                notes.append(f"seq{b} O not 0 (no keys)")
+            if case.store_lse and not torch.isposinf(lse[:, q0:q0 + sq]).all():
+                ok = False
+                notes.append(f"seq{b} LSE not +inf (no keys)")
+            continue
+        qs, ks, vs = packed.sequence(q, q0, sq), packed.sequence(k, k0, sk), packed.sequence(v, k0, sk)
         visible = check_fwd.visible_mask(sq, sk, wl, wr, align, q.device)
         o_ref, lse_ref = check_fwd.reference_f64(qs, ks, vs, sm_scale, visible)
         o_naive = check_fwd.reference_naive(qs, ks, vs, sm_scale, visible)

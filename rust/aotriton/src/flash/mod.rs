@@ -54,8 +54,7 @@
 //! - the head dim is at most 256; it is served by the bucket 64, 128 or 256 at or above it;
 //! - no dropout, no bias (nor dbias), no `softcap`, ALiBi or sinks; forward: `sm_scale > 0`;
 //!   packed (varlen) batches of at most 2^30 tokens are served through ragged descriptors
-//!   (`python/kernels/flash_gluon/ragged.py`), their `cu_seqlens` and status pointers 16-byte
-//!   aligned like every pointer of a Gluon kernel;
+//!   (`python/kernels/flash_gluon/ragged.py`);
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
 //!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are
 //!   positive multiples of 16 bytes below 2^40 (dimensions of size 1 excepted), sizes < 2^32;
