@@ -189,28 +189,6 @@ def run(args):
     return rows, wrong
 
 
-def _varlen_attn_peer(q, k, v, cu, max_len, causal):
-    """torch's varlen_attn on the packed tensors, across its versions' keywords (causal: ``is_causal``
-    or a ``(-1, 0)`` window; GQA: ``enable_gqa``, else K/V heads repeated); None without it."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    import inspect
-    params = inspect.signature(varlen_attn).parameters
-    kw = {}
-    if "enable_gqa" in params:
-        kw["enable_gqa"] = True
-    elif q.size(1) != k.size(1):
-        group = q.size(1) // k.size(1)
-        k, v = (t.detach().repeat_interleave(group, dim=1).requires_grad_(True) for t in (k, v))
-    if "is_causal" in params:
-        kw["is_causal"] = causal
-    elif causal:
-        kw["window_size"] = (-1, 0)
-    return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
-
-
 def run_varlen(args):
     """The packed-batch rows (--varlen): fwd and fwd+bwd TFLOP/s of aotriton's varlen call, the
     fixed-length call on the same tokens and torch's varlen_attn, causal and not."""
@@ -244,7 +222,7 @@ def run_varlen(args):
             "aotriton_fixed": (lambda: aot.flash_attention(qf, kf, vf, causal=causal, layout="bshd"), (qf, kf, vf),
                                flops_fixed),
         }
-        peer = _varlen_attn_peer(q, k, v, cu, max_len, causal)
+        peer = packed_batch.torch_varlen_attn(q, k, v, cu, max_len, causal)
         if peer is not None:
             impls["varlen_attn"] = (peer, (q, k, v), flops)
         for impl, (fn, leaves, fl) in impls.items():

@@ -153,24 +153,6 @@ def run_case(case, device="cuda"):
     return ok, line
 
 
-def _varlen_attn_call(varlen_attn, q, k, v, cu, max_len, causal):
-    """torch's varlen_attn on our inputs, across its versions' keywords (causal: ``is_causal`` or a
-    ``(-1, 0)`` window; GQA: ``enable_gqa`` where it has it, else K/V heads repeated)."""
-    import inspect
-    params = inspect.signature(varlen_attn).parameters
-    kw = {}
-    if "enable_gqa" in params:
-        kw["enable_gqa"] = True
-    elif q.shape[1] != k.shape[1]:
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    if "is_causal" in params:
-        kw["is_causal"] = causal
-    elif causal:
-        kw["window_size"] = (-1, 0)
-    return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
-
-
 def bench():
     dt, dtype = torch.bfloat16, "bf16"
     hq, hk, d = packed_batch.HEADS_Q, packed_batch.HEADS_K, packed_batch.HEAD_DIM
@@ -193,10 +175,6 @@ def bench():
     vf = torch.randn(b_fixed, hk, s_fixed, d, device=dev, dtype=dt)
     of = torch.empty_like(qf)
     lsef = torch.empty(b_fixed, hq, s_fixed, device=dev, dtype=torch.float32)
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        varlen_attn = None
     print(f"packed batch: {len(lens)} sequences, {total} tokens (min {min(lens)}, max {max(lens)}), "
           f"Hq/Hk {hq}/{hk}, hd{d}, bf16; fixed length: B{b_fixed} S{s_fixed}")
     for mask in ("none", "causal"):
@@ -211,8 +189,8 @@ def bench():
         tf_f = flops([s_fixed] * b_fixed, hq, d, causal) / ms_f / 1e9
         line = (f"varlen {mask:6s}: gluon {tf:6.1f} TFLOP/s ({ms:.3f} ms)  fixed-length gluon {tf_f:6.1f} "
                 f"({ms_f:.3f} ms)  ratio {tf / tf_f:.3f}")
-        if varlen_attn is not None:
-            peer = _varlen_attn_call(varlen_attn, q, k, v, cu, max(lens), causal)
+        peer = packed_batch.torch_varlen_attn(q, k, v, cu, max(lens), causal)
+        if peer is not None:
             try:
                 ms_p = triton.testing.do_bench(peer, warmup=25, rep=200)
                 tf_p = flops(lens, hq, d, causal) / ms_p / 1e9

@@ -127,10 +127,10 @@ const SHARED_VERSION: u32 = 4;
 /// The functionals with equal keys share one xz stream (version 4 on): the same family, head dim
 /// and dtype class, with fp16 and bf16 counting as one dtype, TF32 on and off as one, and every
 /// feature axis (dropout, bias, the optional axes softcap, alibi, sinks and V's head dim, the KV
-/// cache's paging, the Gluon forward's packed batches) on and off as one. Their kernels are near-identical machine code, which one
-/// stream compresses much smaller than many (sm_90: 11.38 MB in a stream per fp16/bf16 pair of
-/// functionals, 10.52 MB so); a 16-bit call decodes no fp32 code (sharing across all three dtypes
-/// saved only 2 % more). Inside a stream the functionals lie in index order, which puts the
+/// cache's paging, the Gluon kernels' packed batches) on and off as one. Their kernels are
+/// near-identical machine code, which one stream compresses much smaller than many (sm_90:
+/// 11.38 MB in a stream per fp16/bf16 pair of functionals, 10.52 MB so); a 16-bit call decodes no
+/// fp32 code (sharing across all three dtypes saved only 2 % more). Inside a stream the functionals lie in index order, which puts the
 /// features' off values first, and a load decodes only the stream's prefix up to the images it
 /// needs ([`Archive::load_images`]): the plain kernels' first use decodes what it did before.
 pub fn stream_key(family: &str, axes: &BTreeMap<String, String>) -> (String, BTreeMap<String, String>) {

@@ -303,10 +303,16 @@ fn push_descs(args: &mut ArgList, descs: &[(&'static str, &TensorView<4>)], shap
 /// when on: the packed-batch kernels take ragged descriptors).
 pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape) -> Axes {
     let mut axes = g.axes();
+    push_varlen_axis(&mut axes, shape);
+    axes
+}
+
+/// The optional functional axis `varlen` of the ragged-descriptor kernels, pushed only for a
+/// packed batch.
+fn push_varlen_axis(axes: &mut Axes, shape: &AttnShape) {
     if shape.varlen.is_some() {
         axes.push("varlen", bool_axis(true));
     }
-    axes
 }
 
 /// The Gluon forward's functional key and arguments, built before the backend is decided.
@@ -337,13 +343,15 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList
 /// four descriptors (ABI.md): the LSE and its strides, `sm_scale`, `STORE_LSE`, lengths, window.
 pub(crate) fn push_fwd_common_args(args: &mut ArgList, lse: Option<&TensorView<3>>, sm_scale: f32, shape: &AttnShape, mask: &MaskArgs) {
     use ArgValue::{F32, I32, I64, Ptr};
-    // A packed batch's LSE is [1, Hq, tokens]: its rows are found from the sequence offsets.
-    let batch_stride = |l: &TensorView<3>| if shape.varlen.is_some() { 0 } else { l.strides[0] };
-    let (lse_ptr, lse_strides) = lse.map_or((0, [0, 0]), |l| (l.ptr, [batch_stride(l), l.strides[1]]));
+    match lse {
+        // strides3: a packed batch's LSE ([1, Hq, tokens]) has batch stride 0.
+        Some(l) => {
+            args.push("LSE", Ptr(l.ptr));
+            args.extend(strides3(["stride_lz", "stride_lh"], l, shape));
+        }
+        None => args.extend([("LSE", Ptr(0)), ("stride_lz", I64(0)), ("stride_lh", I64(0))]),
+    }
     args.extend([
-        ("LSE", Ptr(lse_ptr)),
-        ("stride_lz", I64(lse_strides[0])),
-        ("stride_lh", I64(lse_strides[1])),
         ("sm_scale", F32(sm_scale)),
         ("STORE_LSE", I32(lse.is_some() as i32)),
     ]);
@@ -393,9 +401,7 @@ pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool) -
     let common = g.axes();
     let mut main = common;
     main.push("dq", bool_axis(!deterministic));
-    if shape.varlen.is_some() {
-        main.push("varlen", bool_axis(true));
-    }
+    push_varlen_axis(&mut main, shape);
     (common, main)
 }
 
