@@ -135,8 +135,8 @@ ALIBI = [False, True]
 #: Attention sinks (a logit per query head in the softmax normaliser); forward only: the backward's
 #: dQ/dK/dV kernels see the sink through the LSE, and its gradient has its own family.
 SINKS = [False, True]
-#: Packed (varlen) batches as a compile-time axis: the Gluon forward reads them through ragged TMA
-#: descriptors (kernels/flash_gluon/ragged.py).  The portable kernels take packing at run time
+#: Packed (varlen) batches as a compile-time axis: the Gluon forward and backward read them through
+#: ragged TMA descriptors (kernels/flash_gluon/ragged.py).  The portable kernels take packing at run time
 #: (``IS_VARLEN``) and have no such axis.
 VARLEN = [False, True]
 #: The optional axes that change the scores or V's shape (``_optional_on``).
@@ -366,17 +366,17 @@ def tensordesc_type(dtype: str, block: list[int], swizzle: int | None = None) ->
 def _gluon_desc_blocks(family: str, functional: dict[str, Any], config: dict[str, int]) -> dict[str, tuple]:
     """Descriptor argument -> (dtype, block) or (dtype, block, swizzle bytes) per ABI.md."""
     hd, dt = functional["head_dim"], functional["dtype"]
+    # The leading (size-1 box) dimensions: [B, H] of a [B, H, S, D] tensor, or the two address-only
+    # ones and H of a packed batch's ragged descriptor (flash_gluon/ragged.py).
+    lead = [1, 1, 1] if functional.get("varlen") else [1, 1]
     if family == "attn_fwd_gluon_fp8":  # fp8 Q/K/Vᵀ, bf16 O; Vᵀ's tiles are [HEAD_DIM, BLOCK_N]
         q = [1, 1, 64, hd]
         return {"desc_q": (dt, q), "desc_k": (dt, [1, 1, config["BLOCK_N"], hd]),
                 "desc_vt": (dt, [1, 1, hd, config["BLOCK_N"]]), "desc_o": ("bf16", q)}
     if family == "attn_fwd_gluon":
-        # one consumer warpgroup's 64 rows; packed batches: ragged descriptors (flash_gluon/ragged.py)
-        lead = [1, 1, 1] if functional.get("varlen") else [1, 1]
-        q = lead + [64, hd]
+        q = lead + [64, hd]  # one consumer warpgroup's 64 rows
         kv = lead + [config["BLOCK_N"], hd]
         return {"desc_q": (dt, q), "desc_k": (dt, kv), "desc_v": (dt, kv), "desc_o": (dt, q)}
-    lead = [1, 1, 1] if functional.get("varlen") else [1, 1]  # packed batches: ragged descriptors
     q = lead + [config["BLOCK_M"], hd]
     kv = lead + [config["BLOCK_N"], hd]
     # one compute warpgroup's share of dK/dV: its 64 keys, or at hd256 (bwd_wide.py) its half of the columns
