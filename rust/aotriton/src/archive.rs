@@ -11,10 +11,10 @@
 //! ```text
 //! offset  size  field
 //! 0       8     magic  b"AOTRIMG\0"
-//! 8       4     u32    format version (1 to 4)
-//! 12      4     u32    index length L
-//! 16      4     u32    CRC32 of the index bytes
-//! 20      L     index  UTF-8 JSON (below)
+//! 8       4     u32    format version (1 to 5)
+//! 12      4     u32    index length L (as stored)
+//! 16      4     u32    CRC32 of the index bytes as stored
+//! 20      L     index  UTF-8 JSON (below); from version 5 on, one xz stream of that JSON
 //! 20+L    P     payload: xz streams back to back (one per functional before version 4)
 //! ```
 //!
@@ -24,10 +24,10 @@
 //! checks the header against the file's size before reading on, so a crafted file cannot make
 //! it read or allocate more than the caps.
 //!
-//! The index:
+//! The index (its JSON):
 //!
 //! ```text
-//! { "format_version": 4, "arch": "sm_90", "triton_version": "3.6.0",
+//! { "format_version": 5, "arch": "sm_90", "triton_version": "3.6.0",
 //!   "target": {...as in the manifest...}, "payload_size": P,
 //!   "arg_lists": [                   // version 4 on: the distinct argument lists
 //!     [{"name": "Q", "type": "*fp16", "divisibility": 16},
@@ -71,7 +71,7 @@
 //! reader would misread or silently drop (a new meaning, or a new field the launch depends on)
 //! bumps the version; the reader reads every version from [`MIN_FORMAT_VERSION`] to
 //! [`FORMAT_VERSION`] and refuses newer ones by name; the writer writes the *oldest* version that
-//! can hold what was added (version 4 at least, see below), so archives without the newer
+//! can hold what was added (version 5 at least, see below), so archives without the newer
 //! features stay readable by older runtimes. Purely informative additions (an extra `config` key)
 //! need no bump.
 //!
@@ -92,8 +92,13 @@
 //!   index went from 1.9 MB to 0.4 MB: 46 distinct lists served 624 kernels). Functionals share
 //!   streams: `streams` lists them, a functional's `stream` names its own (the sm_90 payload went
 //!   from 9.7 MB in 318 streams to 7.9 MB in 162). This changes how every archive is written, so
-//!   the writer writes version 4 or newer whatever it holds; the reader still reads versions 1-3
-//!   (inline lists, a stream per functional) and refuses `arg_lists` and `streams` in them.
+//!   the reader still reads versions 1-3 (inline lists, a stream per functional) and refuses
+//!   `arg_lists` and `streams` in them.
+//! * 5: the index is stored as one xz stream of its JSON (preset 9, extreme; decoded to at most
+//!   [`MAX_INDEX_LEN`] bytes), the header's length and CRC those of the stored bytes: the sm_90
+//!   index went from 803 KB to 29 KB (decoding it takes ~2 ms, parsing the JSON ~6 ms). This
+//!   too changes how every archive is written, so the writer writes version 5 whatever it holds;
+//!   [`index_json`] gives any version's JSON.
 //!
 //! This file is self-contained (only `std`, `liblzma`, `crc32fast`, `serde_json`): the build
 //! script includes it by path to pack images at build time, so the same code writes and reads the
@@ -113,7 +118,7 @@ pub const DIGEST_MANIFEST: &str = "aotriton-images.sha256";
 /// First eight bytes of every archive.
 pub const MAGIC: [u8; 8] = *b"AOTRIMG\0";
 /// The newest format version this code reads and writes (see "Versions" above).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest format version this code reads.
 pub const MIN_FORMAT_VERSION: u32 = 1;
 /// The first format version with `tensordesc` arguments.
@@ -121,8 +126,11 @@ const TENSORDESC_VERSION: u32 = 2;
 /// The first format version with `tuned_for` cells.
 const TUNED_VERSION: u32 = 3;
 /// The first format version whose kernels share argument lists (`arg_lists`) and whose
-/// functionals share streams (`streams`); the writer writes no older version.
+/// functionals share streams (`streams`).
 const SHARED_VERSION: u32 = 4;
+/// The first format version whose index is stored xz-compressed; the writer writes no older
+/// version.
+const COMPRESSED_INDEX_VERSION: u32 = 5;
 
 /// The functionals with equal keys share one xz stream (version 4 on): the same family, head dim
 /// and dtype class, with fp16 and bf16 counting as one dtype, TF32 on and off as one, and every
@@ -162,8 +170,8 @@ const MIN_DICT_SIZE: u32 = 4096;
 const DECODER_MEMLIMIT: u64 = 128 << 20;
 /// Caps on the sizes an archive declares, checked before anything of that size is allocated or
 /// read, so a crafted file cannot make the reader take gigabytes. Each is far above what the
-/// build writes (sm_90: a 0.41 MB index, a 7.9 MB payload, streams of at most 1.25 MB that
-/// compress at most 12:1).
+/// build writes (sm_90: an index of 0.8 MB as JSON, 29 KB stored; a 9.8 MB payload; streams
+/// compressing at most 12:1). The index cap holds for its stored and its decoded size.
 pub const MAX_INDEX_LEN: u32 = 64 << 20;
 /// The largest payload (all compressed streams together) an archive may declare.
 pub const MAX_PAYLOAD_SIZE: u64 = 1 << 30;
@@ -701,7 +709,8 @@ fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Res
     if computed != header.index_crc {
         return Err(err(format!("index checksum mismatch (stored {:#010x}, computed {computed:#010x})", header.index_crc)));
     }
-    let index: Value = serde_json::from_slice(index_bytes).map_err(|e| err(format!("index is not valid JSON: {e}")))?;
+    let json = index_json(header.version, index_bytes).map_err(|p| err(format!("index: {p}")))?;
+    let index: Value = serde_json::from_slice(&json).map_err(|e| err(format!("index is not valid JSON: {e}")))?;
     let parsed = parse_index(&index, header.version).map_err(|p| err(format!("index: {p}")))?;
     // parse_index capped the payload, so this cannot overflow.
     let expected = header.payload_start as u64 + parsed.payload_size;
@@ -714,6 +723,16 @@ fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Res
     Ok(parsed)
 }
 
+/// The index JSON of a format-`version` archive from the index bytes as stored: from version 5
+/// on one xz stream (decoded to at most [`MAX_INDEX_LEN`] bytes), before that the JSON itself.
+pub fn index_json(version: u32, stored: &[u8]) -> Result<Cow<'_, [u8]>, String> {
+    if version < COMPRESSED_INDEX_VERSION {
+        return Ok(Cow::Borrowed(stored));
+    }
+    let limit = format!("the limit of {MAX_INDEX_LEN} bytes");
+    decode_xz(stored, (MAX_INDEX_LEN as usize, &limit), None).map(Cow::Owned)
+}
+
 /// Decodes an xz stream of `expected` bytes until its first `needed` bytes (or a few more) are
 /// out. With `needed` >= `expected` that is the whole stream, which must then yield exactly
 /// `expected` bytes and use all its input; a prefix stops early and relies on the stream's CRC
@@ -722,19 +741,41 @@ fn check_index(name: &str, header: &Header, index_bytes: &[u8], len: u64) -> Res
 fn decompress(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, String> {
     let whole = needed >= expected;
     let expected = usize::try_from(expected).map_err(|_| format!("size {expected} too large"))?;
-    let needed = if whole { expected } else { needed as usize }; // below expected: fits
-    // A whole stream gets room for one byte more than expected, so an oversized stream shows up
-    // as such instead of as "no progress". The buffer grows with what the stream really yields
-    // (starting at a generous guess from its compressed size), so a declared size the stream
-    // does not back is never allocated whole.
-    let capacity = if whole { expected.checked_add(1).ok_or("size too large")? } else { needed };
+    let limit = format!("the {expected} bytes in the index");
+    if !whole {
+        // Below expected: fits.
+        return decode_xz(input, (expected, &limit), Some(needed as usize));
+    }
+    let out = decode_xz(input, (expected, &limit), None)?;
+    if out.len() != expected {
+        return Err(format!(
+            "decompressed to {} bytes, but the index says {expected}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Decodes the xz stream `input`, which may yield at most `limit` bytes (`limit_says` names
+/// that limit in the error). With `prefix` it stops
+/// once that many bytes (or a few more) are out; without, it decodes to the stream's end and
+/// insists the stream uses all of `input`. The buffer grows with what the stream really yields
+/// (starting at a generous guess from its compressed size), so a declared size the stream does
+/// not back is never allocated whole.
+fn decode_xz(input: &[u8], (limit, limit_says): (usize, &str), prefix: Option<usize>) -> Result<Vec<u8>, String> {
+    // A whole stream gets room for one byte more than its limit, so an oversized stream shows
+    // up as such instead of as "no progress".
+    let capacity = match prefix {
+        Some(needed) => needed,
+        None => limit.checked_add(1).ok_or("size too large")?,
+    };
     let mut out = Vec::new();
     let first = capacity.min(input.len().saturating_mul(8).max(1 << 16));
     out.try_reserve_exact(first)
         .map_err(|e| format!("cannot allocate {first} bytes: {e}"))?;
     // No CONCATENATED flag: one stream is exactly one xz stream.
     let mut stream = Stream::new_stream_decoder(DECODER_MEMLIMIT, 0).map_err(|e| e.to_string())?;
-    let action = if whole { Action::Finish } else { Action::Run };
+    let action = if prefix.is_some() { Action::Run } else { Action::Finish };
     loop {
         if out.len() == out.capacity() && out.capacity() < capacity {
             let more = out.capacity().min(capacity - out.capacity());
@@ -747,12 +788,12 @@ fn decompress(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, Strin
         let status = stream
             .process_vec(rest, &mut out, action)
             .map_err(|e| e.to_string())?;
-        if out.len() > expected {
-            return Err(format!(
-                "stream decompresses to more than the {expected} bytes in the index"
-            ));
+        if out.len() > limit {
+            return Err(format!("stream decompresses to more than {limit_says}"));
         }
-        if !whole && out.len() >= needed {
+        if let Some(needed) = prefix
+            && out.len() >= needed
+        {
             return Ok(out);
         }
         if status == Status::StreamEnd {
@@ -766,7 +807,7 @@ fn decompress(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, Strin
             return Err("compressed stream ends early".into());
         }
     }
-    if !whole {
+    if let Some(needed) = prefix {
         return Err(format!("stream ends after {} bytes, before the {needed} its images need", out.len()));
     }
     if stream.total_in() != input.len() as u64 {
@@ -775,34 +816,45 @@ fn decompress(input: &[u8], expected: u64, needed: u64) -> Result<Vec<u8>, Strin
             input.len() as u64 - stream.total_in().min(input.len() as u64)
         ));
     }
-    if out.len() != expected {
-        return Err(format!(
-            "decompressed to {} bytes, but the index says {expected}",
-            out.len()
-        ));
-    }
     Ok(out)
 }
 
+/// What a compressed blob holds, which picks its LZMA settings. The decoder reads the settings
+/// from the stream itself, so they can change without a format version.
+#[derive(Clone, Copy)]
+enum Content {
+    /// Kernel images: preset 9 with the literal and position contexts at the code's alignment
+    /// ([`code_alignment_log2`]) and no literal context bits. On sm_90 this came out 4.2 %
+    /// smaller than preset 9's (lc 3, lp 0, pb 2), on gfx942 1.7 %; the extreme preset and a
+    /// longer match length gained nothing on code (sm_90: 0.3 % larger).
+    MachineCode { alignment_log2: u32 },
+    /// The index JSON: preset 9, extreme (sm_90's 803 KB index: 32.2 KB at preset 9, 28.8 KB
+    /// extreme; the index is small enough that the slower search costs no build time).
+    Json,
+}
+
 /// log2 of the machine-code alignment the LZMA coder's position contexts follow: NVIDIA SASS
-/// instructions are 16 bytes, AMD CDNA ones 4 or 8. With the literal and position bits set to it
-/// (and no literal context bits) the sm_90 streams came out 4.2 % smaller and gfx942's 1.7 %
-/// smaller than with preset 9's (lc 3, lp 0, pb 2); (4, 4) made gfx942's 3 % larger.
+/// instructions are 16 bytes, AMD CDNA ones 4 or 8 ((4, 4) made gfx942's 3 % larger).
 fn code_alignment_log2(target: &serde_json::Value) -> u32 {
     if target.get("backend").and_then(|b| b.as_str()) == Some("cuda") { 4 } else { 2 }
 }
 
-/// Compresses one stream's blob as a single xz stream: preset 9 with the position contexts at
-/// the code's alignment ([`code_alignment_log2`]) and the dictionary shrunk to the input size
-/// (this changes no output byte, only the memory both sides need). The decoder reads these
-/// settings from the stream itself.
-fn compress(input: &[u8], alignment_log2: u32) -> Result<Vec<u8>, String> {
-    let mut opts = LzmaOptions::new_preset(XZ_PRESET).map_err(|e| e.to_string())?;
+/// Compresses one blob as a single xz stream with the settings for its [`Content`], the
+/// dictionary shrunk to the input size (this changes no output byte, only the memory both sides
+/// need).
+fn compress(input: &[u8], content: Content) -> Result<Vec<u8>, String> {
+    let preset = match content {
+        Content::MachineCode { .. } => XZ_PRESET,
+        Content::Json => XZ_PRESET | liblzma::stream::PRESET_EXTREME,
+    };
+    let mut opts = LzmaOptions::new_preset(preset).map_err(|e| e.to_string())?;
     let dict = u32::try_from(input.len())
         .unwrap_or(u32::MAX)
         .clamp(MIN_DICT_SIZE, MAX_DICT_SIZE);
     opts.dict_size(dict);
-    opts.literal_context_bits(0).literal_position_bits(alignment_log2).position_bits(alignment_log2);
+    if let Content::MachineCode { alignment_log2 } = content {
+        opts.literal_context_bits(0).literal_position_bits(alignment_log2).position_bits(alignment_log2);
+    }
     let mut filters = Filters::new();
     filters.lzma2(&opts);
     let mut stream =
@@ -1432,8 +1484,8 @@ impl ArchiveWriter {
         }
         // Compression dominates packing time and each stream is independent, so compress them on
         // all cores; the result is the same whatever the thread count.
-        let alignment = code_alignment_log2(&self.target);
-        let compressed = parallel_map(&blobs, |b| compress(b, alignment)).map_err(err)?;
+        let code = Content::MachineCode { alignment_log2: code_alignment_log2(&self.target) };
+        let compressed = parallel_map(&blobs, |b| compress(b, code)).map_err(err)?;
         let mut stream_entries = Vec::with_capacity(blobs.len());
         let mut offset = 0u64;
         for (i, (blob, packed)) in blobs.iter().zip(&compressed).enumerate() {
@@ -1477,7 +1529,7 @@ impl ArchiveWriter {
                 .values()
                 .flat_map(|ks| ks.values().map(|(meta, _)| meta)),
         )
-        .max(SHARED_VERSION);
+        .max(COMPRESSED_INDEX_VERSION);
         let index = json!({
             "format_version": version,
             "arch": self.arch,
@@ -1490,6 +1542,7 @@ impl ArchiveWriter {
         });
         let index =
             serde_json::to_vec(&index).map_err(|e| err(format!("cannot encode index: {e}")))?;
+        let index = compress(&index, Content::Json).map_err(|e| err(format!("compressing the index: {e}")))?;
         let index_len = u32::try_from(index.len()).map_err(|_| {
             err(format!(
                 "index of {} bytes does not fit the header",
@@ -1928,22 +1981,47 @@ mod tests {
         read_u32(bytes, 12).unwrap() as usize
     }
 
-    /// Replaces the index with `index` (any bytes) and a matching length and CRC.
-    fn with_raw_index(bytes: &[u8], index: &[u8]) -> Vec<u8> {
+    /// The index JSON of `bytes` (decompressed from version 5 on).
+    fn index_of(bytes: &[u8]) -> Value {
+        let version = read_u32(bytes, 8).unwrap();
+        serde_json::from_slice(&index_json(version, &bytes[HEADER_LEN..HEADER_LEN + index_len(bytes)]).unwrap()).unwrap()
+    }
+
+    /// Replaces the stored index with `stored` (any bytes) and a matching length and CRC.
+    fn with_stored_index(bytes: &[u8], stored: &[u8]) -> Vec<u8> {
         let payload = &bytes[HEADER_LEN + index_len(bytes)..];
         let mut out = bytes[..8].to_vec();
         out.extend_from_slice(&bytes[8..12]);
-        out.extend_from_slice(&(index.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(index).to_le_bytes());
-        out.extend_from_slice(index);
+        out.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(stored).to_le_bytes());
+        out.extend_from_slice(stored);
         out.extend_from_slice(payload);
+        out
+    }
+
+    /// `json` (any bytes) as a format-`version` archive stores its index.
+    fn stored_as(version: u32, json: &[u8]) -> Vec<u8> {
+        if version < COMPRESSED_INDEX_VERSION { json.to_vec() } else { compress(json, Content::Json).unwrap() }
+    }
+
+    /// Replaces the index with `json` (any bytes), stored as the header's version stores it.
+    fn with_raw_index(bytes: &[u8], json: &[u8]) -> Vec<u8> {
+        with_stored_index(bytes, &stored_as(read_u32(bytes, 8).unwrap(), json))
+    }
+
+    /// `bytes` with the index edited by `edit` and the header saying `version` (the index
+    /// stored as that version stores it; `edit` sets the index's own `format_version`).
+    fn restamped(bytes: &[u8], version: u32, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+        let mut index = index_of(bytes);
+        edit(&mut index);
+        let mut out = with_stored_index(bytes, &stored_as(version, &serde_json::to_vec(&index).unwrap()));
+        out[8..12].copy_from_slice(&version.to_le_bytes());
         out
     }
 
     /// Edits the index JSON, keeping the header consistent, so only the edit is wrong.
     fn with_index(bytes: &[u8], edit: impl FnOnce(&mut Value)) -> Vec<u8> {
-        let mut index: Value =
-            serde_json::from_slice(&bytes[HEADER_LEN..HEADER_LEN + index_len(bytes)]).unwrap();
+        let mut index = index_of(bytes);
         edit(&mut index);
         with_raw_index(bytes, &serde_json::to_vec(&index).unwrap())
     }
@@ -1978,9 +2056,7 @@ mod tests {
 
     /// `bytes` as version `version` with inline argument lists and streams (see [`inline_args`]).
     fn as_version(bytes: &[u8], version: u32) -> Vec<u8> {
-        let mut out = with_index(bytes, |v| inline_args(v, version));
-        out[8..12].copy_from_slice(&version.to_le_bytes());
-        out
+        restamped(bytes, version, |v| inline_args(v, version))
     }
 
     fn fwd_axes(head_dim: &'static str, causal: &'static str) -> [(&'static str, &'static str); 3] {
@@ -2258,7 +2334,7 @@ mod tests {
     #[test]
     fn tensordesc_metadata_round_trips_as_version_2() {
         let bytes = written(vec![gluon_meta("g"), plain_meta("p")]);
-        assert_eq!(read_u32(&bytes, 8), Some(SHARED_VERSION), "the writer writes version 4 on");
+        assert_eq!(read_u32(&bytes, 8), Some(COMPRESSED_INDEX_VERSION), "the writer writes version 5 on");
         let a = parse(bytes.clone()).unwrap();
         let f = &a.functionals()[a.find("attn_fwd_gluon", &[("head_dim", "128"), ("dtype", "bf16")]).unwrap()];
         let g = f.kernels.iter().find(|k| k.id == "g").unwrap();
@@ -2357,8 +2433,7 @@ mod tests {
         parse_err(with_index(&bytes, |v| drop(v.as_object_mut().unwrap().remove("streams"))), "missing field `streams`");
         parse_err(with_index(&bytes, |v| v["streams"][1]["uncompressed_size"] = json!(3001)),
                   "streams[1]: its functionals' images cover 3000 bytes but uncompressed_size is 3001");
-        let mut v3 = with_index(&bytes, |v| v["format_version"] = json!(3));
-        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let v3 = restamped(&bytes, 3, |v| v["format_version"] = json!(3));
         parse_err(v3, "needs format version 4 (file says 3)");
         // A damaged shared stream fails both of its functionals, not the other one.
         let mut bad = bytes.clone();
@@ -2372,7 +2447,7 @@ mod tests {
     fn argument_lists_are_shared_and_checked() {
         // Kernels g and h share one list, p has its own: two lists, in the order of first use.
         let bytes = written(vec![gluon_meta("g"), gluon_meta("h"), plain_meta("p")]);
-        let index: Value = serde_json::from_slice(&bytes[HEADER_LEN..HEADER_LEN + index_len(&bytes)]).unwrap();
+        let index = index_of(&bytes);
         assert_eq!(index["arg_lists"].as_array().unwrap().len(), 2);
         let uses: Vec<_> = index["functionals"][0]["kernels"].as_array().unwrap().iter().map(|k| k["args"].clone()).collect();
         assert_eq!(uses, [json!(0), json!(0), json!(1)]);
@@ -2390,8 +2465,7 @@ mod tests {
                   "missing field `arg_lists`");
         parse_err(with_index(&bytes, |v| v["arg_lists"][1] = json!({})), "arg_lists[1] must be an array");
         // Before version 4 lists are inline, and a shared table is refused.
-        let mut v3 = with_index(&bytes, |v| v["format_version"] = json!(3));
-        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let v3 = restamped(&bytes, 3, |v| v["format_version"] = json!(3));
         parse_err(v3, "field `arg_lists` needs format version 4 (file says 3)");
         parse_err(with_index(&as_version(&bytes, 3), |v| v["functionals"][0]["kernels"][0]["args"] = json!(0)),
                   "kernels[0]: field `args` must be an array");
@@ -2416,7 +2490,7 @@ mod tests {
         only.tuned_only = true;
         only.portable_for = vec![tuned.tuned_for[1]];
         let bytes = written(vec![tuned.clone(), only.clone(), plain_meta("p")]);
-        assert_eq!(read_u32(&bytes, 8), Some(SHARED_VERSION), "the writer writes version 4 on");
+        assert_eq!(read_u32(&bytes, 8), Some(COMPRESSED_INDEX_VERSION), "the writer writes version 5 on");
         let a = parse(bytes.clone()).unwrap();
         let kernels = &a.functionals()[0].kernels;
         assert_eq!(kernels.iter().find(|k| k.id == "t").unwrap(), &tuned);
@@ -2449,12 +2523,52 @@ mod tests {
     }
 
     #[test]
+    fn the_index_is_stored_compressed_from_version_5() {
+        let bytes = archive_bytes("index-xz");
+        assert_eq!(read_u32(&bytes, 8), Some(COMPRESSED_INDEX_VERSION), "the writer writes version 5 on");
+        let stored = &bytes[HEADER_LEN..HEADER_LEN + index_len(&bytes)];
+        assert!(stored.starts_with(b"\xfd7zXZ\0"), "an xz stream");
+        let json = index_json(COMPRESSED_INDEX_VERSION, stored).unwrap();
+        assert!(json.len() > stored.len(), "{} bytes of JSON stored in {}", json.len(), stored.len());
+        let a = parse(bytes.clone()).unwrap();
+        // The same index stored as plain JSON under version 4 reads the same (older writers).
+        let v4 = parse(restamped(&bytes, SHARED_VERSION, |v| v["format_version"] = json!(SHARED_VERSION))).unwrap();
+        assert_eq!(format!("{:?}", v4.functionals()), format!("{:?}", a.functionals()));
+        for f in 0..a.functionals().len() {
+            assert_eq!(v4.load_images(f).unwrap(), a.load_images(f).unwrap());
+        }
+        // Plain JSON under version 5, a cut stream, a damaged one: refused as the index's problem
+        // (the CRC fixed up each time, so the decoder meets the damage).
+        let e = parse_err(with_stored_index(&bytes, &json), "index: ");
+        assert!(!e.problem.contains("JSON"), "{e}");
+        parse_err(with_stored_index(&bytes, &stored[..stored.len() - 9]), "index: ");
+        let mut damaged = stored.to_vec();
+        let at = damaged.len() / 2;
+        damaged[at] ^= 0x40;
+        parse_err(with_stored_index(&bytes, &damaged), "index: ");
+        // The index version and the header's must agree, whichever stores it.
+        parse_err(restamped(&bytes, SHARED_VERSION, |_| {}), "format_version");
+    }
+
+    #[test]
+    fn an_index_stream_may_not_exceed_its_limit() {
+        let json = br#"{"format_version": 5, "pad": "0123456789abcdef0123456789abcdef"}"#;
+        let packed = compress(json, Content::Json).unwrap();
+        assert_eq!(decode_xz(&packed, (json.len(), "the limit"), None).unwrap(), json);
+        let e = decode_xz(&packed, (json.len() - 1, "the limit of 41 bytes"), None).unwrap_err();
+        assert_eq!(e, "stream decompresses to more than the limit of 41 bytes");
+        let mut trailing = packed.clone();
+        trailing.push(0);
+        assert!(decode_xz(&trailing, (json.len(), "the limit"), None).unwrap_err().contains("after the end"));
+    }
+
+    #[test]
     fn newer_format_version() {
         let mut bytes = archive_bytes("version");
         bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
         parse_err(
             bytes.clone(),
-            "format version 7 is newer than this runtime reads (4)",
+            "format version 7 is newer than this runtime reads (5)",
         );
         // Even when the rest of the header is missing.
         parse_err(bytes[..12].to_vec(), "format version 7 is newer");
@@ -2569,7 +2683,7 @@ mod tests {
     #[test]
     fn a_load_decodes_only_the_stream_prefix_it_needs() {
         let blob: Vec<u8> = (0..200_000u32).flat_map(|i| (i.wrapping_mul(2654435761) >> 7).to_le_bytes()).collect();
-        let packed = compress(&blob, 4).unwrap();
+        let packed = compress(&blob, Content::MachineCode { alignment_log2: 4 }).unwrap();
         let total = blob.len() as u64;
         for needed in [1u64, 4096, 333_333, total - 1] {
             let got = decompress(&packed, total, needed).unwrap();

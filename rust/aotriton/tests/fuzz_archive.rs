@@ -1,7 +1,8 @@
 //! Mutation fuzzing of the archive reader: the archive the build made (`AOTRITON_ARCHIVE_DIR`,
 //! which test.sh exports; without it the fuzz loop is skipped) and a small archive repacked from
-//! it, mutated by bit flips, truncations, appended bytes, header edits, byte and structural edits
-//! of the index JSON with its CRC fixed up, corrupted xz streams with their CRC fixed up, and
+//! it, mutated by bit flips, truncations, appended bytes, header edits, byte edits of the index
+//! (as stored: xz-compressed from format version 5 on) and byte and structural edits of its JSON
+//! with the CRC fixed up, corrupted xz streams with their CRC fixed up, and
 //! consistent size inflations; each parsed with `Archive::parse` (and now and then written to a
 //! file and read with `Archive::open`), then exercised with `find` and `load_images`.
 //!
@@ -21,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aotriton::archive::{Archive, ArchiveWriter, KernelArg, KernelMeta, TensorDescMeta, stream_key};
+use aotriton::archive::{Archive, ArchiveWriter, KernelArg, KernelMeta, TensorDescMeta, index_json, stream_key};
 use fuzz_common::{FuzzConfig, Rng, assert_clean, fuzz_loop, no_panic, note_case};
 use serde_json::{Value, json};
 
@@ -105,7 +106,8 @@ impl Base {
     fn new(what: impl Into<String>, bytes: Vec<u8>) -> Base {
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         let (version, index_len) = (u32_at(8), u32_at(12) as usize);
-        let index: Value = serde_json::from_slice(&bytes[HEADER_LEN..HEADER_LEN + index_len]).expect("the base archive's index");
+        let json = index_json(version, &bytes[HEADER_LEN..HEADER_LEN + index_len]).expect("the base archive's index");
+        let index: Value = serde_json::from_slice(&json).expect("the base archive's index");
         let streams = index["streams"]
             .as_array()
             .unwrap()
@@ -135,8 +137,18 @@ impl Base {
     }
 }
 
-/// An archive file from header fields, an index and a payload (the index CRC computed).
-fn assemble(version: u32, index: &[u8], payload: &[u8]) -> Vec<u8> {
+/// An archive file from header fields, the index JSON and a payload: the index stored as
+/// `version` stores it (xz from version 5 on; a fast preset, which the reader does not see), its
+/// CRC computed.
+fn assemble(version: u32, json: &[u8], payload: &[u8]) -> Vec<u8> {
+    if version < 5 {
+        return assemble_stored(version, json, payload);
+    }
+    assemble_stored(version, &liblzma::encode_all(json, 1).unwrap(), payload)
+}
+
+/// An archive file from header fields, the index bytes as stored and a payload (the CRC computed).
+fn assemble_stored(version: u32, index: &[u8], payload: &[u8]) -> Vec<u8> {
     let mut bytes = Vec::with_capacity(HEADER_LEN + index.len() + payload.len());
     bytes.extend_from_slice(b"AOTRIMG\0");
     bytes.extend_from_slice(&version.to_le_bytes());
@@ -277,8 +289,8 @@ enum Mutation {
     HeaderField { at: usize, value: u32 },
     Truncate(usize),
     Append(Vec<u8>),
-    /// A byte of the index JSON replaced, the CRC fixed up.
-    IndexByte { at: usize, byte: u8 },
+    /// A byte of the index replaced (of its JSON, or of the bytes as stored), the CRC fixed up.
+    IndexByte { at: usize, byte: u8, in_json: bool },
     /// A structural edit of the index JSON (a node at `pointer`), the CRC fixed up.
     IndexEdit { pointer: String, edit: String },
     /// A byte of an xz stream replaced, its CRC in the index fixed up (so liblzma and the
@@ -484,14 +496,22 @@ fn mutate(base: &Base, rng: &mut Rng) -> (Vec<u8>, Mutation, Vec<usize>) {
                 Mutation::Append(extra)
             }
             5 => {
-                let index = &base.bytes[HEADER_LEN..base.payload_start()];
-                let at = rng.index(index.len());
+                // A byte of the index as stored (from version 5 on: of its xz stream), or of
+                // its JSON.
+                let stored = &base.bytes[HEADER_LEN..base.payload_start()];
+                let in_json = base.version >= 5 && rng.one_in(2);
+                let json = serde_json::to_vec(&base.index).unwrap();
+                let mut edited = if in_json { json } else { stored.to_vec() };
+                let at = rng.index(edited.len());
                 let random = rng.next_u64() as u8;
                 let byte = rng.pick(&[b'0', b'9', b'-', b'"', b'{', b'}', b',', b' ', b'e', 0, 0xff, random]);
-                let mut edited = index.to_vec();
                 edited[at] = byte;
-                bytes = assemble(base.version, &edited, base.payload());
-                Mutation::IndexByte { at, byte }
+                bytes = if in_json {
+                    assemble(base.version, &edited, base.payload())
+                } else {
+                    assemble_stored(base.version, &edited, base.payload())
+                };
+                Mutation::IndexByte { at, byte, in_json }
             }
             6..=8 => {
                 let mut index = base.index.clone();
