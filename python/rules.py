@@ -144,6 +144,9 @@ SCORE_AXES = ("softcap", "alibi", "sinks", "head_dim_v")
 #: Axes whose off value is left out of the functional (its dict, kernel ids, the runtime's query),
 #: so that adding one leaves the existing functionals unchanged.
 OPTIONAL_AXES = (*SCORE_AXES, "varlen")
+#: The Gluon forward's dropout is optional too (added after its kernels shipped); the portable
+#: families always name it.
+GLUON_OPTIONAL_AXES = (*OPTIONAL_AXES, "dropout")
 #: V's head-dim bucket where it differs from Q/K's (``head_dim``): an optional axis (0 = V's head dim
 #: is Q/K's), compiled for these (Q/K bucket, V bucket) pairs: DeepSeek-style MLA prefill's 192/128
 #: and 128/64. Output and dV use V's head dim; the kernels take ``HEAD_DIM_V`` and ``D_HEAD_V``.
@@ -300,8 +303,8 @@ _GLUON_PACKING = ["IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K", *VARLEN_BOUNDS]
 _GLUON_PACKING_Q = [n for n in _GLUON_PACKING if not n.endswith("_K")]
 ATTN_FWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE",
-     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING]
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES"] + GLUON_FWD_KNOBS
+     "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING, *DROPOUT_GROUP, *FWD_PHILOX_OUTPUTS]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "DROPOUT"] + GLUON_FWD_KNOBS
 )
 #: The fp8 forward (kernels/flash_gluon/fwd_fp8.py): fp32 dequantisation factors per (batch, KV head).
 _DESCALES = ("DESCALE_Q", "DESCALE_K", "DESCALE_V")
@@ -327,8 +330,9 @@ ATTN_BWD_GLUON_PREPROCESS_ARGS = (
 )
 ATTN_BWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2",
-     "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING]
-    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ"] + GLUON_BWD_KNOBS
+     "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING,
+     *DROPOUT_GROUP]
+    + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "DROPOUT"] + GLUON_BWD_KNOBS
 )
 ATTN_BWD_GLUON_DQ_CONVERT_ARGS = (
     ["DQ_ACC", "DQ"] + _strides("dq", "zhm") + ["sm_scale", "N_CTX_Q", "SQ_PAD", "D_HEAD", "N_HEADS_Q",
@@ -719,7 +723,8 @@ def _attn_bwd_dbias_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     if hd <= 64:
         return [_amd(32, 32, e) if fp32 else _amd(64, 32, e)]
     if hd == 128:
-        return [_amd(32, 32, e)]
+        # fp32 with dropout: 32 x 32 spills 3 VGPRs on gfx90a (its Philox quads since the 16 x 16 rule).
+        return [_amd(16, 32, e) if fp32 and functional["dropout"] else _amd(32, 32, e)]
     return [_amd(16, 16, e) if fp32 else _amd(16, 32, e)]
 
 
@@ -810,8 +815,9 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
         knobs["CTAS_PER_SM"] = 2
         return [_gluon_cfg(128, 64, 2, maxnreg=80, CONSUMER_REGS=104, PEEL_FULL=1, OVERLAP=0, PERSISTENT=0, **knobs)]
     if hd == 128:
-        # Packed batches: one CTA per tile (the persistent schedule walks fixed-length heads).
-        persistent = 0 if functional.get("varlen") else 1
+        # Packed batches and dropout: one CTA per tile (the persistent schedule walks fixed-length
+        # heads and has no dropout).
+        persistent = 0 if functional.get("varlen") or functional.get("dropout") else 1
         return [_gluon_cfg(128, 128, 2, CONSUMER_REGS=240, PEEL_FULL=1, OVERLAP=1, PERSISTENT=persistent, **knobs)]
     return [_gluon_cfg(128, 64, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, PERSISTENT=0, **knobs)]
 
@@ -934,13 +940,15 @@ class Family:
     #: (arch, functional) -> [config]: the tuner's search space (``tune.py``; compiled only by a
     #: tuning build), or None: the family is not tuned and ships its ``configs`` alone.
     candidates: Any = None
+    #: Axes whose off value is left out of the family's functionals and kernel ids.
+    optional_axes: tuple[str, ...] = ()
 
 
 def _family(name, module, args, axes, configs, candidates=None, sources=("flash",)) -> Family:
     constexprs = [a for a in args if a in _CONSTEXPRS]
     return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
                   signature=_signature_of(list(args), constexprs), configs=configs, candidates=candidates,
-                  sources=sources)
+                  sources=sources, optional_axes=OPTIONAL_AXES)
 
 
 _ATTN_AXES = {"dtype": DTYPES, "tf32": TF32, "head_dim": HEAD_DIMS, "dropout": DROPOUT, "bias": BIAS,
@@ -986,19 +994,21 @@ def _gluon_family(name, module, args, axes, configs, language="gluon") -> Family
     constexprs = [a for a in args if a in _CONSTEXPRS]
     return Family(name=name, module=module, function=name, axes=axes, args=list(args), constexprs=constexprs,
                   signature=_gluon_signature_of(name, list(args), constexprs), configs=configs,
-                  archs=("sm_90",), language=language, variants=("aligned",), sources=("flash", "flash_gluon"))
+                  archs=("sm_90",), language=language, variants=("aligned",), sources=("flash", "flash_gluon"),
+                  optional_axes=GLUON_OPTIONAL_AXES)
 
 
 GLUON_DTYPES = ["fp16", "bf16"]
 ATTN_FWD_GLUON = _gluon_family("attn_fwd_gluon", "kernels/flash_gluon/fwd.py", ATTN_FWD_GLUON_ARGS,
-                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "varlen": VARLEN},
+                               {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "varlen": VARLEN,
+                                "dropout": DROPOUT},
                                _attn_fwd_gluon_configs)
 ATTN_BWD_GLUON_PREPROCESS = _gluon_family(
     "attn_bwd_gluon_preprocess", "kernels/flash_gluon/bwd_preprocess.py", ATTN_BWD_GLUON_PREPROCESS_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 ATTN_BWD_GLUON = _gluon_family("attn_bwd_gluon", "kernels/flash_gluon/bwd.py", ATTN_BWD_GLUON_ARGS,
                                {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256], "dq": [True, False],
-                                "varlen": VARLEN},
+                                "varlen": VARLEN, "dropout": DROPOUT},
                                _attn_bwd_gluon_configs)
 #: fp8 (e4m3) forward: Q, K, V in ``float8_e4m3fn``, O in bf16 (ABI.md).
 FP8_DTYPES = ["fp8e4nv"]
@@ -1040,7 +1050,7 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     out = [f for f in out if not (_optional_on(f) and f.get("head_dim", 0) > OPTIONAL_AXES_MAX_HEAD_DIM)]
     out = [f for f in out if not (f.get("head_dim_v") and HEAD_DIM_V_PAIRS.get(f["head_dim"]) != f["head_dim_v"])]
     out = [f for f in out if not (f["dtype"] == "fp32" and f.get("head_dim", 0) > FP32_MAX_HEAD_DIM)]
-    return [{k: v for k, v in f.items() if not (k in OPTIONAL_AXES and not v)} for f in out]
+    return [{k: v for k, v in f.items() if not (k in family.optional_axes and not v)} for f in out]
 
 
 def module_name(family: Family) -> str:
@@ -1132,7 +1142,7 @@ def kernel_id(family: Family, functional: dict[str, Any], config: dict[str, int]
     """
     parts = [family.name]
     for axis in family.axes:
-        if axis in OPTIONAL_AXES and axis not in functional:
+        if axis in family.optional_axes and axis not in functional:
             continue
         v = functional[axis]
         if axis == "dtype":

@@ -29,7 +29,8 @@ enum class MaskAlign : int32_t {
 
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
-// the dtype and head dim; fp16/bf16; head dim <= 256; no dropout,
+// the dtype and head dim; fp16/bf16; head dim <= 256; no dropout (kGluon serves it, with the
+// portable kernels' masks; kAuto leaves it to them until it is measured on an H200),
 // no bias, no softcap, ALiBi or sinks (packed (varlen) batches of at most 2^30 tokens included);
 // forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
 // 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at
@@ -344,7 +345,7 @@ AOTRITON_API Status attn_fwd_kvcache_workspace_bytes(const KvCacheParams& params
 AOTRITON_API Status attn_fwd_kvcache_num_splits(const KvCacheParams& params, Stream stream,
                                                 uint32_t* splits) noexcept;
 
-// Philox counters one dropout call consumes: batch * heads_q * seqlen_q * ceil(seqlen_k / 4)
+// Philox counters one dropout call consumes: batch * heads_q * 8*ceil(seqlen_q / 16) * 8*ceil(seqlen_k / 16)
 // (max lengths for packed batches), written to *count. Advance the generator's offset by this
 // between calls. kTooLarge (and *count = 0) when the count does not fit 64 bits: such a call's
 // counters would wrap, and attn_fwd/attn_bwd refuse it too.

@@ -169,24 +169,25 @@ class GluonCompileTest(unittest.TestCase):
     """A Gluon kernel through the same driver: GluonASTSource, and the TMA box of every descriptor
     argument in its JSON (the runtime encodes its CUtensorMaps from these)."""
 
-    ONLY = "attn_fwd_gluon-bf16-hd64-"  # the [B, H, S, D] kernel and the packed-batch (varlen1) one
+    ONLY = "attn_fwd_gluon-bf16-hd64-"  # [B, H, S, D] and packed-batch (varlen1) kernels, with dropout and without
 
     def test_descriptor_meta_in_json(self):
         tmp = tempfile.mkdtemp(prefix="aotriton-test-gluon-")
         try:
             (st,) = driver.build(["sm_90"], os.path.join(tmp, "out"), os.path.join(tmp, "cache"), jobs=1,
                                  only=self.ONLY, log=lambda _: None)
-            self.assertEqual(st.kernels, 2)
+            self.assertEqual(st.kernels, 4)
             arch_dir = os.path.join(tmp, "out", "sm_90")
             infos = {}
             for name in os.listdir(arch_dir):
                 if name.startswith(self.ONLY) and name.endswith(".json"):
                     with open(os.path.join(arch_dir, name)) as f:
-                        infos["varlen1" in name] = json.load(f)
+                        infos["varlen1" in name, "drop1" in name] = json.load(f)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        self.assertEqual(set(infos), {False, True})
-        for varlen, info in infos.items():
+        self.assertEqual(set(infos), {(False, False), (True, False), (False, True), (True, True)})
+        for (varlen, _), info in infos.items():
+            self.assertIn("PHILOX_SEED", [a["name"] for a in info["args"]])  # the dropout group: always passed
             self.assertEqual(info["family"], "attn_fwd_gluon")
             self.assertEqual(info["num_warps"], 12, "two consumer warpgroups and the loader warp")
             self.assertEqual(info["global_scratch_size"], 0)

@@ -12,7 +12,9 @@ import _paths  # noqa: E402,F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from kernels.flash.debug_dropout import debug_dropout_mask  # noqa: E402
-from philox_model import keep_mask, philox4x32_10, threshold  # noqa: E402
+from philox_model import counters_consumed, keep_mask, philox4x32_10, quads, threshold  # noqa: E402
+from kernels.flash.dropout import (dropout_head_offset, dropout_keep, dropout_quad_keep, dropout_rows_offset,  # noqa: E402
+                                   quad_index, quad_view, tile_of_quads)
 from test_interpreter import NpTensor, _quiet_interpreter  # noqa: E402
 
 #: Random123 kat_vectors, philox4x32_10: counter[4], key[2] -> output[4].
@@ -119,6 +121,101 @@ class DebugDropoutMaskTest(unittest.TestCase):
         self.assertTrue(np.all(out == 1))
         out = self.check(2, 2, 64, 64, 9, 1, 0, 0.3)
         self.assertAlmostEqual(out.mean(), 0.7, delta=0.03)
+
+
+class CounterLayoutTest(unittest.TestCase):
+    """The quad layout itself (philox_model mirrors dropout.py's docstring)."""
+
+    def test_every_word_is_used_once_and_the_count_is_exact(self):
+        # Every element of a padded (16-multiple) head reads a distinct (counter, word) pair, and
+        # the counters of all heads fill [offset, offset + counters_consumed) exactly.
+        B, H, Sq, Sk = 2, 3, 32, 48
+        i, j = np.meshgrid(np.arange(Sq), np.arange(Sk), indexing="ij")
+        quad = (8 * (i // 16) + i % 8) * quads(Sk) + 8 * (j // 16) + j % 8
+        word = 2 * ((i // 8) % 2) + (j // 8) % 2
+        pairs = set(zip((quad * 4 + word).ravel().tolist()))
+        self.assertEqual(len(pairs), Sq * Sk)
+        self.assertEqual(quad.max() + 1, quads(Sq) * quads(Sk))
+        self.assertEqual(counters_consumed(B, H, Sq, Sk), B * H * Sq * Sk // 4)
+        self.assertEqual(counters_consumed(1, 1, 1, 1), 64)  # a 1 x 1 head still spans one 16 x 16 block
+
+    def test_a_head_is_the_corner_of_its_padded_matrix(self):
+        # Lengths only set the strides: a shorter head reads the same words as the top-left
+        # corner of a longer one with the same quads() (so varlen sequences use max lengths).
+        a = keep_mask(1, 1, 20, 23, 5, 0, 0.5)
+        b = keep_mask(1, 1, 32, 32, 5, 0, 0.5)
+        np.testing.assert_array_equal(a, b[:, :, :20, :23])
+
+
+@triton.jit
+def _keep_probe(OUT, SEED, OFFSET, row0, col0, N_CTX_Q, N_CTX_K, THRESHOLD,
+                BM: tl.constexpr, BN: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
+    head = dropout_head_offset(tl.load(OFFSET), 0, 0, 1, N_CTX_Q, N_CTX_K)
+    keep = dropout_keep(tl.load(SEED), head, row0, col0, N_CTX_K, THRESHOLD, BM, BN, KEYS_AS_ROWS)
+    if KEYS_AS_ROWS:
+        tl.store(OUT + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :], keep.to(tl.int8))
+    else:
+        tl.store(OUT + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :], keep.to(tl.int8))
+
+
+@triton.jit
+def _quad_tile_probe(OUT, SEED, OFFSET, row0, col0, N_CTX_Q, N_CTX_K, THRESHOLD,
+                     R: tl.constexpr, C: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
+    """``flash_gluon/dropout.dropout_keep_tile`` without its layouts: the same quad view, draw and
+    reassembly of an ``[R, C]`` tile (queries from ``row0``, keys from ``col0``; transposed with
+    ``KEYS_AS_ROWS``)."""
+    head = dropout_head_offset(tl.load(OFFSET), 0, 0, 1, N_CTX_Q, N_CTX_K)
+    base = dropout_rows_offset(head, row0, N_CTX_K) + col0 // 2
+    rows = tl.arange(0, R)
+    cols = tl.arange(0, C)
+    zero = tl.zeros([R, C], tl.int32)
+    quad_r = quad_view(quad_index(rows)[:, None] + zero)
+    quad_c = quad_view(quad_index(cols)[None, :] + zero)
+    if KEYS_AS_ROWS:
+        k0, k1, k2, k3 = dropout_quad_keep(tl.load(SEED), base, quad_c, quad_r, N_CTX_K, THRESHOLD)
+        keep = tile_of_quads(k0, k2, k1, k3)
+    else:
+        k0, k1, k2, k3 = dropout_quad_keep(tl.load(SEED), base, quad_r, quad_c, N_CTX_K, THRESHOLD)
+        keep = tile_of_quads(k0, k1, k2, k3)
+    tl.store(OUT + rows[:, None] * C + cols[None, :], keep.to(tl.int8))
+
+
+class DropoutKeepTest(unittest.TestCase):
+    def test_gluon_quad_path(self):
+        # The Gluon kernels' path (quad view of the tile's own index grid, one draw per quad,
+        # reassembly) gives the model's bits, with queries as rows and as columns.
+        seed, offset, Sq, Sk = -3, 2**32 - 5, 80, 64
+        want = keep_mask(1, 1, Sq, Sk, seed, offset, 0.4)[0, 0]
+        for r, c, q0, k0, keys_as_rows in [(64, 128, 16, 0, False), (64, 32, 0, 32, False), (64, 64, 0, 16, True),
+                                           (32, 64, 16, 16, True)]:
+            if keys_as_rows:
+                bq, bk = c, r
+            else:
+                bq, bk = r, c
+            out = np.full((r, c), 7, np.int8)
+            # Lay the counters out for (Sq, Sk), as the kernels do; tiles past them read other
+            # heads' counters, so compare within the matrix only.
+            _quad_tile_probe[(1,)](NpTensor(out), NpTensor(np.array([seed], np.int64)),
+                                   NpTensor(np.array([offset], np.int64)), q0, k0, Sq, Sk, threshold(0.4),
+                                   R=r, C=c, KEYS_AS_ROWS=keys_as_rows)
+            tile = want[q0:q0 + bq, k0:k0 + bk]
+            got = out.T if keys_as_rows else out
+            with self.subTest(r=r, c=c, q0=q0, k0=k0, keys_as_rows=keys_as_rows):
+                np.testing.assert_array_equal(got[:tile.shape[0], :tile.shape[1]], tile.astype(np.int8))
+
+    def test_tiles_in_both_orientations(self):
+        seed, offset, Sq, Sk = 77, 5, 64, 96
+        want = keep_mask(1, 1, Sq, Sk, seed, offset, 0.5)[0, 0]
+        for bm, bn, row0, col0 in [(32, 64, 32, 32), (16, 16, 48, 80), (64, 32, 0, 64)]:
+            for keys_as_rows in (False, True):
+                shape = (bn, bm) if keys_as_rows else (bm, bn)
+                out = np.full(shape, 7, np.int8)
+                _keep_probe[(1,)](NpTensor(out), NpTensor(np.array([seed], np.int64)),
+                                  NpTensor(np.array([offset], np.int64)), row0, col0, Sq, Sk, threshold(0.5),
+                                  BM=bm, BN=bn, KEYS_AS_ROWS=keys_as_rows)
+                tile = want[row0:row0 + bm, col0:col0 + bn]
+                with self.subTest(bm=bm, bn=bn, row0=row0, col0=col0, keys_as_rows=keys_as_rows):
+                    np.testing.assert_array_equal(out, (tile.T if keys_as_rows else tile).astype(np.int8))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ FAMILY_COUNTS_SM90 = {
 #: 16-row tile only: 3 kernels per dense functional, 5 per paged one.
 AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2 * 2,
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2 * 2 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
@@ -139,7 +139,9 @@ _PACKING_Q = ["IS_VARLEN", "CU_SEQLENS_Q", "N_TOKENS_Q", "VARLEN_STATUS", "STORE
 GLUON_CONTRACT = {
     "attn_fwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
                        "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW, *_PACKING,
-                       "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
+                       "DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base",
+                       "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX",
+                       "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "DROPOUT", "NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS",
                        "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT", "Q_BUFS"],
     "attn_bwd_gluon_preprocess": ["O", "DO", "stride_oz", "stride_oh", "stride_om", "stride_doz", "stride_doh",
                                   "stride_dom", "LSE", "stride_lz", "stride_lh", "DELTA", "stride_deltaz",
@@ -147,7 +149,9 @@ GLUON_CONTRACT = {
                                   "ZERO_DQ_ACC", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
     "attn_bwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2",
                        "desc_delta2", "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP",
-                       *_WINDOW, *_PACKING, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "MASK_MODE", "CONS_REGS",
+                       *_WINDOW, *_PACKING, "DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET",
+                       "philox_offset_base", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "DROPOUT",
+                       "MASK_MODE", "CONS_REGS",
                        "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
                                   "SQ_PAD", "D_HEAD", "N_HEADS_Q", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
@@ -481,6 +485,11 @@ class EnumerateKernelsTest(unittest.TestCase):
                             self.assertIn(f"{odt}[{lead}, 64, {hd}]", ty)
                 if s.family == "attn_fwd_gluon":
                     self.assertEqual("varlen" in s.functional, "varlen1" in s.id)  # absent when off
+                    self.assertEqual("dropout" in s.functional, "drop1" in s.id)  # absent when off
+                    self.assertEqual(s.constexprs["DROPOUT"], bool(s.functional.get("dropout")))
+                    if s.functional.get("dropout"):
+                        self.assertEqual(s.constexprs["PERSISTENT"], 0, "dropout: one CTA per tile")
+                        self.assertEqual(s.signature["PHILOX_SEED"], "*i64")
                     if s.functional.get("varlen"):
                         self.assertIn(f"{dt}[{lead}, {s.config['BLOCK_N']}, {hd}]", s.signature["desc_k"])
                         self.assertEqual(s.constexprs["PERSISTENT"], 0, "packed batches: one CTA per tile")
@@ -502,6 +511,10 @@ class EnumerateKernelsTest(unittest.TestCase):
                     self.assertEqual("varlen" in s.functional, "varlen1" in s.id)
                     if s.functional.get("varlen"):
                         self.assertEqual(s.constexprs["PERSISTENT"], 0, "packed batches: one CTA per key block")
+                    self.assertEqual("dropout" in s.functional, "drop1" in s.id)  # absent when off
+                    self.assertEqual(s.constexprs["DROPOUT"], bool(s.functional.get("dropout")))
+                    if s.functional.get("dropout"):
+                        self.assertEqual(s.constexprs["PERSISTENT"], 0, "dropout: one CTA per key block")
                 if "maxnreg" in s.config:
                     self.assertEqual(s.options, {"num_warps": 4, "maxnreg": s.config["maxnreg"]})
 

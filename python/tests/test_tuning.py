@@ -166,8 +166,8 @@ class BackendTableTest(unittest.TestCase):
         self.assertTrue(fwd and all(s.portable_for for s in fwd))
         self.assertFalse(any(s.portable_for for s in specs if s.family == "attn_fwd_gluon" and not bf16_64(s)))
         bwd = [s for s in specs if s.family == "attn_bwd_gluon" and bf16_64(s)]
-        # dq on and off, packed and not: every one of them shares the operator's decision
-        self.assertTrue(len(bwd) == 4 and all(s.portable_for[0]["mask"] == "none" for s in bwd), bwd)
+        # dq on and off, packed and not, dropout and not: every one of them shares the operator's decision
+        self.assertTrue(len(bwd) == 8 and all(s.portable_for[0]["mask"] == "none" for s in bwd), [s.id for s in bwd])
 
 
 class RulesWithDatabaseTest(unittest.TestCase):

@@ -80,7 +80,9 @@ def bwd_signature(dtype, hd):
                                                                         rank=2)),
             "desc_lse2": vec_desc_sig(), "desc_delta2": vec_desc_sig(),
             "sm_scale": "fp32", "N_CTX_Q": "i32", "N_CTX_K": "i32", "SQ_PAD": "i32", "N_HEADS_Q": "i32",
-            "GQA_GROUP": "i32", "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32", **PACKING}
+            "GQA_GROUP": "i32", "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32", **PACKING,
+            "DROPOUT_THRESHOLD": "u32", "dropout_scale": "fp32", "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64",
+            "philox_offset_base": "i64"}
 
 
 def preprocess_signature(dtype):

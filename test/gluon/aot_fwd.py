@@ -81,6 +81,8 @@ def signature(dtype, head_dim, block_n):
         "WINDOW_LEFT": "i32", "WINDOW_RIGHT": "i32", "ALIGN_BOTTOM_RIGHT": "i32",
         "IS_VARLEN": "i32", "CU_SEQLENS_Q": "*i32", "CU_SEQLENS_K": "*i32", "N_TOKENS_Q": "i32", "N_TOKENS_K": "i32",
         "VARLEN_STATUS": "*i32", "STORE_VARLEN_STATUS": "i32",
+        "DROPOUT_THRESHOLD": "u32", "dropout_scale": "fp32", "PHILOX_SEED": "*i64", "PHILOX_OFFSET": "*i64",
+        "philox_offset_base": "i64", "PHILOX_SEED_OUT": "*i64", "PHILOX_OFFSET_OUT": "*i64", "STORE_PHILOX": "i32",
         "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
     }
 

@@ -155,8 +155,10 @@ def visible_mask(sq, sk, wl, wr, abr, device):
 # --------------------------------------------------------------------------------------------
 # references
 # --------------------------------------------------------------------------------------------
-def attention(q, k, v, vis, sm_scale, group):
-    """Masked attention in the tensors' dtype; rows with no visible key give O = 0 (no NaN)."""
+def attention(q, k, v, vis, sm_scale, group, keep=None, dropout_scale=1.0):
+    """Masked attention in the tensors' dtype; rows with no visible key give O = 0 (no NaN).
+    ``keep``: a dropout keep mask (bool, broadcast against the scores), kept probabilities scaled
+    by ``dropout_scale``; the LSE is of the undropped scores."""
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
@@ -166,15 +168,17 @@ def attention(q, k, v, vis, sm_scale, group):
     e = torch.exp(s - m)
     l = e.sum(-1, keepdim=True)
     p = e / torch.where(l > 0, l, torch.ones_like(l))
+    if keep is not None:
+        p = torch.where(keep, p * dropout_scale, torch.zeros_like(p))
     o = torch.matmul(p.to(v.dtype), v)
     lse = torch.where(l > 0, m + torch.log(torch.where(l > 0, l, torch.ones_like(l))),
                       torch.full_like(l, float("inf")))
     return o, lse.squeeze(-1)
 
 
-def reference(q, k, v, do, vis, sm_scale, group, dtype64=torch.float64):
+def reference(q, k, v, do, vis, sm_scale, group, dtype64=torch.float64, keep=None, dropout_scale=1.0):
     qs, ks, vs = (t.detach().to(dtype64).requires_grad_() for t in (q, k, v))
-    o, lse = attention(qs, ks, vs, vis, sm_scale, group)
+    o, lse = attention(qs, ks, vs, vis, sm_scale, group, keep, dropout_scale)
     dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do.to(dtype64))
     return o.detach(), lse.detach(), dq, dk, dv
 
@@ -183,6 +187,8 @@ def reference(q, k, v, do, vis, sm_scale, group, dtype64=torch.float64):
 # the three launches
 # --------------------------------------------------------------------------------------------
 _NO_OFFSETS = {}
+#: The dropout group of a launch without dropout (DROPOUT_THRESHOLD .. philox_offset_base).
+NO_DROPOUT = (0, 1.0, None, None, 0)
 
 
 def not_packed(device):
@@ -208,7 +214,10 @@ class GluonBwd:
     """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
 
     def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default",
-                 grid_cap=None):
+                 grid_cap=None, dropout=None):
+        """``dropout``: the dropout group ``(DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
+        philox_offset_base)`` (seed and offset int64 tensors), None for none."""
+        self.dropout = dropout
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
         self.hd = hd = bucket(d)
@@ -271,8 +280,9 @@ class GluonBwd:
         wl, wr, abr = self.window
         attn_bwd_gluon[self.grid](
             *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr, *not_packed(self.q.device)["qk"],
-            HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages, COMPUTE_DQ=self.compute_dq,
-            **self.opts, num_warps=4, maxnreg=MAXNREG)
+            *(self.dropout or NO_DROPOUT), HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages,
+            COMPUTE_DQ=self.compute_dq, DROPOUT=int(self.dropout is not None), **self.opts, num_warps=4,
+            maxnreg=MAXNREG)
 
     def convert(self):
         B, hq, hk, sq, sk, d = self.shape

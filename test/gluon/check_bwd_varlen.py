@@ -14,7 +14,6 @@ checked on dK/dV.
 usage: python test/gluon/check_bwd_varlen.py [--consan] [--filter SUBSTR]
   --consan  a packed batch per head dim again under Gluon's concurrency sanitizer (one process each)
 """
-import argparse
 import math
 import os
 import sys
@@ -102,7 +101,7 @@ class PackedBwd:
         knobs = {k: c[k] for k in rules.GLUON_BWD_KNOBS}
         attn_bwd_gluon[(triton.cdiv(self.max_k, self.block_n), self.hk, self.n_seq)](
             *self.descs, self.sm_scale, self.max_q, self.max_k, self.sq_pad, self.hq, self.hq // self.hk, wl, wr, abr,
-            1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1,
+            1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1, *check_bwd.NO_DROPOUT,
             HEAD_DIM=self.hd, BLOCK_M=check_bwd.BLOCK_M, BLOCK_N=self.block_n, STAGES=c["STAGES"],
             COMPUTE_DQ=self.compute_dq, **knobs, num_warps=4, maxnreg=c["maxnreg"])
         if self.compute_dq:
@@ -231,11 +230,7 @@ def run_case(case, device="cuda"):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    packed.add_check_options(ap)
-    args = ap.parse_args()
-    ok = packed.run_check(__file__, "check_bwd_varlen", args, Case, cases, consan_cases, run_case)
-    return 0 if ok else 1
+    return packed.check_main(__file__, __doc__, "check_bwd_varlen", Case, cases, consan_cases, run_case)
 
 
 if __name__ == "__main__":

@@ -49,9 +49,12 @@ import fwd_variants  # noqa: E402
 
 SCALAR_ARGS = ["LSE", "stride_lz", "stride_lh", "sm_scale", "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP",
                "WINDOW_LEFT", "WINDOW_RIGHT", "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "CU_SEQLENS_Q", "CU_SEQLENS_K",
-               "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS", "STORE_VARLEN_STATUS"]
+               "N_TOKENS_Q", "N_TOKENS_K", "VARLEN_STATUS", "STORE_VARLEN_STATUS", "DROPOUT_THRESHOLD", "dropout_scale",
+               "philox_offset_base", "STORE_PHILOX"]
 #: The packing group of a fixed-length launch (check_fwd_varlen.py launches packed batches).
 NOT_PACKED = (0, None, None, 0, 0, None, 0)
+#: The dropout group of a launch without dropout (DROPOUT_THRESHOLD .. STORE_PHILOX).
+NO_DROPOUT = (0, 1.0, None, None, 0, None, None, 0)
 KERNEL = gluon.jit(do_not_specialize=SCALAR_ARGS)(gluon_fwd.attn_fwd_gluon.fn)
 
 # The configuration the checks run with: a name in fwd_variants.VARIANTS (--variant).
@@ -146,7 +149,7 @@ def prepare(q, k, v, o, lse, dtype, sm_scale, wl, wr, align, store_lse=True, sta
 
     def launch():
         KERNEL[grid](dq, dk, dv, do, lse, lse.stride(0), lse.stride(1), sm_scale, int(store_lse), Sq, Sk, Hq // Hk,
-                     wl, wr, align, *NOT_PACKED, HEAD_DIM=head_dim, **cx, num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+                     wl, wr, align, *NOT_PACKED, *NO_DROPOUT, HEAD_DIM=head_dim, **cx, num_warps=c["num_warps"], maxnreg=c["maxnreg"])
 
     return launch
 

@@ -53,7 +53,7 @@ def launch_varlen(q, k, v, o, lse, status, cu_q, cu_k, max_q, max_k, dtype, sm_s
     def launch():
         check_fwd.KERNEL[grid](dq_, dk_, dv_, do_, lse, 0, lse.stride(0), sm_scale, int(store_lse), max_q, max_k,
                                hq // hk, wl, wr, align, 1, cu_q, cu_k, q.shape[0], k.shape[0], status, 1,
-                               HEAD_DIM=head_dim, **cx, num_warps=c["num_warps"], maxnreg=c["maxnreg"])
+                               *check_fwd.NO_DROPOUT, HEAD_DIM=head_dim, **cx, num_warps=c["num_warps"], maxnreg=c["maxnreg"])
     return launch
 
 

@@ -117,6 +117,13 @@ def add_check_options(ap):
     ap.add_argument("--filter", default="")
 
 
+def check_main(script, doc, title, case_type, cases, consan_cases, run_case):
+    """A check script's ``main``: its options (``add_check_options``), then ``run_check``; the exit code."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_check_options(ap)
+    return 0 if run_check(script, title, ap.parse_args(), case_type, cases, consan_cases, run_case) else 1
+
+
 def run_check(script, title, args, case_type, cases, consan_cases, run_case):
     """A varlen check script's modes: one case in this process (``--consan-child``, under the
     sanitizer), ``consan_cases()`` each in a sanitized child (``--consan``), else every case of

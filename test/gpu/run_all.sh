@@ -108,19 +108,24 @@ result_line() {
 }
 
 rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-api*.log "$OUT"/cpp-api*.log "$OUT"/grad-check*.log "$OUT"/gluon-*.log "$OUT"/bench_fwd.* \
-  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_torch_varlen.* "$OUT"/bench_torch_dropout.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
+  "$OUT"/bench_attn.* "$OUT"/bench_torch.* "$OUT"/bench_torch_varlen.* "$OUT"/bench_torch_dropout.* "$OUT"/bench_torch_dropout_gluon.* "$OUT"/bench_decode.* "$OUT"/build-*.log "$OUT"/stress-*.log "$OUT"/sanitize-*.log "$BUILD"/*.failures
 
 # 0. The Gluon kernels through Triton's JIT on the product sources: numerics against float64
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
 #    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips,
-#    GLUON_CHECKS=fwd / bwd runs one kernel family's checks, GLUON_CHECKS=varlen the packed-batch ones.
+#    GLUON_CHECKS=fwd / bwd runs one kernel family's checks, GLUON_CHECKS=varlen the packed-batch ones,
+#    GLUON_CHECKS=dropout the dropout ones (the forward's mask bit for bit against the portable rule).
 checks=()
 case ${GLUON_CHECKS:-1} in
-  1) checks=("check_fwd" "check_fwd_varlen" "check_bwd" "check_bwd_varlen" "check_fwd --consan" "check_bwd --consan"
-              "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
-  fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd --consan" "check_fwd_varlen --consan") ;;
-  bwd) checks=("check_bwd" "check_bwd_varlen" "check_bwd --consan" "check_bwd_varlen --consan") ;;
+  1) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_bwd" "check_bwd_varlen" "check_bwd_dropout"
+              "check_fwd --consan" "check_bwd --consan" "check_fwd_varlen --consan" "check_fwd_dropout --consan"
+              "check_bwd_varlen --consan" "check_bwd_dropout --consan") ;;
+  fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_fwd --consan" "check_fwd_varlen --consan"
+               "check_fwd_dropout --consan") ;;
+  bwd) checks=("check_bwd" "check_bwd_varlen" "check_bwd_dropout" "check_bwd --consan" "check_bwd_varlen --consan"
+               "check_bwd_dropout --consan") ;;
   varlen) checks=("check_fwd_varlen" "check_bwd_varlen" "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
+  dropout) checks=("check_fwd_dropout" "check_bwd_dropout" "check_fwd_dropout --consan" "check_bwd_dropout --consan") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
@@ -290,6 +295,10 @@ if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   torch_bench bench_torch "torch varlen benchmark" BENCH_TORCH_VARLEN_ARGS --varlen bench_torch_varlen
   # Dropout 0.1 through the binding (torch's rng_state layout) beside SDPA's cuDNN and FA2 with dropout.
   torch_bench bench_torch "torch dropout benchmark" BENCH_TORCH_DROPOUT_ARGS "--dropout 0.1 --quick" bench_torch_dropout
+  # The same with the Gluon dropout kernels forced (Auto leaves dropout to the portable ones until
+  # these figures say otherwise). A variable before a function call reaches its commands (bash).
+  AOTRITON_BACKEND=gluon torch_bench bench_torch "torch dropout benchmark, Gluon forced" BENCH_TORCH_DROPOUT_ARGS \
+    "--dropout 0.1 --quick" bench_torch_dropout_gluon
   # KV-cache decoding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.
   torch_bench bench_decode "decode benchmark" BENCH_DECODE_ARGS
 fi

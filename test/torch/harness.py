@@ -30,8 +30,8 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
                   softcap=False, alibi=False, head_dim_v=None):
     """None when the Gluon (sm_90) backend serves such a call, else why not: a word its
     kUnsupportedByBackend message contains. The rule (include/aotriton/flash.h, Backend; the checks
-    in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; no
-    dropout; no bias (the extension turns bool and float masks into one); packed (varlen) batches
+    in the order rust/aotriton/src/flash/gluon.rs makes them): fp16/bf16; head dim <= 256; dropout
+    served (the portable kernels' masks); no bias (the extension turns bool and float masks into one); packed (varlen) batches
     served; no logit soft-capping; no ALiBi; V's head dim Q/K's (head_dim_v None or equal); forward: sm_scale > 0
     (None = the default 1/sqrt(D)). It also needs
     TMA-addressable tensors (16-byte aligned data, last stride 1, other strides multiples of 16
@@ -40,8 +40,6 @@ def gluon_refusal(dtype, head_dim, backward=False, dropout=False, bias=False, va
         return "fp16 or bf16"
     if head_dim > GLUON_MAX_HEAD_DIM:
         return "head dim"
-    if dropout:
-        return "dropout"
     if bias:
         return "bias"
     if softcap:

@@ -53,8 +53,8 @@ def cuda_graph_dropout():
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
         return out, rng, dq, dk, dv
 
-    why = gluon_refuses(torch.bfloat16, d, dropout=True)
-    if why:  # forced Gluon: the step's dropout forward is refused (eagerly; nothing to capture)
+    why = gluon_refuses(torch.bfloat16, d, backward=True, dropout=True)
+    if why:  # forced Gluon: the step's dropout backward is refused (eagerly; nothing to capture)
         R.refused("cuda graph dropout: eager step", why, step)
         return
     side = torch.cuda.Stream()
@@ -138,7 +138,7 @@ def compile_case(backend, dtype, with_mask, p=0.0):
     model = Attn(p=p).to(DEV, dtype)
     x = torch.randn(2, 128, 256, device=DEV, dtype=dtype)
     mask = torch.randn(2, 1, 128, 128, device=DEV, dtype=dtype) if with_mask else None
-    why = gluon_refuses(dtype, model.d, dropout=p > 0, bias=with_mask)
+    why = gluon_refuses(dtype, model.d, backward=p > 0, dropout=p > 0, bias=with_mask)  # run_model trains
     if why:  # forced Gluon: the model's attention call is refused (checked eagerly; tracing launches nothing)
         R.refused(name + " (eager run)", why, run_model, model, x, mask, seed=5 if p else None)
         return

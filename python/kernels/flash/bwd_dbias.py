@@ -117,7 +117,7 @@ def attn_bwd_dbias(Q, K, V, DO, LSE, DELTA, BIAS, DBIAS, sm_scale,
                 p = tl.where(visible, softmax_recompute(s, lse[:, None] * LOG2E), 0.0)
                 dp = mma(do, v_t, None, ALLOW_TF32)
                 if DROPOUT:
-                    keep = dropout_keep(philox_seed, philox_head, rows, start_n, N_CTX_K, DROPOUT_THRESHOLD,
+                    keep = dropout_keep(philox_seed, philox_head, start_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
                                         BLOCK_M, BLOCK_N)
                     dp = tl.where(keep, dp * dropout_scale, 0.0)
                 acc += softmax_backward(p, dp, delta[:, None])

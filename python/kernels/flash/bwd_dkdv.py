@@ -89,8 +89,8 @@ def _attn_bwd_dkdv_q_loop(dk, dv, k, v, q_base, do_base, lse_base, delta_base, b
         do = load_tile(do_base, rows, stride_dom, offs_dv, d_head_v, seqlen_q, MASKED)  # [BLOCK_M, V_DIM]
         dp_t = mma(v, tl.trans(do), None, ALLOW_TF32)                                 # [BLOCK_N, BLOCK_M]
         if DROPOUT:
-            keep_t = tl.trans(dropout_keep(philox_seed, philox_head, rows, start_n, N_CTX_K, DROPOUT_THRESHOLD,
-                                           BLOCK_M, BLOCK_N))
+            keep_t = dropout_keep(philox_seed, philox_head, start_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
+                                  BLOCK_M, BLOCK_N, KEYS_AS_ROWS=True)                    # [BLOCK_N, BLOCK_M]
             dv = mma(tl.where(keep_t, p_t, 0.0).to(do.dtype), do, dv, ALLOW_TF32)
             dp_t = tl.where(keep_t, dp_t * dropout_scale, 0.0)
         else:

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
-from .dropout import dropout_head_offset, dropout_keep, philox_state
+from .dropout import dropout_head_offset, dropout_keep, dropout_rows_offset, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
 from .softcap import soft_cap, softcap_grad
 from .softmax import softmax_backward, softmax_recompute
@@ -45,7 +45,7 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                          offs_m, offs_d, offs_dv, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
                          seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                         philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                         philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                          DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
                          SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
@@ -76,7 +76,7 @@ def _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, 
             p = softmax_recompute(s, lse_log2[:, None])
         dp = mma(do, v_t, None, ALLOW_TF32)
         if DROPOUT:
-            keep = dropout_keep(philox_seed, philox_head, offs_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
+            keep = dropout_keep(philox_seed, philox_tile, 0, start_n, N_CTX_K, DROPOUT_THRESHOLD,
                                 BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * dropout_scale, 0.0)
         ds = softmax_backward(p, dp, delta[:, None])
@@ -111,10 +111,11 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softc
         return
     diag = diag_offset(seqlen_q, seqlen_k, ALIGN_BOTTOM_RIGHT)
     philox_seed = 0
-    philox_head = 0
+    philox_tile = 0  # the counter of this tile's first quad row (dropout.py)
     if DROPOUT:
         philox_seed, philox_offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
         philox_head = dropout_head_offset(philox_offset, off_z, off_h, tl.num_programs(1), N_CTX_Q, N_CTX_K)
+        philox_tile = dropout_rows_offset(philox_head, start_m * BLOCK_M, N_CTX_K)
 
     off_z = off_z.to(tl.int64)
     q_start64 = q_start.to(tl.int64)
@@ -147,13 +148,13 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, BIAS, ALIBI_SLOPES, sm_scale, softc
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                               offs_m, offs_d, offs_dv, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
                               alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                              philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                              philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                               BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     dq = _attn_bwd_dq_kv_loop(dq, q, do, lse_log2, delta, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                               offs_m, offs_d, offs_dv, start, end, full_lo, full_hi, qk_scale, softcap,
                               alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                              philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
+                              philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD, dropout_scale,
                               BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     store_tile(DQ + off_z * stride_dqz + off_h * stride_dqh + q_start64 * stride_dqm, offs_m, stride_dqm, offs_d,

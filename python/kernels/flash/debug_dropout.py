@@ -29,6 +29,6 @@ def debug_dropout_mask(OUT, stride_oz, stride_oh, stride_om, N_CTX_Q, N_CTX_K, N
     out_base = OUT + off_z.to(tl.int64) * stride_oz + off_h.to(tl.int64) * stride_oh
     for start_n in range(0, N_CTX_K, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = dropout_keep(seed, head, rows, start_n, N_CTX_K, DROPOUT_THRESHOLD, BLOCK_M, BLOCK_N)
+        keep = dropout_keep(seed, head, start_m * BLOCK_M, start_n, N_CTX_K, DROPOUT_THRESHOLD, BLOCK_M, BLOCK_N)
         tl.store(out_base + rows[:, None] * stride_om + cols[None, :], keep.to(tl.float32),
                  mask=(rows[:, None] < N_CTX_Q) & (cols[None, :] < N_CTX_K))

@@ -1,26 +1,34 @@
 """Dropout: the Philox4x32-10 random stream shared by every kernel (and ``debug_dropout_mask``).
 
-Random-number layout (one call of the forward or backward consumes
-``B * Hq * N_CTX_Q * ceil(N_CTX_K / 4)`` Philox counters, with the maximum
-lengths for varlen batches):
+Random-number layout.  The score matrix of one (batch, query head) is cut into 16 x 16 blocks,
+and each block into 64 *quads*: quad ``(r, c)`` (``r, c < 8``) of block ``(a, b)`` is the four
+elements ``(16a + 8y + r, 16b + 8x + c)``, ``y, x in {0, 1}``, and takes the four output words of
+one Philox call, word ``2y + x`` for its element.  Elements 8 rows and 8 columns apart share a call
+because that is what one thread of an NVIDIA MMA accumulator holds (rows ``r, r + 8`` and columns
+``c, c + 8`` of every 16 x 16 block, wgmma and mma.sync alike): a kernel draws each word exactly
+once and in the thread that uses it, with no data movement, whether its tile has the queries as
+rows (forward, dQ) or the keys (the dK/dV and Gluon backwards: the rule is symmetric).
 
-* key  ``(k0, k1) = (lo32(seed), hi32(seed))`` with ``seed = *PHILOX_SEED`` (i64);
-* element ``(b, h, i, j)`` (``h`` the *query* head, ``i``/``j`` row/column local to
-  the sequence) uses the counter ``(lo32(n), hi32(n), 0, 0)`` with::
+* key ``(k0, k1) = (lo32(seed), hi32(seed))`` with ``seed = *PHILOX_SEED`` (i64);
+* element ``(b, h, i, j)`` (``h`` the *query* head, ``i``/``j`` row/column local to the sequence)
+  uses the counter ``(lo32(n), hi32(n), 0, 0)`` with::
 
+      quad_row(i) = 8 * floor(i / 16) + i mod 8,  quad_col(j) likewise,
+      QUADS_Q = 8 * ceil(N_CTX_Q / 16),           QUADS_K = 8 * ceil(N_CTX_K / 16),
       n = *PHILOX_OFFSET + philox_offset_base
-          + ((b * Hq + h) * N_CTX_Q + i) * ceil(N_CTX_K / 4) + floor(j / 4)
+          + ((b * Hq + h) * QUADS_Q + quad_row(i)) * QUADS_K + quad_col(j)
 
-  and the output word ``j mod 4`` (``tl.randint4x(seed, n)`` is exactly this);
-* the element is kept iff ``word >= DROPOUT_THRESHOLD`` (u32 compare; the runtime
-  passes ``floor(p * 2**32)``), and kept values are scaled by
-  ``dropout_scale = 1 / (1 - p)``.
+  and the output word ``2 * (floor(i / 8) mod 2) + floor(j / 8) mod 2`` (``tl.randint4x(seed, n)``
+  returns the four words in that order);
+* the element is kept iff ``word >= DROPOUT_THRESHOLD`` (u32 compare; the runtime passes
+  ``floor(p * 2**32)``), and kept values are scaled by ``dropout_scale = 1 / (1 - p)``.
 
-A caller that runs several dropout calls with one seed advances ``*PHILOX_OFFSET``
-(or ``philox_offset_base``) by that count between them.  The kernels generate
-one ``randint4x`` per 4 columns (a ``[rows, BLOCK_N / 4]`` block) and spread the four
-words over the tile with ``tl.join`` + ``tl.reshape``; forward, dK/dV, dQ, dBias and
-``debug_dropout_mask`` all call ``dropout_keep`` so the streams cannot drift apart.
+One call of the forward or backward consumes ``B * Hq * QUADS_Q * QUADS_K`` counters (the maximum
+lengths for varlen batches); a caller that runs several dropout calls with one seed advances
+``*PHILOX_OFFSET`` (or ``philox_offset_base``) by that count between them.  Forward, dK/dV, dQ,
+dBias and ``debug_dropout_mask`` all call ``dropout_keep``, the Gluon kernels ``dropout_quad_keep``
+on the quads of their register tiles (``quad_view``, ``tile_of_quads``; ``flash_gluon/dropout.py``),
+so the streams cannot drift apart.
 """
 import triton
 import triton.language as tl
@@ -35,25 +43,82 @@ def philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base):
 
 
 @triton.jit
-def dropout_head_offset(offset, b, h, N_HEADS_Q, N_CTX_Q, N_CTX_K):
-    """Counter of element ``(b, h, 0, 0)`` (int64)."""
-    words_per_row = (N_CTX_K + 3) // 4
-    bh = tl.cast(b, tl.int64) * N_HEADS_Q + h
-    return offset + bh * N_CTX_Q * words_per_row
+def dropout_quads(n_ctx):
+    """Quad rows (or columns) of a sequence of ``n_ctx`` rows (columns): ``8 * ceil(n_ctx / 16)``."""
+    return (n_ctx + 15) // 16 * 8
 
 
 @triton.jit
-def dropout_keep(seed, head_offset, rows, start_n, N_CTX_K, DROPOUT_THRESHOLD,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Bool ``[BLOCK_M, BLOCK_N]``: element ``(rows[r], start_n + c)`` kept (``start_n`` a multiple of 4).
+def dropout_head_offset(offset, b, h, N_HEADS_Q, N_CTX_Q, N_CTX_K):
+    """Counter of quad ``(0, 0)`` of head ``(b, h)`` (int64)."""
+    bh = tl.cast(b, tl.int64) * N_HEADS_Q + h
+    return offset + bh * dropout_quads(N_CTX_Q) * dropout_quads(N_CTX_K)
 
-    ``rows`` (``[BLOCK_M]``) and the columns are local to the sequence;
-    ``head_offset`` from ``dropout_head_offset``.
-    """
-    words_per_row = (N_CTX_K + 3) // 4
-    groups = start_n // 4 + tl.arange(0, BLOCK_N // 4)
-    counter = head_offset + rows.to(tl.int64)[:, None] * words_per_row + groups[None, :]
+
+@triton.jit
+def dropout_rows_offset(head_offset, row0, N_CTX_K):
+    """Counter of quad ``(row0 / 2, 0)``: the first of the rows from ``row0`` (a multiple of 16) on.
+    ``dropout_keep(seed, dropout_rows_offset(h, row0, ..), 0, ..)`` is ``dropout_keep(seed, h, row0, ..)``."""
+    return head_offset + (row0 // 2).to(tl.int64) * dropout_quads(N_CTX_K)
+
+
+@triton.jit
+def dropout_quad_keep(seed, head_offset, quad_rows, quad_cols, N_CTX_K, DROPOUT_THRESHOLD):
+    """The four keep bits of the quads ``(quad_rows, quad_cols)`` (broadcast against each other):
+    ``(k0, k1, k2, k3)``, ``k_{2y + x}`` for the element ``8y`` rows and ``8x`` columns from the quad's
+    first."""
+    counter = head_offset + quad_rows.to(tl.int64) * dropout_quads(N_CTX_K) + quad_cols
     r0, r1, r2, r3 = tl.randint4x(seed, counter)
-    # [M, N/4, 2, 2] with [.., y, x] = r_{2y + x}; row-major reshape puts word w at column 4c + w.
-    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK_M, BLOCK_N])
-    return words >= DROPOUT_THRESHOLD.to(tl.uint32)
+    threshold = DROPOUT_THRESHOLD.to(tl.uint32)
+    return r0 >= threshold, r1 >= threshold, r2 >= threshold, r3 >= threshold
+
+
+@triton.jit
+def dropout_keep(seed, head_offset, row0, col0, N_CTX_K, DROPOUT_THRESHOLD,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_AS_ROWS: tl.constexpr = False):
+    """Bool ``[BLOCK_M, BLOCK_N]``: element ``(row0 + r, col0 + c)`` kept (rows and columns local to
+    the sequence, ``row0`` and ``col0`` multiples of 16); with ``KEYS_AS_ROWS`` the transposed tile
+    ``[BLOCK_N, BLOCK_M]``, keys ``col0 + ..`` as its rows.  ``head_offset`` from
+    ``dropout_head_offset``."""
+    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
+    # A 16-aligned run of rows holds the quad rows row0 / 2 + [0, BLOCK_M / 2), in order.
+    quad_rows = row0 // 2 + tl.arange(0, BLOCK_M // 2)
+    quad_cols = col0 // 2 + tl.arange(0, BLOCK_N // 2)
+    k0, k1, k2, k3 = dropout_quad_keep(seed, head_offset, quad_rows[:, None], quad_cols[None, :], N_CTX_K,
+                                       DROPOUT_THRESHOLD)
+    # [M/2, N/2, x, y] -> [a, r, b, c, x, y] (row 16a + 8y + r, column 16b + 8x + c).
+    keep = tl.join(tl.join(k0, k1), tl.join(k2, k3))
+    keep = tl.reshape(keep, [BLOCK_M // 16, 8, BLOCK_N // 16, 8, 2, 2])
+    if KEYS_AS_ROWS:
+        return tl.reshape(tl.permute(keep, (2, 4, 3, 0, 5, 1)), [BLOCK_N, BLOCK_M])
+    else:
+        return tl.reshape(tl.permute(keep, (0, 5, 1, 2, 4, 3)), [BLOCK_M, BLOCK_N])
+
+
+@triton.jit
+def quad_view(x):
+    """``[R, C]`` -> ``[R/16, 8, C/16, 8]``: each quad's first element (0 rows and 0 columns in), from
+    ``[a, y, r, b, x, c]`` (row ``16a + 8y + r``, column ``16b + 8x + c``).  Shape operations only:
+    in an MMA accumulator layout, where a thread holds whole quads, a register renaming."""
+    R: tl.constexpr = x.shape[0]
+    C: tl.constexpr = x.shape[1]
+    x = tl.permute(tl.reshape(x, [R // 16, 2, 8, C // 16, 2, 8]), (0, 2, 3, 5, 1, 4))  # [a, r, b, c, y, x]
+    first_y, _ = tl.split(x)  # x = 0
+    first, _ = tl.split(first_y)  # y = 0
+    return first
+
+
+@triton.jit
+def tile_of_quads(k00, k01, k10, k11):
+    """The inverse of ``quad_view`` for four ``[R/16, 8, C/16, 8]`` tensors, ``kyx`` the element ``8y``
+    rows and ``8x`` columns from each quad's first: the ``[R, C]`` tile."""
+    t = tl.join(tl.join(k00, k01), tl.join(k10, k11))  # [a, r, b, c, x, y]
+    R16: tl.constexpr = t.shape[0]
+    C16: tl.constexpr = t.shape[2]
+    return tl.reshape(tl.permute(t, (0, 5, 1, 2, 4, 3)), [R16 * 16, C16 * 16])  # [a, y, r, b, x, c]
+
+
+@triton.jit
+def quad_index(i):
+    """The quad row (column) of local row (column) ``i`` of a 16-aligned tile: ``8 * (i // 16) + i % 8``."""
+    return i // 16 * 8 + i % 8

@@ -60,7 +60,7 @@ import triton.language as tl
 
 from .alibi import alibi_bias_log2, alibi_slope_log2
 from .bias import load_bias_log2
-from .dropout import dropout_head_offset, dropout_keep, philox_state
+from .dropout import dropout_head_offset, dropout_keep, dropout_rows_offset, philox_state
 from .mask import block_walk, block_walk_start, diag_offset, key_block_bounds, score_mask
 from .sinks import fold_sink, sink_log2
 from .softcap import soft_cap
@@ -75,7 +75,7 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                       offs_m, offs_d, offs_dv, lo, hi, skip_lo, skip_hi, qk_scale, softcap, alibi_slope,
                       seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                      philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
+                      philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                       DROPOUT: tl.constexpr, HAS_BIAS: tl.constexpr, ALLOW_TF32: tl.constexpr,
                       SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
@@ -110,7 +110,7 @@ def _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, st
         p, alpha, m_i, l_i = online_softmax_step(m_i, l_i, s)
         acc = acc * alpha[:, None]
         if DROPOUT:
-            keep = dropout_keep(philox_seed, philox_head, offs_m, start_n, N_CTX_K, DROPOUT_THRESHOLD,
+            keep = dropout_keep(philox_seed, philox_tile, 0, start_n, N_CTX_K, DROPOUT_THRESHOLD,
                                 BLOCK_M, BLOCK_N)
             p = tl.where(keep, p, 0.0)
         v = load_tile(v_base, cols, stride_vn, offs_dv, d_head_v, seqlen_k, MASKED)      # [BLOCK_N, V_DIM]
@@ -142,7 +142,7 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
     off_z = tl.program_id(2)
 
     philox_seed = 0
-    philox_head = 0
+    philox_tile = 0  # the counter of this tile's first quad row (dropout.py)
     if DROPOUT:
         philox_seed, philox_offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
         if STORE_PHILOX != 0:
@@ -150,6 +150,7 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
                 tl.store(PHILOX_SEED_OUT, philox_seed)
                 tl.store(PHILOX_OFFSET_OUT, philox_offset)
         philox_head = dropout_head_offset(philox_offset, off_z, off_h, tl.num_programs(1), N_CTX_Q, N_CTX_K)
+        philox_tile = dropout_rows_offset(philox_head, start_m * BLOCK_M, N_CTX_K)
 
     q_start, seqlen_q = sequence(off_z, N_CTX_Q, IS_VARLEN, CU_SEQLENS_Q, N_TOKENS_Q, VARLEN_STATUS, STORE_VARLEN_STATUS)
     k_start, seqlen_k = sequence(off_z, N_CTX_K, IS_VARLEN, CU_SEQLENS_K, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
@@ -187,13 +188,13 @@ def attn_fwd(Q, K, V, O, LSE, BIAS, ALIBI_SLOPES, SINKS, sm_scale, softcap,
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                                       offs_m, offs_d, offs_dv, full_lo, full_hi, full_hi, full_hi, qk_scale, softcap,
                                       alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                      philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
+                                      philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD,
                                       BLOCK_M, BLOCK_N, False, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
     # Boundary blocks, leading [start, full_lo) and trailing [full_hi, end), in one masked loop.
     acc, l_i, m_i = _attn_fwd_kv_loop(acc, l_i, m_i, q, k_base, v_base, bias_base, stride_kn, stride_vn, stride_bm,
                                       offs_m, offs_d, offs_dv, start, end, full_lo, full_hi, qk_scale, softcap,
                                       alibi_slope, seqlen_q, seqlen_k, D_HEAD, d_head_v, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                      philox_seed, philox_head, N_CTX_K, DROPOUT_THRESHOLD,
+                                      philox_seed, philox_tile, N_CTX_K, DROPOUT_THRESHOLD,
                                       BLOCK_M, BLOCK_N, True, DROPOUT, HAS_BIAS, ALLOW_TF32, SOFTCAP, HAS_ALIBI)
 
     # -- epilogue ------------------------------------------------------------

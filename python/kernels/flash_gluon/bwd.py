@@ -55,7 +55,14 @@ the key tail (zero K rows give P = exp2(-lse2), finite but not 0: masked so that
 reach dQ).  The mask is solved per key row before the loop (``key_lo``/``key_hi``: the query range a
 key sees) and costs two compares and a select per element where applied.
 
-Performance options (constexprs after ``COMPUTE_DQ``, all with defaults; every value is fully general,
+Dropout (constexpr ``DROPOUT``, one CTA per key block): each step draws the keep bits of its
+``[64 keys, 64 queries]`` tile with the forward's counters (``dropout.py``), in the registers that hold
+P^T; the bit rides in P^T's sign until dS^T is formed (no mask register live across the dV product),
+dV = (P^T * Z) dO is scaled by ``1 / (1 - p)`` once at the end, dS^T = P^T (Z dP^T / (1 - p) - delta)
+re-reads delta from the ring slot.  ptxas (sm_90, bf16): the hd128 compute partitions then spill
+(SASS: 192 local loads with ``COMPUTE_DQ``, 34 without dropout); hd64 does not.
+
+Performance options (constexprs after ``COMPUTE_DQ`` and ``DROPOUT``, all with defaults; every value is fully general,
 the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` times them):
 
 * ``MASK_MODE`` (default 0): where the mask is applied.  0: one uniform branch per step (masked
@@ -116,6 +123,7 @@ from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .bwd_wide import compute_wide
+from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
 
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
@@ -195,8 +203,11 @@ def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, 
 def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                   ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key_lo, key_hi,
                   qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr):
-    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true."""
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr,
+                  h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0):
+    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
+    Dropout (``DROPOUT``): query head ``h_off`` of the group, this warpgroup's keys from ``k0``, ``drop``
+    from ``dropout.dropout_state_bwd``; dV is left unscaled (the caller scales it once)."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
     dtype: gl.constexpr = k_wg.dtype
@@ -230,10 +241,18 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     elif MASK == 2:
         if masked:
             pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
-    pt_a = gl.convert_layout(pt.to(dtype), a_layout)
+    if DROPOUT:
+        pt = sign_dropped(pt, drop, h_off, start_m, k0)
+        pt_a = gl.convert_layout(dropped_probs(pt).to(dtype), a_layout)
+    else:
+        pt_a = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_a, do, dv, is_async=True)
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
-    dst = (pt * dpt).to(dtype)
+    if DROPOUT:
+        # delta read again from the ring slot (still held): not live across the wgmmas.
+        dst = dropout_ds(pt, dpt, _row_vector(dlt_bufs, idx, BLOCK_M, col_layout), drop[8]).to(dtype)
+    else:
+        dst = (pt * dpt).to(dtype)
     if COMPUTE_DQ:
         # Publish this warpgroup's 64 rows of dS^T for both warpgroups' dQ wgmmas.
         dsb = j % 2
@@ -283,11 +302,15 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
              dq_smem, kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty,
              sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
              b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+             N_CTX_Q_MAX, N_CTX_K_MAX,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr):
+             COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr,
+             DROPOUT: gl.constexpr = 0):
     """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``.
     ``N_CTX_Q``/``N_CTX_K``: the lengths of sequence ``b``; ``k_end``: where its keys end among a packed
-    batch's rows (ragged descriptors only)."""
+    batch's rows (ragged descriptors only).  Dropout (``DROPOUT``): the dropout group, the group's first
+    query head ``h_first`` and the kernel's (maximum) lengths the counters are laid out for."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
     dtype: gl.constexpr = k_smem.dtype
@@ -315,13 +338,18 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
 
     dk = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
     dv = gl.zeros([KB, HEAD_DIM], gl.float32, kv_layout)
+    drop = None
+    if DROPOUT:
+        drop = dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, b,
+                                 h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX)
     mbarrier.wait(kv_bar, 0)
     # MASK_MODE 2: the boundary steps first, masked; n_mask_steps = 0 otherwise.
     for j in range(n_mask_steps):
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         dk, dv = _compute_step(j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
-                               key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS)
+                               key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS,
+                               h_off, start_n_wg, drop, DROPOUT)
     # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
@@ -330,7 +358,9 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
         dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
                                key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                               DK_SS)
+                               DK_SS, h_off, start_n_wg, drop, DROPOUT)
+    if DROPOUT:
+        dv = dv * dropout_scale
 
     # Epilogue: this warpgroup's K and V rows are dead once both warpgroups' dQ wgmmas (which read
     # every K row) are done: dK and dV go out through them.
@@ -598,9 +628,11 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                      v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                      N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
                      q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo,
-                     n_fblk, n_steps, h_first, b_row, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, MMODE: gl.constexpr, CREGS: gl.constexpr,
-                     DKSS: gl.constexpr, PERS: gl.constexpr, WLK: gl.constexpr):
+                     n_fblk, n_steps, h_first, b_row, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                     DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
+                     MMODE: gl.constexpr, CREGS: gl.constexpr, DKSS: gl.constexpr, PERS: gl.constexpr, WLK: gl.constexpr,
+                     DROP: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     if COMPUTE_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
@@ -681,13 +713,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
-                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
-                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                            n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
@@ -699,13 +735,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
-                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, HEAD_DIM, BLOCK_M,
-                             BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS, WLK)),
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                            n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
@@ -719,10 +759,11 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
 def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
                    dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
                    N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
-                   full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row,
-                   HEAD_DIM: gl.constexpr,
+                   full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, N_HEADS_Q,
+                   PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
+                   N_CTX_K_MAX, HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
-                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr):
+                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr, DROP: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     # P^T and dS^T [keys, queries], double-buffered; a 64-byte swizzle makes each warpgroup's
     # BLOCK_M / 2 query columns whole swizzle panels (bwd_wide.py).
@@ -755,12 +796,16 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            DPS, WLK, DROP)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            DPS, WLK, DROP)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                        n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
@@ -773,12 +818,16 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            DPS, WLK, DROP)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
-                            HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DPS, WLK)),
+                            PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            DPS, WLK, DROP)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                        n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
@@ -791,13 +840,15 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
 # The JIT would specialize integers equal to 1 or divisible by 16 (and recompile per class); the
 # runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
 @gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
-                              "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "N_TOKENS_Q", "N_TOKENS_K", "STORE_VARLEN_STATUS"])
+                              "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "N_TOKENS_Q", "N_TOKENS_K", "STORE_VARLEN_STATUS",
+                              "DROPOUT_THRESHOLD", "dropout_scale", "philox_offset_base"])
 def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
                    sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                    ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
-                   STORE_VARLEN_STATUS,
+                   STORE_VARLEN_STATUS, DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
+                   philox_offset_base,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
+                   COMPUTE_DQ: gl.constexpr, DROPOUT: gl.constexpr = 0, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
                    DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0,
                    WALK: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
@@ -823,6 +874,9 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     hk = gl.program_id(1)
     b = gl.program_id(2)
     start_n = pid_n * BLOCK_N
+    # Dropout's counters are laid out for the kernel's lengths (a packed batch's maximum ones).
+    N_CTX_Q_MAX = N_CTX_Q
+    N_CTX_K_MAX = N_CTX_K
     # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
     N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, b, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
                                                      CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
@@ -842,6 +896,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     DPS: gl.constexpr = 0 if DESC_PER_STEP is None else DESC_PER_STEP
     PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
     WLK: gl.constexpr = 0 if WALK is None else WALK
+    DROP: gl.constexpr = 0 if DROPOUT is None else DROPOUT
+    gl.static_assert((PERS == 0) or not DROP, "dropout: PERSISTENT 0")
     gl.static_assert((WLK >= 0) and (WLK <= 2), "WALK 0 (head-major), 1 (heads inner, last block first), 2 (heads "
                      "inner, first block first)")
     gl.static_assert((PERS >= 0) and (PERS <= 2), "PERSISTENT 0 (one CTA per key block), 1 (head-major), 2 (LPT)")
@@ -891,12 +947,14 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem, q_bufs, do_bufs, lse_bufs,
                        dlt_bufs, kv_bar, q_ready, q_empty, desc_q, desc_do, desc_lse2, desc_delta2, sm_scale, N_CTX_Q,
                        N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
-                       full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM,
-                       BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK)
+                       full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, N_HEADS_Q,
+                       PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
+                       N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK, DROP)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                          N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
                          q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap,
-                         f_lo, n_fblk, n_steps, h_first, b_row, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
-                         CREGS, DKSS, PERS, WLK)
+                         f_lo, n_fblk, n_steps, h_first, b_row, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                         DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         STAGES, COMPUTE_DQ, MMODE, CREGS, DKSS, PERS, WLK, DROP)

@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
 from .fwd import LOG2E, _opaque_i32
+from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .ragged import col_dim, row_coords
 
 
@@ -44,8 +45,10 @@ from .ragged import col_dim, row_coords
 def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty, dk, dv,
                key_lo, key_hi, qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DESC_PER_STEP: gl.constexpr):
-    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true."""
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DESC_PER_STEP: gl.constexpr,
+               h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0):
+    """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
+    Dropout as in ``bwd.py``'s ``_compute_step`` (the CTA's keys from ``k0``)."""
     QH: gl.constexpr = BLOCK_M // 2  # queries of this warpgroup's S^T / dP^T
     DH: gl.constexpr = HEAD_DIM // 2  # dK / dV / dQ columns of this warpgroup
     dtype: gl.constexpr = k_all.dtype
@@ -76,7 +79,14 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
         if masked:
             pt = mask_boundary(pt, start_m + cid * QH, key_lo, key_hi, QH, col_layout)
     dpt = warpgroup_mma_wait(0, deps=(dpt, ))
-    dst = pt * dpt
+    if DROPOUT:
+        pt = sign_dropped(pt, drop, h_off, start_m + cid * QH, k0)
+        # delta read again from the ring slot (still held): not live across the wgmmas.
+        delta_again = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
+        dst = dropout_ds(pt, dpt, delta_again, drop[8])
+        pt = dropped_probs(pt)
+    else:
+        dst = pt * dpt
 
     # Publish this warpgroup's query columns of P^T and dS^T; then both tiles are the A operands.
     pb = j % 2
@@ -117,10 +127,14 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                  ds_bufs, dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                  sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
                  b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
+                 PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                 N_CTX_Q_MAX, N_CTX_K_MAX,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr):
+                 COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr,
+                 DROPOUT: gl.constexpr = 0):
     """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``.
-    ``k_end``: where sequence ``b``'s keys end among a packed batch's rows (ragged descriptors only)."""
+    ``k_end``: where sequence ``b``'s keys end among a packed batch's rows (ragged descriptors only).
+    Dropout: as ``bwd.py``'s ``_compute``."""
     QH: gl.constexpr = BLOCK_M // 2
     DH: gl.constexpr = HEAD_DIM // 2
     dtype: gl.constexpr = k_smem.dtype
@@ -141,13 +155,17 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
 
     dk = gl.zeros([BLOCK_N, DH], gl.float32, acc_layout)
     dv = gl.zeros([BLOCK_N, DH], gl.float32, acc_layout)
+    drop = None
+    if DROPOUT:
+        drop = dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, b,
+                                 h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX)
     mbarrier.wait(kv_bar, 0)
     for j in range(n_mask_steps):  # MASK_MODE 2: the boundary steps first, masked
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
         dk, dv = _wide_step(j, start_m, True, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                            DESC_PER_STEP)
+                            DESC_PER_STEP, h_off, start_n, drop, DROPOUT)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
@@ -155,7 +173,9 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         dk, dv = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                            COMPUTE_DQ, DESC_PER_STEP)
+                            COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT)
+    if DROPOUT:
+        dv = dv * dropout_scale
 
     # Epilogue: K and V are dead once both warpgroups' last wgmmas (dQ reads all of K, and each
     # warpgroup's S^T / dP^T read all of K and V) are done; dK and dV go out through them.

@@ -84,6 +84,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..flash import mask
+from ..flash.dropout import philox_state
+from .dropout import dropout_state_fwd, drop_probs
 from .ragged import is_ragged, row_coords, row_offset, sequence_bounds
 from .softmax import online_softmax_step, softmax_epilogue
 
@@ -283,8 +285,9 @@ def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
 @gluon.jit
 def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                 WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr, TURN: gl.constexpr = -1):
-    """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``."""
+                p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None, DROPOUT: gl.constexpr = 0):
+    """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``.
+    ``drop``: ``dropout.dropout_state_fwd`` (with ``DROPOUT``)."""
     mbarrier.wait(k_ready.index(0), 0)
     _take_turn(TURN, col)
     s = _issue_qk(q_smem, k_bufs, 0, s_layout)
@@ -294,6 +297,7 @@ def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scal
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
@@ -333,10 +337,12 @@ def _hand_turn(TURN: gl.constexpr, dep):
 def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev,
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
+                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
+                  DROPOUT: gl.constexpr = 0):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
     softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
-    ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``)."""
+    ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``).
+    ``col``: the key block's first column (read by the mask and by dropout: ``dropout.drop_probs``)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
@@ -355,6 +361,7 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     acc = _wait_pv(acc, p_op)
     mbarrier.arrive(v_empty.index(prev_slot), count=1)
@@ -367,7 +374,8 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
 def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i, l_i,
                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1):
+                 s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
+                 DROPOUT: gl.constexpr = 0):
     """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``.
     ``TURN``: the consumer holds the tensor cores from ``PV_{j-1}`` through ``S_j`` (``_take_turn``;
     the caller takes the first turn before the walk and hands the last one over after it)."""
@@ -382,6 +390,7 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p = drop_probs(p, col, drop, DROPOUT)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
@@ -412,10 +421,14 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
               q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
               off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
               qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+              PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
+              N_CTX_K_MAX,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = 0):
+              PEEL_FULL: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = 0,
+              DROPOUT: gl.constexpr = 0):
     """``N_CTX_Q``/``N_CTX_K``: the lengths of this CTA's sequence; ``q_end``: where it ends among
-    a packed batch's rows (ragged descriptors only)."""
+    a packed batch's rows (ragged descriptors only).  Dropout (``DROPOUT``): the Philox group and
+    the kernel's (maximum) lengths ``N_CTX_Q_MAX``/``N_CTX_K_MAX`` the counters are laid out for."""
     QB: gl.constexpr = q_bufs.shape[-2]
     TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
@@ -431,6 +444,10 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
+    drop = None
+    if DROPOUT:
+        drop = dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, off_z, off_h, row0,
+                                 N_CTX_Q_MAX, N_CTX_K_MAX)
     # Wait for Q even when there is no key block: the O store below reuses its buffer.
     mbarrier.wait(q_bars.index(cid), 0)
 
@@ -443,32 +460,32 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout, TURN)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROPOUT)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout, TURN)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROPOUT)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout, TURN)
+                                               s_layout, p_layout, TURN, drop, DROPOUT)
 
             # Key blocks visible in full to all the CTA's rows: no mask code.
             for j in range(1, n_full):
-                acc, m_i, l_i, p_prev = _overlap_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-                                                      v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
-                                                      WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES,
-                                                      s_layout, p_layout, TURN)
+                acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready,
+                                                      v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale,
+                                                      rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N,
+                                                      STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
             # Boundary blocks (leading, then trailing), masked.
             for j in range(gl.maximum(n_full, 1), n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                      s_layout, p_layout, TURN)
+                                                      s_layout, p_layout, TURN, drop, DROPOUT)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
@@ -481,17 +498,20 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
         else:
             _take_turn(TURN, n_blocks)
             for j in range(0, n_full):
-                acc, m_i, l_i = _serial_step(j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
-                                             m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             False, BLOCK_N, STAGES, s_layout, p_layout, TURN)
+                acc, m_i, l_i = _serial_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                             k_empty, v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                             WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout, TURN,
+                                             drop, DROPOUT)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
             _hand_turn(TURN, n_blocks)
 
     o, lse = softmax_epilogue(acc, m_i, l_i)
+    if DROPOUT:
+        o = o * dropout_scale
     if q_bufs.dtype.is_fp8():
         o = o * v_descale
     # 16-bit: O goes out through the Q tile (o_bufs is q_bufs); fp8: through its own 16-bit tile.
@@ -785,19 +805,32 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
 def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                   IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
+                  DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, PHILOX_SEED_OUT,
+                  PHILOX_OFFSET_OUT, STORE_PHILOX,
                   DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz, stride_dsvh,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr, PEEL: gl.constexpr,
-                  OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0):
+                  OVL: gl.constexpr, SCHEDULE: gl.constexpr, PINGPONG: gl.constexpr = 0, DROP: gl.constexpr = 0):
     """The query tile ``_tile_coords`` names: loader and consumers over warp_specialize.  The
     ``DESCALE_*`` pointers and their strides are read for fp8 inputs only (16-bit: None); the
     packing group (``IS_VARLEN`` .. ``STORE_VARLEN_STATUS``, ``kernels/flash/varlen.py``) with
-    ragged descriptors only (``ragged.py``).  ``PINGPONG``: the two consumers take turns on the
-    tensor cores (``_take_turn``)."""
+    ragged descriptors only (``ragged.py``); the dropout group (``DROPOUT_THRESHOLD`` ..
+    ``STORE_PHILOX``, the portable forward's) with ``DROP`` only.  ``PINGPONG``: the two consumers
+    take turns on the tensor cores (``_take_turn``)."""
     gl.static_assert(PINGPONG == 0 or N_CONS == 2, "PINGPONG alternates two consumers")
     # -- program scheduling --------------------------------------------------------
     start_m, off_h, off_z = _tile_coords(SCHEDULE)
     off_hk = off_h // GQA_GROUP
+    if DROP:
+        if STORE_PHILOX != 0:
+            # The (seed, offset) this call used, for its backward (one program writes it).
+            if (gl.program_id(0) == 0) & (gl.program_id(1) == 0) & (gl.program_id(2) == 0):
+                seed, offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
+                gl.store(PHILOX_SEED_OUT, seed)
+                gl.store(PHILOX_OFFSET_OUT, offset)
+    # Dropout's counters are laid out for the kernel's lengths (a packed batch's maximum ones).
+    N_CTX_Q_MAX = N_CTX_Q
+    N_CTX_K_MAX = N_CTX_K
     # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
     N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, off_z, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
                                                      CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
@@ -808,18 +841,21 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
     _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
                DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,
-               stride_dsvh, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, PINGPONG)
+               stride_dsvh, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+               N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL,
+               PINGPONG, DROP)
 
 
 @gluon.jit
 def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
                DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,
-               stride_dsvh, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               stride_dsvh, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+               N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                STAGES: gl.constexpr, N_CONS: gl.constexpr, C_REGS: gl.constexpr, L_REGS: gl.constexpr,
-               PEEL: gl.constexpr, OVL: gl.constexpr, PINGPONG: gl.constexpr):
+               PEEL: gl.constexpr, OVL: gl.constexpr, PINGPONG: gl.constexpr, DROP: gl.constexpr):
     """Query block ``start_m`` of head ``off_h`` of sequence ``off_z`` (lengths ``N_CTX_Q``/``N_CTX_K``;
-    ``q_end``/``k_end`` where a packed sequence ends)."""
+    ``q_end``/``k_end`` where a packed sequence ends; ``N_CTX_Q_MAX``/``N_CTX_K_MAX`` the kernel's)."""
 
     # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
@@ -869,12 +905,14 @@ def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_sca
         gl.warp_specialize([
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
                        off_z, off_h, off_hk, start_m * BLOCK_M, q_end, N_CTX_Q, k_end, N_CTX_K, n_full, full_lo,
                        start, n_lead, full_hi, n_blocks, BLOCK_N, STAGES, N_CONS)),
@@ -883,16 +921,19 @@ def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_sca
         gl.warp_specialize([
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
             (_consumer, (1, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
             (_consumer, (2, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
-                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end, HEAD_DIM, BLOCK_M,
-                          BLOCK_N, STAGES, PEEL, OVL, PINGPONG)),
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
             (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
                        off_z, off_h, off_hk, start_m * BLOCK_M, q_end, N_CTX_Q, k_end, N_CTX_K, n_full, full_lo,
                        start, n_lead, full_hi, n_blocks, BLOCK_N, STAGES, N_CONS)),
@@ -906,8 +947,10 @@ def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_sca
 def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE,
                    N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                    IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
+                   DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, PHILOX_SEED_OUT,
+                   PHILOX_OFFSET_OUT, STORE_PHILOX,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
+                   DROPOUT: gl.constexpr = 0, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                    LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
                    SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2):
     # Options left out of an AOT compile arrive as None: the defaults above (= the original kernel).
@@ -919,6 +962,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
     SCHEDULE: gl.constexpr = _opt(SCHED, 0)
     PERS: gl.constexpr = _opt(PERSISTENT, 0)
     QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
+    DROP: gl.constexpr = _opt(DROPOUT, 0)
     gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
     # Blocks [1, 1, rows, HEAD_DIM] over [B, H, S, D], or ragged ones [1, 1, 1, rows, HEAD_DIM] (ragged.py).
@@ -929,6 +973,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
 
     if PERS:
         gl.static_assert(not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: one CTA per tile")
+        gl.static_assert(not DROP, "dropout: one CTA per tile")
         gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
         # -- persistent: grid (G, 1, 1), G = num_programs(0); B and Hq from Q's/O's descriptor shape.
         # The partitions derive everything from kernel parameters themselves (no computed captures).
@@ -985,5 +1030,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
         _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                       GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q,
                       CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
+                      DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                      PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
                       None, 0, 0, None, 0, 0, None, 0, 0,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE)
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE, 0, DROP)

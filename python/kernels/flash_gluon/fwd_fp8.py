@@ -43,6 +43,7 @@ def attn_fwd_gluon_fp8(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_l
     gl.static_assert(desc_vt.block_type.shape[3] == BLOCK_N, "Vᵀ descriptor block: [1, 1, HEAD_DIM, BLOCK_N]")
     _tile_program(desc_q, desc_k, desc_vt, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                   GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, 0, None, None, 0, 0, None, 0,
+                  0, 1.0, None, None, 0, None, None, 0,
                   DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz, stride_dsvh,
                   HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, _opt(CONSUMER_REGS, 240), _opt(LOADER_REGS, 24),
                   _opt(PEEL_FULL, 0), _opt(OVERLAP, 1), _opt(SCHED, 0), _opt(PINGPONG, 0))

@@ -762,7 +762,7 @@ struct GluonTraits {
   bool lowp;        // fp16 / bf16
   size_t head_dim;
   bool tma_layout;  // every tensor meets TMA's rules
-  bool features;    // dropout, bias or soft-capping (packed batches are served)
+  bool features;    // bias or soft-capping (packed batches and dropout are served)
   bool serves() const { return lowp && !features && tma_layout && head_dim <= 256u; }
 };
 
@@ -1608,7 +1608,7 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
            delta_dev.read(stream) == delta_dev.host && dbias_dev.read(stream) == dbias_dev.host;
   };
   if (forced_gluon()) {
-    const GluonTraits traits{e != Elt::kF32, d, true, c.dropout > 0 || c.bias};
+    const GluonTraits traits{e != Elt::kF32, d, true, c.bias};
     if (!traits.serves()) {
       std::string note, bwd_note;
       bool refused = expect_refusal("attn_fwd", fl::attn_fwd(fp, aotriton::Stream{stream}), note);

@@ -56,8 +56,8 @@ pub(crate) struct Traits {
     pub head_dim: usize,
     /// Every tensor meets TMA's rules: 16-byte aligned base, strides of 16-byte multiples.
     pub tma_layout: bool,
-    /// Dropout, bias, logit soft-capping, ALiBi, sinks or V's own head dim (packed batches are
-    /// served: ragged descriptors).
+    /// Bias, logit soft-capping, ALiBi, sinks or V's own head dim (packed batches are served:
+    /// ragged descriptors; dropout: the portable kernels' masks).
     pub features: bool,
 }
 

@@ -921,16 +921,12 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
     bp.deterministic = c.deterministic;
     fp.backend = backend::get();
     bp.backend = backend::get();
+    // Dropout is served by both backends (the same masks: both are held to the host model below).
     let traits = backend::Traits {
         dtype,
         head_dim: d,
         tma_layout: true,
-        features: c.dropout.is_some()
-            || c.bias.is_some()
-            || c.softcap > 0.0
-            || c.alibi.is_some()
-            || c.sinks.is_some()
-            || c.dv != c.d,
+        features: c.bias.is_some() || c.softcap > 0.0 || c.alibi.is_some() || c.sinks.is_some() || c.dv != c.d,
     };
     if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(o_dev.read(stream)? == o_dev.host && dq_dev.read(stream)? == dq_dev.host);

@@ -2,9 +2,10 @@
 //!
 //! ```text
 //!   key     = seed (lo, hi 32-bit words)
-//!   counter = *offset + offset_base + ((b·Hq + h)·Sq + i)·⌈Sk/4⌉ + ⌊j/4⌋   (u64, wrapping;
+//!   q(i)    = 8·⌊i/16⌋ + i mod 8,   Q(n) = 8·⌈n/16⌉
+//!   counter = *offset + offset_base + ((b·Hq + h)·Q(Sq) + q(i))·Q(Sk) + q(j)   (u64, wrapping;
 //!             lo, hi as counter words 0, 1; words 2, 3 zero)
-//!   word    = Philox4x32-10(counter, key)[j mod 4]
+//!   word    = Philox4x32-10(counter, key)[2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2]
 //!   keep    = word ≥ ⌊p·2³²⌋
 //! ```
 //!
@@ -56,21 +57,29 @@ impl HostDropout {
         let mut out = vec![0u8; b * h * sq * sk];
         let th = threshold(self.p);
         let key = [self.seed as u32, (self.seed >> 32) as u32];
-        let groups = sk.div_ceil(4);
-        for row in 0..b * h * sq {
-            for g in 0..groups {
-                let c = self.offset.wrapping_add((row * groups + g) as u64);
-                let words = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key);
-                for (w, &word) in words.iter().enumerate() {
-                    let j = 4 * g + w;
-                    if j < sk {
-                        out[row * sk + j] = (word >= th) as u8;
-                    }
+        let (quads_q, quads_k) = (quads(sq), quads(sk));
+        for head in 0..b * h {
+            for i in 0..sq {
+                for j in 0..sk {
+                    let quad = ((head * quads_q + quad(i)) * quads_k + quad(j)) as u64;
+                    let c = self.offset.wrapping_add(quad);
+                    let word = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[2 * (i / 8 % 2) + j / 8 % 2];
+                    out[(head * sq + i) * sk + j] = (word >= th) as u8;
                 }
             }
         }
         out
     }
+}
+
+/// The quad row (column) of row (column) `i`: `8·⌊i/16⌋ + i mod 8`.
+fn quad(i: usize) -> usize {
+    i / 16 * 8 + i % 8
+}
+
+/// Quad rows (columns) of `n` rows (columns): `8·⌈n/16⌉`.
+fn quads(n: usize) -> usize {
+    n.div_ceil(16) * 8
 }
 
 #[cfg(test)]
@@ -97,8 +106,8 @@ mod tests {
         );
     }
 
-    /// The mask layout: element (b, h, i, j) reads word j mod 4 of counter row·⌈Sk/4⌉ + ⌊j/4⌋,
-    /// and a shifted offset shifts the stream.
+    /// The mask layout: element (b, h, i, j) reads word 2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2 of counter
+    /// (head·Q(Sq) + q(i))·Q(Sk) + q(j), and a shifted offset shifts the stream.
     #[test]
     fn mask_layout() {
         let d = HostDropout {
@@ -106,23 +115,32 @@ mod tests {
             seed: 0x1234_5678_9abc_def0,
             offset: 7,
         };
-        let (b, h, sq, sk) = (2, 3, 5, 9);
+        let (b, h, sq, sk) = (2, 3, 21, 40);
         let m = d.mask(b, h, sq, sk);
-        let groups = sk.div_ceil(4) as u64;
-        for (bi, hi, i, j) in [(0, 0, 0, 0), (1, 2, 4, 8), (0, 1, 3, 5), (1, 0, 2, 7)] {
-            let row = ((bi * h + hi) * sq + i) as u64;
-            let c = 7 + row * groups + (j / 4) as u64;
-            let w = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], [0x9abc_def0, 0x1234_5678])[j % 4];
-            assert_eq!(m[((bi * h + hi) * sq + i) * sk + j], (w >= 1 << 31) as u8);
+        let (quads_q, quads_k) = (16u64, 24u64); // 8·⌈21/16⌉, 8·⌈40/16⌉
+        // (b, h, i, j) -> (quad row, quad column, word), worked by hand.
+        for (bi, hi, i, j, qi, qj, w) in [
+            (0, 0, 0, 0, 0, 0, 0),
+            (0, 0, 8, 0, 0, 0, 2),
+            (0, 0, 0, 8, 0, 0, 1),
+            (0, 0, 9, 13, 1, 5, 3),
+            (1, 2, 20, 39, 12, 23, 0),
+            (0, 1, 17, 25, 9, 9, 1),
+        ] {
+            let head = (bi * h + hi) as u64;
+            let c = 7 + (head * quads_q + qi) * quads_k + qj;
+            let word = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], [0x9abc_def0, 0x1234_5678])[w];
+            assert_eq!(m[((bi * h + hi) * sq + i) * sk + j], (word >= 1 << 31) as u8, "({bi}, {hi}, {i}, {j})");
         }
-        // Counter words carry across the 32-bit boundary.
+        // Counter words carry across the 32-bit boundary: the first quad of offset 2³²−1 + 1.
         let hi = HostDropout {
             offset: u32::MAX as u64,
             ..d
         }
-        .mask(1, 1, 1, 8);
+        .mask(1, 1, 1, 16);
         let c1 = philox4x32_10([0, 1, 0, 0], [0x9abc_def0, 0x1234_5678]);
-        assert_eq!(hi[4..8], c1.map(|w| (w >= 1 << 31) as u8));
+        assert_eq!(hi[1], (c1[0] >= 1 << 31) as u8);
+        assert_eq!(hi[9], (c1[1] >= 1 << 31) as u8);
         // p = 0 keeps everything; the threshold of p is ⌊p·2³²⌋.
         assert!(HostDropout { p: 0.0, ..d }.mask(1, 2, 3, 5).iter().all(|&k| k == 1));
         assert_eq!(threshold(0.5), 1 << 31);

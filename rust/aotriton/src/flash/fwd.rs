@@ -103,14 +103,15 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     let axes = functional_axes(params, &shape);
     let args = kernel_args(params, &shape, &mask)?;
     let request = Request { family: "attn_fwd", axes: axes.as_slice()?, args: args.args()? };
-    let gluon_inputs = gluon::select_by_inputs(params.backend, || gluon::fwd_inputs(params, &shape))
+    let backend = gluon::fwd_backend(params);
+    let gluon_inputs = gluon::select_by_inputs(backend, || gluon::fwd_inputs(params, &shape))
         .map_err(|why| why.error("attn_fwd", None))?;
     let launcher = Launcher::new(stream)?;
     if let Some(g) = gluon_inputs {
         let call = gluon::FwdCall::new(params, &shape, &mask, &g)?;
         let gluon_request = call.request()?;
         let ready = gluon::device_ready(&launcher, &[&gluon_request], key);
-        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {
+        if gluon::select_by_device(backend, ready).map_err(|why| why.error("attn_fwd", Some(launcher.device())))? {
             return gluon::launch_fwd(&launcher, &gluon_request, &shape, key);
         }
     }
@@ -580,7 +581,7 @@ pub(crate) mod tests {
         }
         p.allow_tf32 = true;
         check(&p).unwrap();
-        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), Ok(B * HQ * SQ * SK.div_ceil(4)));
+        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), Ok(B * HQ * SQ.div_ceil(16) * 8 * SK.div_ceil(16) * 8));
     }
 
     /// A packed batch of 3 sequences (lengths q 5, 0, 12 and k 7, 9, 1) as [1, H, tokens, D] views.

@@ -4,7 +4,7 @@
 //! module docs of `flash`.
 use std::fmt;
 
-use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, seq_mask_args, strides3, strides4, varlen_args};
+use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, dropout_args, seq_mask_args, strides3, strides4, varlen_args};
 use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
@@ -33,7 +33,6 @@ const STAT_ROW: u64 = 64;
 pub(crate) enum Unsupported {
     DType(DType),
     HeadDim { head_dim: u64, max: u64 },
-    Dropout,
     Bias,
     /// Logit soft-capping (`softcap` > 0).
     Softcap,
@@ -66,7 +65,6 @@ impl fmt::Display for Unsupported {
         match *self {
             Unsupported::DType(dtype) => write!(f, "it takes fp16 or bf16 inputs, not {}", dtype.triton_name()),
             Unsupported::HeadDim { head_dim, max } => write!(f, "head dim {head_dim} is above its largest ({max})"),
-            Unsupported::Dropout => write!(f, "it has no dropout (use the portable backend)"),
             Unsupported::Bias => write!(f, "it has no attention bias (use the portable backend)"),
             Unsupported::Softcap => write!(f, "it has no logit soft-capping (use the portable backend)"),
             Unsupported::Alibi => write!(f, "it has no ALiBi (use the portable backend)"),
@@ -160,10 +158,10 @@ fn common_inputs(
 
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
 /// [`device_ready`]). Packed (varlen) batches are served through ragged descriptors
-/// ([`TensorArg::ragged`]).
+/// ([`TensorArg::ragged`]), dropout with the portable kernels' Philox counters (a mask is the same
+/// whichever backend drew it); `Auto` leaves dropout to the portable kernels ([`fwd_backend`]).
 pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
-        (p.dropout.is_some(), Unsupported::Dropout),
         (p.bias.is_some(), Unsupported::Bias),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
@@ -187,11 +185,11 @@ fn aligned16(pointers: &[(&'static str, u64)]) -> Result<(), Unsupported> {
 }
 
 /// Whether the Gluon backward can serve `p` (inputs only, the workspace aside: see
-/// [`check_workspace`]). The result carries the workspace size. Packed (varlen) batches are
-/// served through ragged descriptors, as in the forward.
+/// [`check_workspace`]). The result carries the workspace size. Packed (varlen) batches and
+/// dropout are served as in the forward (`Auto` leaves dropout to the portable kernels:
+/// [`bwd_backend`]).
 pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
-        (p.dropout.is_some(), Unsupported::Dropout),
         (p.bias.is_some() || p.dbias.is_some(), Unsupported::Bias),
         (p.softcap != 0.0, Unsupported::Softcap),
         (p.alibi_slopes.is_some(), Unsupported::Alibi),
@@ -299,12 +297,34 @@ fn push_descs(args: &mut ArgList, descs: &[(&'static str, &TensorView<4>)], shap
     Ok(())
 }
 
-/// The forward's functional key: dtype, head dim, and `varlen` (an optional axis, named only
-/// when on: the packed-batch kernels take ragged descriptors).
-pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape) -> Axes {
+/// The forward's functional key: dtype, head dim, `varlen` and `dropout` (optional axes, named
+/// only when on: the packed-batch kernels take ragged descriptors, the dropout kernels draw a mask).
+pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape, dropout: bool) -> Axes {
     let mut axes = g.axes();
     push_varlen_axis(&mut axes, shape);
+    if dropout {
+        axes.push("dropout", bool_axis(true));
+    }
     axes
+}
+
+/// The backend the forward runs under: the caller's, except that `Auto` leaves dropout to the
+/// portable kernels until the Gluon dropout kernels have been measured on an H200 (issue 17); a
+/// forced `Backend::Gluon` runs them. The masks are the same either way.
+pub(crate) fn fwd_backend(p: &FwdParams) -> Backend {
+    auto_dropout(p.backend, p.dropout.is_some())
+}
+
+/// [`fwd_backend`] for the backward.
+pub(crate) fn bwd_backend(p: &BwdParams) -> Backend {
+    auto_dropout(p.backend, p.dropout.is_some())
+}
+
+fn auto_dropout(backend: Backend, dropout: bool) -> Backend {
+    match backend {
+        Backend::Auto if dropout => Backend::Portable,
+        backend => backend,
+    }
 }
 
 /// The optional functional axis `varlen` of the ragged-descriptor kernels, pushed only for a
@@ -323,7 +343,7 @@ pub(crate) struct FwdCall {
 
 impl FwdCall {
     pub fn new(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape) -> Result<FwdCall> {
-        Ok(FwdCall { axes: fwd_axes(g, shape), args: fwd_args(p, shape, mask)? })
+        Ok(FwdCall { axes: fwd_axes(g, shape, p.dropout.is_some()), args: fwd_args(p, shape, mask)? })
     }
     pub fn request(&self) -> Result<Request<'_>> {
         Ok(Request { family: FWD_FAMILY, axes: self.axes.as_slice()?, args: self.args.args()? })
@@ -336,6 +356,7 @@ fn fwd_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> Result<ArgList
     push_descs(&mut args, &[("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_o", &p.o)], shape, "attn_fwd")?;
     push_fwd_common_args(&mut args, p.lse.as_ref(), p.sm_scale, shape, mask);
     args.extend(varlen_args(shape));
+    dropout_args(&mut args, p.dropout.as_ref(), true)?;
     Ok(args)
 }
 
@@ -397,11 +418,14 @@ pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnSha
 /// The backward's functional keys: (preprocess and dq_convert, main kernel). The main kernel's
 /// `varlen` axis (optional, named only when on) picks its ragged-descriptor kernels; the
 /// preprocess and the dQ conversion take packing at run time.
-pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool) -> (Axes, Axes) {
+pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool, dropout: bool) -> (Axes, Axes) {
     let common = g.axes();
     let mut main = common;
     main.push("dq", bool_axis(!deterministic));
     push_varlen_axis(&mut main, shape);
+    if dropout {
+        main.push("dropout", bool_axis(true));
+    }
     (common, main)
 }
 
@@ -462,6 +486,7 @@ fn bwd_args(
     ]);
     main.extend(seq_mask_args(shape, mask));
     main.extend(packing);
+    dropout_args(&mut main, p.dropout.as_ref(), false)?;
 
     let mut convert = ArgList::new();
     convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);
@@ -484,7 +509,7 @@ impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
-        let (common, main_axes) = bwd_axes(g, shape, p.deterministic);
+        let (common, main_axes) = bwd_axes(g, shape, p.deterministic, p.dropout.is_some());
         let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
         Ok(BwdCall { common, main_axes, pre, main, convert })
     }
@@ -635,7 +660,6 @@ mod tests {
             fwd_check(&p).unwrap_err()
         };
         assert_eq!(fwd_check(&fwd(64, DType::F32)), Err(Unsupported::DType(DType::F32)));
-        assert_eq!(reason(&|p| p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000))), Unsupported::Dropout);
         assert_eq!(reason(&|p| p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::BF16))), Unsupported::Bias);
         assert_eq!(reason(&|p| p.softcap = 30.0), Unsupported::Softcap);
         assert_eq!(reason(&|p| p.alibi_slopes = Some(TensorView::contiguous(0x1000, [1, HQ], DType::F32))), Unsupported::Alibi);
@@ -688,7 +712,7 @@ mod tests {
         let p = packed_fwd(64, DType::F16);
         let (shape, mask) = super::super::fwd::validate(&p).unwrap();
         let g = fwd_check(&p).unwrap();
-        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("varlen", "true")]);
+        assert_eq!(fwd_axes(&g, &shape, false).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("varlen", "true")]);
         let args = fwd_args(&p, &shape, &mask).unwrap();
         let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
         for (name, t) in [("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_o", &p.o)] {
@@ -706,7 +730,7 @@ mod tests {
         let f = fwd(64, DType::F16);
         let (shape, mask) = super::super::fwd::validate(&f).unwrap();
         let g = fwd_check(&f).unwrap();
-        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
+        assert_eq!(fwd_axes(&g, &shape, false).as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
         let args = fwd_args(&f, &shape, &mask).unwrap();
         let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
         assert_eq!(value("desc_q"), ArgValue::Tensor(TensorArg::from_view(&f.q)));
@@ -718,7 +742,7 @@ mod tests {
         let (shape, mask) = super::super::bwd::validate(&b).unwrap();
         let g = bwd_inputs(&b, &shape).unwrap();
         assert_eq!((g.sq_pad, g.workspace_rows), (128, 3 * HQ * 128), "3 sequences, the longest 12 queries");
-        let (common, main_axes) = bwd_axes(&g, &shape, false);
+        let (common, main_axes) = bwd_axes(&g, &shape, false, false);
         assert_eq!(common.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
         assert_eq!(main_axes.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("dq", "true"), ("varlen", "true")]);
         b.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
@@ -786,10 +810,20 @@ mod tests {
         p.delta.ptr += 4;
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
         assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Misaligned { tensor: "delta", ptr: at(7) + 4 }));
+        // Dropout is served (forced; Auto leaves it to the portable kernels).
         let mut p = bwd(64, DType::F16);
         p.dropout = Some(Dropout::new(0.2, 0x1000, 0x2000));
-        let (shape, _) = super::super::bwd::validate(&p).unwrap();
-        assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Dropout));
+        let (shape, mask) = super::super::bwd::validate(&p).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        assert_eq!(bwd_backend(&p), Backend::Portable);
+        p.backend = Backend::Gluon;
+        assert_eq!(bwd_backend(&p), Backend::Gluon);
+        assert_eq!(bwd_axes(&g, &shape, false, true).1.as_slice().unwrap()[3], ("dropout", "true"));
+        p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
+        let (_, main, _) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
+        let names: Vec<_> = main.args().unwrap().iter().map(|(n, _)| *n).collect();
+        let at = names.iter().position(|n| *n == "STORE_VARLEN_STATUS").unwrap();
+        assert_eq!(names[at + 1..], ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]);
     }
 
     /// The review's F5 call: B = Hq = 65535, Sq = 2^24, 16-byte strides; every tensor TMA can
@@ -900,7 +934,6 @@ mod tests {
         let err = Unsupported::Tma { tensor: "k", problem: TmaProblem::StrideNotMultiple16 { dim: 2, bytes: 72 } }.error("attn_fwd", None);
         assert!(err.message().starts_with("attn_fwd: the Gluon backend cannot serve this call: k: strides[2] is 72 bytes"), "{err}");
         for why in [
-            Unsupported::Dropout,
             Unsupported::Bias,
             Unsupported::HeadDim { head_dim: 264, max: 256 },
             Unsupported::HeadDimV { head_dim: 192, head_dim_v: 128 },
@@ -926,7 +959,7 @@ mod tests {
         assert!(err.message().contains("fp16 or bf16") && err.message().contains("fp32"), "{err}");
         let mut p = fwd(64, DType::F16);
         p.backend = Backend::Gluon;
-        p.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+        p.bias = Some(TensorView::contiguous(0x1000, [B, HQ, SQ, SK], DType::F16));
         assert_eq!(kind(attn_fwd(&p, Stream::null())), ErrorKind::UnsupportedByBackend);
         // Validation still comes first.
         p.q.ptr = 0;
@@ -964,11 +997,42 @@ mod tests {
     fn axes_match_the_rules() {
         let g = fwd_check(&fwd(96, DType::BF16)).unwrap();
         let (shape, _) = super::super::fwd::validate(&fwd(96, DType::BF16)).unwrap();
-        assert_eq!(fwd_axes(&g, &shape).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
-        let (common, main) = bwd_axes(&g, &shape, true);
+        assert_eq!(fwd_axes(&g, &shape, false).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
+        assert_eq!(fwd_axes(&g, &shape, true).as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128"), ("dropout", "true")]);
+        let (common, main) = bwd_axes(&g, &shape, true, false);
         assert_eq!(common.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128")]);
         assert_eq!(main.as_slice().unwrap(), &[("dtype", "bf16"), ("head_dim", "128"), ("dq", "false")]);
-        assert_eq!(bwd_axes(&g, &shape, false).1.as_slice().unwrap()[2], ("dq", "true"));
+        assert_eq!(bwd_axes(&g, &shape, false, false).1.as_slice().unwrap()[2], ("dq", "true"));
+    }
+
+    #[test]
+    fn dropout_forward_is_served_when_forced() {
+        let mut p = fwd(128, DType::BF16);
+        p.dropout = Some(Dropout { offset_base: 5, seed_out: 0x3000, offset_out: 0x3008, ..Dropout::new(0.25, 0x1000, 0x2000) });
+        // Served by the inputs, forced only: Auto keeps dropout on the portable kernels.
+        assert!(fwd_check(&p).is_ok());
+        assert_eq!(fwd_backend(&p), Backend::Portable);
+        p.backend = Backend::Gluon;
+        assert_eq!(fwd_backend(&p), Backend::Gluon);
+        p.backend = Backend::Portable;
+        assert_eq!(fwd_backend(&p), Backend::Portable);
+        // The portable forward's dropout group, after the packing group (ABI.md).
+        let (shape, mask) = super::super::fwd::validate(&p).unwrap();
+        let args = fwd_args(&p, &shape, &mask).unwrap();
+        let names: Vec<_> = args.args().unwrap().iter().map(|(n, _)| *n).collect();
+        let at = names.iter().position(|n| *n == "STORE_VARLEN_STATUS").unwrap();
+        assert_eq!(
+            names[at + 1..],
+            ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
+        );
+        let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        assert_eq!(value("DROPOUT_THRESHOLD"), ArgValue::U32(1 << 30));
+        assert_eq!((value("PHILOX_SEED"), value("philox_offset_base"), value("STORE_PHILOX")), (ArgValue::Ptr(0x1000), ArgValue::I64(5), ArgValue::I32(1)));
+        // Without dropout the group is neutral.
+        p.dropout = None;
+        let args = fwd_args(&p, &shape, &mask).unwrap();
+        let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
+        assert_eq!((value("DROPOUT_THRESHOLD"), value("PHILOX_SEED"), value("STORE_PHILOX")), (ArgValue::U32(0), ArgValue::Ptr(0), ArgValue::I32(0)));
     }
 
     #[test]
@@ -1024,7 +1088,7 @@ mod tests {
         super::super::fwd::choose_kernel(functional, fitting, &shape, super::super::tuning_key(&shape, &mask), &device);
         let g = select_by_inputs(Backend::Auto, || fwd_inputs(&p, &shape)).unwrap().unwrap();
         fwd_args(&p, &shape, &mask).unwrap().args().unwrap();
-        let _ = loaded.archive.find(FWD_FAMILY, fwd_axes(&g, &shape).as_slice().unwrap());
+        let _ = loaded.archive.find(FWD_FAMILY, fwd_axes(&g, &shape, false).as_slice().unwrap());
 
         let mut p = bwd(64, DType::F16);
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: 1 << 30 });
@@ -1046,7 +1110,7 @@ mod tests {
         for list in [&pre, &main, &convert] {
             list.args().unwrap();
         }
-        let (common, main) = bwd_axes(&g, &shape, false);
+        let (common, main) = bwd_axes(&g, &shape, false, false);
         common.as_slice().unwrap();
         main.as_slice().unwrap();
     }
@@ -1094,15 +1158,22 @@ mod tests {
             let d: u64 = f.axes["head_dim"].parse().unwrap();
             let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
             let packed = f.axes.get("varlen").is_some_and(|v| v == "true");
+            let dropout = f.axes.get("dropout").is_some_and(|v| v == "true");
             let mut fp = if packed { packed_fwd(d, dtype) } else { fwd(d, dtype) };
             fp.mask = Mask::causal(MaskAlign::BottomRight);
+            if dropout {
+                fp.dropout = Some(Dropout { seed_out: 0x3000, offset_out: 0x3008, ..Dropout::new(0.1, 0x1000, 0x2000) });
+            }
             let mut bp = if packed { packed_bwd(d, dtype) } else { bwd(d, dtype) };
             bp.deterministic = deterministic;
+            if dropout {
+                bp.dropout = Some(Dropout::new(0.1, 0x1000, 0x2000));
+            }
             let list = if f.family == FWD_FAMILY {
                 let (shape, mask) = super::super::fwd::validate(&fp).unwrap();
                 let g = fwd_inputs(&fp, &shape).unwrap();
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
-                let mut ours = fwd_axes(&g, &shape).as_slice().unwrap().to_vec();
+                let mut ours = fwd_axes(&g, &shape, dropout).as_slice().unwrap().to_vec();
                 ours.sort();
                 assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
                 fwd_args(&fp, &shape, &mask).unwrap()
@@ -1112,7 +1183,7 @@ mod tests {
                 assert_eq!(g.bucket_axis, f.axes["head_dim"]);
                 bp.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
                 if f.family == BWD_FAMILY {
-                    let (_, main_axes) = bwd_axes(&g, &shape, deterministic);
+                    let (_, main_axes) = bwd_axes(&g, &shape, deterministic, dropout);
                     let mut ours = main_axes.as_slice().unwrap().to_vec();
                     ours.sort();
                     assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());

@@ -29,8 +29,11 @@
 //! whatever they hold) and can record what they clamped in a status word ([`Varlen::status`]).
 //!
 //! Dropout ([`Dropout`]): Philox4x32-10, keyed by the 64-bit seed, counter = the 64-bit offset
-//! (`*offset + offset_base`) plus `((b·Hq + h)·Sq + i)·⌈Sk/4⌉ + ⌊j/4⌋`, output word `j mod 4`;
-//! element (b, h, i, j) is kept iff that word ≥ ⌊p·2³²⌋. One call consumes
+//! (`*offset + offset_base`) plus `((b·Hq + h)·Q(Sq) + q(i))·Q(Sk) + q(j)`, output word
+//! `2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2`, where `q(i) = 8·⌊i/16⌋ + i mod 8` and `Q(n) = 8·⌈n/16⌉`: one
+//! counter per four elements 8 rows and 8 columns apart, which is what one GPU thread holds of an
+//! MMA tile (python/kernels/flash/dropout.py); element (b, h, i, j) is kept iff its word ≥
+//! ⌊p·2³²⌋. One call consumes
 //! [`dropout_offsets_consumed`] counters (Sq, Sk the max lengths for packed batches): advance
 //! the generator's offset by that much between calls. Seed and offset are read from device
 //! memory, so a captured CUDA graph can be replayed with a new offset.
@@ -230,12 +233,14 @@ impl Dropout {
     }
 }
 
-/// Philox counters one call consumes: `batch · heads_q · seqlen_q · ⌈seqlen_k / 4⌉` (max
-/// lengths for packed batches). Advance the generator's offset by this between calls.
-/// `TooLarge` when the count does not fit 64 bits (such a call is refused too: its counters
-/// would wrap and masks repeat).
+/// Philox counters one call consumes: `batch · heads_q · 8⌈seqlen_q / 16⌉ · 8⌈seqlen_k / 16⌉`
+/// (max lengths for packed batches; a quarter of the elements, each length rounded up to 16).
+/// Advance the generator's offset by this between calls. `TooLarge` when the count does not fit
+/// 64 bits (such a call is refused too: its counters would wrap and masks repeat).
 pub fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> Result<u64> {
-    checked_product("dropout counters (batch · heads · Sq · ⌈Sk/4⌉)", &[batch, heads_q, seqlen_q, seqlen_k.div_ceil(4)])
+    // 8·⌈n/16⌉ ≤ n/2 + 8 cannot overflow.
+    let quads = |n: u64| n.div_ceil(16) * 8;
+    checked_product("dropout counters (batch · heads · 8⌈Sq/16⌉ · 8⌈Sk/16⌉)", &[batch, heads_q, quads(seqlen_q), quads(seqlen_k)])
 }
 
 /// Bits of a [`Varlen::status`] word: an offset was outside `[0, tokens]` of its packed tensor.

@@ -1,0 +1,116 @@
+"""Dropout on Gluon register tiles: the keep mask of a ``[rows, cols]`` MMA tile with the portable
+kernels' counters (``kernels/flash/dropout.py``: one Philox call per quad, four elements 8 rows and 8
+columns apart), drawn where the tile lives.
+
+In a wgmma accumulator layout every thread holds whole quads (rows ``r, r + 8``, columns ``c, c + 8``
+of each 16 x 16 block), so the quad view (``dropout.quad_view``: a reshape that splits out the two
+8-offsets, a split that keeps one element per quad) and the way back (``dropout.tile_of_quads``) are
+register renamings: no data moves between threads, and each Philox word is drawn once, by the thread
+that uses it (checked on the compiled kernels: no shuffle, no shared memory).  The rule is symmetric,
+so a tile with the keys as rows (the backward's ``S^T``) takes the same counters with its rows and
+columns in each other's roles (``KEYS_AS_ROWS``).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..flash.dropout import (dropout_head_offset, dropout_quad_keep, dropout_rows_offset, philox_state, quad_index,
+                             quad_view, tile_of_quads)
+
+
+@gluon.jit
+def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
+                      COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr):
+    """Bool ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout): the tile's keep bits.
+
+    ``base``: the counter of the tile's first quad, ``dropout_rows_offset(head, q0, N_CTX_K) + k0 // 2``
+    for queries from ``q0`` and keys from ``k0`` (multiples of 16); ``N_CTX_K`` the key length the
+    counters are laid out for (the maximum of a packed batch).  Queries are the rows, or with
+    ``KEYS_AS_ROWS`` the columns."""
+    gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    zero = gl.zeros([ROWS, COLS], gl.int32, layout)
+    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)
+    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)
+    if KEYS_AS_ROWS:
+        k0, k1, k2, k3 = dropout_quad_keep(seed, base, quad_c, quad_r, N_CTX_K, DROPOUT_THRESHOLD)
+        # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
+        keep = tile_of_quads(k0, k2, k1, k3)
+    else:
+        k0, k1, k2, k3 = dropout_quad_keep(seed, base, quad_r, quad_c, N_CTX_K, DROPOUT_THRESHOLD)
+        keep = tile_of_quads(k0, k1, k2, k3)
+    return gl.convert_layout(keep, layout)
+
+
+# ----------------------------------------------------------------------------
+# The forward's score tiles (queries as rows)
+# ----------------------------------------------------------------------------
+@gluon.jit
+def dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, off_z, off_h, row0,
+                      N_CTX_Q_MAX, N_CTX_K_MAX):
+    """``(seed, rows counter, N_CTX_K_MAX, threshold)`` of a forward consumer's rows from ``row0`` of
+    head ``(off_z, off_h)`` (grid y: the query heads): what ``drop_probs`` reads.  The counters are laid
+    out for the kernel's (maximum) lengths, rows local to the sequence, as the portable kernels do."""
+    seed, offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
+    head = dropout_head_offset(offset, off_z, off_h, gl.num_programs(1), N_CTX_Q_MAX, N_CTX_K_MAX)
+    return seed, dropout_rows_offset(head, row0, N_CTX_K_MAX), N_CTX_K_MAX, DROPOUT_THRESHOLD
+
+
+@gluon.jit
+def drop_probs(p, col, drop, DROPOUT: gl.constexpr):
+    """``p`` (``[rows, keys]``) with the dropped probabilities of the key block from ``col`` zeroed
+    (``DROPOUT``; ``drop``: ``dropout_state_fwd``).  The row sum ``l`` keeps them: the output is
+    ``dropout(P) V / l``, scaled by ``1 / (1 - p)`` in the epilogue."""
+    if DROPOUT:
+        seed, rows_counter, n_ctx_k_max, threshold = drop
+        layout: gl.constexpr = p.type.layout
+        ROWS: gl.constexpr = p.shape[0]
+        COLS: gl.constexpr = p.shape[1]
+        keep = dropout_keep_tile(seed, rows_counter + col // 2, n_ctx_k_max, threshold, layout, ROWS, COLS, False)
+        p = gl.where(keep, p, 0.0)
+    return p
+
+
+# ----------------------------------------------------------------------------
+# The backward's tiles (keys as rows): the mask rides in the sign of P^T
+# ----------------------------------------------------------------------------
+@gluon.jit
+def dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, b, h_first,
+                      N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX):
+    """What ``sign_dropped`` needs for every step of a backward CTA (a tuple)."""
+    seed, offset = philox_state(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base)
+    return seed, offset, b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, DROPOUT_THRESHOLD, dropout_scale
+
+
+@gluon.jit
+def sign_dropped(pt, drop, h_off, q0, k0):
+    """``P^T`` (``[keys, queries]``, an MMA accumulator, probabilities >= 0) with its dropped elements
+    negated: the keep mask of query head ``h_first + h_off`` (``drop``: ``dropout_state_bwd``), queries
+    from ``q0`` and keys from ``k0`` (multiples of 16), carried in the sign bit so that no mask
+    register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``)."""
+    seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _ = drop
+    head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
+    base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 2
+    layout: gl.constexpr = pt.type.layout
+    ROWS: gl.constexpr = pt.shape[0]
+    COLS: gl.constexpr = pt.shape[1]
+    keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, True)
+    return gl.where(keep, pt, -pt)
+
+
+@gluon.jit
+def dropped_probs(pt_signed):
+    """``P^T`` times the keep mask (the dV product's operand; ``dropout_scale`` applied to dV once)."""
+    return gl.maximum(pt_signed, 0.0)
+
+
+@gluon.jit
+def dropout_ds(pt_signed, dpt_minus_delta, delta, dropout_scale):
+    """``dS^T = P^T (Z dP^T / (1 - p) - delta)``, ``Z`` the keep mask in ``pt_signed``'s sign, from the
+    ``dP^T - delta`` accumulator (the backward starts it at ``-delta``): kept elements take
+    ``((dP^T - delta) + delta) * scale - delta``, dropped ones ``-delta`` (``pt_signed = -P^T``: ``+delta``).
+    A dropped zero (-0.0) counts as kept: its product is 0 either way.  ``delta``: per query (the
+    tile's columns)."""
+    d = gl.expand_dims(delta, 0)
+    dp_term = gl.where(pt_signed >= 0.0, (dpt_minus_delta + d) * dropout_scale - d, d)
+    return pt_signed * dp_term

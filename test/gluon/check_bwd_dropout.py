@@ -1,0 +1,102 @@
+"""GPU check of the Gluon backward with dropout (issue 17 item 5).
+
+The three launches of ``ABI.md`` through Triton's JIT (``check_bwd.GluonBwd``) with the shipped
+configs and the dropout group; O and the LSE come from the float64 reference with the portable
+kernels' mask (``python/tests/philox_model.py``, the model of ``kernels/flash/dropout.py`` that the
+portable kernels are held to), and dQ, dK, dV are checked against float64 autograd through the same
+mask, within 3x the error of the same math in the input dtype + 1e-3 (``check_bwd``'s bound).  A
+backward that drew another mask than the model's misses that bound by far (every dropped element's
+dV and dS term is wrong), so this checks the mask as well; the forward's is checked bit for bit by
+``check_fwd_dropout.py``.
+
+usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan]
+"""
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_bwd as cb  # noqa: E402  (sets up sys.path for python/)
+import check_fwd_dropout  # noqa: E402  (its Case)
+import packed  # noqa: E402  (run_check: the check scripts' modes)
+
+sys.path.insert(0, os.path.join(cb.HERE, "..", "..", "python", "tests"))
+import philox_model  # noqa: E402
+import torch  # noqa: E402
+
+
+@dataclass
+class Case(check_fwd_dropout.Case):
+    """``check_fwd_dropout``'s case (its masks in ``check_bwd.window_args``' names) and ``COMPUTE_DQ``."""
+    b: int = 1
+    compute_dq: int = 1
+
+    def name(self):
+        return super().name() + ("" if self.compute_dq else " dq0")
+
+
+def cases():
+    out = []
+    for dt in ("fp16", "bf16"):
+        for d in (64, 128, 256, 72, 200):
+            out.append(Case(dt, d, 1000, 1000, "none"))
+            out.append(Case(dt, d, 129, 1000, "causal_br", p=0.5, hq=4, hk=2))
+            out.append(Case(dt, d, 1000, 129, "causal_br", p=0.1, hq=4, hk=1))  # rows with no key
+    out.append(Case("bf16", 128, 2048, 2048, "causal_tl", p=0.9, b=2))
+    out.append(Case("bf16", 128, 127, 17, "win_16_0_tl", hq=8, hk=2))
+    out.append(Case("fp16", 64, 1000, 2048, "win_64_32_br"))
+    out.append(Case("bf16", 256, 1, 1, "none"))
+    out.append(Case("bf16", 128, 1000, 1000, "causal_tl", compute_dq=0))  # deterministic mode's dK/dV
+    return out
+
+
+def consan_cases():
+    return [Case("bf16", d, 300, 257, "causal_br", hq=4, hk=2) for d in (64, 128, 256)]
+
+
+def run_case(case):
+    dt = cb.TORCH_DTYPES[case.dtype]
+    torch.manual_seed(zlib.crc32(case.name().encode()))
+    dev = "cuda"
+
+    def rnd(h, s):
+        return torch.randn((case.b, h, s, case.d), device=dev, dtype=dt)
+
+    q, k, v, do = rnd(case.hq, case.sq), rnd(case.hk, case.sk), rnd(case.hk, case.sk), rnd(case.hq, case.sq)
+    wl, wr, abr = cb.window_args(case.mask, case.sq, case.sk)
+    vis = cb.visible_mask(case.sq, case.sk, wl, wr, abr, dev)
+    sm_scale = case.d ** -0.5
+    group = case.hq // case.hk
+    scale = 1.0 / (1.0 - case.p)
+    keep = torch.from_numpy(philox_model.keep_mask(case.b, case.hq, case.sq, case.sk, case.seed,
+                                                   case.offset + case.base, case.p)).to(dev)
+    o64, lse64, dq64, dk64, dv64 = cb.reference(q, k, v, do, vis, sm_scale, group, keep=keep, dropout_scale=scale)
+    _, _, dqn, dkn, dvn = cb.reference(q, k, v, do, vis, sm_scale, group, dtype64=dt, keep=keep, dropout_scale=scale)
+    o, lse = o64.to(dt).contiguous(), lse64.float().contiguous()
+    seed = torch.tensor([case.seed], dtype=torch.int64, device=dev)
+    offset = torch.tensor([case.offset], dtype=torch.int64, device=dev)
+    dropout = (philox_model.threshold(case.p), scale, seed, offset, case.base)
+    bwd = cb.GluonBwd(q, k, v, o, do, lse, sm_scale, wl, wr, abr, compute_dq=case.compute_dq, variant="product",
+                      dropout=dropout)
+    bwd.poison()
+    outs = bwd.run()
+    torch.cuda.synchronize()
+    ok, parts = True, []
+    for n, x, r, nv in zip(("dq", "dk", "dv"), outs, (dq64, dk64, dv64), (dqn, dkn, dvn)):
+        if n == "dq" and not case.compute_dq:
+            continue
+        err, bound = cb.max_err(x, r), 3 * cb.max_err(nv, r) + 1e-3
+        good = err <= bound
+        ok &= good
+        parts.append(f"{n} {err:.2e}/{bound:.2e}{'' if good else ' FAIL'}")
+    kept = (keep & vis).sum().item() / max(1, (vis.expand_as(keep)).sum().item())
+    return ok, f"{'PASS' if ok else 'FAIL'} {case.name()}: " + "  ".join(parts) + f"  (kept {kept:.3f})"
+
+
+def main():
+    return packed.check_main(__file__, __doc__, "check_bwd_dropout", Case, cases, consan_cases, run_case)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
