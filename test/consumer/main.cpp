@@ -283,10 +283,8 @@ int main() {
   expect("forced Gluon with fp32", flash::attn_fwd(p, stream), Status::kUnsupportedByBackend);
   p = valid_params();
   p.backend = flash::Backend::kGluon;
-  p.dropout_p = 0.1f;
-  p.philox_seed = &philox_state[0];
-  p.philox_offset = &philox_state[1];
-  expect("forced Gluon with dropout", flash::attn_fwd(p, stream), Status::kUnsupportedByBackend);
+  p.softcap = 30.0f;
+  expect("forced Gluon with softcap", flash::attn_fwd(p, stream), Status::kUnsupportedByBackend);
   p = valid_params();
   p.backend = static_cast<flash::Backend>(9);
   expect("unknown backend value", flash::attn_fwd(p, stream), Status::kInvalidArgument);
@@ -311,10 +309,8 @@ int main() {
     ++g_failures;
   }
   g.backend = flash::Backend::kGluon;
-  g.dropout_p = 0.1f;
-  g.philox_seed = &philox_state[0];
-  g.philox_offset = &philox_state[1];
-  expect("workspace bytes, forced Gluon, dropout", flash::attn_bwd_workspace_bytes(g, stream, &bytes),
+  g.softcap = 30.0f;
+  expect("workspace bytes, forced Gluon, softcap", flash::attn_bwd_workspace_bytes(g, stream, &bytes),
          Status::kUnsupportedByBackend);
   expect("workspace bytes, null output", flash::attn_bwd_workspace_bytes(g, stream, nullptr),
          Status::kNullPointer);
