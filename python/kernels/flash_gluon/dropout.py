@@ -18,17 +18,34 @@ from ..flash.dropout import (dropout_head_offset, dropout_quad_keep, dropout_row
 
 
 @gluon.jit
+def _per_call(seed, dep):
+    """``(seed, 0)`` through non-pure ``mov``s (``dep``: any i32, an operand for the asm): what is
+    derived from them is computed at every call instead of being hoisted out of the caller's loop
+    and kept live (``REFRESH``)."""
+    seed = gl.inline_asm_elementwise("mov.b64 $0, $1;", "=l,l", [seed], dtype=gl.int64, is_pure=False, pack=1)
+    zero = gl.inline_asm_elementwise("mov.b32 $0, 0;", "=r,r", [dep], dtype=gl.int32, is_pure=False, pack=1)
+    return seed, zero
+
+
+@gluon.jit
 def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
-                      COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr):
+                      COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr, REFRESH: gl.constexpr = True):
     """Bool ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout): the tile's keep bits.
 
     ``base``: the counter of the tile's first quad, ``dropout_rows_offset(head, q0, N_CTX_K) + k0 // 2``
     for queries from ``q0`` and keys from ``k0`` (multiples of 16); ``N_CTX_K`` the key length the
     counters are laid out for (the maximum of a packed batch).  Queries are the rows, or with
-    ``KEYS_AS_ROWS`` the columns."""
+    ``KEYS_AS_ROWS`` the columns.  ``REFRESH``: the seed's round keys and the tile's quad indices are
+    recomputed at every call; left to the compiler they are hoisted out of the caller's loop and
+    stay live (ptxas, sm_90 bf16: the hd128 backward's spill instructions 192/168 -> 74/66, the
+    hd256 forward's 11/19 -> 0; but the hd64 forward's, at 104 registers, 2/2 -> 41/40)."""
     gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    if REFRESH:
+        seed, zero = _per_call(seed, N_CTX_K)
+        rows += zero
+        cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
     quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)
     quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)
@@ -59,14 +76,16 @@ def dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_TH
 @gluon.jit
 def drop_probs(p, col, drop, DROPOUT: gl.constexpr):
     """``p`` (``[rows, keys]``) with the dropped probabilities of the key block from ``col`` zeroed
-    (``DROPOUT``; ``drop``: ``dropout_state_fwd``).  The row sum ``l`` keeps them: the output is
-    ``dropout(P) V / l``, scaled by ``1 / (1 - p)`` in the epilogue."""
+    (``DROPOUT``: 0 off, 1 on, 2 on with ``dropout_keep_tile``'s ``REFRESH``; ``drop``:
+    ``dropout_state_fwd``).  The row sum ``l`` keeps them: the output is ``dropout(P) V / l``, scaled
+    by ``1 / (1 - p)`` in the epilogue."""
     if DROPOUT:
         seed, rows_counter, n_ctx_k_max, threshold = drop
         layout: gl.constexpr = p.type.layout
         ROWS: gl.constexpr = p.shape[0]
         COLS: gl.constexpr = p.shape[1]
-        keep = dropout_keep_tile(seed, rows_counter + col // 2, n_ctx_k_max, threshold, layout, ROWS, COLS, False)
+        keep = dropout_keep_tile(seed, rows_counter + col // 2, n_ctx_k_max, threshold, layout, ROWS, COLS, False,
+                                 DROPOUT == 2)
         p = gl.where(keep, p, 0.0)
     return p
 

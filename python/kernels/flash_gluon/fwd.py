@@ -430,6 +430,9 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     a packed batch's rows (ragged descriptors only).  Dropout (``DROPOUT``): the Philox group and
     the kernel's (maximum) lengths ``N_CTX_Q_MAX``/``N_CTX_K_MAX`` the counters are laid out for."""
     QB: gl.constexpr = q_bufs.shape[-2]
+    # Dropout's mode for drop_probs: the mask's invariants recomputed per step, except at hd64 (its
+    # 104-register consumers spill more recomputing them than keeping them: dropout.py).
+    DROP: gl.constexpr = 0 if not DROPOUT else (1 if HEAD_DIM <= 64 else 2)
     TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
@@ -460,32 +463,32 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROPOUT)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROPOUT)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout, TURN, drop, DROPOUT)
+                                               s_layout, p_layout, TURN, drop, DROP)
 
             # Key blocks visible in full to all the CTA's rows: no mask code.
             for j in range(1, n_full):
                 acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready,
                                                       v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale,
                                                       rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N,
-                                                      STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
+                                                      STAGES, s_layout, p_layout, TURN, drop, DROP)
             # Boundary blocks (leading, then trailing), masked.
             for j in range(gl.maximum(n_full, 1), n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                       v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                                       WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                      s_layout, p_layout, TURN, drop, DROPOUT)
+                                                      s_layout, p_layout, TURN, drop, DROP)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
@@ -501,12 +504,12 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 acc, m_i, l_i = _serial_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                              k_empty, v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                              WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout, TURN,
-                                             drop, DROPOUT)
+                                             drop, DROP)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP)
             _hand_turn(TURN, n_blocks)
 
     o, lse = softmax_epilogue(acc, m_i, l_i)
