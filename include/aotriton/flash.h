@@ -29,8 +29,8 @@ enum class MaskAlign : int32_t {
 
 // Which kernel family serves a call. kAuto picks the sm_90 Gluon kernels when all of these hold,
 // else the portable ones: the stream's device is sm_90 and this build has the Gluon kernels for
-// the dtype and head dim; fp16/bf16; head dim <= 256; no dropout (kGluon serves it, with the
-// portable kernels' masks; kAuto leaves it to them until it is measured on an H200),
+// the dtype and head dim; fp16/bf16; head dim <= 256; no dropout in a forward with a window
+// (causal included: measured faster on the portable kernels; kGluon serves it, with the same masks),
 // no bias, no softcap, ALiBi or sinks (packed (varlen) batches of at most 2^30 tokens included);
 // forward: sm_scale > 0; every tensor TMA can address (data 16-byte aligned, last stride
 // 1, other strides multiples of 16 bytes, dims of size 1 excepted); backward: a workspace of at

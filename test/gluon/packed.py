@@ -31,7 +31,7 @@ GL_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 def ragged_descriptor(t, rows, cols):
     """The runtime's ragged descriptor over a packed ``[tokens, H, D]`` tensor, box ``[1, 1, 1, rows, cols]``."""
     rs, hs = t.stride(0), t.stride(1)
-    shape = [RAGGED_SPAN, RAGGED_SPAN, t.shape[1], RAGGED_ROWS, t.shape[2]]
+    shape = [RAGGED_SPAN, RAGGED_SPAN, t.shape[1], RAGGED_ROWS.value, t.shape[2]]  # ints for the driver
     strides = [2**34 - rs, rs, hs, rs, 1]
     block = [1, 1, 1, rows, cols]
     return TensorDescriptor(t, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, GL_DTYPES[t.dtype]))

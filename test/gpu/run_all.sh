@@ -295,8 +295,8 @@ if [ "${TORCH:-1}" = 1 ] && [ "${BENCH:-1}" = 1 ]; then
   torch_bench bench_torch "torch varlen benchmark" BENCH_TORCH_VARLEN_ARGS --varlen bench_torch_varlen
   # Dropout 0.1 through the binding (torch's rng_state layout) beside SDPA's cuDNN and FA2 with dropout.
   torch_bench bench_torch "torch dropout benchmark" BENCH_TORCH_DROPOUT_ARGS "--dropout 0.1 --quick" bench_torch_dropout
-  # The same with the Gluon dropout kernels forced (Auto leaves dropout to the portable ones until
-  # these figures say otherwise). A variable before a function call reaches its commands (bash).
+  # The same with the Gluon dropout kernels forced (Auto leaves a windowed dropout forward to the
+  # portable ones: these figures decide it). A variable before a function call reaches its commands.
   AOTRITON_BACKEND=gluon torch_bench bench_torch "torch dropout benchmark, Gluon forced" BENCH_TORCH_DROPOUT_ARGS \
     "--dropout 0.1 --quick" bench_torch_dropout_gluon
   # KV-cache decoding (flash_attn_with_kvcache) beside SDPA's FA2 and cuDNN.

@@ -1376,12 +1376,15 @@ fn reveal_typed<E: Elem>(case: RevealCase, rng: &mut SplitMix64, stream: sys::CU
     fp.dropout = Some(drop.api(false));
     let mut bp = dev.bwd_params(dtype);
     bp.dropout = fp.dropout;
-    if backend::forced_gluon() {
-        fp.backend = backend::get();
-        bp.backend = backend::get();
+    // Forced Gluon: the masks its kernels draw are revealed the same way (fp32 is refused).
+    fp.backend = backend::get();
+    bp.backend = backend::get();
+    let traits = backend::Traits { dtype, head_dim: d, tma_layout: true, features: false };
+    if backend::forced_gluon() && !traits.gluon_serves() {
         let untouched = || Ok(dev.o.read(stream)? == dev.o.host && dev.dq.read(stream)? == dev.dq.host);
         return gluon_refusal(&label, &fp, &bp, s, untouched);
     }
+    let _workspace = backend::attach_workspace(&mut bp, stream)?;
     let fail = |what: String| {
         Ok(Outcome {
             pass: false,
