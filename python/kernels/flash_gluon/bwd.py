@@ -251,7 +251,7 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     dpt = warpgroup_mma_wait(1, deps=(dpt, ))
     if DROPOUT:
         # delta read again from the ring slot (still held): not live across the wgmmas.
-        dst = dropout_ds(pt, dpt, _row_vector(dlt_bufs, idx, BLOCK_M, col_layout), drop[8]).to(dtype)
+        dst = dropout_ds(pt, dpt, _row_vector(dlt_bufs, idx, BLOCK_M, col_layout), drop).to(dtype)
     else:
         dst = (pt * dpt).to(dtype)
     if COMPUTE_DQ:

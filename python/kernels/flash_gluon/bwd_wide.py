@@ -83,7 +83,7 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
         pt = sign_dropped(pt, drop, h_off, start_m + cid * QH, k0)
         # delta read again from the ring slot (still held): not live across the wgmmas.
         delta_again = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
-        dst = dropout_ds(pt, dpt, delta_again, drop[8])
+        dst = dropout_ds(pt, dpt, delta_again, drop)
         pt = dropped_probs(pt)
     else:
         dst = pt * dpt

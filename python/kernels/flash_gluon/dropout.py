@@ -124,12 +124,13 @@ def dropped_probs(pt_signed):
 
 
 @gluon.jit
-def dropout_ds(pt_signed, dpt_minus_delta, delta, dropout_scale):
+def dropout_ds(pt_signed, dpt_minus_delta, delta, drop):
     """``dS^T = P^T (Z dP^T / (1 - p) - delta)``, ``Z`` the keep mask in ``pt_signed``'s sign, from the
     ``dP^T - delta`` accumulator (the backward starts it at ``-delta``): kept elements take
     ``((dP^T - delta) + delta) * scale - delta``, dropped ones ``-delta`` (``pt_signed = -P^T``: ``+delta``).
     A dropped zero (-0.0) counts as kept: its product is 0 either way.  ``delta``: per query (the
-    tile's columns)."""
+    tile's columns); ``drop``: ``dropout_state_bwd`` (its ``dropout_scale``)."""
+    _seed, _offset, _b, _h_first, _n_heads_q, _n_ctx_q_max, _n_ctx_k_max, _threshold, dropout_scale = drop
     d = gl.expand_dims(delta, 0)
     dp_term = gl.where(pt_signed >= 0.0, (dpt_minus_delta + d) * dropout_scale - d, d)
     return pt_signed * dp_term

@@ -190,8 +190,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let mut dsink_axes = Axes::new();
     dsink_axes.push("dtype", DType::F32.triton_name());
     let dsink = Request { family: "attn_bwd_dsink", axes: dsink_axes.as_slice()?, args };
-    let backend = gluon::bwd_backend(params);
-    let gluon_inputs = gluon::select_by_inputs(backend, || {
+    let gluon_inputs = gluon::select_by_inputs(params.backend, || {
         gluon::bwd_inputs(params, &shape).and_then(|g| gluon::check_workspace(params.workspace, &g).map(|()| g))
     })
     .map_err(|why| why.error("attn_bwd", None))?;
@@ -202,7 +201,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
         let [pre, main, convert] = call.requests()?;
         let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
-        if gluon::select_by_device(backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
+        if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic, key);
         }
     }
@@ -237,8 +236,7 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     let (shape, mask) = validate(params)?;
     preprocess_args(params, &shape)?;
     kernel_args(params, &shape, &mask)?;
-    let backend = gluon::bwd_backend(params);
-    let Some(g) = gluon::select_by_inputs(backend, || gluon::bwd_inputs(params, &shape))
+    let Some(g) = gluon::select_by_inputs(params.backend, || gluon::bwd_inputs(params, &shape))
         .map_err(|why| why.error("attn_bwd", None))?
     else {
         return Ok(0);
@@ -256,7 +254,7 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
     let key = super::tuning_key(&shape, &mask);
     let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }], key);
-    let gluon = gluon::select_by_device(backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
+    let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }
 

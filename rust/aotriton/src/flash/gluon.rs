@@ -4,8 +4,8 @@
 //! module docs of `flash`.
 use std::fmt;
 
-use super::{AttnShape, Backend, BwdParams, FwdParams, Mask, MaskArgs, Workspace, dropout_args, seq_mask_args, strides3, strides4, varlen_args};
-use crate::archive::KernelMeta;
+use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, dropout_args, seq_mask_args, strides3, strides4, varlen_args};
+use crate::archive::{KernelMeta, MaskKind};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
 use super::bwd::{dq_grid, int32_args, kernel_blocks};
@@ -159,7 +159,7 @@ fn common_inputs(
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
 /// [`device_ready`]). Packed (varlen) batches are served through ragged descriptors
 /// ([`TensorArg::ragged`]), dropout with the portable kernels' Philox counters (a mask is the same
-/// whichever backend drew it); `Auto` leaves a windowed dropout forward to the portable kernels
+/// whichever backend drew it); `Auto` leaves a masked dropout forward to the portable kernels
 /// ([`fwd_backend`]).
 pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
@@ -187,7 +187,7 @@ fn aligned16(pointers: &[(&'static str, u64)]) -> Result<(), Unsupported> {
 
 /// Whether the Gluon backward can serve `p` (inputs only, the workspace aside: see
 /// [`check_workspace`]). The result carries the workspace size. Packed (varlen) batches and
-/// dropout are served as in the forward ([`bwd_backend`]).
+/// dropout are served as in the forward.
 pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
         (p.bias.is_some() || p.dbias.is_some(), Unsupported::Bias),
@@ -301,40 +301,31 @@ fn push_descs(args: &mut ArgList, descs: &[(&'static str, &TensorView<4>)], shap
 /// only when on: the packed-batch kernels take ragged descriptors, the dropout kernels draw a mask).
 pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape, dropout: bool) -> Axes {
     let mut axes = g.axes();
-    push_varlen_axis(&mut axes, shape);
-    if dropout {
-        axes.push("dropout", bool_axis(true));
-    }
+    push_optional_axes(&mut axes, shape, dropout);
     axes
 }
 
 /// The backend the forward runs under: the caller's, except that `Auto` leaves a dropout forward
-/// with a window (causal included) to the portable kernels. Measured on the H200 through the
-/// PyTorch binding (bf16, hd128, S 4096, p 0.1; bench/results/h200_gluon_dropout_varlen_issue17.md): the
-/// Gluon dropout forward 230 vs 214 TFLOP/s without a mask, 147 vs 197 causal; its backward 1.5-1.7x
-/// the portable one in both. The masks are the same whichever backend draws them.
-pub(crate) fn fwd_backend(p: &FwdParams) -> Backend {
-    auto_dropout(p.backend, p.dropout.is_some() && p.mask != Mask::NONE)
-}
-
-/// [`fwd_backend`] for the backward: `Auto` takes the Gluon dropout backward (see there).
-pub(crate) fn bwd_backend(p: &BwdParams) -> Backend {
-    p.backend
-}
-
-/// `Auto` becomes `Portable` where `portable_faster` (a measured rule); a forced backend stays.
-fn auto_dropout(backend: Backend, portable_faster: bool) -> Backend {
-    match backend {
-        Backend::Auto if portable_faster => Backend::Portable,
+/// whose mask skips keys (`key`: the call's tuning cell, causal or windowed) to the portable
+/// kernels. Measured on the H200 through the PyTorch binding (bf16, hd128, S 4096, p 0.1;
+/// bench/results/h200_gluon_dropout_varlen_issue17.md): the Gluon dropout forward 230 vs 214 TFLOP/s
+/// without a mask, 147 vs 197 causal; the Gluon dropout backward, which `Auto` takes, 1.5-1.7x the
+/// portable one in both. The masks are the same whichever backend draws them.
+pub(crate) fn fwd_backend(p: &FwdParams, key: TuningKey) -> Backend {
+    match p.backend {
+        Backend::Auto if p.dropout.is_some() && key.mask == MaskKind::Causal => Backend::Portable,
         backend => backend,
     }
 }
 
-/// The optional functional axis `varlen` of the ragged-descriptor kernels, pushed only for a
-/// packed batch.
-fn push_varlen_axis(axes: &mut Axes, shape: &AttnShape) {
+/// The optional functional axes of the Gluon forward and main backward kernels, pushed only when
+/// on: `varlen` (ragged descriptors for a packed batch) and `dropout`.
+fn push_optional_axes(axes: &mut Axes, shape: &AttnShape, dropout: bool) {
     if shape.varlen.is_some() {
         axes.push("varlen", bool_axis(true));
+    }
+    if dropout {
+        axes.push("dropout", bool_axis(true));
     }
 }
 
@@ -425,10 +416,7 @@ pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool, d
     let common = g.axes();
     let mut main = common;
     main.push("dq", bool_axis(!deterministic));
-    push_varlen_axis(&mut main, shape);
-    if dropout {
-        main.push("dropout", bool_axis(true));
-    }
+    push_optional_axes(&mut main, shape, dropout);
     (common, main)
 }
 
@@ -813,14 +801,11 @@ mod tests {
         p.delta.ptr += 4;
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
         assert_eq!(bwd_inputs(&p, &shape), Err(Unsupported::Misaligned { tensor: "delta", ptr: at(7) + 4 }));
-        // Dropout is served (forced; Auto leaves it to the portable kernels).
+        // Dropout is served, the main kernel's dropout axis and group follow the packing group.
         let mut p = bwd(64, DType::F16);
         p.dropout = Some(Dropout::new(0.2, 0x1000, 0x2000));
         let (shape, mask) = super::super::bwd::validate(&p).unwrap();
         let g = bwd_inputs(&p, &shape).unwrap();
-        assert_eq!(bwd_backend(&p), Backend::Auto, "Auto takes the Gluon dropout backward");
-        p.backend = Backend::Gluon;
-        assert_eq!(bwd_backend(&p), Backend::Gluon);
         assert_eq!(bwd_axes(&g, &shape, false, true).1.as_slice().unwrap()[3], ("dropout", "true"));
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
         let (_, main, _) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
@@ -1012,19 +997,27 @@ mod tests {
     fn dropout_forward_is_served_when_forced() {
         let mut p = fwd(128, DType::BF16);
         p.dropout = Some(Dropout { offset_base: 5, seed_out: 0x3000, offset_out: 0x3008, ..Dropout::new(0.25, 0x1000, 0x2000) });
-        // Served by the inputs; Auto keeps a windowed (causal) dropout forward on the portable kernels.
+        // Served by the inputs; Auto keeps a masked (causal, windowed) dropout forward on the portable
+        // kernels, judged by the effective mask (the tuning cell): a window wider than the sequences is none.
         assert!(fwd_check(&p).is_ok());
-        assert_eq!(fwd_backend(&p), Backend::Auto, "no mask: Gluon");
+        let backend = |p: &FwdParams| {
+            let (shape, mask) = super::super::fwd::validate(p).unwrap();
+            fwd_backend(p, super::super::tuning_key(&shape, &mask))
+        };
+        assert_eq!(backend(&p), Backend::Auto, "no mask: Gluon");
         p.mask = Mask::causal(MaskAlign::BottomRight);
-        assert_eq!(fwd_backend(&p), Backend::Portable);
+        assert_eq!(backend(&p), Backend::Portable);
+        p.mask = Mask::window((SQ + SK) as i32, (SQ + SK) as i32, MaskAlign::BottomRight);
+        assert_eq!(backend(&p), Backend::Auto, "a window that hides no key");
+        p.mask = Mask::causal(MaskAlign::TopLeft);
         p.backend = Backend::Gluon;
-        assert_eq!(fwd_backend(&p), Backend::Gluon);
+        assert_eq!(backend(&p), Backend::Gluon);
         p.backend = Backend::Portable;
         p.mask = Mask::NONE;
-        assert_eq!(fwd_backend(&p), Backend::Portable);
+        assert_eq!(backend(&p), Backend::Portable);
         p.backend = Backend::Auto;
         let without = FwdParams { dropout: None, mask: Mask::causal(MaskAlign::TopLeft), ..p };
-        assert_eq!(fwd_backend(&without), Backend::Auto, "the rule is dropout's only");
+        assert_eq!(backend(&without), Backend::Auto, "the rule is dropout's only");
         // The portable forward's dropout group, after the packing group (ABI.md).
         let (shape, mask) = super::super::fwd::validate(&p).unwrap();
         let args = fwd_args(&p, &shape, &mask).unwrap();
