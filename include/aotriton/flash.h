@@ -345,7 +345,7 @@ AOTRITON_API Status attn_fwd_kvcache_workspace_bytes(const KvCacheParams& params
 AOTRITON_API Status attn_fwd_kvcache_num_splits(const KvCacheParams& params, Stream stream,
                                                 uint32_t* splits) noexcept;
 
-// Philox counters one dropout call consumes: batch * heads_q * 8*ceil(seqlen_q / 16) * 8*ceil(seqlen_k / 16)
+// Philox counters one dropout call consumes: batch * heads_q * 8*ceil(seqlen_q / 16) * 4*ceil(seqlen_k / 16)
 // (max lengths for packed batches), written to *count. Advance the generator's offset by this
 // between calls. kTooLarge (and *count = 0) when the count does not fit 64 bits: such a call's
 // counters would wrap, and attn_fwd/attn_bwd refuse it too.

@@ -22,32 +22,38 @@ def philox4x32_10(c0, c1, c2, c3, k0, k1):
 
 
 def threshold(p):
-    """``DROPOUT_THRESHOLD`` for drop probability ``p``: ``floor(p * 2**32)``."""
-    return min(int(np.floor(p * 2.0 ** 32)), MASK32)
+    """``DROPOUT_THRESHOLD`` for drop probability ``p``: ``floor(p * 2**16)``."""
+    return min(int(np.floor(p * 2.0 ** 16)), 1 << 16)
 
 
 def quads(n):
-    """Quad rows (columns) of ``n`` rows (columns): ``8 * ceil(n / 16)``."""
+    """Quad rows of ``n`` query rows: ``8 * ceil(n / 16)``."""
     return 8 * -(-n // 16)
 
 
+def units(n):
+    """Unit columns of ``n`` key columns: ``4 * ceil(n / 16)``."""
+    return 4 * -(-n // 16)
+
+
 def counters_consumed(B, H, Sq, Sk):
-    """Philox counters one call consumes: ``B * H * quads(Sq) * quads(Sk)``."""
-    return B * H * quads(Sq) * quads(Sk)
+    """Philox counters one call consumes: ``B * H * quads(Sq) * units(Sk)``."""
+    return B * H * quads(Sq) * units(Sk)
 
 
 def keep_mask(B, H, Sq, Sk, seed, offset, p_or_threshold, as_threshold=False):
     """Bool ``[B, H, Sq, Sk]``: the documented layout (kernels/flash/dropout.py)
-    ``n = offset + ((b*H + h)*quads(Sq) + quad(i))*quads(Sk) + quad(j)``, ``quad(i) = 8*(i//16) + i%8``,
-    word ``2*((i//8)%2) + (j//8)%2``, kept iff ``word >= threshold``.  ``offset`` =
-    ``*PHILOX_OFFSET + philox_offset_base``."""
+    ``n = offset + ((b*H + h)*quads(Sq) + quad(i))*units(Sk) + quad(j)//2``, ``quad(i) = 8*(i//16) + i%8``,
+    bits ``[16*(j%2), 16*(j%2) + 16)`` of word ``2*((i//8)%2) + (j//8)%2``, kept iff ``>= threshold``.
+    ``offset`` = ``*PHILOX_OFFSET + philox_offset_base``."""
     thr = p_or_threshold if as_threshold else threshold(p_or_threshold)
     b, h, i, j = np.meshgrid(np.arange(B), np.arange(H), np.arange(Sq), np.arange(Sk), indexing="ij")
     quad_i = 8 * (i // 16) + i % 8
-    quad_j = 8 * (j // 16) + j % 8
-    n = (np.int64(offset) + ((b * H + h) * quads(Sq) + quad_i).astype(np.int64) * quads(Sk) + quad_j).astype(np.uint64)
+    unit_j = (8 * (j // 16) + j % 8) // 2
+    n = (np.int64(offset) + ((b * H + h) * quads(Sq) + quad_i).astype(np.int64) * units(Sk) + unit_j).astype(np.uint64)
     seed = np.uint64(np.int64(seed).view(np.uint64))
     words = philox4x32_10(n & np.uint64(MASK32), n >> np.uint64(32), 0, 0,
                           seed & np.uint64(MASK32), seed >> np.uint64(32))
     w = np.choose(2 * ((i // 8) % 2) + (j // 8) % 2, words)
-    return w >= np.uint32(thr)
+    half = (w >> (16 * (j % 2)).astype(np.uint32)) & np.uint32(0xFFFF)
+    return half >= np.uint32(thr)

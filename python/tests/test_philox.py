@@ -12,9 +12,9 @@ import _paths  # noqa: E402,F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from kernels.flash.debug_dropout import debug_dropout_mask  # noqa: E402
-from philox_model import counters_consumed, keep_mask, philox4x32_10, quads, threshold  # noqa: E402
+from philox_model import counters_consumed, keep_mask, philox4x32_10, quads, threshold, units  # noqa: E402
 from kernels.flash.dropout import (dropout_head_offset, dropout_keep, dropout_quad_keep, dropout_rows_offset,  # noqa: E402
-                                   quad_index, quad_view, tile_of_quads)
+                                   dropout_unit_keep, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
 from test_interpreter import NpTensor, _quiet_interpreter  # noqa: E402
 
 #: Random123 kat_vectors, philox4x32_10: counter[4], key[2] -> output[4].
@@ -124,20 +124,28 @@ class DebugDropoutMaskTest(unittest.TestCase):
 
 
 class CounterLayoutTest(unittest.TestCase):
-    """The quad layout itself (philox_model mirrors dropout.py's docstring)."""
+    """The unit layout itself (philox_model mirrors dropout.py's docstring)."""
 
-    def test_every_word_is_used_once_and_the_count_is_exact(self):
-        # Every element of a padded (16-multiple) head reads a distinct (counter, word) pair, and
+    def test_every_half_word_is_used_once_and_the_count_is_exact(self):
+        # Every element of a padded (16-multiple) head reads a distinct (counter, word, half), and
         # the counters of all heads fill [offset, offset + counters_consumed) exactly.
         B, H, Sq, Sk = 2, 3, 32, 48
         i, j = np.meshgrid(np.arange(Sq), np.arange(Sk), indexing="ij")
-        quad = (8 * (i // 16) + i % 8) * quads(Sk) + 8 * (j // 16) + j % 8
+        unit = (8 * (i // 16) + i % 8) * units(Sk) + (8 * (j // 16) + j % 8) // 2
         word = 2 * ((i // 8) % 2) + (j // 8) % 2
-        pairs = set(zip((quad * 4 + word).ravel().tolist()))
-        self.assertEqual(len(pairs), Sq * Sk)
-        self.assertEqual(quad.max() + 1, quads(Sq) * quads(Sk))
-        self.assertEqual(counters_consumed(B, H, Sq, Sk), B * H * Sq * Sk // 4)
-        self.assertEqual(counters_consumed(1, 1, 1, 1), 64)  # a 1 x 1 head still spans one 16 x 16 block
+        half = j % 2
+        slots = set(((unit * 4 + word) * 2 + half).ravel().tolist())
+        self.assertEqual(len(slots), Sq * Sk)
+        self.assertEqual(unit.max() + 1, quads(Sq) * units(Sk))
+        self.assertEqual(counters_consumed(B, H, Sq, Sk), B * H * Sq * Sk // 8)
+        self.assertEqual(counters_consumed(1, 1, 1, 1), 32)  # a 1 x 1 head still spans one 16 x 16 block
+
+    def test_threshold_resolution(self):
+        # 16-bit slices: p to 2^-16, p = 1 drops everything (no slice reaches 2^16).
+        self.assertEqual(threshold(0.1), 6553)
+        self.assertEqual(threshold(0.0), 0)
+        self.assertEqual(threshold(1.0), 1 << 16)
+        self.assertFalse(keep_mask(1, 1, 16, 16, 3, 0, 1.0).any())
 
     def test_a_head_is_the_corner_of_its_padded_matrix(self):
         # Lengths only set the strides: a shorter head reads the same words as the top-left
@@ -159,31 +167,32 @@ def _keep_probe(OUT, SEED, OFFSET, row0, col0, N_CTX_Q, N_CTX_K, THRESHOLD,
 
 
 @triton.jit
-def _quad_tile_probe(OUT, SEED, OFFSET, row0, col0, N_CTX_Q, N_CTX_K, THRESHOLD,
-                     R: tl.constexpr, C: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
-    """``flash_gluon/dropout.dropout_keep_tile`` without its layouts: the same quad view, draw and
-    reassembly of an ``[R, C]`` tile (queries from ``row0``, keys from ``col0``; transposed with
-    ``KEYS_AS_ROWS``)."""
+def _gluon_tile_probe(OUT, SEED, OFFSET, row0, col0, N_CTX_Q, N_CTX_K, THRESHOLD,
+                      R: tl.constexpr, C: tl.constexpr, KEYS_AS_ROWS: tl.constexpr):
+    """``flash_gluon/dropout.dropout_keep_tile`` without its layouts: the same unit view (queries as
+    rows) or quad view (``KEYS_AS_ROWS``), draw and reassembly of an ``[R, C]`` tile (queries from
+    ``row0``, keys from ``col0``; transposed with ``KEYS_AS_ROWS``)."""
     head = dropout_head_offset(tl.load(OFFSET), 0, 0, 1, N_CTX_Q, N_CTX_K)
-    base = dropout_rows_offset(head, row0, N_CTX_K) + col0 // 2
+    base = dropout_rows_offset(head, row0, N_CTX_K) + col0 // 4
     rows = tl.arange(0, R)
     cols = tl.arange(0, C)
     zero = tl.zeros([R, C], tl.int32)
-    quad_r = quad_view(quad_index(rows)[:, None] + zero)
-    quad_c = quad_view(quad_index(cols)[None, :] + zero)
     if KEYS_AS_ROWS:
+        quad_r = quad_view(quad_index(rows)[:, None] + zero)
+        quad_c = quad_view(quad_index(cols)[None, :] + zero)
         k0, k1, k2, k3 = dropout_quad_keep(tl.load(SEED), base, quad_c, quad_r, N_CTX_K, THRESHOLD)
         keep = tile_of_quads(k0, k2, k1, k3)
     else:
-        k0, k1, k2, k3 = dropout_quad_keep(tl.load(SEED), base, quad_r, quad_c, N_CTX_K, THRESHOLD)
-        keep = tile_of_quads(k0, k1, k2, k3)
+        quad_r = unit_view(quad_index(rows)[:, None] + zero)
+        unit_c = unit_view(quad_index(cols)[None, :] // 2 + zero)
+        keep = tile_of_units(*dropout_unit_keep(tl.load(SEED), base, quad_r, unit_c, N_CTX_K, THRESHOLD))
     tl.store(OUT + rows[:, None] * C + cols[None, :], keep.to(tl.int8))
 
 
 class DropoutKeepTest(unittest.TestCase):
-    def test_gluon_quad_path(self):
-        # The Gluon kernels' path (quad view of the tile's own index grid, one draw per quad,
-        # reassembly) gives the model's bits, with queries as rows and as columns.
+    def test_gluon_tile_path(self):
+        # The Gluon kernels' path (unit or quad view of the tile's own index grid, one draw per
+        # unit or quad, reassembly) gives the model's bits, with queries as rows and as columns.
         seed, offset, Sq, Sk = -3, 2**32 - 5, 80, 64
         want = keep_mask(1, 1, Sq, Sk, seed, offset, 0.4)[0, 0]
         for r, c, q0, k0, keys_as_rows in [(64, 128, 16, 0, False), (64, 32, 0, 32, False), (64, 64, 0, 16, True),
@@ -195,7 +204,7 @@ class DropoutKeepTest(unittest.TestCase):
             out = np.full((r, c), 7, np.int8)
             # Lay the counters out for (Sq, Sk), as the kernels do; tiles past them read other
             # heads' counters, so compare within the matrix only.
-            _quad_tile_probe[(1,)](NpTensor(out), NpTensor(np.array([seed], np.int64)),
+            _gluon_tile_probe[(1,)](NpTensor(out), NpTensor(np.array([seed], np.int64)),
                                    NpTensor(np.array([offset], np.int64)), q0, k0, Sq, Sk, threshold(0.4),
                                    R=r, C=c, KEYS_AS_ROWS=keys_as_rows)
             tile = want[q0:q0 + bq, k0:k0 + bk]

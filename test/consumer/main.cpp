@@ -408,7 +408,7 @@ int main() {
   }
   uint64_t counters = 7;
   expect("dropout counters", flash::dropout_offsets_consumed(2, 4, 17, 33, &counters), Status::kSuccess);
-  if (counters != 2 * 4 * (8 * 2) * (8 * 3)) {  // 8·⌈17/16⌉ quad rows, 8·⌈33/16⌉ quad columns
+  if (counters != 2 * 4 * (8 * 2) * (4 * 3)) {  // 8·⌈17/16⌉ quad rows, 4·⌈33/16⌉ unit columns
     std::printf("FAIL dropout_offsets_consumed: %llu\n", (unsigned long long)counters);
     ++g_failures;
   }

@@ -328,7 +328,7 @@ def dropout_rng():
     o2, _, rng2 = A.flash_attention(q, k, v, dropout_p=p, return_aux=True)
     off2 = gen_offset(gen)
     inc = A.philox_increment(b, hq, sq, sk)
-    expect_inc = (b * hq * 8 * math.ceil(sq / 16) * 8 * math.ceil(sk / 16) + 3) // 4 * 4
+    expect_inc = (b * hq * 8 * math.ceil(sq / 16) * 4 * math.ceil(sk / 16) + 3) // 4 * 4
     R.check("dropout rng: generator advances by philox_increment", off1 - off0 == inc == expect_inc and off2 - off1 == inc,
             f"advances {off1 - off0}, {off2 - off1}; documented {expect_inc}")
     r1, r2 = rng1.tolist(), rng2.tolist()

@@ -1,20 +1,21 @@
 """Dropout on Gluon register tiles: the keep mask of a ``[rows, cols]`` MMA tile with the portable
-kernels' counters (``kernels/flash/dropout.py``: one Philox call per quad, four elements 8 rows and 8
-columns apart), drawn where the tile lives.
+kernels' counters (``kernels/flash/dropout.py``: one Philox call per unit, the eight elements of two
+quads in adjacent columns), drawn where the tile lives.
 
-In a wgmma accumulator layout every thread holds whole quads (rows ``r, r + 8``, columns ``c, c + 8``
-of each 16 x 16 block), so the quad view (``dropout.quad_view``: a reshape that splits out the two
-8-offsets, a split that keeps one element per quad) and the way back (``dropout.tile_of_quads``) are
-register renamings: no data moves between threads, and each Philox word is drawn once, by the thread
-that uses it (checked on the compiled kernels: no shuffle, no shared memory).  The rule is symmetric,
-so a tile with the keys as rows (the backward's ``S^T``) takes the same counters with its rows and
-columns in each other's roles (``KEYS_AS_ROWS``).
+In a wgmma accumulator layout every thread holds whole units (rows ``r, r + 8``, columns ``c, c + 1,
+c + 8, c + 9`` of each 16 x 16 block, ``c`` even), so with the queries as rows (the forward) the unit
+view (``dropout.unit_view``: a reshape that splits out the 8-offsets and the column parity, a split
+that keeps one element per unit) and the way back (``dropout.tile_of_units``) are register
+renamings: no data moves between threads, and each Philox call is made once, by the thread that
+uses it (checked on the compiled kernels: no shuffle, no shared memory).  With the keys as rows (the
+backward's ``S^T``, ``KEYS_AS_ROWS``) a thread holds the quads of two units, one each: it draws the
+call per quad (``dropout.quad_view``, ``dropout_quad_keep``), rows and columns in each other's roles.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..flash.dropout import (dropout_head_offset, dropout_quad_keep, dropout_rows_offset, philox_state, quad_index,
-                             quad_view, tile_of_quads)
+from ..flash.dropout import (dropout_head_offset, dropout_quad_keep, dropout_rows_offset, dropout_unit_keep,
+                             philox_state, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
 
 
 @gluon.jit
@@ -32,7 +33,7 @@ def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
                       COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr, REFRESH: gl.constexpr = True):
     """Bool ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout): the tile's keep bits.
 
-    ``base``: the counter of the tile's first quad, ``dropout_rows_offset(head, q0, N_CTX_K) + k0 // 2``
+    ``base``: the counter of the tile's first unit, ``dropout_rows_offset(head, q0, N_CTX_K) + k0 // 4``
     for queries from ``q0`` and keys from ``k0`` (multiples of 16); ``N_CTX_K`` the key length the
     counters are laid out for (the maximum of a packed batch).  Queries are the rows, or with
     ``KEYS_AS_ROWS`` the columns.  ``REFRESH``: the seed's round keys and the tile's quad indices are
@@ -47,15 +48,16 @@ def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
         rows += zero
         cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
-    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)
-    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)
     if KEYS_AS_ROWS:
+        quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)
+        quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)
         k0, k1, k2, k3 = dropout_quad_keep(seed, base, quad_c, quad_r, N_CTX_K, DROPOUT_THRESHOLD)
         # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
         keep = tile_of_quads(k0, k2, k1, k3)
     else:
-        k0, k1, k2, k3 = dropout_quad_keep(seed, base, quad_r, quad_c, N_CTX_K, DROPOUT_THRESHOLD)
-        keep = tile_of_quads(k0, k1, k2, k3)
+        quad_r = unit_view(gl.expand_dims(quad_index(rows), 1) + zero)
+        unit_c = unit_view(gl.expand_dims(quad_index(cols) // 2, 0) + zero)
+        keep = tile_of_units(*dropout_unit_keep(seed, base, quad_r, unit_c, N_CTX_K, DROPOUT_THRESHOLD))
     return gl.convert_layout(keep, layout)
 
 
@@ -84,7 +86,7 @@ def drop_probs(p, col, drop, DROPOUT: gl.constexpr):
         layout: gl.constexpr = p.type.layout
         ROWS: gl.constexpr = p.shape[0]
         COLS: gl.constexpr = p.shape[1]
-        keep = dropout_keep_tile(seed, rows_counter + col // 2, n_ctx_k_max, threshold, layout, ROWS, COLS, False,
+        keep = dropout_keep_tile(seed, rows_counter + col // 4, n_ctx_k_max, threshold, layout, ROWS, COLS, False,
                                  DROPOUT == 2)
         p = gl.where(keep, p, 0.0)
     return p
@@ -109,7 +111,7 @@ def sign_dropped(pt, drop, h_off, q0, k0):
     register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``)."""
     seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _ = drop
     head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
-    base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 2
+    base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 4
     layout: gl.constexpr = pt.type.layout
     ROWS: gl.constexpr = pt.shape[0]
     COLS: gl.constexpr = pt.shape[1]

@@ -790,7 +790,7 @@ mod tests {
         assert!(text.starts_with(env!("CARGO_PKG_VERSION")), "{text}");
         let mut count = 7;
         assert_eq!(dropout_offsets_consumed(2, 4, 17, 33, &mut count).code, 0);
-        assert_eq!(count, 2 * 4 * (8 * 2) * (8 * 3)); // 8⌈17/16⌉ quad rows, 8⌈33/16⌉ quad columns
+        assert_eq!(count, 2 * 4 * (8 * 2) * (4 * 3)); // 8⌈17/16⌉ quad rows, 4⌈33/16⌉ unit columns
         // 2^16 · 2^16 · 2^30 · 2^28 overflows u64: an error, never a wrapped count or a panic.
         let out = dropout_offsets_consumed(1 << 16, 1 << 16, 1 << 30, 1 << 30, &mut count);
         assert_eq!(out.code, ErrorKind::TooLarge as i32, "{}", out.message);

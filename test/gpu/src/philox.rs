@@ -2,11 +2,11 @@
 //!
 //! ```text
 //!   key     = seed (lo, hi 32-bit words)
-//!   q(i)    = 8·⌊i/16⌋ + i mod 8,   Q(n) = 8·⌈n/16⌉
-//!   counter = *offset + offset_base + ((b·Hq + h)·Q(Sq) + q(i))·Q(Sk) + q(j)   (u64, wrapping;
+//!   q(i)    = 8·⌊i/16⌋ + i mod 8,   Q(n) = 8·⌈n/16⌉,   U(n) = 4·⌈n/16⌉
+//!   counter = *offset + offset_base + ((b·Hq + h)·Q(Sq) + q(i))·U(Sk) + ⌊q(j)/2⌋   (u64, wrapping;
 //!             lo, hi as counter words 0, 1; words 2, 3 zero)
 //!   word    = Philox4x32-10(counter, key)[2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2]
-//!   keep    = word ≥ ⌊p·2³²⌋
+//!   keep    = (word >> 16·(j mod 2)) & 0xFFFF ≥ ⌊p·2¹⁶⌋
 //! ```
 //!
 //! For packed (varlen) batches b is the sequence, i, j local positions, Sq, Sk the max lengths.
@@ -32,9 +32,9 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The threshold the runtime derives from p (an f32): ⌊p·2³²⌋.
+/// The threshold the runtime derives from p (an f32): ⌊p·2¹⁶⌋.
 pub fn threshold(p: f32) -> u32 {
-    (p as f64 * 4_294_967_296.0).floor() as u32
+    (p as f64 * 65_536.0).floor() as u32
 }
 
 /// 1/(1−p) as the kernels get it (computed in f64, passed as f32).
@@ -57,14 +57,14 @@ impl HostDropout {
         let mut out = vec![0u8; b * h * sq * sk];
         let th = threshold(self.p);
         let key = [self.seed as u32, (self.seed >> 32) as u32];
-        let (quads_q, quads_k) = (quads(sq), quads(sk));
+        let (quads_q, units_k) = (sq.div_ceil(16) * 8, sk.div_ceil(16) * 4);
         for head in 0..b * h {
             for i in 0..sq {
                 for j in 0..sk {
-                    let quad = ((head * quads_q + quad(i)) * quads_k + quad(j)) as u64;
-                    let c = self.offset.wrapping_add(quad);
+                    let unit = ((head * quads_q + quad(i)) * units_k + quad(j) / 2) as u64;
+                    let c = self.offset.wrapping_add(unit);
                     let word = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[2 * (i / 8 % 2) + j / 8 % 2];
-                    out[(head * sq + i) * sk + j] = (word >= th) as u8;
+                    out[(head * sq + i) * sk + j] = (half(word, j) >= th) as u8;
                 }
             }
         }
@@ -77,9 +77,9 @@ fn quad(i: usize) -> usize {
     i / 16 * 8 + i % 8
 }
 
-/// Quad rows (columns) of `n` rows (columns): `8·⌈n/16⌉`.
-fn quads(n: usize) -> usize {
-    n.div_ceil(16) * 8
+/// Column `j`'s 16 bits of its word: the low half for even columns, the high half for odd ones.
+fn half(word: u32, j: usize) -> u32 {
+    (word >> (16 * (j % 2))) & 0xFFFF
 }
 
 #[cfg(test)]
@@ -106,8 +106,9 @@ mod tests {
         );
     }
 
-    /// The mask layout: element (b, h, i, j) reads word 2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2 of counter
-    /// (head·Q(Sq) + q(i))·Q(Sk) + q(j), and a shifted offset shifts the stream.
+    /// The mask layout: element (b, h, i, j) reads the (j mod 2) half of word 2·(⌊i/8⌋ mod 2) +
+    /// ⌊j/8⌋ mod 2 of counter (head·Q(Sq) + q(i))·U(Sk) + ⌊q(j)/2⌋, and a shifted offset shifts
+    /// the stream.
     #[test]
     fn mask_layout() {
         let d = HostDropout {
@@ -117,34 +118,37 @@ mod tests {
         };
         let (b, h, sq, sk) = (2, 3, 21, 40);
         let m = d.mask(b, h, sq, sk);
-        let (quads_q, quads_k) = (16u64, 24u64); // 8·⌈21/16⌉, 8·⌈40/16⌉
-        // (b, h, i, j) -> (quad row, quad column, word), worked by hand.
-        for (bi, hi, i, j, qi, qj, w) in [
-            (0, 0, 0, 0, 0, 0, 0),
-            (0, 0, 8, 0, 0, 0, 2),
-            (0, 0, 0, 8, 0, 0, 1),
-            (0, 0, 9, 13, 1, 5, 3),
-            (1, 2, 20, 39, 12, 23, 0),
-            (0, 1, 17, 25, 9, 9, 1),
+        let (quads_q, units_k) = (16u64, 12u64); // 8·⌈21/16⌉, 4·⌈40/16⌉
+        // (b, h, i, j) -> (quad row, unit column, word, half), worked by hand.
+        for (bi, hi, i, j, qi, uj, w, e) in [
+            (0, 0, 0, 0, 0, 0, 0, 0),
+            (0, 0, 8, 0, 0, 0, 2, 0),
+            (0, 0, 0, 8, 0, 0, 1, 0),
+            (0, 0, 0, 1, 0, 0, 0, 1),
+            (0, 0, 9, 13, 1, 2, 3, 1),
+            (1, 2, 20, 39, 12, 11, 0, 1),
+            (0, 1, 17, 25, 9, 4, 1, 1),
         ] {
             let head = (bi * h + hi) as u64;
-            let c = 7 + (head * quads_q + qi) * quads_k + qj;
+            let c = 7 + (head * quads_q + qi) * units_k + uj;
             let word = philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], [0x9abc_def0, 0x1234_5678])[w];
-            assert_eq!(m[((bi * h + hi) * sq + i) * sk + j], (word >= 1 << 31) as u8, "({bi}, {hi}, {i}, {j})");
+            let bits = (word >> (16 * e)) & 0xFFFF;
+            assert_eq!(m[((bi * h + hi) * sq + i) * sk + j], (bits >= 1 << 15) as u8, "({bi}, {hi}, {i}, {j})");
         }
-        // Counter words carry across the 32-bit boundary: the first quad of offset 2³²−1 + 1.
+        // Counter words carry across the 32-bit boundary: the first unit of offset 2³²−1 + 1.
         let hi = HostDropout {
             offset: u32::MAX as u64,
             ..d
         }
         .mask(1, 1, 1, 16);
         let c1 = philox4x32_10([0, 1, 0, 0], [0x9abc_def0, 0x1234_5678]);
-        assert_eq!(hi[1], (c1[0] >= 1 << 31) as u8);
-        assert_eq!(hi[9], (c1[1] >= 1 << 31) as u8);
-        // p = 0 keeps everything; the threshold of p is ⌊p·2³²⌋.
+        assert_eq!(hi[2], (c1[0] & 0xFFFF >= 1 << 15) as u8);
+        assert_eq!(hi[3], (c1[0] >> 16 >= 1 << 15) as u8);
+        assert_eq!(hi[10], (c1[1] & 0xFFFF >= 1 << 15) as u8);
+        // p = 0 keeps everything; the threshold of p is ⌊p·2¹⁶⌋.
         assert!(HostDropout { p: 0.0, ..d }.mask(1, 2, 3, 5).iter().all(|&k| k == 1));
-        assert_eq!(threshold(0.5), 1 << 31);
-        assert_eq!(threshold(0.1), (0.1f32 as f64 * 4294967296.0) as u32);
+        assert_eq!(threshold(0.5), 1 << 15);
+        assert_eq!(threshold(0.1), 6553);
         // Keep rate near 1 − p.
         let kept = HostDropout { p: 0.25, ..d }
             .mask(4, 4, 64, 64)

@@ -19,7 +19,7 @@ Dropout and torch's RNG: randomness comes from torch's default CUDA generator of
 device, so ``torch.manual_seed`` / ``torch.cuda.manual_seed`` make it reproducible. Each forward
 call with ``dropout_p > 0`` takes the generator's current (seed, offset) and advances its Philox
 offset by :func:`philox_increment` ``(B, Hq, Sq, Sk)`` =
-``B * Hq * 8*ceil(Sq / 16) * 8*ceil(Sk / 16)`` rounded up to a multiple of 4 (for packed batches B is the number of
+``B * Hq * 8*ceil(Sq / 16) * 4*ceil(Sk / 16)`` rounded up to a multiple of 4 (for packed batches B is the number of
 sequences and Sq, Sk the max lengths). The (seed, offset) actually used is written by the forward
 kernel into an int64[2] ``rng_state`` tensor kept for the backward, which regenerates exactly the
 forward's mask. Under CUDA graph capture the kernels read the generator's graph-safe seed/offset
@@ -171,7 +171,7 @@ def version():
 
 def philox_increment(batch, heads_q, seqlen_q, seqlen_k):
     """How far one dropout call advances torch's CUDA generator offset:
-    ``dropout_offsets_consumed(B, Hq, Sq, Sk)`` (= ``B*Hq*8*ceil(Sq/16)*8*ceil(Sk/16)``) rounded up to a multiple of 4."""
+    ``dropout_offsets_consumed(B, Hq, Sq, Sk)`` (= ``B*Hq*8*ceil(Sq/16)*4*ceil(Sk/16)``) rounded up to a multiple of 4."""
     n = int(_ops().dropout_offsets_consumed(batch, heads_q, seqlen_q, seqlen_k))
     return (n + 3) // 4 * 4
 

@@ -581,7 +581,7 @@ pub(crate) mod tests {
         }
         p.allow_tf32 = true;
         check(&p).unwrap();
-        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), Ok(B * HQ * SQ.div_ceil(16) * 8 * SK.div_ceil(16) * 8));
+        assert_eq!(crate::flash::dropout_offsets_consumed(B, HQ, SQ, SK), Ok(B * HQ * SQ.div_ceil(16) * 8 * SK.div_ceil(16) * 4));
     }
 
     /// A packed batch of 3 sequences (lengths q 5, 0, 12 and k 7, 9, 1) as [1, H, tokens, D] views.

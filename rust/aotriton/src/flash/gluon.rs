@@ -1028,7 +1028,7 @@ mod tests {
             ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "PHILOX_SEED_OUT", "PHILOX_OFFSET_OUT", "STORE_PHILOX"]
         );
         let value = |n: &str| args.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
-        assert_eq!(value("DROPOUT_THRESHOLD"), ArgValue::U32(1 << 30));
+        assert_eq!(value("DROPOUT_THRESHOLD"), ArgValue::U32(1 << 14)); // ⌊0.25·2¹⁶⌋
         assert_eq!((value("PHILOX_SEED"), value("philox_offset_base"), value("STORE_PHILOX")), (ArgValue::Ptr(0x1000), ArgValue::I64(5), ArgValue::I32(1)));
         // Without dropout the group is neutral.
         p.dropout = None;

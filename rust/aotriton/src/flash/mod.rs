@@ -29,11 +29,12 @@
 //! whatever they hold) and can record what they clamped in a status word ([`Varlen::status`]).
 //!
 //! Dropout ([`Dropout`]): Philox4x32-10, keyed by the 64-bit seed, counter = the 64-bit offset
-//! (`*offset + offset_base`) plus `((b·Hq + h)·Q(Sq) + q(i))·Q(Sk) + q(j)`, output word
-//! `2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2`, where `q(i) = 8·⌊i/16⌋ + i mod 8` and `Q(n) = 8·⌈n/16⌉`: one
-//! counter per four elements 8 rows and 8 columns apart, which is what one GPU thread holds of an
-//! MMA tile (python/kernels/flash/dropout.py); element (b, h, i, j) is kept iff its word ≥
-//! ⌊p·2³²⌋. One call consumes
+//! (`*offset + offset_base`) plus `((b·Hq + h)·Q(Sq) + q(i))·U(Sk) + ⌊q(j)/2⌋`, output word
+//! `2·(⌊i/8⌋ mod 2) + ⌊j/8⌋ mod 2`, its bits `[16e, 16e + 16)` with `e = j mod 2`, where
+//! `q(i) = 8·⌊i/16⌋ + i mod 8`, `Q(n) = 8·⌈n/16⌉` and `U(n) = 4·⌈n/16⌉`: one counter per eight
+//! elements (rows `r, r + 8`, columns `c, c + 1, c + 8, c + 9`), which is what one GPU thread holds
+//! of an MMA tile (python/kernels/flash/dropout.py); element (b, h, i, j) is kept iff its 16 bits
+//! are ≥ ⌊p·2¹⁶⌋. One call consumes
 //! [`dropout_offsets_consumed`] counters (Sq, Sk the max lengths for packed batches): advance
 //! the generator's offset by that much between calls. Seed and offset are read from device
 //! memory, so a captured CUDA graph can be replayed with a new offset.
@@ -233,14 +234,15 @@ impl Dropout {
     }
 }
 
-/// Philox counters one call consumes: `batch · heads_q · 8⌈seqlen_q / 16⌉ · 8⌈seqlen_k / 16⌉`
-/// (max lengths for packed batches; a quarter of the elements, each length rounded up to 16).
+/// Philox counters one call consumes: `batch · heads_q · 8⌈seqlen_q / 16⌉ · 4⌈seqlen_k / 16⌉`
+/// (max lengths for packed batches; an eighth of the elements, each length rounded up to 16).
 /// Advance the generator's offset by this between calls. `TooLarge` when the count does not fit
 /// 64 bits (such a call is refused too: its counters would wrap and masks repeat).
 pub fn dropout_offsets_consumed(batch: u64, heads_q: u64, seqlen_q: u64, seqlen_k: u64) -> Result<u64> {
     // 8·⌈n/16⌉ ≤ n/2 + 8 cannot overflow.
-    let quads = |n: u64| n.div_ceil(16) * 8;
-    checked_product("dropout counters (batch · heads · 8⌈Sq/16⌉ · 8⌈Sk/16⌉)", &[batch, heads_q, quads(seqlen_q), quads(seqlen_k)])
+    let quad_rows = seqlen_q.div_ceil(16) * 8;
+    let unit_cols = seqlen_k.div_ceil(16) * 4;
+    checked_product("dropout counters (batch · heads · 8⌈Sq/16⌉ · 4⌈Sk/16⌉)", &[batch, heads_q, quad_rows, unit_cols])
 }
 
 /// Bits of a [`Varlen::status`] word: an offset was outside `[0, tokens]` of its packed tensor.
@@ -723,8 +725,8 @@ pub(crate) fn dropout_args(args: &mut ArgList, dropout: Option<&Dropout>, forwar
             *d
         }
     };
-    // Kept iff the Philox word ≥ ⌊p·2³²⌋ (p < 1, so it fits a u32).
-    let threshold = (d.p as f64 * 4_294_967_296.0).floor() as u32;
+    // Kept iff the element's 16 bits of its Philox word are ≥ ⌊p·2¹⁶⌋ (p < 1: at most 2¹⁶ - 1).
+    let threshold = (d.p as f64 * 65_536.0).floor() as u32;
     args.extend([
         ("DROPOUT_THRESHOLD", U32(threshold)),
         ("dropout_scale", F32((1.0 / (1.0 - d.p as f64)) as f32)),
