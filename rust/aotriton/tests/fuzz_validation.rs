@@ -821,7 +821,7 @@ fn check_offsets_consumed(args: [u64; 4]) -> Result<(), String> {
     let [b, h, sq, sk] = args;
     let text = no_panic(|| debug_text(flash::dropout_offsets_consumed(b, h, sq, sk)))
         .map_err(|panic| format!("dropout_offsets_consumed{args:?} panicked: {panic}"))?;
-    let factors = [b as u128, h as u128, sq.div_ceil(16) as u128 * 8, sk.div_ceil(16) as u128 * 8];
+    let factors = [b as u128, h as u128, sq.div_ceil(16) as u128 * 8, sk.div_ceil(16) as u128 * 4];
     let exact = if factors.contains(&0) {
         Some(0)
     } else {
