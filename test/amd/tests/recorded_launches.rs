@@ -577,7 +577,7 @@ fn put_attention(e: &mut Expect, c: &Case) {
 /// The dropout group (dropout.py): kept iff the Philox word ≥ ⌊p·2³²⌋, scale 1/(1−p) rounded to
 /// fp32, seed and offset by address; neutral values without dropout.
 fn put_dropout(e: &mut Expect, p: f32, seed: u64, offset: u64, base: u64) {
-    e.insert("DROPOUT_THRESHOLD", int((p as f64 * 4294967296.0).floor() as i64));
+    e.insert("DROPOUT_THRESHOLD", int((p as f64 * 65536.0).floor() as i64));
     e.insert("dropout_scale", Val::F32((1.0 / (1.0 - p as f64)) as f32));
     e.insert("PHILOX_SEED", Val::Ptr(seed));
     e.insert("PHILOX_OFFSET", Val::Ptr(offset));
