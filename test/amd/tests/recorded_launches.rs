@@ -574,7 +574,7 @@ fn put_attention(e: &mut Expect, c: &Case) {
     e.insert("STORE_VARLEN_STATUS", int(0));
 }
 
-/// The dropout group (dropout.py): kept iff the Philox word ≥ ⌊p·2³²⌋, scale 1/(1−p) rounded to
+/// The dropout group (dropout.py): kept iff the element's 16 bits ≥ ⌊p·2¹⁶⌋, scale 1/(1−p) rounded to
 /// fp32, seed and offset by address; neutral values without dropout.
 fn put_dropout(e: &mut Expect, p: f32, seed: u64, offset: u64, base: u64) {
     e.insert("DROPOUT_THRESHOLD", int((p as f64 * 65536.0).floor() as i64));
