@@ -9,9 +9,9 @@ the quads of columns ``c`` and ``c + 1`` (``c`` even) together.  So the two quad
 pair -- a *unit*, eight elements -- share one Philox call: word ``2y + x`` for both, its low 16 bits
 for column ``c`` and its high 16 bits for column ``c + 1``.  A kernel whose tiles have the queries as
 rows (forward, dQ, ``debug_dropout_mask``) draws each call once, in the thread that uses it, with no
-data movement; one whose tiles have the keys as rows (the dK/dV and Gluon backwards) holds a unit's
-two quads in two threads and draws the call per quad (``dropout_quad_keep``), which costs what a
-call per quad costs.
+data movement.  Tiles with the keys as rows hold a unit's two quads in two threads: the portable
+dK/dV draws the call per quad (``dropout_quad_keep``: what a call per quad costs), the Gluon
+backward has the two lanes draw one unit each and swap the halves (``flash_gluon/dropout.py``).
 
 * key ``(k0, k1) = (lo32(seed), hi32(seed))`` with ``seed = *PHILOX_SEED`` (i64);
 * element ``(b, h, i, j)`` (``h`` the *query* head, ``i``/``j`` row/column local to the sequence)
@@ -32,8 +32,8 @@ One call of the forward or backward consumes ``B * Hq * QUADS_Q * UNITS_K`` coun
 lengths for varlen batches); a caller that runs several dropout calls with one seed advances
 ``*PHILOX_OFFSET`` (or ``philox_offset_base``) by that count between them.  Forward, dK/dV, dQ,
 dBias and ``debug_dropout_mask`` all call ``dropout_keep``, the Gluon kernels ``dropout_unit_keep``
-and ``dropout_quad_keep`` on their register tiles (``unit_view``, ``quad_view`` and their inverses;
-``flash_gluon/dropout.py``), so the streams cannot drift apart.
+on their register tiles (``unit_view``, ``quad_view`` and their inverses; ``flash_gluon/dropout.py``),
+so the streams cannot drift apart.
 """
 import triton
 import triton.language as tl

@@ -310,7 +310,8 @@ pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape, dropout: bool) -> Axes
 /// kernels. Measured on the H200 through the PyTorch binding (bf16, hd128, S 4096, p 0.1;
 /// bench/results/h200_gluon_dropout_varlen_issue17.md, one Philox call per eight elements): the
 /// Gluon dropout forward 315 TFLOP/s without a mask (1.08x cuDNN), 216 causal against the portable
-/// forward's 236; the Gluon dropout backward, which `Auto` takes, 1.5-1.7x the portable one in both.
+/// forward's 236; the Gluon dropout backward, which `Auto` takes, was 1.5-1.7x the portable one in
+/// both (measured before the eight-element units; not re-timed since).
 /// The masks are the same whichever backend draws them.
 pub(crate) fn fwd_backend(p: &FwdParams, key: TuningKey) -> Backend {
     match p.backend {
