@@ -287,7 +287,7 @@ KVCACHE_APPEND_ARGS = (
 #: Performance knobs of the Gluon kernels (constexprs after the ABI's; values from the config).
 GLUON_FWD_KNOBS = ["NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
                    "Q_BUFS"]
-GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"]
+GLUON_BWD_KNOBS = ["MASK_MODE", "CONS_REGS", "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK", "DQ_IN_RING"]
 _CONSTEXPRS = ("HEAD_DIM", "HEAD_DIM_V", "BLOCK_M", "BLOCK_N", "DROPOUT", "HAS_BIAS", "ALLOW_TF32", "SOFTCAP",
                "HAS_ALIBI", "HAS_SINKS",
                "STAGES",
@@ -861,9 +861,11 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     head-major walk until measured.
     """
     if functional["head_dim"] > 128:
-        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=0)]
+        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=0,
+                           DQ_IN_RING=0)]
     walk = 1 if functional["head_dim"] > 64 else 0
-    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk)]
+    return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk,
+                       DQ_IN_RING=0)]
 
 
 def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:

@@ -96,6 +96,8 @@ DERIVED = {
     "product_w1": ("product", {"WALK": 1}),
     "product_w2": ("product", {"WALK": 2}),
     "product_p1_w1": ("product_p1", {"WALK": 1}),
+    "product_dqr": ("product", {"DQ_IN_RING": 1, "STAGES": 2}),  # hd256 only: dQ tile in the ring, 2 stages
+    "product_dqr_dps": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "DESC_PER_STEP": 1}),
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
@@ -114,10 +116,13 @@ def variant_kwargs(name, hd):
         return _product_config(hd)
     if name in DERIVED:
         base, extra = DERIVED[name]
-        if extra.get("DESC_PER_STEP") and hd <= 128:
+        if (extra.get("DESC_PER_STEP") or extra.get("DQ_IN_RING")) and hd <= 128:
             return None
         vk = variant_kwargs(base, hd)
-        return None if vk is None else (vk[0], {**vk[1], **extra})
+        if vk is None:
+            return None
+        extra = dict(extra)
+        return extra.pop("STAGES", vk[0]), {**vk[1], **extra}
     hds, st, mm, regs, ss = VARIANTS[name]
     if hd not in hds:
         return None
@@ -238,6 +243,7 @@ class GluonBwd:
             self.grid = (triton.cdiv(sk, block_n), hk, B)
         if not compute_dq:
             self.opts["DK_SS"] = 0  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
+            self.opts.pop("DQ_IN_RING", None)  # no dQ tile to place
         self.stages = stages or vk[0] or STAGES[hd]
         self.compute_dq = compute_dq
         self.shape = (B, hq, hk, sq, sk, d)

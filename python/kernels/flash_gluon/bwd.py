@@ -123,7 +123,7 @@ from ..flash import mask
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
-from .bwd_wide import compute_wide
+from .bwd_wide import compute_wide, ring_like
 from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
 
@@ -178,26 +178,46 @@ def _loader(desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, 
 
 
 @gluon.jit
-def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD):
+def _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD, do_bufs=None,
+                 DQ_IN_RING: gl.constexpr = 0):
+    """``DQ_IN_RING`` (bwd_wide.py): the tile's column halves are ring slot ``j % STAGES``'s Q (``dq_smem``, the
+    Q ring as fp32 strips) and dO; ``dq_full`` is per slot and ``dq_empty`` is the ring's ``q_empty``."""
     row = (b_row + h_first + h_off) * SQ_PAD + start_m
     ROWS: gl.constexpr = desc_dq_acc.block_type.shape[0]
     WIDTH: gl.constexpr = desc_dq_acc.block_type.shape[1]
-    mbarrier.wait(dq_full, j & 1)  # both warpgroups' halves of the tile are in shared memory
-    for g in gl.static_range(dq_smem.shape[0] // ROWS):  # one reduce per column strip
-        tma_reduce_add(desc_dq_acc, [row, g * WIDTH], dq_smem.slice(g * ROWS, ROWS, dim=0))
-    tma.store_wait(0)  # the reduce has read dq_smem: the warpgroups may overwrite it
-    mbarrier.arrive(dq_empty, count=1)
+    if DQ_IN_RING:
+        STAGES: gl.constexpr = dq_smem.shape[0]
+        HALF: gl.constexpr = dq_smem.shape[1] // ROWS  # column strips per half
+        idx = j % STAGES
+        mbarrier.wait(dq_full.index(idx), (j // STAGES) & 1)  # both halves are in the slot
+        lo = dq_smem.index(idx)
+        hi = ring_like(do_bufs, dq_smem).index(idx)
+        for g in gl.static_range(HALF):
+            tma_reduce_add(desc_dq_acc, [row, g * WIDTH], lo.slice(g * ROWS, ROWS, dim=0))
+        for g in gl.static_range(HALF):
+            tma_reduce_add(desc_dq_acc, [row, (HALF + g) * WIDTH], hi.slice(g * ROWS, ROWS, dim=0))
+        tma.store_wait(0)  # the reduces have read the slot: the loader may refill it
+        mbarrier.arrive(dq_empty.index(idx), count=2)  # the two arrivals the compute warpgroups make otherwise
+    else:
+        mbarrier.wait(dq_full, j & 1)  # both warpgroups' halves of the tile are in shared memory
+        for g in gl.static_range(dq_smem.shape[0] // ROWS):  # one reduce per column strip
+            tma_reduce_add(desc_dq_acc, [row, g * WIDTH], dq_smem.slice(g * ROWS, ROWS, dim=0))
+        tma.store_wait(0)  # the reduce has read dq_smem: the warpgroups may overwrite it
+        mbarrier.arrive(dq_empty, count=1)
 
 
 @gluon.jit
 def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap,
-                f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr, WALK: gl.constexpr):
+                f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M: gl.constexpr, WALK: gl.constexpr, do_bufs=None,
+                DQ_IN_RING: gl.constexpr = 0):
     for j in range(n_mask_steps):
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
-        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD, do_bufs,
+                     DQ_IN_RING)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
-        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD)
+        _reduce_step(j, h_off, start_m, desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, SQ_PAD, do_bufs,
+                     DQ_IN_RING)
 
 
 @gluon.jit
@@ -764,7 +784,8 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                    PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
                    N_CTX_K_MAX, HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
-                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr, DROP: gl.constexpr):
+                   MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr, DROP: gl.constexpr,
+                   DQR: gl.constexpr):
     dtype: gl.constexpr = desc_q.dtype
     # P^T and dS^T [keys, queries], double-buffered; a 64-byte swizzle makes each warpgroup's
     # BLOCK_M / 2 query columns whole swizzle panels (bwd_wide.py).
@@ -778,16 +799,29 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
         mbarrier.init(pds_full.index(i), count=2)
         mbarrier.init(pds_empty.index(i), count=2)
     mbarrier.init(done_bar, count=2)
-    if COMPUTE_DQ:
+    if DQR:
+        # DQ_IN_RING: a step's fp32 dQ tile takes the Q and dO of its own ring slot, which both
+        # warpgroups have read by then (``slot_read``); the reducer gives the slot back to the loader.
+        dq_smem = q_bufs._reinterpret(gl.float32, [STAGES, HEAD_DIM // 2 // 8 * BLOCK_M, 8], desc_dq_acc.layout)
+        dq_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        slot_read = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(dq_full.index(i), count=2)
+            mbarrier.init(slot_read.index(i), count=2)
+        dq_empty = slot_read  # the compute side: the tile's memory may be written
+        dq_freed = q_empty  # the reducer side: what it arrives on once the reduces have read the tile
+    elif COMPUTE_DQ:
         dq_smem = gl.allocate_shared_memory(gl.float32, [HEAD_DIM // 8 * BLOCK_M, 8], desc_dq_acc.layout)
         dq_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         dq_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(dq_full, count=2)
         mbarrier.init(dq_empty, count=1)
+        dq_freed = dq_empty
     else:  # placeholders the compute partitions never touch
         dq_smem = kv_bar
         dq_full = kv_bar
         dq_empty = kv_bar
+        dq_freed = kv_bar
     mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
     tma.async_copy_global_to_shared(desc_k, row_coords(desc_k, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, k_smem)
     tma.async_copy_global_to_shared(desc_v, row_coords(desc_v, b, hk, start_n, 0, k_end, N_CTX_K), kv_bar, v_smem)
@@ -799,19 +833,19 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
                             N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
-                            DPS, WLK, DROP)),
+                            DPS, WLK, DROP, DQR)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
                             N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
-                            DPS, WLK, DROP)),
+                            DPS, WLK, DROP, DQR)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                        n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
-            (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
-                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
+            (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_freed, h_first, b_row, start, n_mask_steps, n_mblk,
+                           n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK, do_bufs, DQR)),
         ], [4, 1, 1], [CREGS, LOAD_REGS, LOAD_REGS])
     else:
         gl.warp_specialize([
@@ -821,14 +855,14 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
                             N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
-                            DPS, WLK, DROP)),
+                            DPS, WLK, DROP, DQR)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
                             N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
-                            DPS, WLK, DROP)),
+                            DPS, WLK, DROP, DQR)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
                        n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
@@ -851,7 +885,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, DROPOUT: gl.constexpr = 0, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
                    DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0,
-                   WALK: gl.constexpr = 0):
+                   WALK: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0):
     gl.static_assert(gl.num_warps() == 4, "num_warps 4: the default partition is compute warpgroup 0")
     # WIDE (the bucket 256): bwd_wide.py's layout, 64 keys per CTA, the head dim split between the
     # two compute warpgroups; otherwise 128 keys per CTA, 64 per warpgroup.
@@ -898,6 +932,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     PERS: gl.constexpr = 0 if PERSISTENT is None else PERSISTENT
     WLK: gl.constexpr = 0 if WALK is None else WALK
     DROP: gl.constexpr = 0 if DROPOUT is None else DROPOUT
+    DQR: gl.constexpr = 0 if DQ_IN_RING is None else DQ_IN_RING
     gl.static_assert((PERS == 0) or not DROP, "dropout: PERSISTENT 0")
     gl.static_assert((WLK >= 0) and (WLK <= 2), "WALK 0 (head-major), 1 (heads inner, last block first), 2 (heads "
                      "inner, first block first)")
@@ -905,6 +940,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
     gl.static_assert((PERS == 0) or not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: PERSISTENT 0")
     gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
+    gl.static_assert((DQR == 0) or (WIDE and COMPUTE_DQ), "DQ_IN_RING: hd256 with COMPUTE_DQ only")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
@@ -950,7 +986,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                        N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
                        full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, N_HEADS_Q,
                        PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
-                       N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK, DROP)
+                       N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK, DROP, DQR)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,

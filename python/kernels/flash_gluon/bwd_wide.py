@@ -46,9 +46,11 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
                pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty, dk, dv,
                key_lo, key_hi, qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DESC_PER_STEP: gl.constexpr,
-               h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0):
+               h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0):
     """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
-    Dropout as in ``bwd.py``'s ``_compute_step`` (the CTA's keys from ``k0``)."""
+    Dropout as in ``bwd.py``'s ``_compute_step`` (the CTA's keys from ``k0``).  ``dq_empty``: the
+    barrier after which the dQ tile's memory may be written (``DQ_IN_RING``: ``slot_read``, one per
+    ring slot, both warpgroups arrive; else the reducer's)."""
     QH: gl.constexpr = BLOCK_M // 2  # queries of this warpgroup's S^T / dP^T
     DH: gl.constexpr = HEAD_DIM // 2  # dK / dV / dQ columns of this warpgroup
     dtype: gl.constexpr = k_all.dtype
@@ -109,17 +111,44 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
     else:
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
     gl.thread_barrier()  # every warp's wgmmas on slot idx and on the P^T / dS^T tiles are complete
-    mbarrier.arrive(q_empty.index(idx), count=1)
     mbarrier.arrive(pds_empty.index(pb), count=1)
-    if COMPUTE_DQ:
-        mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
-        W: gl.constexpr = dq_smem.shape[1]
-        dq_strips = dq.reshape([BLOCK_M, DH // W, W]).permute((1, 0, 2)).reshape([DH // W * BLOCK_M, W])
-        dq_smem.slice(cid * (DH // W * BLOCK_M), DH // W * BLOCK_M, dim=0).store(dq_strips)
+    if DQ_IN_RING:
+        # Both warpgroups' dV / dK products have read Q and dO of slot idx: this warpgroup's half of
+        # the fp32 dQ tile overwrites the slot's Q (cid 0) or dO (cid 1); the reducer frees the slot.
+        mbarrier.arrive(dq_empty.index(idx), count=1)
+        mbarrier.wait(dq_empty.index(idx), (j // STAGES) & 1)
+        if cid == 0:
+            dq_half = dq_smem.index(idx)
+        else:
+            dq_half = ring_like(do_bufs, dq_smem).index(idx)
+        dq_half.store(_dq_strips(dq, BLOCK_M, DH, dq_half.shape[1]))
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.arrive(dq_full, count=1)
+        mbarrier.arrive(dq_full.index(idx), count=1)
+    else:
+        mbarrier.arrive(q_empty.index(idx), count=1)
+        if COMPUTE_DQ:
+            mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
+            W: gl.constexpr = dq_smem.shape[1]
+            dq_smem.slice(cid * (DH // W * BLOCK_M), DH // W * BLOCK_M, dim=0).store(_dq_strips(dq, BLOCK_M, DH, W))
+            fence_async_shared()
+            gl.thread_barrier()
+            mbarrier.arrive(dq_full, count=1)
     return dk, dv
+
+
+@gluon.jit
+def _dq_strips(dq, BLOCK_M: gl.constexpr, DH: gl.constexpr, W: gl.constexpr):
+    """A warpgroup's ``[BLOCK_M, DH]`` dQ accumulator as ``DH / W`` column strips ``[BLOCK_M, W]``, one under the other."""
+    return dq.reshape([BLOCK_M, DH // W, W]).permute((1, 0, 2)).reshape([DH // W * BLOCK_M, W])
+
+
+@gluon.jit
+def ring_like(bufs, like):
+    """A ring of 16-bit Q or dO slots seen as ``like`` (``DQ_IN_RING``: the Q ring as fp32 dQ column strips,
+    ``[STAGES, HEAD_DIM / 2 / 8 * 64, 8]``: a 32 KiB ``[64, 256]`` slot holds half of a step's dQ tile)."""
+    gl.static_assert(bufs.dtype.primitive_bitwidth == 16, "DQ_IN_RING: a 16-bit Q/dO ring")
+    return bufs._reinterpret(like.dtype, like.shape, like.layout)
 
 
 @gluon.jit
@@ -131,7 +160,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                  N_CTX_Q_MAX, N_CTX_K_MAX,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr,
-                 DROPOUT: gl.constexpr = 0):
+                 DROPOUT: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0):
     """One compute warpgroup: the ``BLOCK_N`` keys from ``start_n``, head-dim columns ``cid * HEAD_DIM / 2 ..``.
     ``k_end``: where sequence ``b``'s keys end among a packed batch's rows (ragged descriptors only).
     Dropout: as ``bwd.py``'s ``_compute``."""
@@ -165,7 +194,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         dk, dv = _wide_step(j, start_m, True, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                            DESC_PER_STEP, h_off, start_n, drop, DROPOUT)
+                            DESC_PER_STEP, h_off, start_n, drop, DROPOUT, DQ_IN_RING)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
@@ -173,7 +202,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         dk, dv = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                             pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
-                            COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT)
+                            COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT, DQ_IN_RING)
     if DROPOUT:
         dv = dv * dropout_scale
 
