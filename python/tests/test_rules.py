@@ -152,7 +152,7 @@ GLUON_CONTRACT = {
                        *_WINDOW, *_PACKING, "DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET",
                        "philox_offset_base", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "DROPOUT",
                        "MASK_MODE", "CONS_REGS",
-                       "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK"],
+                       "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK", "DQ_IN_RING"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
                                   "SQ_PAD", "D_HEAD", "N_HEADS_Q", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
     "attn_fwd_gluon_fp8": ["desc_q", "desc_k", "desc_vt", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",

@@ -98,6 +98,7 @@ DERIVED = {
     "product_p1_w1": ("product_p1", {"WALK": 1}),
     "product_dqr": ("product", {"DQ_IN_RING": 1, "STAGES": 2}),  # hd256 only: dQ tile in the ring, 2 stages
     "product_dqr_dps": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "DESC_PER_STEP": 1}),
+    "product_dqr_w1": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "WALK": 1}),
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
