@@ -79,6 +79,11 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
   hoisted out of the step loop, where the default partition spills them (ptxas: 368 -> 152 bytes of
   spill stores at hd256).
 
+* ``DQ_IN_RING`` (default 0; hd256 with ``COMPUTE_DQ`` only, ``bwd_wide.py``): a step's fp32 dQ tile is
+  written over its own ring slot's Q and dO once both compute warpgroups' dV / dK products have read
+  them (per-slot ``slot_read``), and the dQ reducer, not the warpgroups, gives the slot back to the
+  loader; the separate 64 KiB dQ tile goes, so the ring can hold 2 stages (230,992 B of shared memory).
+
 * ``WALK`` (default 0): the order of the (query head, query block) steps of the contiguous walk
   (``bwd_steps.full_coords``).  0 head-major; 1 block-major with the group's heads innermost, from the
   last query block down (under a causal mask every key block's walk ends at the last query block, so
@@ -802,7 +807,9 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
     if DQR:
         # DQ_IN_RING: a step's fp32 dQ tile takes the Q and dO of its own ring slot, which both
         # warpgroups have read by then (``slot_read``); the reducer gives the slot back to the loader.
-        dq_smem = q_bufs._reinterpret(gl.float32, [STAGES, HEAD_DIM // 2 // 8 * BLOCK_M, 8], desc_dq_acc.layout)
+        W: gl.constexpr = desc_dq_acc.block_type.shape[1]  # a column strip's width
+        gl.static_assert(dtype.primitive_bitwidth == 16, "DQ_IN_RING: a 16-bit slot holds half the fp32 dQ tile")
+        dq_smem = q_bufs._reinterpret(gl.float32, [STAGES, HEAD_DIM // 2 // W * BLOCK_M, W], desc_dq_acc.layout)
         dq_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         slot_read = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):

@@ -22,6 +22,9 @@ ring is one stage deep (shared memory, bytes): K, V ``2 * 64 * 256 * 2`` = 65536
 with one stage (two would not fit).  ptxas: the default partition (compute warpgroup 0, which also
 holds the kernel's prologue values) spills 368 bytes, mostly wgmma descriptors hoisted out of the
 step loop (152 with ``DESC_PER_STEP``, bwd.py); the worker does not spill.
+With ``DQ_IN_RING`` (bwd.py) the fp32 dQ tile is not allocated: each warpgroup writes its half over the
+step's own Q (warpgroup 0) or dO (warpgroup 1) ring slot, 32 KiB each, and the ring takes 2 stages
+(230,992 bytes; ptxas, bf16: spill instructions 115 -> 59).
 The P^T / dS^T tiles use a 64-byte swizzle so that each warpgroup's 32 query columns are whole
 swizzle panels (a 128-byte swizzle would interleave the two halves of a row).
 """
