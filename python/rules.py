@@ -850,8 +850,12 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     registers for the compute worker -- geomean 0.995 of cuDNN at hd128 and 0.973 at hd64 (the
     variants with the mask on every step or a split walk: 0.85-0.93 at hd128).
 
-    hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, a one-stage
-    ring (shared memory), the same mask handling.
+    hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, the same mask
+    handling.  With dQ (DQ_IN_RING 1) each step's fp32 dQ tile is written over its own ring slot once
+    the slot's Q and dO are read, which frees the shared memory for a 2-stage ring: check_bwd.py
+    --bench on an H100, cuDNN beside it, 0.60-0.75 -> 0.72-0.83 of cuDNN (bf16 S 1k-16k, full and
+    causal; 233 -> 291 TFLOP/s at S16k full).  Without dQ (the deterministic mode's dK/dV kernel) the
+    one-stage ring stays until measured (a 2-stage ring fits: 230,896 B).
 
     hd128 walks its query steps block-major with the GQA group's heads innermost, from the last query
     block down (WALK 1: the CTAs of one K/V head then read the same Q/dO tiles together, in L2):
@@ -861,8 +865,9 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     head-major walk until measured.
     """
     if functional["head_dim"] > 128:
-        return [_gluon_cfg(64, 64, 1, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=0,
-                           DQ_IN_RING=0)]
+        dq_in_ring = 1 if functional["dq"] else 0
+        return [_gluon_cfg(64, 64, 1 + dq_in_ring, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0,
+                           DESC_PER_STEP=0, WALK=0, DQ_IN_RING=dq_in_ring)]
     walk = 1 if functional["head_dim"] > 64 else 0
     return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk,
                        DQ_IN_RING=0)]

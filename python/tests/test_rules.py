@@ -505,7 +505,10 @@ class EnumerateKernelsTest(unittest.TestCase):
                     # dK/dV: one compute warpgroup's share (bwd.py: 64 keys; bwd_wide.py: half the columns)
                     n = s.config["BLOCK_N"]
                     dkv = f"[{lead}, {n}, {hd // 2}]" if hd > 128 else f"[{lead}, {n // 2}, {hd}]"
-                    self.assertEqual((n, s.config["STAGES"]), (64, 1) if hd > 128 else (128, 2))
+                    # hd256 with dQ: the dQ tile lives in the Q/dO ring (DQ_IN_RING), which then has 2 stages
+                    wide_stages = 2 if s.functional["dq"] else 1
+                    self.assertEqual((n, s.config["STAGES"]), (64, wide_stages) if hd > 128 else (128, 2))
+                    self.assertEqual(s.constexprs["DQ_IN_RING"], int(hd > 128 and s.functional["dq"]))
                     self.assertIn(f"{dt}{dkv}", s.signature["desc_dk"])
                     self.assertIn(f"{dt}[{lead}, {n}, {hd}]", s.signature["desc_k"])
                     self.assertEqual("varlen" in s.functional, "varlen1" in s.id)

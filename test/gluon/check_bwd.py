@@ -104,22 +104,22 @@ VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
 
 
-def _product_config(hd):
+def _product_config(hd, compute_dq=1):
     """The config python/rules.py ships for head-dim bucket ``hd`` (the kernels the library runs)."""
     import rules
-    (c, ) = rules._attn_bwd_gluon_configs("sm_90", {"head_dim": hd})
+    (c, ) = rules._attn_bwd_gluon_configs("sm_90", {"head_dim": hd, "dq": bool(compute_dq)})
     return c["STAGES"], {k: c[k] for k in rules.GLUON_BWD_KNOBS}
 
 
-def variant_kwargs(name, hd):
+def variant_kwargs(name, hd, compute_dq=1):
     """(stages or None, extra constexprs) of variant ``name`` at head-dim bucket ``hd``; None if it does not apply."""
     if name == "product":
-        return _product_config(hd)
+        return _product_config(hd, compute_dq)
     if name in DERIVED:
         base, extra = DERIVED[name]
         if (extra.get("DESC_PER_STEP") or extra.get("DQ_IN_RING")) and hd <= 128:
             return None
-        vk = variant_kwargs(base, hd)
+        vk = variant_kwargs(base, hd, compute_dq)
         if vk is None:
             return None
         extra = dict(extra)
@@ -227,7 +227,7 @@ class GluonBwd:
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
         self.hd = hd = bucket(d)
-        vk = variant_kwargs(variant, hd)
+        vk = variant_kwargs(variant, hd, compute_dq)
         assert vk is not None, f"variant {variant} does not apply to head-dim bucket {hd}"
         self.variant, self.opts = variant, dict(vk[1])
         # preprocess / convert rows per program (divides 128; 4096 / hd is spill-free) and warps
@@ -410,9 +410,9 @@ def check_case(a, kw, variant="default", problem=None, grid_cap=None):
 
 
 def stability(n=100, variant="default"):
-    a = ("bf16", 1, 4, 1, 1000, 1000, 128, "causal_tl")
-    if variant_kwargs(variant, bucket(a[6])) is None:
-        a = a[:6] + (64, ) + a[7:]
+    # the first head dim (128, 64, 256) the variant applies to
+    d = next(d for d in (128, 64, 256) if variant_kwargs(variant, bucket(d)) is not None)
+    a = ("bf16", 1, 4, 1, 1000, 1000, d, "causal_tl")
     p = make_problem(*a)
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant)
     dq0, dk0, dv0 = (t.clone() for t in bwd.run())

@@ -36,9 +36,9 @@ from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
 
-def shipped(hd, row_family):
+def shipped(hd, row_family, compute_dq):
     """(main config, rows per program of the preprocess/convert) of python/rules.py for bucket ``hd``."""
-    (main, ) = rules._attn_bwd_gluon_configs("sm_90", {"head_dim": hd, "varlen": True})
+    (main, ) = rules._attn_bwd_gluon_configs("sm_90", {"head_dim": hd, "dq": bool(compute_dq), "varlen": True})
     (rows, ) = row_family("sm_90", {"head_dim": hd})
     return main, rows
 
@@ -50,7 +50,7 @@ class PackedBwd:
         tq, hq, d = q.shape
         tk, hk = k.shape[0], k.shape[1]
         self.hd = hd = check_bwd.bucket(d)
-        main, rows_cfg = shipped(hd, rules._attn_bwd_gluon_rows_configs)
+        main, rows_cfg = shipped(hd, rules._attn_bwd_gluon_rows_configs, compute_dq)
         self.aux_m, self.aux_warps = rows_cfg["BLOCK_M"], rows_cfg["num_warps"]
         self.main_cfg = main
         n_seq = cu_q.numel() - 1

@@ -947,7 +947,8 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert((not WIDE) or ((PERS == 0) and (DKSS == 0)), "hd256: PERSISTENT 0 and DK_SS 0 only")
     gl.static_assert((PERS == 0) or not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: PERSISTENT 0")
     gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
-    gl.static_assert((DQR == 0) or (WIDE and COMPUTE_DQ), "DQ_IN_RING: hd256 with COMPUTE_DQ only")
+    # COMPUTE_DQ may come as an int: compare, so the condition is a bool (static_assert takes no int)
+    gl.static_assert((DQR == 0) or (WIDE and (COMPUTE_DQ != 0)), "DQ_IN_RING: hd256 with COMPUTE_DQ only")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
