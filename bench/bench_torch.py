@@ -30,7 +30,7 @@ the fixed-length aotriton call on the same token count (B 16 of the mean length,
 tensors) and torch's varlen_attn; FLOPs summed per sequence.
 
     PYTHONPATH=bindings/torch/python:bench python3 bench/bench_torch.py [--json out.json] [--quick]
-        [--grid fa3 | --varlen] [--dropout P]
+        [--grid fa3 | --varlen] [--dropout P] [--only PREFIX]
 """
 import argparse
 import json
@@ -140,7 +140,7 @@ def run(args):
         impls["registered"] = call_sdpa(SDPBackend.FLASH_ATTENTION)  # timed with aotriton activated
     rows, wrong = [], 0
     for name, b, hq, hk, s, d, causal in (fa3_grid() if args.grid == "fa3" else SHAPES):
-        if args.quick and name not in QUICK:
+        if (args.quick and name not in QUICK) or (args.only and not name.startswith(args.only)):
             continue
         for layout in ("bhsd", "bshd"):
             q = make(b, hq, s, d, layout, dtype, gen)
@@ -273,6 +273,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--quick", action="store_true", help="only " + ", ".join(sorted(QUICK)))
+    ap.add_argument("--only", help="rows whose name starts with this (e.g. 'hd256 ' with --grid fa3)")
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
     ap.add_argument("--grid", choices=("default", "fa3"), default="default",
