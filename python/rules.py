@@ -854,21 +854,22 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     handling.  With dQ (DQ_IN_RING 1) each step's fp32 dQ tile is written over its own ring slot once
     the slot's Q and dO are read, which frees the shared memory for a 2-stage ring: check_bwd.py
     --bench on an H100, cuDNN beside it, 0.60-0.75 -> 0.72-0.83 of cuDNN (bf16 S 1k-16k, full and
-    causal; 233 -> 291 TFLOP/s at S16k full).  Without dQ (the deterministic mode's dK/dV kernel) the
-    one-stage ring stays until measured (a 2-stage ring fits: 230,896 B).
+    causal; 233 -> 291 TFLOP/s at S16k full; geomean 0.653 -> 0.780, and 0.793 with WALK 1, shipped).
+    Without dQ (the deterministic mode's dK/dV kernel) the one-stage ring stays until measured (a
+    2-stage ring fits: 230,896 B).
 
     hd128 walks its query steps block-major with the GQA group's heads innermost, from the last query
     block down (WALK 1: the CTAs of one K/V head then read the same Q/dO tiles together, in L2):
     test/gluon/check_bwd.py --bench-gqa on the H200, cuDNN beside it, Hq/Hk 28/4 S2k 0.885 -> 1.011,
     64/8 S2k 0.895 -> 1.083, every GQA row 0.91-1.10 (0.89-1.09 head-major), the MHA hd128 grid
-    unchanged within noise (bench/results/h200_gluon_bwd_issue17.md).  hd64 and hd256 keep the
-    head-major walk until measured.
+    unchanged within noise (bench/results/h200_gluon_bwd_issue17.md).  hd256 walks the same way (the
+    H100 figures above); hd64 keeps the head-major walk until measured.
     """
+    walk = 1 if functional["head_dim"] > 64 else 0
     if functional["head_dim"] > 128:
         dq_in_ring = 1 if functional["dq"] else 0
         return [_gluon_cfg(64, 64, 1 + dq_in_ring, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0,
-                           DESC_PER_STEP=0, WALK=0, DQ_IN_RING=dq_in_ring)]
-    walk = 1 if functional["head_dim"] > 64 else 0
+                           DESC_PER_STEP=0, WALK=walk, DQ_IN_RING=dq_in_ring)]
     return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk,
                        DQ_IN_RING=0)]
 
