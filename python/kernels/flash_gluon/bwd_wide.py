@@ -15,16 +15,19 @@ keys and the two compute warpgroups split the *head dim* of everything that has 
 * dQ[:, half] = dS K[:, half] (``COMPUTE_DQ``): the same columns of dQ, into the fp32 dQ tile's
   strips, which the dQ reducer adds to ``dq_acc`` (as in ``bwd.py``).
 
-Loader, dQ reducer, step order, masks, workspace and barriers' meaning are ``bwd.py``'s; the
-ring is one stage deep (shared memory, bytes): K, V ``2 * 64 * 256 * 2`` = 65536; Q, dO
-``2 * 64 * 256 * 2`` = 65536 per stage; P^T, dS^T ``2 * 2 * 64 * 64 * 2`` = 32768; the fp32 dQ tile
-``64 * 256 * 4`` = 65536; with barriers and the lse2/delta2 rows 230528 bytes, under sm_90's 232448
-with one stage (two would not fit).  ptxas: the default partition (compute warpgroup 0, which also
-holds the kernel's prologue values) spills 368 bytes, mostly wgmma descriptors hoisted out of the
-step loop (152 with ``DESC_PER_STEP``, bwd.py); the worker does not spill.
-With ``DQ_IN_RING`` (bwd.py) the fp32 dQ tile is not allocated: each warpgroup writes its half over the
-step's own Q (warpgroup 0) or dO (warpgroup 1) ring slot, 32 KiB each, and the ring takes 2 stages
-(230,992 bytes; ptxas, bf16: spill instructions 115 -> 59).
+Loader, dQ reducer, step order, masks, workspace and barriers' meaning are ``bwd.py``'s.  Shared
+memory (bytes): K, V ``2 * 64 * 256 * 2`` = 65536; Q, dO ``2 * 64 * 256 * 2`` = 65536 per stage;
+P^T, dS^T ``2 * 2 * 64 * 64 * 2`` = 32768; a separate fp32 dQ tile would take ``64 * 256 * 4`` =
+65536 more, which leaves room for one stage only (230528 bytes with barriers and the lse2/delta2
+rows, under sm_90's 232448), and a one-stage ring exposes every step's 64 KiB Q/dO load.  So the
+shipped configs (python/rules.py) set ``DQ_IN_RING`` (bwd.py): the fp32 dQ tile is not allocated;
+each warpgroup writes its half over the step's own Q (warpgroup 0) or dO (warpgroup 1) ring slot,
+32 KiB each, once both warpgroups' dV/dK products have read it, and the ring takes 2 stages
+(230,992 bytes; ptxas, bf16: spill instructions 115 -> 59; 0.65 -> 0.78 of cuDNN, H100).  Without
+dQ (the deterministic mode's dK/dV kernel) no dQ tile exists and the ring keeps one stage.
+ptxas: the default partition (compute warpgroup 0, which also holds the kernel's prologue values)
+spills the most, mostly wgmma descriptors hoisted out of the step loop (fewer with
+``DESC_PER_STEP``, bwd.py); the worker does not spill.
 The P^T / dS^T tiles use a 64-byte swizzle so that each warpgroup's 32 query columns are whole
 swizzle panels (a 128-byte swizzle would interleave the two halves of a row).
 """
