@@ -1,6 +1,6 @@
 """GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
 
-usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench [--compute-dq 0]] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
 
 Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
 launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
@@ -99,6 +99,7 @@ DERIVED = {
     "product_dqr": ("product", {"DQ_IN_RING": 1, "STAGES": 2}),  # hd256 only: dQ tile in the ring, 2 stages
     "product_dqr_dps": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "DESC_PER_STEP": 1}),
     "product_dqr_w1": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "WALK": 1}),
+    "product_s2": ("product", {"STAGES": 2}),  # hd256 without dQ: a 2-stage ring fits (230,896 B)
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)
@@ -519,26 +520,27 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
 GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
-def _time_cell(c, d, variant):
+def _time_cell(c, d, variant, compute_dq=1):
     """Our three launches and cuDNN's backward on one bench cell: ``(GluonBwd, ours TFLOP/s, cuDNN
     TFLOP/s, ours ms, cuDNN ms)`` (``do_bench`` medians)."""
     from triton.testing import do_bench
-    bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
+    bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant, compute_dq=compute_dq)
     t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
     t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
     return bwd, c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9, t_ours, t_cudnn
 
 
-def bench(variant="default", buckets=(64, 128, 256)):
+def bench(variant="default", buckets=(64, 128, 256), compute_dq=1):
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
-          "preprocess + convert")
+          "preprocess + convert" + ("" if compute_dq else "; ours WITHOUT dQ (COMPUTE_DQ 0: the deterministic "
+                                    "mode's dK/dV kernel), so the ratio only compares variants"))
     for d in buckets:
-        if variant_kwargs(variant, d) is None:
+        if variant_kwargs(variant, d, compute_dq) is None:
             continue
         for s in (1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 c = fa3_cell(d, s, causal)
-                bwd, ours, ref, _, _ = _time_cell(c, d, variant)
+                bwd, ours, ref, _, _ = _time_cell(c, d, variant, compute_dq)
                 print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
                       f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts})", flush=True)
                 del bwd, c
@@ -564,6 +566,8 @@ def main():
     ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
+    ap.add_argument("--compute-dq", type=int, choices=(0, 1), default=1,
+                    help="--bench: 0 times the kernel without dQ (the deterministic mode's dK/dV pass)")
     ap.add_argument("--variant", default="product", choices=sorted(VARIANTS),
                     help="performance variant of attn_bwd_gluon (VARIANTS; test/gluon/sweep_bwd.py times them)")
     args = ap.parse_args()
@@ -577,7 +581,7 @@ def main():
         bench_gqa(args.variant)
         return 0
     if args.bench:
-        bench(args.variant, [int(b) for b in args.buckets.split(",")])
+        bench(args.variant, [int(b) for b in args.buckets.split(",")], args.compute_dq)
         return 0
     if args.consan:
         return 0 if consan() else 1
