@@ -14,7 +14,10 @@ Bound per tensor: ``max|out - ref64| <= 3 * max|naive - ref64| + 1e-3`` where ``
 same math in the input dtype (torch autograd on fp16/bf16 tensors).  Outputs, DELTA and the whole
 workspace are poisoned with NaN first (the preprocess must zero ``dq_acc``).  COMPUTE_DQ=0 is
 checked on dK/dV only (dQ then comes from the portable kernel).  Then a stability check:
-100 launches of one case give bitwise identical dK/dV and dQ within 1e-6 (relative to max|dQ|).
+100 launches of one case give bitwise identical dK/dV, and each dQ element within one rounding
+step of its dtype (plus 1e-5 x max|dQ| of fp32 reordering noise) of the first launch's: dQ's
+fp32 reduce-adds land in a run-dependent order (with WALK 1 the CTAs of one GQA group add into
+the same rows together), so an element on a rounding boundary may round either way.
 
 ``--consan``: a few shapes per head dim again under Gluon's concurrency sanitizer
 (``triton.knobs.compilation.instrumentation_mode = "consan"``, global scratch through
@@ -418,15 +421,24 @@ def stability(n=100, variant="default"):
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant)
     dq0, dk0, dv0 = (t.clone() for t in bwd.run())
     scale = float(dq0.float().abs().max())
-    worst, same = 0.0, True
+    eps = torch.finfo(dq0.dtype).eps
+    worst, worst_ulps, same = 0.0, 0.0, True
     for _ in range(n):
         bwd.poison()
         dq, dk, dv = bwd.run()
         same &= bool(torch.equal(dk, dk0) and torch.equal(dv, dv0))
-        worst = max(worst, float((dq.float() - dq0.float()).abs().nan_to_num(float("inf")).max()) / scale)
-    ok = same and worst <= 1e-6
+        diff = (dq.float() - dq0.float()).abs().nan_to_num(float("inf"))
+        worst = max(worst, float(diff.max()) / scale)
+        # dQ's fp32 reduce-adds land in a run-dependent order, so an element that sits on a rounding
+        # boundary of dQ's dtype may round either way: one unit in the last place of the larger of
+        # the two values, plus fp32 reordering noise for elements that cancel to near zero.
+        m = torch.maximum(dq.float().abs(), dq0.float().abs())
+        ulp = eps * torch.exp2(torch.floor(torch.log2(m.clamp_min(1e-30))))
+        worst_ulps = max(worst_ulps, float((diff / (ulp + 1e-5 * scale)).max()))
+    ok = same and worst_ulps <= 1.0
     print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}): dK/dV bitwise "
-          f"{'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e}", flush=True)
+          f"{'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e} ({worst_ulps:.2f} of one rounding "
+          "step, at most 1)", flush=True)
     return ok
 
 
