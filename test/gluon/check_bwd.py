@@ -434,7 +434,8 @@ def stability(n=100, variant="default"):
         # the two values, plus fp32 reordering noise for elements that cancel to near zero.
         m = torch.maximum(dq.float().abs(), dq0.float().abs())
         ulp = eps * torch.exp2(torch.floor(torch.log2(m.clamp_min(1e-30))))
-        worst_ulps = max(worst_ulps, float((diff / (ulp + 1e-5 * scale)).max()))
+        # (a NaN left in dQ makes the ratio NaN: counted as infinitely far)
+        worst_ulps = max(worst_ulps, float((diff / (ulp + 1e-5 * scale)).nan_to_num(float("inf")).max()))
     ok = same and worst_ulps <= 1.0
     print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}): dK/dV bitwise "
           f"{'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e} ({worst_ulps:.2f} of one rounding "
