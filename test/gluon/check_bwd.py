@@ -103,7 +103,6 @@ DERIVED = {
     "product_dqr_dps": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "DESC_PER_STEP": 1}),
     "product_dqr_w1": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "WALK": 1}),
     "product_s2": ("product", {"STAGES": 2}),  # hd256 without dQ: a 2-stage ring fits (230,896 B)
-    "product_ahead": ("product", {"DQ_IN_RING": 2}),  # hd256: the next step's S^T issued early
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)

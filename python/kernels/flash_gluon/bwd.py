@@ -83,10 +83,6 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
   written over its own ring slot's Q and dO once both compute warpgroups' dV / dK products have read
   them (per-slot ``slot_read``), and the dQ reducer, not the warpgroups, gives the slot back to the
   loader; the separate 64 KiB dQ tile goes, so the ring can hold 2 stages (230,992 B of shared memory).
-  2 (an experiment, STAGES >= 2): also issue step j + 1's S^T right after step j's dV / dK / dQ
-  products, so the tensor cores run it while the warpgroup stores its dQ half (dP^T is issued by its
-  own step, under the softmax, as before).  ptxas, bf16: spill instructions 53 -> 109 (S^T and dP^T
-  both early: 205), the early accumulator lives beside dK, dV and dQ; not yet timed.
 
 * ``WALK`` (default 0): the order of the (query head, query block) steps of the contiguous walk
   (``bwd_steps.full_coords``).  0 head-major; 1 block-major with the group's heads innermost, from the
@@ -953,8 +949,6 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert(WIDE or (DPS == 0), "DESC_PER_STEP: hd256 only")
     # COMPUTE_DQ may come as an int: compare, so the condition is a bool (static_assert takes no int)
     gl.static_assert((DQR == 0) or (WIDE and (COMPUTE_DQ != 0)), "DQ_IN_RING: hd256 with COMPUTE_DQ only")
-    gl.static_assert((DQR <= 1) or ((DQR == 2) and (STAGES >= 2)),
-                     "DQ_IN_RING 0, 1 or 2 (2: the next step's S^T issued early, from its own slot: 2 stages)")
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M

@@ -38,7 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -48,64 +47,38 @@ from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .ragged import col_dim, row_coords
 
 
-@gluon.constexpr_function
-def _st_layout(BLOCK_M):
-    """The layout of a warpgroup's S^T / dP^T accumulator ([keys, BLOCK_M / 2 queries])."""
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M // 2, 16])
-
-
-@gluon.jit
-def _issue_st(j, cid: gl.constexpr, k_all, q_bufs, q_ready, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, DESC_PER_STEP: gl.constexpr):
-    """Waits for step ``j``'s ring slot and issues this warpgroup's S^T = K Q^T (its ``BLOCK_M / 2``
-    query columns; asynchronous).  Returns ``(slot index, S^T)``."""
-    QH: gl.constexpr = BLOCK_M // 2
-    idx = j % STAGES
-    if DESC_PER_STEP:  # bwd.py: keeps the Q/dO descriptors from being hoisted out of the loop
-        idx = _opaque_i32(idx)
-    mbarrier.wait(q_ready.index(idx), (j // STAGES) & 1)
-    q = q_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
-    st = warpgroup_mma(k_all, q.slice(cid * QH, QH, dim=0).permute((1, 0)),
-                       gl.zeros([BLOCK_N, QH], gl.float32, _st_layout(BLOCK_M)), use_acc=False, is_async=True)
-    return idx, st
-
-
 @gluon.jit
 def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty, dk, dv,
                key_lo, key_hi, qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DESC_PER_STEP: gl.constexpr,
-               h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0, st=None,
-               n_steps=0):
+               h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0):
     """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
     Dropout as in ``bwd.py``'s ``_compute_step`` (the CTA's keys from ``k0``).  ``dq_empty``: the
     barrier after which the dQ tile's memory may be written (``DQ_IN_RING``: ``slot_read``, one per
-    ring slot, both warpgroups arrive; else the reducer's).  ``DQ_IN_RING`` 2: ``st`` is this step's
-    S^T, issued by the step before (or the prologue); the step issues step ``j + 1``'s (when
-    ``j + 1 < n_steps``) right after its own dV / dK / dQ products and returns it (else ``st`` as is)."""
+    ring slot, both warpgroups arrive; else the reducer's)."""
     QH: gl.constexpr = BLOCK_M // 2  # queries of this warpgroup's S^T / dP^T
     DH: gl.constexpr = HEAD_DIM // 2  # dK / dV / dQ columns of this warpgroup
-    AHEAD: gl.constexpr = DQ_IN_RING == 2
     dtype: gl.constexpr = k_all.dtype
-    st_layout: gl.constexpr = _st_layout(BLOCK_M)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, QH, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DH, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, st_layout)  # per query (columns of S^T)
 
-    st_next = st  # what the step hands on: step j + 1's S^T with DQ_IN_RING 2, else its input as is
-    if AHEAD:  # issued by the step before (or the prologue)
-        idx = j % STAGES
-        if DESC_PER_STEP:
-            idx = _opaque_i32(idx)
-    else:
-        idx, st = _issue_st(j, cid, k_all, q_bufs, q_ready, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DESC_PER_STEP)
+    idx = j % STAGES
+    if DESC_PER_STEP:  # bwd.py: keeps the Q/dO descriptors from being hoisted out of the loop
+        idx = _opaque_i32(idx)
+    mbarrier.wait(q_ready.index(idx), (j // STAGES) & 1)
     q = q_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
     do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
+    s0 = gl.zeros([BLOCK_N, QH], gl.float32, st_layout)
+    st = warpgroup_mma(k_all, q.slice(cid * QH, QH, dim=0).permute((1, 0)), s0, use_acc=False, is_async=True)
     # dP^T - delta with the accumulator started at -delta, as in bwd.py.
     delta = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
     lse2 = lse_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
-    dpt = warpgroup_mma(v_all, do.slice(cid * QH, QH, dim=0).permute((1, 0)),
-                        gl.zeros([BLOCK_N, QH], gl.float32, st_layout) - gl.expand_dims(delta, 0), is_async=True)
+    dpt = warpgroup_mma(v_all, do.slice(cid * QH, QH, dim=0).permute((1, 0)), s0 - gl.expand_dims(delta, 0),
+                        is_async=True)
     st = warpgroup_mma_wait(1, deps=(st, ))
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
     if MASK == 1:
@@ -140,20 +113,7 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
     if COMPUTE_DQ:
         dq = warpgroup_mma(ds_tile.permute((1, 0)), k_cols, gl.zeros([BLOCK_M, DH], gl.float32, dq_layout),
                            use_acc=False, is_async=True)
-        if AHEAD:
-            # The tensor cores go on with step j + 1's S^T while this warpgroup stores its dQ half
-            # (its dP^T is issued by that step, to overlap its softmax, as usual).
-            st_next = warpgroup_mma_init(gl.zeros([BLOCK_N, QH], gl.float32, st_layout))
-            # (the waited products take new names: a branch may not change a variable's type)
-            if j + 1 < n_steps:
-                _, st_next = _issue_st(j + 1, cid, k_all, q_bufs, q_ready, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES,
-                                       DESC_PER_STEP)
-                dv_done, dk_done, dq_done = warpgroup_mma_wait(1, deps=(dv, dk, dq))
-            else:
-                dv_done, dk_done, dq_done = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-            dv, dk, dq = dv_done, dk_done, dq_done
-        else:
-            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
     else:
         dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
     gl.thread_barrier()  # every warp's wgmmas on slot idx and on the P^T / dS^T tiles are complete
@@ -180,7 +140,7 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
             fence_async_shared()
             gl.thread_barrier()
             mbarrier.arrive(dq_full, count=1)
-    return dk, dv, st_next
+    return dk, dv
 
 
 @gluon.jit
@@ -213,7 +173,8 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
     QH: gl.constexpr = BLOCK_M // 2
     DH: gl.constexpr = HEAD_DIM // 2
     dtype: gl.constexpr = k_smem.dtype
-    st_layout: gl.constexpr = _st_layout(BLOCK_M)
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, QH, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, DH, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, st_layout)  # per key (rows of S^T)
@@ -234,28 +195,20 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
         drop = dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, b,
                                  h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX)
     mbarrier.wait(kv_bar, 0)
-    # DQ_IN_RING 2: step 0's S^T is issued here, each step issues the next one's.
-    st = gl.zeros([BLOCK_N, QH], gl.float32, st_layout)
-    if DQ_IN_RING == 2:
-        st = warpgroup_mma_init(st)
-        if n_steps > 0:
-            _, st = _issue_st(0, cid, k_all, q_bufs, q_ready, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, DESC_PER_STEP)
     for j in range(n_mask_steps):  # MASK_MODE 2: the boundary steps first, masked
         h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
-        dk, dv, st = _wide_step(j, start_m, True, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs,
-                                dlt_bufs, pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty,
-                                dq_full, dq_empty, dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                STAGES, COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT, DQ_IN_RING, st,
-                                n_steps)
+        dk, dv = _wide_step(j, start_m, True, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                            pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            dk, dv, key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
+                            DESC_PER_STEP, h_off, start_n, drop, DROPOUT, DQ_IN_RING)
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
         h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
         masked = key_tail | (start_m < full_lo) | (start_m >= full_hi)
-        dk, dv, st = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs,
-                                dlt_bufs, pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty,
-                                dq_full, dq_empty, dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M,
-                                BLOCK_N, STAGES, COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT,
-                                DQ_IN_RING, st, n_steps)
+        dk, dv = _wide_step(j, start_m, masked, cid, k_all, v_all, k_cols, q_bufs, do_bufs, lse_bufs, dlt_bufs,
+                            pt_bufs, ds_bufs, dq_smem, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
+                            dk, dv, key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES,
+                            COMPUTE_DQ, DESC_PER_STEP, h_off, start_n, drop, DROPOUT, DQ_IN_RING)
     if DROPOUT:
         dv = dv * dropout_scale
 
