@@ -145,8 +145,8 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
     heads = f"H{h:<2}" if hk == h else f"H{h}/{hk}"
     label = f"{DTYPE_NAMES[dtype]} hd{d:<3} S{s:<5} B{b:<2} {heads} {'causal' if causal else 'full'}"
     row = {"case": label, "batch": b, "heads": h, "heads_k": hk, "seqlen": s, "head_dim": d, "causal": causal,
-           "dtype": str(dtype).replace("torch.", ""), "layout": args.layout, "flops_fwd": flops,
-           "flops_bwd": 2.5 * flops, "na": {}}
+           "dtype": str(dtype).replace("torch.", ""), "layout": args.layout, "deterministic": args.deterministic,
+           "flops_fwd": flops, "flops_bwd": 2.5 * flops, "na": {}}
     want_bwd = "bwd" in passes
 
     # aotriton: forward into NaN-poisoned outputs, then backward into NaN-poisoned gradients.
@@ -159,7 +159,8 @@ def run_shape(aot, args, dtype, b, h, s, d, causal, gen, hk=None):
     if want_bwd:
         dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
         delta = torch.full((b, h, s), float("nan"), device="cuda", dtype=torch.float32)
-        aot_bwd = aot.bind_bwd(q, k, v, o, d_o, lse, delta, dq, dk, dv, sm_scale, causal=causal, align="tl")
+        aot_bwd = aot.bind_bwd(q, k, v, o, d_o, lse, delta, dq, dk, dv, sm_scale, causal=causal, align="tl",
+                               deterministic=args.deterministic)
         aot_bwd()
         outs["aotriton"].update(dq=dq, dk=dk, dv=dv)
 
@@ -626,6 +627,8 @@ def main():
     ap.add_argument("--causal", default="0,1", help="comma-separated 0/1")
     ap.add_argument("--passes", default="fwd,bwd", help="fwd, bwd or fwd,bwd")
     ap.add_argument("--layout", default="bhsd", choices=["bhsd", "bshd"])
+    ap.add_argument("--deterministic", action="store_true",
+                    help="the grid's aotriton backward in the deterministic mode (bitwise-reproducible dQ)")
     ap.add_argument("--warmup", type=int, default=10, help="do_bench warmup, ms")
     ap.add_argument("--rep", type=int, default=40, help="do_bench rep, ms")
     ap.add_argument("--seed", type=int, default=0)

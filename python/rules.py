@@ -157,6 +157,12 @@ HEAD_DIM_V = [0, 64, 128]
 OPTIONAL_AXES_MAX_HEAD_DIM = 256
 #: fp32 is compiled up to this head dim (``HD512`` says why).
 FP32_MAX_HEAD_DIM = 256
+#: The Gluon backward computes dQ itself (``dq=True``: fp32 reduce-adds, then the dQ conversion)
+#: up to this head dim; above it the runtime always takes dQ from the portable ``attn_bwd_dq``
+#: after the dK/dV-only Gluon kernel (H100, bf16 hd256, FA3 grid: 0.77 -> 0.97 of cuDNN), so the
+#: fused kernels are not compiled there.  The runtime's ``gluon::FUSED_DQ_MAX_BUCKET`` is the
+#: same number (its test ``compiled_gluon_kernels_take_the_runtime_arguments`` checks the archive).
+GLUON_FUSED_DQ_MAX_HEAD_DIM = 128
 #: Archs whose Triton backend has no TF32 dot: ``tf32=True`` compiles with IEEE dots there.  Triton
 #: 3.6 allows ``input_precision="tf32"`` on gfx942 only among the AMD archs (its xf32 MFMA,
 #: ``v_mfma_f32_32x32x4_xf32``); on gfx90a and gfx950 ``tl.dot`` refuses it ("input_precision must be
@@ -851,12 +857,14 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     variants with the mask on every step or a split walk: 0.85-0.93 at hd128).
 
     hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, the same mask
-    handling.  With dQ (DQ_IN_RING 1) each step's fp32 dQ tile is written over its own ring slot once
+    handling.  Only its dK/dV kernel is compiled (``GLUON_FUSED_DQ_MAX_HEAD_DIM``); the fused config
+    below stays for test/gluon/check_bwd.py's hd256 dQ cases.  With dQ (DQ_IN_RING 1) each step's fp32 dQ tile is written over its own ring slot once
     the slot's Q and dO are read, which frees the shared memory for a 2-stage ring: check_bwd.py
     --bench on an H100, cuDNN beside it, 0.60-0.75 -> 0.72-0.83 of cuDNN (bf16 S 1k-16k, full and
     causal; 233 -> 291 TFLOP/s at S16k full; geomean 0.653 -> 0.780, and 0.793 with WALK 1, shipped).
-    Without dQ (the deterministic mode's dK/dV kernel) the one-stage ring stays until measured (a
-    2-stage ring fits: 230,896 B).
+    Without dQ (the dK/dV kernel every hd256 backward runs) the ring has 2 stages too (it fits at
+    230,896 B with no dQ tile): check_bwd.py --bench --compute-dq 0 on an H100, geomean 1.45x over
+    one stage (S16k full 441 -> 678 TFLOP/s counted as a whole backward).
 
     hd128 walks its query steps block-major with the GQA group's heads innermost, from the last query
     block down (WALK 1: the CTAs of one K/V head then read the same Q/dO tiles together, in L2):
@@ -868,7 +876,7 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
     walk = 1 if functional["head_dim"] > 64 else 0
     if functional["head_dim"] > 128:
         dq_in_ring = 1 if functional["dq"] else 0
-        return [_gluon_cfg(64, 64, 1 + dq_in_ring, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0,
+        return [_gluon_cfg(64, 64, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0,
                            DESC_PER_STEP=0, WALK=walk, DQ_IN_RING=dq_in_ring)]
     return [_gluon_cfg(64, 128, 2, MASK_MODE=0, CONS_REGS=240, DK_SS=0, PERSISTENT=0, DESC_PER_STEP=0, WALK=walk,
                        DQ_IN_RING=0)]
@@ -1052,7 +1060,7 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     """Cartesian product of the family's axes, in axis order; ``tf32=True`` only with ``dtype="fp32"``;
     fp32 up to ``FP32_MAX_HEAD_DIM``; an ``OPTIONAL_AXES`` axis on only for fp16/bf16 without dropout
     and bias, one at a time, up to ``OPTIONAL_AXES_MAX_HEAD_DIM``, and left out when off; ``head_dim_v``
-    only in the ``HEAD_DIM_V_PAIRS``."""
+    only in the ``HEAD_DIM_V_PAIRS``; the Gluon backward's ``dq=True`` up to ``GLUON_FUSED_DQ_MAX_HEAD_DIM``."""
     out = [{}]
     for axis, values in family.axes.items():
         out = [{**f, axis: v} for f in out for v in values]
@@ -1063,6 +1071,7 @@ def functionals(family: Family) -> list[dict[str, Any]]:
     out = [f for f in out if not (_optional_on(f) and f.get("head_dim", 0) > OPTIONAL_AXES_MAX_HEAD_DIM)]
     out = [f for f in out if not (f.get("head_dim_v") and HEAD_DIM_V_PAIRS.get(f["head_dim"]) != f["head_dim_v"])]
     out = [f for f in out if not (f["dtype"] == "fp32" and f.get("head_dim", 0) > FP32_MAX_HEAD_DIM)]
+    out = [f for f in out if not (f.get("dq") and f["head_dim"] > GLUON_FUSED_DQ_MAX_HEAD_DIM)]
     return [{k: v for k, v in f.items() if not (k in family.optional_axes and not v)} for f in out]
 
 

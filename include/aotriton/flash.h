@@ -154,8 +154,8 @@ AOTRITON_API Status attn_fwd(const FwdParams& params, Stream stream) noexcept;
 
 // Gradients of the forward above. Overwrites dq, dk, dv (and the delta workspace); with GQA, dk
 // and dv are summed over each group's query heads. The portable kernels use no atomics: results
-// are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds unless
-// `deterministic` is set.
+// are bitwise identical from run to run; the Gluon backend accumulates dQ with reduce-adds at head
+// dims up to 128 unless `deterministic` is set.
 struct BwdParams {
   static constexpr uint32_t kVersion = 7;
   uint32_t version = kVersion;
@@ -190,7 +190,8 @@ struct BwdParams {
   const int32_t* cu_seqlens_k_host = nullptr;
   bool allow_tf32 = false;
   // Require bitwise-reproducible gradients (the Gluon backend then computes dQ with the
-  // portable kernel instead of reduce-adds; the portable backend is always deterministic).
+  // portable kernel instead of reduce-adds, as it always does above head dim 128; the portable
+  // backend is always deterministic).
   bool deterministic = false;
 
   // -- version 3 --

@@ -44,7 +44,8 @@ FAMILY_COUNTS_SM90 = {
 #: 16-row tile only: 3 kernels per dense functional, 5 per paged one.
 AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 3 * 2 * 2 * 2,
+#: attn_bwd_gluon: dtype x (hd64, hd128 with and without dQ; hd256 without) x varlen x dropout.
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 5 * 2 * 2,
                      "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
@@ -505,10 +506,10 @@ class EnumerateKernelsTest(unittest.TestCase):
                     # dK/dV: one compute warpgroup's share (bwd.py: 64 keys; bwd_wide.py: half the columns)
                     n = s.config["BLOCK_N"]
                     dkv = f"[{lead}, {n}, {hd // 2}]" if hd > 128 else f"[{lead}, {n // 2}, {hd}]"
-                    # hd256 with dQ: the dQ tile lives in the Q/dO ring (DQ_IN_RING), which then has 2 stages
-                    wide_stages = 2 if s.functional["dq"] else 1
-                    self.assertEqual((n, s.config["STAGES"]), (64, wide_stages) if hd > 128 else (128, 2))
-                    self.assertEqual(s.constexprs["DQ_IN_RING"], int(hd > 128 and s.functional["dq"]))
+                    # 2-stage Q/dO ring everywhere; hd256 compiles only its dK/dV kernel
+                    self.assertEqual((n, s.config["STAGES"]), (64, 2) if hd > 128 else (128, 2))
+                    self.assertFalse(hd > rules.GLUON_FUSED_DQ_MAX_HEAD_DIM and s.functional["dq"])
+                    self.assertEqual(s.constexprs["DQ_IN_RING"], 0)
                     self.assertIn(f"{dt}{dkv}", s.signature["desc_dk"])
                     self.assertIn(f"{dt}[{lead}, {n}, {hd}]", s.signature["desc_k"])
                     self.assertEqual("varlen" in s.functional, "varlen1" in s.id)

@@ -102,7 +102,7 @@ DERIVED = {
     "product_dqr": ("product", {"DQ_IN_RING": 1, "STAGES": 2}),  # hd256 only: dQ tile in the ring, 2 stages
     "product_dqr_dps": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "DESC_PER_STEP": 1}),
     "product_dqr_w1": ("product", {"DQ_IN_RING": 1, "STAGES": 2, "WALK": 1}),
-    "product_s2": ("product", {"STAGES": 2}),  # hd256 without dQ: a 2-stage ring fits (230,896 B)
+    "product_s1": ("product", {"STAGES": 1}),  # hd256 without dQ: the one-stage ring it had before 2 stages were measured
 }
 VARIANTS.update({name: None for name in DERIVED})
 PERSISTENT_CAPS = (None, 1, 3)

@@ -11,8 +11,9 @@
 //! The Gluon backend (sm_90, see the `flash` module docs for when it is used) launches
 //! `attn_bwd_gluon_preprocess` (delta into the caller's `delta`, plus its own row statistics in
 //! the workspace), `attn_bwd_gluon` (dK, dV, and dQ partials reduce-added into the workspace),
-//! then `attn_bwd_gluon_dq_convert`; with `deterministic`, dQ comes from the portable
-//! `attn_bwd_dq` kernel instead of the reduce-adds.
+//! then `attn_bwd_gluon_dq_convert`; with `deterministic`, and always at head dims above 128
+//! (where it is faster), dQ comes from the portable `attn_bwd_dq` kernel instead of the
+//! reduce-adds.
 use super::gluon;
 use super::{
     ATTENTION_INPUTS, AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, Workspace, axes, bias_args, broadcast_strides,
@@ -83,8 +84,8 @@ pub struct BwdParams<'a> {
     pub allow_tf32: bool,
     /// Require bitwise-reproducible gradients. The portable kernels are deterministic in both
     /// settings (no atomics); the Gluon backend accumulates dQ with reduce-adds (summation
-    /// order varies) unless this is set, in which case it computes dQ with the portable
-    /// `attn_bwd_dq` kernel.
+    /// order varies) at head dims up to 128 unless this is set, in which case it computes dQ
+    /// with the portable `attn_bwd_dq` kernel (as it always does above 128).
     pub deterministic: bool,
     /// Which kernel family serves the call; `new` sets [`Backend::Auto`] (see the module docs
     /// of `flash`).
@@ -199,10 +200,10 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
         let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
         let [pre, main, convert] = call.requests()?;
-        let gluon_kernels = [&pre, &main, if params.deterministic { &dq } else { &convert }];
+        let gluon_kernels = [&pre, &main, if call.separate_dq { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
-            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, params.deterministic, key);
+            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, call.separate_dq, key);
         }
     }
     let choose = |f: &Functional, k: KernelSet, _: &DeviceInfo| choose_kernel(f, k, key);
@@ -253,7 +254,7 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
     let key = super::tuning_key(&shape, &mask);
-    let ready = gluon::device_ready(&launcher, &[&pre, &main, if params.deterministic { &dq } else { &convert }], key);
+    let ready = gluon::device_ready(&launcher, &[&pre, &main, if call.separate_dq { &dq } else { &convert }], key);
     let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }

@@ -411,13 +411,29 @@ pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnSha
     launcher.launch(&kernel)
 }
 
+/// The widest head-dim bucket whose Gluon backward computes dQ itself (fp32 reduce-adds into the
+/// workspace, then `attn_bwd_gluon_dq_convert`). Above it dQ always comes from its own kernel, the
+/// portable `attn_bwd_dq`, after the Gluon dK/dV kernel: at hd256 the fused kernel's per-step
+/// 64 KiB reduce-add costs it nearly half its time (H100, bf16 S 512-16k, FA3 grid, cuDNN beside
+/// it: fused 0.77 of cuDNN, split 0.97; bench/results/h200_gluon_bwd_issue17.md). python/rules.py
+/// compiles the fused kernels up to the same bucket (`GLUON_FUSED_DQ_MAX_HEAD_DIM`); the
+/// `compiled_gluon_kernels_take_the_runtime_arguments` test holds the two together.
+pub(crate) const FUSED_DQ_MAX_BUCKET: u64 = 128;
+
+/// Whether the call's dQ comes from its own kernel (see [`FUSED_DQ_MAX_BUCKET`]): in the
+/// deterministic mode (no reduce-adds in a run-dependent order), and above that bucket.
+pub(crate) fn separate_dq(g: &GluonShape, deterministic: bool) -> bool {
+    deterministic || g.bucket > FUSED_DQ_MAX_BUCKET
+}
+
 /// The backward's functional keys: (preprocess and dq_convert, main kernel). The main kernel's
-/// `varlen` axis (optional, named only when on) picks its ragged-descriptor kernels; the
-/// preprocess and the dQ conversion take packing at run time.
-pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, deterministic: bool, dropout: bool) -> (Axes, Axes) {
+/// `dq` axis is off when dQ has its own kernel ([`separate_dq`]); its `varlen` axis (optional,
+/// named only when on) picks its ragged-descriptor kernels; the preprocess and the dQ conversion
+/// take packing at run time.
+pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, separate_dq: bool, dropout: bool) -> (Axes, Axes) {
     let common = g.axes();
     let mut main = common;
-    main.push("dq", bool_axis(!deterministic));
+    main.push("dq", bool_axis(!separate_dq));
     push_optional_axes(&mut main, shape, dropout);
     (common, main)
 }
@@ -459,7 +475,7 @@ fn bwd_args(
         seqlen_q,
         sq_pad,
         head_dim,
-        ("ZERO_DQ_ACC", ArgValue::I32(!p.deterministic as i32)),
+        ("ZERO_DQ_ACC", ArgValue::I32(!separate_dq(g, p.deterministic) as i32)),
     ]);
     // The packing group: the preprocess and the conversion take its query side (each kernel
     // takes the arguments it declares).
@@ -491,6 +507,8 @@ fn bwd_args(
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
 pub(crate) struct BwdCall {
+    /// dQ comes from the portable `attn_bwd_dq` request, not the dQ conversion ([`separate_dq`]).
+    pub separate_dq: bool,
     common: Axes,
     main_axes: Axes,
     pre: ArgList,
@@ -502,9 +520,10 @@ impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
-        let (common, main_axes) = bwd_axes(g, shape, p.deterministic, p.dropout.is_some());
+        let separate_dq = separate_dq(g, p.deterministic);
+        let (common, main_axes) = bwd_axes(g, shape, separate_dq, p.dropout.is_some());
         let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
-        Ok(BwdCall { common, main_axes, pre, main, convert })
+        Ok(BwdCall { separate_dq, common, main_axes, pre, main, convert })
     }
 
     /// The requests of the preprocess, the main kernel and the dQ conversion.
@@ -520,14 +539,14 @@ impl BwdCall {
 
 /// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
 /// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
-/// B)`), or when deterministic the portable `attn_bwd_dq` request. All kernels are chosen,
+/// B)`), or with `separate_dq` the portable `attn_bwd_dq` request. All kernels are chosen,
 /// loaded, their descriptors encoded and their grids checked before the first launch.
 pub(crate) fn launch_bwd(
     launcher: &Launcher,
     [pre, main, dq]: [&Request; 3],
     shape: &AttnShape,
     g: &GluonShape,
-    deterministic: bool,
+    separate_dq: bool,
     key: TuningKey,
 ) -> Result<()> {
     let (b, hq) = (shape.batch, shape.heads_q);
@@ -538,7 +557,7 @@ pub(crate) fn launch_bwd(
         launcher.prepare(main, first_preferred, |m| {
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
-        if deterministic {
+        if separate_dq {
             launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         } else {
             launcher.prepare(dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
@@ -1152,6 +1171,19 @@ mod tests {
         if functionals.is_empty() {
             eprintln!("skipped: the {arch} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
             return;
+        }
+        // The fused-dQ main kernels are compiled exactly where the dispatch asks for them
+        // (python/rules.py's GLUON_FUSED_DQ_MAX_HEAD_DIM is FUSED_DQ_MAX_BUCKET): each dK/dV-only
+        // kernel has its fused twin up to that bucket, none above it.
+        let main_kernels: Vec<_> = functionals.iter().filter(|f| f.family == BWD_FAMILY).collect();
+        for f in &main_kernels {
+            let bucket: u64 = f.axes["head_dim"].parse().unwrap();
+            let fused = f.axes["dq"] == "true";
+            assert!(!fused || bucket <= FUSED_DQ_MAX_BUCKET, "{}: compiled but never launched", f.display_name());
+            let twin = main_kernels.iter().any(|t| {
+                t.axes.iter().all(|(k, v)| if k == "dq" { *v == "true" } else { f.axes.get(k) == Some(v) })
+            });
+            assert!(fused || twin == (bucket <= FUSED_DQ_MAX_BUCKET), "{}: fused twin {twin}", f.display_name());
         }
         for f in functionals {
             let dtype = match f.axes["dtype"].as_str() {
