@@ -96,7 +96,7 @@ DERIVED = {
     "product_aux64_w4": ("product", {"_aux_rows": 64}),
     "product_aux16_w4": ("product", {"_aux_rows": 16}),
     "product_dps": ("product", {"DESC_PER_STEP": 1}),  # hd256 only (bwd.py)
-    "product_w1": ("product", {"WALK": 1}),
+    "product_w0": ("product", {"WALK": 0}),  # the head-major walk hd64 had before WALK 1 was measured
     "product_w2": ("product", {"WALK": 2}),
     "product_p1_w1": ("product_p1", {"WALK": 1}),
     "product_dqr": ("product", {"DQ_IN_RING": 1, "STAGES": 2}),  # hd256 only: dQ tile in the ring, 2 stages
