@@ -296,6 +296,12 @@ def main(argv=None, shim_module=None, bench=None):
                 continue
             offered = [s for s in specs if s.family == family and s.functional == functional
                        and s.variant == "aligned"]
+            # Head dim 512 (and any functional whose rules offer only the heuristic's config): one
+            # candidate, nothing to time.
+            if not any(s.tuned_only for s in offered):
+                print(f"{family} {tuning.functional_key(functional)}: one candidate (the heuristic's), not tuned",
+                      flush=True)
+                continue
             ids = sorted(s.id for s in offered if s.id in in_archive)
             if not any(s.tuned_only and s.id in in_archive for s in offered):
                 sys.exit(f"tune: the archive holds no tuning candidate of {family} {functional}: it is not a "
