@@ -226,8 +226,9 @@ AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
 
 // The workspace bytes attn_bwd(params, stream) needs on the stream's device: 0 when it would run
 // the portable kernels (kPortable, or kAuto with inputs or a device Gluon does not serve), else
-// B * Hq * SQ_PAD * (HEAD_DIM + 2) * 4 with SQ_PAD = Sq rounded up to 128 and HEAD_DIM = D rounded
-// up to 64, 128 or 256. The workspace fields are ignored. Errors as attn_bwd's before any launch
+// B * Hq * SQ_PAD * (W + 2) * 4 with SQ_PAD = Sq rounded up to 128 and W = D rounded up to 64 or
+// 128 where the Gluon kernels accumulate dQ themselves, 0 where dQ has its own kernel
+// (deterministic, or D above 128). The workspace fields are ignored. Errors as attn_bwd's before any launch
 // (validation, kUnsupportedByBackend, kNoDriver); *bytes is 0 then.
 AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream,
                                              uint64_t* bytes) noexcept;

@@ -115,8 +115,9 @@ impl CCase {
     fn exact_dq(&self) -> bool {
         self.backend == Backend::Portable || self.deterministic
     }
-    /// The Gluon backward's workspace (`attn_bwd_workspace_bytes`' documented formula):
-    /// B·Hq·SQ_PAD·(HEAD_DIM + 2)·4, SQ_PAD = Sq rounded up to 128, HEAD_DIM the bucket (64, 128 or 256).
+    /// The Gluon backward's workspace (`attn_bwd_workspace_bytes`' documented formula, its dQ
+    /// accumulator counted even where dQ has its own kernel: an upper bound there):
+    /// B·Hq·SQ_PAD·(HEAD_DIM + 2)·4, SQ_PAD = Sq rounded up to 128, HEAD_DIM the bucket (64 or 128).
     fn workspace_bytes(&self) -> usize {
         if self.backend == Backend::Portable {
             return 0;

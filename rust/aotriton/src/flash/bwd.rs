@@ -228,8 +228,9 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
 
 /// The workspace bytes [`attn_bwd`] needs for `params` on `stream`'s device: 0 when the call
 /// would run the portable kernels (`Backend::Portable`, or `Auto` on inputs or a device the
-/// Gluon backend does not serve), else `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` with `SQ_PAD` = Sq
-/// rounded up to 128 and `HEAD_DIM` = the head dim rounded up to 64, 128 or 256. The Gluon backend
+/// Gluon backend does not serve), else `B·Hq·SQ_PAD·(W + 2)·4` with `SQ_PAD` = Sq rounded up to
+/// 128 and `W` = the head dim rounded up to 64 or 128 where the Gluon kernels accumulate dQ
+/// themselves, 0 where dQ has its own kernel (`deterministic`, or head dims above 128). The Gluon backend
 /// does not serve calls whose workspace TMA cannot address (`B·Hq·SQ_PAD` ≥ 2^32 rows). The
 /// workspace itself is ignored. Errors: those `attn_bwd` reports before launching (validation,
 /// a forced backend that cannot serve the call, no driver, an invalid stream).

@@ -84,7 +84,7 @@ impl fmt::Display for Unsupported {
                 write!(f, "the backward needs a workspace of {needed} bytes (attn_bwd_workspace_bytes); {given} were given")
             }
             Unsupported::WorkspaceTooLarge => {
-                write!(f, "its workspace (B·Hq·SQ_PAD·(HEAD_DIM + 2)·4 bytes) overflows 64 bits")
+                write!(f, "its workspace (B·Hq·SQ_PAD·(W + 2)·4 bytes) overflows 64 bits")
             }
             Unsupported::Arch => write!(f, "its kernels run on {ARCH} only"),
             Unsupported::NotCompiled { family } => {
@@ -115,11 +115,15 @@ pub(crate) struct GluonShape {
     /// The `head_dim` bucket (`HEAD_DIM` of the kernels) and its axis value.
     pub bucket: u64,
     pub bucket_axis: &'static str,
-    /// Backward: `SQ_PAD` = Sq rounded up to 128, the rows of the workspace's dQ accumulator
-    /// (`B·Hq·SQ_PAD`), and the workspace's size.
+    /// Backward: `SQ_PAD` = Sq rounded up to 128, the rows of the workspace (`B·Hq·SQ_PAD`), and
+    /// the workspace's size.
     pub sq_pad: u64,
     pub workspace_rows: u64,
     pub workspace_bytes: u64,
+    /// Backward: dQ comes from its own kernel, the portable `attn_bwd_dq`, after the dK/dV-only
+    /// Gluon kernel (no dQ accumulator in the workspace, no dQ conversion): in the deterministic
+    /// mode (no reduce-adds in a run-dependent order), and above [`FUSED_DQ_MAX_BUCKET`].
+    pub separate_dq: bool,
 }
 
 impl GluonShape {
@@ -153,7 +157,7 @@ fn common_inputs(
     for &(tensor, t) in tensors {
         t.and_then(|t| tma::check(&t)).map_err(|problem| Unsupported::Tma { tensor, problem })?;
     }
-    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0 })
+    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0, separate_dq: false })
 }
 
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
@@ -206,20 +210,30 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
     for t in [TensorArg::matrix(0, rows, g.bucket, DType::F32), TensorArg::matrix(0, rows / STAT_ROW, STAT_ROW, DType::F32)] {
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor: "workspace", problem })?;
     }
-    g.workspace_bytes = workspace_bytes(shape, g.bucket)?;
+    g.separate_dq = p.deterministic || g.bucket > FUSED_DQ_MAX_BUCKET;
+    g.workspace_bytes = workspace_bytes(shape, g.dq_acc_width())?;
     Ok(g)
 }
 
-/// `B·Hq·SQ_PAD`: rows of the workspace's dQ accumulator.
+impl GluonShape {
+    /// Columns of the workspace's fp32 dQ accumulator: the bucket, or 0 when dQ has its own kernel.
+    fn dq_acc_width(&self) -> u64 {
+        if self.separate_dq { 0 } else { self.bucket }
+    }
+}
+
+/// `B·Hq·SQ_PAD`: rows of the workspace (one per query row of every head, pad rows included).
 fn workspace_rows(shape: &AttnShape) -> Result<u64, Unsupported> {
     checked_product("workspace rows", &[shape.batch, shape.heads_q, sq_pad(shape.seqlen_q)])
         .map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
-/// The backward's workspace: `B·Hq·SQ_PAD·(HEAD_DIM + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
-/// `SQ_PAD` = Sq rounded up to 128, `HEAD_DIM` the Gluon bucket.
-pub(crate) fn workspace_bytes(shape: &AttnShape, bucket: u64) -> Result<u64, Unsupported> {
-    checked_product("workspace bytes", &[workspace_rows(shape)?, bucket + 2, 4]).map_err(|_| Unsupported::WorkspaceTooLarge)
+/// The backward's workspace: `B·Hq·SQ_PAD·(DQ_ACC + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
+/// `SQ_PAD` = Sq rounded up to 128, `DQ_ACC` the dQ accumulator's width
+/// ([`GluonShape::dq_acc_width`]: the Gluon bucket, or 0).
+pub(crate) fn workspace_bytes(shape: &AttnShape, dq_acc_width: u64) -> Result<u64, Unsupported> {
+    checked_product("workspace bytes", &[workspace_rows(shape)?, dq_acc_width + 2, 4])
+        .map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
 /// `SQ_PAD`: the query rows of one head in the workspace, Sq rounded up to 128.
@@ -420,14 +434,8 @@ pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnSha
 /// `compiled_gluon_kernels_take_the_runtime_arguments` test holds the two together.
 pub(crate) const FUSED_DQ_MAX_BUCKET: u64 = 128;
 
-/// Whether the call's dQ comes from its own kernel (see [`FUSED_DQ_MAX_BUCKET`]): in the
-/// deterministic mode (no reduce-adds in a run-dependent order), and above that bucket.
-pub(crate) fn separate_dq(g: &GluonShape, deterministic: bool) -> bool {
-    deterministic || g.bucket > FUSED_DQ_MAX_BUCKET
-}
-
 /// The backward's functional keys: (preprocess and dq_convert, main kernel). The main kernel's
-/// `dq` axis is off when dQ has its own kernel ([`separate_dq`]); its `varlen` axis (optional,
+/// `dq` axis is off when dQ has its own kernel ([`GluonShape::separate_dq`]); its `varlen` axis (optional,
 /// named only when on) picks its ragged-descriptor kernels; the preprocess and the dQ conversion
 /// take packing at run time.
 pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, separate_dq: bool, dropout: bool) -> (Axes, Axes) {
@@ -438,11 +446,12 @@ pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, separate_dq: bool, dro
     (common, main)
 }
 
-/// Device addresses of the workspace's three arrays (ABI.md): dq_acc, lse2, delta2.
+/// Device addresses of the workspace's three arrays (ABI.md): dq_acc (none, 0 bytes, when dQ has
+/// its own kernel), lse2, delta2.
 fn workspace_views(ws: &Workspace, g: &GluonShape) -> Result<(u64, u64, u64)> {
     let rows = g.workspace_rows;
     let dq_acc = ws.ptr;
-    let lse2 = checked_sum("workspace lse2", dq_acc, checked_product("workspace dq_acc bytes", &[rows, g.bucket, 4])?)?;
+    let lse2 = checked_sum("workspace lse2", dq_acc, checked_product("workspace dq_acc bytes", &[rows, g.dq_acc_width(), 4])?)?;
     Ok((dq_acc, lse2, checked_sum("workspace delta2", lse2, checked_product("workspace lse2 bytes", &[rows, 4])?)?))
 }
 
@@ -475,7 +484,7 @@ fn bwd_args(
         seqlen_q,
         sq_pad,
         head_dim,
-        ("ZERO_DQ_ACC", ArgValue::I32(!separate_dq(g, p.deterministic) as i32)),
+        ("ZERO_DQ_ACC", ArgValue::I32(!g.separate_dq as i32)),
     ]);
     // The packing group: the preprocess and the conversion take its query side (each kernel
     // takes the arguments it declares).
@@ -485,8 +494,16 @@ fn bwd_args(
     let mut main = ArgList::new();
     let descs = [("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_do", &p.d_o), ("desc_dk", &p.dk), ("desc_dv", &p.dv)];
     push_descs(&mut main, &descs, shape, "attn_bwd")?;
+    // Without a dQ accumulator the dK/dV-only kernel never touches its descriptor; it then spans
+    // the workspace itself (lse2 and delta2 as [2·rows / bucket, bucket]: SQ_PAD is a multiple of
+    // 128, so the bucket divides 2·rows), never memory past it.
+    let dq_acc_view = if g.separate_dq {
+        TensorArg::matrix(ws.ptr, rows * 2 / g.bucket, g.bucket, DType::F32)
+    } else {
+        TensorArg::matrix(dq_acc, rows, g.bucket, DType::F32)
+    };
     main.extend([
-        ("desc_dq_acc", Tensor(TensorArg::matrix(dq_acc, rows, g.bucket, DType::F32))),
+        ("desc_dq_acc", Tensor(dq_acc_view)),
         ("desc_lse2", Tensor(TensorArg::matrix(lse2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("desc_delta2", Tensor(TensorArg::matrix(delta2, rows / STAT_ROW, STAT_ROW, DType::F32))),
         ("sm_scale", F32(p.sm_scale)),
@@ -507,7 +524,8 @@ fn bwd_args(
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
 pub(crate) struct BwdCall {
-    /// dQ comes from the portable `attn_bwd_dq` request, not the dQ conversion ([`separate_dq`]).
+    /// dQ comes from the portable `attn_bwd_dq` request, not the dQ conversion
+    /// ([`GluonShape::separate_dq`]).
     pub separate_dq: bool,
     common: Axes,
     main_axes: Axes,
@@ -520,7 +538,7 @@ impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
-        let separate_dq = separate_dq(g, p.deterministic);
+        let separate_dq = g.separate_dq;
         let (common, main_axes) = bwd_axes(g, shape, separate_dq, p.dropout.is_some());
         let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
         Ok(BwdCall { separate_dq, common, main_axes, pre, main, convert })
@@ -791,6 +809,7 @@ mod tests {
         assert_eq!(g.workspace_bytes, B * HQ * 384 * 130 * 4);
         assert_eq!(g.workspace_rows, B * HQ * 384);
         assert_eq!(workspace_bytes(&shape, 64), Ok(B * HQ * 384 * 66 * 4));
+        assert_eq!(workspace_bytes(&shape, 0), Ok(B * HQ * 384 * 2 * 4), "no dQ accumulator");
         assert_eq!(bwd_check(&p), Err(Unsupported::NoWorkspace { needed: g.workspace_bytes }));
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes - 1 });
         assert_eq!(bwd_check(&p), Err(Unsupported::WorkspaceTooSmall { needed: g.workspace_bytes, given: g.workspace_bytes - 1 }));
@@ -800,13 +819,14 @@ mod tests {
         let ws = p.workspace.unwrap();
         let rows = B * HQ * 384;
         assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4)));
-        // Head dims above 128: the bucket 256 (bwd_wide.py), its workspace sized by it (above 256 the
-        // Gluon backend refuses the call: the portable kernels serve it).
+        // Head dims above 128: the bucket 256 (bwd_wide.py), whose dQ has its own kernel, so the
+        // workspace holds no dQ accumulator (above 256 the Gluon backend refuses the call: the
+        // portable kernels serve it).
         let p = bwd(200, DType::BF16);
         let (shape, _) = super::super::bwd::validate(&p).unwrap();
         let g = bwd_inputs(&p, &shape).unwrap();
-        assert_eq!((g.bucket, g.bucket_axis), (256, "256"));
-        assert_eq!(g.workspace_bytes, B * HQ * 384 * 258 * 4);
+        assert_eq!((g.bucket, g.bucket_axis, g.separate_dq), (256, "256", true));
+        assert_eq!(g.workspace_bytes, B * HQ * 384 * 2 * 4);
         let mut p = bwd(128, DType::BF16);
         p.dk.strides[2] = 136;
         p.dk.strides[1] = 136 * SK as i64;
@@ -1076,9 +1096,20 @@ mod tests {
         assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(1));
         assert_eq!(value(&pre, "SQ_PAD"), ArgValue::I32(384));
         assert_eq!(value(&convert, "DQ"), ArgValue::Ptr(p.dq.ptr));
+        // Deterministic: no dQ accumulator; lse2 first, the unused dQ descriptor over the
+        // workspace itself ([2·rows / 64, 64] fp32 = the rows·2·4 bytes of lse2 and delta2).
         p.deterministic = true;
-        let (pre, ..) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        assert_eq!((g.separate_dq, g.workspace_bytes), (true, rows * 2 * 4));
+        let ws = Workspace { ptr: 0x10000000, bytes: g.workspace_bytes };
+        let (pre, main, _) = bwd_args(&p, &shape, &mask, &g, &ws).unwrap();
         assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(0));
+        assert_eq!(value(&pre, "LSE2"), ArgValue::Ptr(ws.ptr));
+        let ArgValue::Tensor(acc) = value(&main, "desc_dq_acc") else { panic!() };
+        assert_eq!((acc.ptr, acc.sizes()), (ws.ptr, &[rows * 2 / 64, 64][..]));
+        assert_eq!(rows * 2 / 64 * 64 * 4, ws.bytes, "the descriptor covers the workspace exactly");
+        let ArgValue::Tensor(delta2) = value(&main, "desc_delta2") else { panic!() };
+        assert_eq!(delta2.ptr + rows * 4, ws.ptr + ws.bytes, "delta2 ends the workspace");
         let f = fwd(128, DType::BF16);
         let (shape, mask) = super::super::fwd::validate(&f).unwrap();
         let args = fwd_args(&f, &shape, &mask).unwrap();
