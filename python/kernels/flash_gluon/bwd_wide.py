@@ -19,12 +19,15 @@ Loader, dQ reducer, step order, masks, workspace and barriers' meaning are ``bwd
 memory (bytes): K, V ``2 * 64 * 256 * 2`` = 65536; Q, dO ``2 * 64 * 256 * 2`` = 65536 per stage;
 P^T, dS^T ``2 * 2 * 64 * 64 * 2`` = 32768; a separate fp32 dQ tile would take ``64 * 256 * 4`` =
 65536 more, which leaves room for one stage only (230528 bytes with barriers and the lse2/delta2
-rows, under sm_90's 232448), and a one-stage ring exposes every step's 64 KiB Q/dO load.  So the
-shipped configs (python/rules.py) set ``DQ_IN_RING`` (bwd.py): the fp32 dQ tile is not allocated;
-each warpgroup writes its half over the step's own Q (warpgroup 0) or dO (warpgroup 1) ring slot,
-32 KiB each, once both warpgroups' dV/dK products have read it, and the ring takes 2 stages
-(230,992 bytes; ptxas, bf16: spill instructions 115 -> 59; 0.65 -> 0.78 of cuDNN, H100).  Without
-dQ (the deterministic mode's dK/dV kernel) no dQ tile exists and the ring keeps one stage.
+rows, under sm_90's 232448), and a one-stage ring exposes every step's 64 KiB Q/dO load.  With
+``DQ_IN_RING`` (bwd.py) the fp32 dQ tile is not allocated: each warpgroup writes its half over the
+step's own Q (warpgroup 0) or dO (warpgroup 1) ring slot, 32 KiB each, once both warpgroups' dV/dK
+products have read it, and the ring takes 2 stages (230,992 bytes; ptxas, bf16: spill instructions
+115 -> 59; 0.65 -> 0.78 of cuDNN, H100).  Even so the per-step 64 KiB reduce-add costs the kernel
+nearly half its time, so the archive holds only the kernel without dQ (``COMPUTE_DQ`` 0, a 2-stage
+ring, no dQ tile), and the runtime takes dQ from the portable ``attn_bwd_dq`` after it (0.96 of
+cuDNN, H100; python/rules.py ``GLUON_FUSED_DQ_MAX_HEAD_DIM``).  The fused path stays for
+test/gluon/check_bwd.py's hd256 dQ cases.
 ptxas: the default partition (compute warpgroup 0, which also holds the kernel's prologue values)
 spills the most, mostly wgmma descriptors hoisted out of the step loop (fewer with
 ``DESC_PER_STEP``, bwd.py); the worker does not spill.
