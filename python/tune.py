@@ -23,7 +23,9 @@ is over the runner-up. ``--backends`` (sm_90) then times each operator whole on 
 portable backend (its dispatch default) per Gluon functional and cell, checked against the same
 reference, into the database's ``backends`` (which one ``Auto`` takes there). Resumable: ``--progress`` keeps every finished cell, a rerun skips them and
 ``--budget`` stops cleanly before a device call's limit; ``--out`` is rewritten (canonical text)
-after each functional.
+after each functional. The progress file names the device its cells were measured on, and a run
+on another device refuses to extend it (a database is measured on one device). Functionals whose
+rules offer one config (head dim 512) are skipped.
 """
 import argparse
 import json
@@ -44,6 +46,8 @@ TUNED_FAMILIES = ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
 #: Where the tensors live ("cuda"; python/tests/test_tune_dry.py runs the tuner's logic on the CPU
 #: with a float64 stand-in for the shim).
 DEVICE = "cuda"
+#: The progress file's entry naming the device its cells were measured on (not a cell).
+PROGRESS_DEVICE_KEY = "measured_on"
 TORCH_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -265,6 +269,13 @@ def main(argv=None, shim_module=None, bench=None):
     if os.path.exists(args.progress):
         with open(args.progress) as f:
             done = json.load(f)
+    # A database is measured on one device (its "measured_on"): a progress file says which, and a
+    # run on another device does not extend it.
+    recorded = done.get(PROGRESS_DEVICE_KEY, {}).get("device")
+    if recorded is not None and recorded != device_name:
+        sys.exit(f"tune: {args.progress} holds cells measured on {recorded}, this is {device_name}: a database "
+                 "is measured on one device (start another progress file)")
+    done[PROGRESS_DEVICE_KEY] = {"device": device_name}
     data = tuning.new(args.arch, {"device": device_name, "aotriton": aot.version,
                                   "triton": getattr(bench, "triton_version", None) or __import__("triton").__version__})
 
@@ -334,7 +345,7 @@ def main(argv=None, shim_module=None, bench=None):
             if stopped:
                 break
     write_db()
-    print(f"tune: {len(done)} cells in {args.progress}; database {args.out}"
+    print(f"tune: {len(done) - 1} cells in {args.progress}; database {args.out}"
           + (" (stopped at the budget: run again to continue)" if stopped else " (complete for the selection)"))
     return 0
 

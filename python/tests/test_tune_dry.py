@@ -174,7 +174,9 @@ class TuneDryRunTest(unittest.TestCase):
             self.assertEqual(len(calls), before)
             self.assertEqual(open(out).read(), text)
             with open(progress) as f:
-                self.assertEqual(len(json.load(f)), len(db.entries))
+                kept = json.load(f)
+            self.assertEqual(kept.pop(tune.PROGRESS_DEVICE_KEY), {"device": "cpu"})
+            self.assertEqual(len(kept), len(db.entries))
             # The database drives the build: each winner becomes a kernel with its cells.
             specs = rules.enumerate_kernels("sm_90", [rules.ATTN_FWD], tuning=db)
             tuned = [s for s in specs if s.tuned_for]
@@ -252,6 +254,42 @@ class TuneDryRunTest(unittest.TestCase):
             with self.assertRaises(SystemExit) as cm:
                 tune.main(argv, shim_module=make_shim(torch, []), bench=lambda fn, **kw: 1.0)
             self.assertIn("not a tuning build", str(cm.exception.code))
+
+    def test_refuses_a_progress_file_of_another_device(self):
+        """The cells of one database come from one device: a progress file that names another
+        device is not extended (nothing is timed)."""
+        import torch
+
+        import tune
+
+        calls = []
+        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
+        with dry_grid(tune, ids, [0, 16], 32, 64) as tmp:
+            progress = os.path.join(tmp, "p.json")
+            with open(progress, "w") as f:
+                json.dump({tune.PROGRESS_DEVICE_KEY: {"device": "NVIDIA H200"}}, f)
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", os.path.join(tmp, "db.json"),
+                    "--progress", progress, "--dtypes", "bf16", "--only", '"head_dim":16', "--families", "attn_fwd"]
+            with self.assertRaises(SystemExit) as cm:
+                tune.main(argv, shim_module=make_shim(torch, calls), bench=lambda fn, **kw: (fn(), 1.0)[1])
+            self.assertIn("measured on NVIDIA H200, this is cpu", str(cm.exception.code))
+            self.assertEqual(calls, [])
+
+    def test_a_functional_with_one_candidate_is_skipped(self):
+        """Head dim 512 offers only the heuristic's config: nothing to time, and the sweep goes on."""
+        import torch
+
+        import tune
+
+        calls = []
+        ids = {s.id for s in rules.enumerate_kernels("sm_90", for_tuning=True)}
+        with dry_grid(tune, ids, [0, 16], 32, 64) as tmp:
+            out = os.path.join(tmp, "db.json")
+            argv = ["--shim", "x", "--pack", "x", "--archive", "x", "--out", out, "--progress",
+                    os.path.join(tmp, "p.json"), "--dtypes", "bf16", "--only", '"head_dim":512', "--families",
+                    "attn_fwd"]
+            self.assertEqual(tune.main(argv, shim_module=make_shim(torch, calls), bench=lambda fn, **kw: 1.0), 0)
+            self.assertEqual(calls, [])
 
     def test_hidden_is_recorded_where_it_differs(self):
         """``--hidden``: the timed problems have H x D = hidden, and each entry says so."""
