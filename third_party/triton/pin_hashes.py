@@ -20,9 +20,10 @@ def wheel_hashes(name: str, version: str) -> list[str]:
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
         files = json.load(resp)["files"]
-    prefix = f"{name.replace('-', '_')}-{version}-"
+    # Wheel names are the project name normalized (PEP 427: '-' -> '_'), in either case.
+    prefix = f"{name.replace('-', '_')}-{version}-".lower()
     hashes = sorted({f["hashes"]["sha256"] for f in files
-                     if f["filename"].startswith(prefix) and f["filename"].endswith(".whl")
+                     if f["filename"].lower().startswith(prefix) and f["filename"].endswith(".whl")
                      and not f.get("yanked")})
     if not hashes:
         raise SystemExit(f"no wheels found for {name}=={version}")
