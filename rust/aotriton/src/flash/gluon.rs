@@ -130,6 +130,11 @@ impl GluonShape {
     fn axes(&self) -> Axes {
         Axes::of(&[("dtype", self.dtype.triton_name()), ("head_dim", self.bucket_axis)])
     }
+
+    /// Columns of the workspace's fp32 dQ accumulator: the bucket, or 0 when dQ has its own kernel.
+    fn dq_acc_width(&self) -> u64 {
+        if self.separate_dq { 0 } else { self.bucket }
+    }
 }
 
 /// The input conditions shared by both passes: dtype, head dim, features, TMA-addressable
@@ -213,13 +218,6 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
     g.separate_dq = p.deterministic || g.bucket > FUSED_DQ_MAX_BUCKET;
     g.workspace_bytes = workspace_bytes(shape, g.dq_acc_width())?;
     Ok(g)
-}
-
-impl GluonShape {
-    /// Columns of the workspace's fp32 dQ accumulator: the bucket, or 0 when dQ has its own kernel.
-    fn dq_acc_width(&self) -> u64 {
-        if self.separate_dq { 0 } else { self.bucket }
-    }
 }
 
 /// `B·Hq·SQ_PAD`: rows of the workspace (one per query row of every head, pad rows included).
