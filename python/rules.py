@@ -858,10 +858,11 @@ def _attn_bwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
 
     hd256 (``bwd_wide.py``): 64 keys per CTA, the head dim split between the warpgroups, the same mask
     handling.  Only its dK/dV kernel is compiled (``GLUON_FUSED_DQ_MAX_HEAD_DIM``); the fused config
-    below stays for test/gluon/check_bwd.py's hd256 dQ cases.  With dQ (DQ_IN_RING 1) each step's fp32 dQ tile is written over its own ring slot once
-    the slot's Q and dO are read, which frees the shared memory for a 2-stage ring: check_bwd.py
-    --bench on an H100, cuDNN beside it, 0.60-0.75 -> 0.72-0.83 of cuDNN (bf16 S 1k-16k, full and
-    causal; 233 -> 291 TFLOP/s at S16k full; geomean 0.653 -> 0.780, and 0.793 with WALK 1, shipped).
+    below stays for test/gluon/check_bwd.py's hd256 dQ cases.  With dQ (DQ_IN_RING 1) each step's
+    fp32 dQ tile is written over its own ring slot once the slot's Q and dO are read, which frees
+    the shared memory for a 2-stage ring: check_bwd.py --bench on an H100, cuDNN beside it,
+    0.60-0.75 -> 0.72-0.83 of cuDNN (bf16 S 1k-16k, full and causal; 233 -> 291 TFLOP/s at S16k
+    full; geomean 0.653 -> 0.780, and 0.793 with WALK 1: the fused kernel's best, below the split).
     Without dQ (the dK/dV kernel every hd256 backward runs) the ring has 2 stages too (it fits at
     230,896 B with no dQ tile): check_bwd.py --bench --compute-dq 0 on an H100, geomean 1.45x over
     one stage (S16k full 441 -> 678 TFLOP/s counted as a whole backward).

@@ -200,10 +200,10 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
         let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
         let [pre, main, convert] = call.requests()?;
-        let gluon_kernels = [&pre, &main, if call.separate_dq { &dq } else { &convert }];
+        let gluon_kernels = [&pre, &main, if g.separate_dq { &dq } else { &convert }];
         let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
-            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, call.separate_dq, key);
+            return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, key);
         }
     }
     let choose = |f: &Functional, k: KernelSet, _: &DeviceInfo| choose_kernel(f, k, key);
@@ -255,7 +255,7 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
     let key = super::tuning_key(&shape, &mask);
-    let ready = gluon::device_ready(&launcher, &[&pre, &main, if call.separate_dq { &dq } else { &convert }], key);
+    let ready = gluon::device_ready(&launcher, &[&pre, &main, if g.separate_dq { &dq } else { &convert }], key);
     let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }

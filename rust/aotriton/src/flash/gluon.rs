@@ -522,9 +522,6 @@ fn bwd_args(
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
 pub(crate) struct BwdCall {
-    /// dQ comes from the portable `attn_bwd_dq` request, not the dQ conversion
-    /// ([`GluonShape::separate_dq`]).
-    pub separate_dq: bool,
     common: Axes,
     main_axes: Axes,
     pre: ArgList,
@@ -536,10 +533,9 @@ impl BwdCall {
     /// `workspace`: the caller's, or any 16-byte aligned stand-in when only asking whether the
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
-        let separate_dq = g.separate_dq;
-        let (common, main_axes) = bwd_axes(g, shape, separate_dq, p.dropout.is_some());
+        let (common, main_axes) = bwd_axes(g, shape, g.separate_dq, p.dropout.is_some());
         let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
-        Ok(BwdCall { separate_dq, common, main_axes, pre, main, convert })
+        Ok(BwdCall { common, main_axes, pre, main, convert })
     }
 
     /// The requests of the preprocess, the main kernel and the dQ conversion.
@@ -555,14 +551,14 @@ impl BwdCall {
 
 /// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
 /// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
-/// B)`), or with `separate_dq` the portable `attn_bwd_dq` request. All kernels are chosen,
-/// loaded, their descriptors encoded and their grids checked before the first launch.
+/// B)`), or where dQ has its own kernel ([`GluonShape::separate_dq`]) the portable `attn_bwd_dq`
+/// request. All kernels are chosen, loaded, their descriptors encoded and their grids checked
+/// before the first launch.
 pub(crate) fn launch_bwd(
     launcher: &Launcher,
     [pre, main, dq]: [&Request; 3],
     shape: &AttnShape,
     g: &GluonShape,
-    separate_dq: bool,
     key: TuningKey,
 ) -> Result<()> {
     let (b, hq) = (shape.batch, shape.heads_q);
@@ -573,7 +569,7 @@ pub(crate) fn launch_bwd(
         launcher.prepare(main, first_preferred, |m| {
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
-        if separate_dq {
+        if g.separate_dq {
             launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         } else {
             launcher.prepare(dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
