@@ -226,7 +226,7 @@ def compile_spec(spec: rules.KernelSpec) -> tuple[bytes, dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
 
-    fn = getattr(importlib.import_module(rules.module_name(_family(spec.family))), spec.function)
+    fn = getattr(importlib.import_module(rules.module_name(rules.family(spec.family))), spec.function)
     t = spec.target
     target = GPUTarget(t["backend"], t["arch"], t["warp_size"])
     backend = make_backend(target)
@@ -273,11 +273,6 @@ def check_kernel(spec: rules.KernelSpec, metadata: dict) -> str | None:
             + ": give it smaller blocks (or, for spills, a lower waves_per_eu) in rules.py")
 
 
-def _family(name: str) -> rules.Family:
-    for f in rules.FAMILIES:
-        if f.name == name:
-            return f
-    raise KeyError(name)
 
 
 def _worker_main(conn, triton_home: str) -> None:

@@ -1,6 +1,6 @@
 """GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
 
-usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench [--compute-dq 0]] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench [--compute-dq 0]] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME] [--gluon-dq [BLOCK_N:K_STAGES:V_STAGES]]
 
 Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
 launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
@@ -13,7 +13,10 @@ and O from that reference; dQ, dK, dV against float64 autograd of the same maske
 Bound per tensor: ``max|out - ref64| <= 3 * max|naive - ref64| + 1e-3`` where ``naive`` is the
 same math in the input dtype (torch autograd on fp16/bf16 tensors).  Outputs, DELTA and the whole
 workspace are poisoned with NaN first (the preprocess must zero ``dq_acc``).  COMPUTE_DQ=0 is
-checked on dK/dV only (dQ then comes from the portable kernel).  Then a stability check:
+checked on dK/dV only (dQ then comes from the portable kernel), unless ``--gluon-dq``: every case
+then runs the main kernel with COMPUTE_DQ=0 and dQ from ``attn_bwd_gluon_dq`` (``bwd_dq.py``, after the
+main kernel; its config per head dim ``rules.GLUON_DQ_CONFIGS`` or the one given), and dQ is checked
+too; with ``--bench`` that pair is what is timed.  Then a stability check:
 100 launches of one case give bitwise identical dK/dV, and each dQ element within one rounding
 step of its dtype (plus 1e-5 x max|dQ| of fp32 reordering noise) of the first launch's: dQ's
 fp32 reduce-adds land in a run-dependent order (with WALK 1 the CTAs of one GQA group add into
@@ -45,6 +48,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
+from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
@@ -224,9 +228,11 @@ class GluonBwd:
     """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
 
     def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default",
-                 grid_cap=None, dropout=None):
+                 grid_cap=None, dropout=None, gluon_dq=None):
         """``dropout``: the dropout group ``(DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
-        philox_offset_base)`` (seed and offset int64 tensors), None for none."""
+        philox_offset_base)`` (seed and offset int64 tensors), None for none.  ``gluon_dq``: ``(BLOCK_N,
+        K_STAGES, V_STAGES)`` of ``attn_bwd_gluon_dq``, launched after the main kernel for dQ (which then
+        runs with ``compute_dq`` 0), or None."""
         self.dropout = dropout
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
@@ -251,6 +257,8 @@ class GluonBwd:
             self.opts.pop("DQ_IN_RING", None)  # no dQ tile to place
         self.stages = stages or vk[0] or STAGES[hd]
         self.compute_dq = compute_dq
+        assert not (gluon_dq and compute_dq), "attn_bwd_gluon_dq pairs with the main kernel's COMPUTE_DQ 0"
+        self.gluon_dq = gluon_dq
         self.shape = (B, hq, hk, sq, sk, d)
         self.sq_pad = sq_pad = triton.cdiv(sq, 128) * 128
         rows = B * hq * sq_pad
@@ -272,6 +280,10 @@ class GluonBwd:
             TensorDescriptor.from_tensor(self.lse2.view(rows // 64, 64), [1, 64], vec),
             TensorDescriptor.from_tensor(self.delta2.view(rows // 64, 64), [1, 64], vec),
         )
+        if gluon_dq:
+            dq_bn = gluon_dq[0]
+            self.dq_descs = (desc4(q, 64, hd), desc4(k, dq_bn, hd), desc4(v, dq_bn, hd), desc4(do, 64, hd),
+                             desc4(self.dq, 64, hd))
 
     def poison(self):
         for t in (self.ws, self.delta, self.dq, self.dk, self.dv):
@@ -294,6 +306,13 @@ class GluonBwd:
             *(self.dropout or NO_DROPOUT), HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages,
             COMPUTE_DQ=self.compute_dq, DROPOUT=int(self.dropout is not None), **self.opts, num_warps=4,
             maxnreg=MAXNREG)
+        if self.gluon_dq:
+            bn, ks, vs = self.gluon_dq
+            attn_bwd_gluon_dq[(triton.cdiv(sq, 128), hq, B)](
+                *self.dq_descs, self.lse2, self.delta2, self.sm_scale, sq, sk, self.sq_pad, hq // hk, wl, wr, abr,
+                *not_packed(self.q.device)["qk"], *(self.dropout or NO_DROPOUT), HEAD_DIM=self.hd, BLOCK_M=128,
+                BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, DROPOUT=int(self.dropout is not None), num_warps=4,
+                maxnreg=MAXNREG)
 
     def convert(self):
         B, hq, hk, sq, sk, d = self.shape
@@ -386,16 +405,26 @@ def max_err(x, ref):
     return float((x.double() - ref).abs().nan_to_num(float("inf")).max()) if x.numel() else 0.0
 
 
-def check_case(a, kw, variant="default", problem=None, grid_cap=None):
+def gluon_dq_config(d, given=None):
+    """``--gluon-dq``'s ``(BLOCK_N, K_STAGES, V_STAGES)`` for head dim ``d``: ``given`` ("64:2:1") or
+    ``rules.GLUON_DQ_CONFIGS``."""
+    import rules
+    return tuple(int(x) for x in given.split(":")) if given else rules.GLUON_DQ_CONFIGS[bucket(d)]
+
+
+def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=None):
+    """``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` with this config (the main kernel without dQ)."""
     dt, B, hq, hk, sq, sk, d, mask = a
     layout = kw.get("layout", "bhsd")
     p = problem or make_problem(dt, B, hq, hk, sq, sk, d, mask, layout)
+    compute_dq = 0 if gluon_dq else kw.get("compute_dq", 1)
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"],
-                   stages=kw.get("stages"), compute_dq=kw.get("compute_dq", 1), variant=variant, grid_cap=grid_cap)
+                   stages=kw.get("stages"), compute_dq=compute_dq, variant=variant, grid_cap=grid_cap,
+                   gluon_dq=gluon_dq)
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
-    names = ("dq", "dk", "dv") if bwd.compute_dq else ("dk", "dv")
+    names = ("dq", "dk", "dv") if bwd.compute_dq or bwd.gluon_dq else ("dk", "dv")
     ok, parts = True, []
     for n, x, r, nv in zip(("dq", "dk", "dv"), outs, p["ref"], p["naive"]):
         if n not in names:
@@ -534,29 +563,36 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
 GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
-def _time_cell(c, d, variant, compute_dq=1):
-    """Our three launches and cuDNN's backward on one bench cell: ``(GluonBwd, ours TFLOP/s, cuDNN
-    TFLOP/s, ours ms, cuDNN ms)`` (``do_bench`` medians)."""
+def _time_cell(c, d, variant, compute_dq=1, gluon_dq=None):
+    """Our three launches (four with ``gluon_dq``) and cuDNN's backward on one bench cell: ``(GluonBwd,
+    ours TFLOP/s, cuDNN TFLOP/s, ours ms, cuDNN ms)`` (``do_bench`` medians)."""
     from triton.testing import do_bench
-    bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant, compute_dq=compute_dq)
+    bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant,
+                   compute_dq=0 if gluon_dq else compute_dq, gluon_dq=gluon_dq)
     t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
     t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
     return bwd, c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9, t_ours, t_cudnn
 
 
-def bench(variant="default", buckets=(64, 128, 256), compute_dq=1):
-    print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes "
-          "preprocess + convert" + ("" if compute_dq else "; ours WITHOUT dQ (COMPUTE_DQ 0: the deterministic "
-                                    "mode's dK/dV kernel), so the ratio only compares variants"))
+def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=False, gluon_dq_given=None):
+    """``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` (``gluon_dq_config``), timed with the rest."""
+    what = ("preprocess + main without dQ + attn_bwd_gluon_dq" if gluon_dq else "preprocess + convert"
+            + ("" if compute_dq else "; ours WITHOUT dQ (COMPUTE_DQ 0: the deterministic mode's dK/dV kernel), so "
+               "the ratio only compares variants"))
+    print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes " + what)
+    if gluon_dq:
+        compute_dq = 0
     for d in buckets:
         if variant_kwargs(variant, d, compute_dq) is None:
             continue
+        dq_cfg = gluon_dq_config(d, gluon_dq_given) if gluon_dq else None
         for s in (1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 c = fa3_cell(d, s, causal)
-                bwd, ours, ref, _, _ = _time_cell(c, d, variant, compute_dq)
+                bwd, ours, ref, _, _ = _time_cell(c, d, variant, compute_dq, dq_cfg)
                 print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
-                      f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts})", flush=True)
+                      f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts}"
+                      f"{f' gluon dq {dq_cfg}' if dq_cfg else ''})", flush=True)
                 del bwd, c
 
 
@@ -582,6 +618,9 @@ def main():
     ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
     ap.add_argument("--compute-dq", type=int, choices=(0, 1), default=1,
                     help="--bench: 0 times the kernel without dQ (the deterministic mode's dK/dV pass)")
+    ap.add_argument("--gluon-dq", nargs="?", const="", default=None, metavar="BLOCK_N:K_STAGES:V_STAGES",
+                    help="dQ from attn_bwd_gluon_dq (bwd_dq.py; config rules.GLUON_DQ_CONFIGS or the one given); "
+                         "the main kernel without dQ")
     ap.add_argument("--variant", default="product", choices=sorted(VARIANTS),
                     help="performance variant of attn_bwd_gluon (VARIANTS; test/gluon/sweep_bwd.py times them)")
     args = ap.parse_args()
@@ -595,7 +634,8 @@ def main():
         bench_gqa(args.variant)
         return 0
     if args.bench:
-        bench(args.variant, [int(b) for b in args.buckets.split(",")], args.compute_dq)
+        bench(args.variant, [int(b) for b in args.buckets.split(",")], args.compute_dq, args.gluon_dq is not None,
+              args.gluon_dq or None)
         return 0
     if args.consan:
         return 0 if consan([int(b) for b in args.buckets.split(",")]) else 1
@@ -614,13 +654,14 @@ def main():
             try:
                 if problem is None:
                     problem = make_problem(*a, kw.get("layout", "bhsd"))
-                ok, msg = check_case(a, kw, args.variant, problem=problem, grid_cap=cap)
+                dq_cfg = gluon_dq_config(a[6], args.gluon_dq or None) if args.gluon_dq is not None else None
+                ok, msg = check_case(a, kw, args.variant, problem=problem, grid_cap=cap, gluon_dq=dq_cfg)
             except Exception as e:  # noqa: BLE001 (report and go on)
                 ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-4:])[:800]}"
             passed += ok
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'} {name}{'' if cap is None else f' grid<={cap}'}: {msg}", flush=True)
-    if not args.only:
+    if not args.only and args.gluon_dq is None:
         ok = stability(variant=args.variant)
         passed += ok
         failed += not ok

@@ -28,12 +28,15 @@ import torch  # noqa: E402
 
 @dataclass
 class Case(check_fwd_dropout.Case):
-    """``check_fwd_dropout``'s case (its masks in ``check_bwd.window_args``' names) and ``COMPUTE_DQ``."""
+    """``check_fwd_dropout``'s case (its masks in ``check_bwd.window_args``' names) and ``COMPUTE_DQ``;
+    ``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` (``rules.GLUON_DQ_CONFIGS``), the main kernel without."""
     b: int = 1
     compute_dq: int = 1
+    gluon_dq: int = 0
 
     def name(self):
-        return super().name() + ("" if self.compute_dq else " dq0")
+        return super().name() + ("" if self.compute_dq or self.gluon_dq else " dq0") + (" gluon-dq" if self.gluon_dq
+                                                                                          else "")
 
 
 def cases():
@@ -48,6 +51,9 @@ def cases():
     out.append(Case("fp16", 64, 1000, 2048, "win_64_32_br"))
     out.append(Case("bf16", 256, 1, 1, "none"))
     out.append(Case("bf16", 128, 1000, 1000, "causal_tl", compute_dq=0))  # deterministic mode's dK/dV
+    for d in (64, 128, 256, 200):  # dQ from its own Gluon kernel (bwd_dq.py)
+        out.append(Case("bf16", d, 1000, 1000, "none", gluon_dq=1))
+        out.append(Case("fp16", d, 129, 1000, "causal_br", p=0.5, hq=4, hk=2, gluon_dq=1))
     return out
 
 
@@ -98,14 +104,15 @@ def run_case(case):
     seed = torch.tensor([case.seed], dtype=torch.int64, device=dev)
     offset = torch.tensor([case.offset], dtype=torch.int64, device=dev)
     dropout = (philox_model.threshold(case.p), scale, seed, offset, case.base)
-    bwd = cb.GluonBwd(q, k, v, o, do, lse, sm_scale, wl, wr, abr, compute_dq=case.compute_dq, variant="product",
-                      dropout=dropout)
+    bwd = cb.GluonBwd(q, k, v, o, do, lse, sm_scale, wl, wr, abr, compute_dq=0 if case.gluon_dq else case.compute_dq,
+                      variant="product", dropout=dropout,
+                      gluon_dq=cb.gluon_dq_config(case.d) if case.gluon_dq else None)
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
     ok, parts = True, []
     for n, x, r, nv in zip(("dq", "dk", "dv"), outs, (dq64, dk64, dv64), (dqn, dkn, dvn)):
-        if n == "dq" and not case.compute_dq:
+        if n == "dq" and not (case.compute_dq or case.gluon_dq):
             continue
         err, bound = cb.max_err(x, r), 3 * cb.max_err(nv, r) + 1e-3
         good = err <= bound

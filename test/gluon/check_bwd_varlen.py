@@ -9,7 +9,7 @@ sequence dQ, dK, dV against float64 autograd of that sequence, bound ``3 * max|n
 ``rowsum(dO * O)``.  Outputs, DELTA and the workspace are poisoned with NaN first; the guard rows
 of every packed tensor must stay NaN (no read past a sequence that is not masked, no write outside
 the tokens) and the status word 0.  ``COMPUTE_DQ`` 0 (the deterministic mode's main kernel) is
-checked on dK/dV.
+checked on dK/dV, and with dQ from ``attn_bwd_gluon_dq`` (``bwd_dq.py``, cases ``gluon-dq``) on all three.
 
 usage: python test/gluon/check_bwd_varlen.py [--consan] [--filter SUBSTR]
   --consan  a packed batch per head dim again under Gluon's concurrency sanitizer (one process each)
@@ -32,6 +32,7 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
+from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
@@ -46,7 +47,8 @@ def shipped(hd, row_family, compute_dq):
 class PackedBwd:
     """Workspace, ragged descriptors and the three launches for one packed batch."""
 
-    def __init__(self, q, k, v, o, do, lse, cu_q, cu_k, max_q, max_k, sm_scale, window, compute_dq=1):
+    def __init__(self, q, k, v, o, do, lse, cu_q, cu_k, max_q, max_k, sm_scale, window, compute_dq=1, gluon_dq=None):
+        """``gluon_dq``: ``(BLOCK_N, K_STAGES, V_STAGES)`` of ``attn_bwd_gluon_dq`` for dQ (``compute_dq`` 0)."""
         tq, hq, d = q.shape
         tk, hk = k.shape[0], k.shape[1]
         self.hd = hd = check_bwd.bucket(d)
@@ -69,7 +71,7 @@ class PackedBwd:
         self.status = torch.zeros(4, device=q.device, dtype=torch.int32)
         self.q, self.k, self.v, self.o, self.do, self.lse = q, k, v, o, do, lse
         self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
-        self.sm_scale, self.window, self.compute_dq = sm_scale, window, compute_dq
+        self.sm_scale, self.window, self.compute_dq, self.gluon_dq = sm_scale, window, compute_dq, gluon_dq
         self.n_seq, self.hq, self.hk, self.d, self.tq, self.tk = n_seq, hq, hk, d, tq, tk
         vec = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
         dkv_rows, dkv_cols = (bn, hd // 2) if hd > 128 else (bn // 2, hd)
@@ -81,6 +83,10 @@ class PackedBwd:
             TensorDescriptor.from_tensor(self.lse2.view(ws_rows // 64, 64), [1, 64], vec),
             TensorDescriptor.from_tensor(self.delta2.view(ws_rows // 64, 64), [1, 64], vec),
         )
+        if gluon_dq:
+            self.dq_descs = (ragged_descriptor(q, 64, hd), ragged_descriptor(k, gluon_dq[0], hd),
+                             ragged_descriptor(v, gluon_dq[0], hd), ragged_descriptor(do, 64, hd),
+                             ragged_descriptor(self.dq, 64, hd))
 
     def poison(self):
         for t in (self.ws, self.delta_store, *(store for store, _ in self.outs)):
@@ -104,6 +110,13 @@ class PackedBwd:
             1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1, *check_bwd.NO_DROPOUT,
             HEAD_DIM=self.hd, BLOCK_M=check_bwd.BLOCK_M, BLOCK_N=self.block_n, STAGES=c["STAGES"],
             COMPUTE_DQ=self.compute_dq, **knobs, num_warps=4, maxnreg=c["maxnreg"])
+        if self.gluon_dq:
+            bn, ks, vs = self.gluon_dq
+            attn_bwd_gluon_dq[(triton.cdiv(self.max_q, 128), self.hq, self.n_seq)](
+                *self.dq_descs, self.lse2, self.delta2, self.sm_scale, self.max_q, self.max_k, self.sq_pad,
+                self.hq // self.hk, wl, wr, abr, 1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1,
+                *check_bwd.NO_DROPOUT, HEAD_DIM=self.hd, BLOCK_M=128, BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs,
+                num_warps=4, maxnreg=c["maxnreg"])
         if self.compute_dq:
             attn_bwd_gluon_dq_convert[(triton.cdiv(self.max_q, self.aux_m), self.hq, self.n_seq)](
                 self.dq_acc, dq, 0, dq.stride(1), dq.stride(0), self.sm_scale, self.max_q, self.sq_pad, self.d,
@@ -113,15 +126,19 @@ class PackedBwd:
 @dataclass
 class Case(packed.PackedCase):
     compute_dq: int = 1
+    gluon_dq: int = 0  # dQ from attn_bwd_gluon_dq (rules.GLUON_DQ_CONFIGS), the main kernel without
 
     def flags(self):
-        return "" if self.compute_dq else " dq0"
+        return " gluon-dq" if self.gluon_dq else "" if self.compute_dq else " dq0"
 
 
 def cases():
+    lens = [300, 1, 129, 0, 500, 17, 128]
     return packed.packed_cases(Case, 500, 1024) + [
-        Case("bf16", d, [300, 1, 129, 0, 500, 17, 128], mask="causal_br", hq=4, hk=2, compute_dq=0)
-        for d in (64, 128, 256)]
+        Case("bf16", d, lens, mask="causal_br", hq=4, hk=2, compute_dq=0) for d in (64, 128, 256)] + [
+        c for d in (64, 128, 256) for c in (
+            Case("bf16", d, lens, mask="causal_br", hq=4, hk=2, gluon_dq=1),
+            Case("fp16", d, lens, [17, 300, 0, 129, 40, 600, 128], mask="none", hq=4, hk=1, gluon_dq=1))]
 
 
 def consan_cases():
@@ -170,13 +187,15 @@ def run_case(case, device="cuda"):
         naive = check_bwd.reference(qs, ks, vs, dos, vis, sm_scale, group, dtype64=dt)
         refs.append((q0, k0, sq, sk, (dq64, dk64, dv64), naive[2:]))
 
-    bwd = PackedBwd(q, k, v, o, do, lse, cu_q, cu_k, max_q, max_k, sm_scale, window, case.compute_dq)
+    bwd = PackedBwd(q, k, v, o, do, lse, cu_q, cu_k, max_q, max_k, sm_scale, window,
+                    0 if case.gluon_dq else case.compute_dq,
+                    check_bwd.gluon_dq_config(case.d) if case.gluon_dq else None)
     bwd.poison()
     bwd.run()
     torch.cuda.synchronize()
 
     ok, notes, worst = True, [], 0.0
-    names = ("dq", "dk", "dv") if case.compute_dq else ("dk", "dv")
+    names = ("dq", "dk", "dv") if case.compute_dq or case.gluon_dq else ("dk", "dv")
     got = {"dq": bwd.dq, "dk": bwd.dk, "dv": bwd.dv}
     for b, r in enumerate(refs):
         if r is None:
