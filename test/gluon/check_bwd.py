@@ -1,6 +1,8 @@
 """GPU check of the Gluon (sm_90) attention backward: the three launches of ``ABI.md`` through the JIT.
 
-usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench [--compute-dq 0]] [--bench-gqa] [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME] [--gluon-dq [BLOCK_N:K_STAGES:V_STAGES]]
+usage: python test/gluon/check_bwd.py [--quick] [--consan] [--bench [--compute-dq 0]] [--bench-gqa]
+       [--only SUBSTRING] [--buckets 64,128,256] [--variant NAME]
+       [--gluon-dq [BLOCK_N:K_STAGES:V_STAGES] | --portable-dq]
 
 Needs an sm_90 GPU, torch and triton 3.6.0; no network.  The kernels run exactly as the runtime
 launches them: ``attn_bwd_gluon_preprocess`` -> ``attn_bwd_gluon`` -> ``attn_bwd_gluon_dq_convert``,
@@ -16,7 +18,9 @@ workspace are poisoned with NaN first (the preprocess must zero ``dq_acc``).  CO
 checked on dK/dV only (dQ then comes from the portable kernel), unless ``--gluon-dq``: every case
 then runs the main kernel with COMPUTE_DQ=0 and dQ from ``attn_bwd_gluon_dq`` (``bwd_dq.py``, after the
 main kernel; its config per head dim ``rules.GLUON_DQ_CONFIGS`` or the one given), and dQ is checked
-too; with ``--bench`` that pair is what is timed.  Then a stability check:
+too; with ``--bench`` that pair is timed, and beside it in the same process the pair the library runs
+today: the main kernel without dQ, then the portable ``attn_bwd_dq`` through the JIT (the fastest of
+the configs ``tuning/sm_90.json`` picks among for that head dim).  Then a stability check:
 100 launches of one case give bitwise identical dK/dV, and each dQ element within one rounding
 step of its dtype (plus 1e-5 x max|dQ| of fp32 reordering noise) of the first launch's: dQ's
 fp32 reduce-adds land in a run-dependent order (with WALK 1 the CTAs of one GQA group add into
@@ -51,6 +55,7 @@ from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
 from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
+from kernels.flash.bwd_dq import attn_bwd_dq  # noqa: E402
 
 BLOCK_M = 64  # main kernel: queries per step
 #: Keys per CTA per head-dim bucket: two compute warpgroups of 64 keys, or at hd256 (bwd_wide.py) 64
@@ -228,11 +233,12 @@ class GluonBwd:
     """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
 
     def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default",
-                 grid_cap=None, dropout=None, gluon_dq=None):
+                 grid_cap=None, dropout=None, gluon_dq=None, portable_dq=None):
         """``dropout``: the dropout group ``(DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
         philox_offset_base)`` (seed and offset int64 tensors), None for none.  ``gluon_dq``: ``(BLOCK_N,
         K_STAGES, V_STAGES)`` of ``attn_bwd_gluon_dq``, launched after the main kernel for dQ (which then
-        runs with ``compute_dq`` 0), or None."""
+        runs with ``compute_dq`` 0), or None.  ``portable_dq``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``
+        of the portable ``attn_bwd_dq`` in its place (what the runtime pairs with ``compute_dq`` 0 today)."""
         self.dropout = dropout
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
@@ -257,8 +263,9 @@ class GluonBwd:
             self.opts.pop("DQ_IN_RING", None)  # no dQ tile to place
         self.stages = stages or vk[0] or STAGES[hd]
         self.compute_dq = compute_dq
-        assert not (gluon_dq and compute_dq), "attn_bwd_gluon_dq pairs with the main kernel's COMPUTE_DQ 0"
-        self.gluon_dq = gluon_dq
+        assert not ((gluon_dq or portable_dq) and compute_dq), "a dQ kernel pairs with the main kernel's COMPUTE_DQ 0"
+        assert not (gluon_dq and portable_dq), "one dQ kernel"
+        self.gluon_dq, self.portable_dq = gluon_dq, portable_dq
         self.shape = (B, hq, hk, sq, sk, d)
         self.sq_pad = sq_pad = triton.cdiv(sq, 128) * 128
         rows = B * hq * sq_pad
@@ -313,6 +320,22 @@ class GluonBwd:
                 *not_packed(self.q.device)["qk"], *(self.dropout or NO_DROPOUT), HEAD_DIM=self.hd, BLOCK_M=128,
                 BLOCK_N=bn, K_STAGES=ks, V_STAGES=vs, DROPOUT=int(self.dropout is not None), num_warps=4,
                 maxnreg=MAXNREG)
+        if self.portable_dq:
+            self.run_portable_dq(*self.portable_dq)
+
+    def run_portable_dq(self, block_m, block_n, warps, stages):
+        """The portable ``attn_bwd_dq`` (kernels/flash/bwd_dq.py) into ``self.dq``: reads the caller's DELTA,
+        which the preprocess wrote."""
+        B, hq, hk, sq, sk, d = self.shape
+        wl, wr, abr = self.window
+        q, k, v, do, dq, lse, delta = self.q, self.k, self.v, self.do, self.dq, self.lse, self.delta
+        st = lambda x: (x.stride(0), x.stride(1), x.stride(2))  # noqa: E731
+        attn_bwd_dq[(triton.cdiv(sq, block_m), hq, B)](
+            q, k, v, do, lse, delta, dq, q, lse, self.sm_scale, 0.0, *st(q), *st(k), *st(v), *st(do),
+            lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1), *st(dq), 0, 0, 0, 0,
+            sq, sk, d, hq // hk, wl, wr, abr, *not_packed(q.device)["qk"], *(self.dropout or NO_DROPOUT), d,
+            HEAD_DIM=self.hd, BLOCK_M=block_m, BLOCK_N=block_n, DROPOUT=int(self.dropout is not None), HAS_BIAS=0,
+            ALLOW_TF32=0, SOFTCAP=0, HAS_ALIBI=0, HEAD_DIM_V=0, num_warps=warps, num_stages=stages)
 
     def convert(self):
         B, hq, hk, sq, sk, d = self.shape
@@ -412,19 +435,20 @@ def gluon_dq_config(d, given=None):
     return tuple(int(x) for x in given.split(":")) if given else rules.GLUON_DQ_CONFIGS[bucket(d)]
 
 
-def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=None):
-    """``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` with this config (the main kernel without dQ)."""
+def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=None, portable_dq=None):
+    """``gluon_dq`` / ``portable_dq``: dQ from ``attn_bwd_gluon_dq`` / the portable ``attn_bwd_dq`` with this
+    config (the main kernel without dQ)."""
     dt, B, hq, hk, sq, sk, d, mask = a
     layout = kw.get("layout", "bhsd")
     p = problem or make_problem(dt, B, hq, hk, sq, sk, d, mask, layout)
-    compute_dq = 0 if gluon_dq else kw.get("compute_dq", 1)
+    compute_dq = 0 if gluon_dq or portable_dq else kw.get("compute_dq", 1)
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"],
                    stages=kw.get("stages"), compute_dq=compute_dq, variant=variant, grid_cap=grid_cap,
-                   gluon_dq=gluon_dq)
+                   gluon_dq=gluon_dq, portable_dq=portable_dq)
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
-    names = ("dq", "dk", "dv") if bwd.compute_dq or bwd.gluon_dq else ("dk", "dv")
+    names = ("dq", "dk", "dv") if bwd.compute_dq or bwd.gluon_dq or bwd.portable_dq else ("dk", "dv")
     ok, parts = True, []
     for n, x, r, nv in zip(("dq", "dk", "dv"), outs, p["ref"], p["naive"]):
         if n not in names:
@@ -442,12 +466,16 @@ def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=N
     return ok, "  ".join(parts)
 
 
-def stability(n=100, variant="default"):
+def stability(n=100, variant="default", gluon_dq=None):
+    """``gluon_dq``: (a config of) ``attn_bwd_gluon_dq``, which writes each dQ element once: then dQ
+    must be bitwise identical too."""
     # the first head dim (128, 64, 256) the variant applies to
     d = next(d for d in (128, 64, 256) if variant_kwargs(variant, bucket(d)) is not None)
     a = ("bf16", 1, 4, 1, 1000, 1000, d, "causal_tl")
     p = make_problem(*a)
-    bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant)
+    dq_cfg = gluon_dq_config(d, gluon_dq or None) if gluon_dq is not None else None
+    bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant,
+                   compute_dq=0 if dq_cfg else 1, gluon_dq=dq_cfg)
     dq0, dk0, dv0 = (t.clone() for t in bwd.run())
     scale = float(dq0.float().abs().max())
     eps = torch.finfo(dq0.dtype).eps
@@ -465,10 +493,11 @@ def stability(n=100, variant="default"):
         ulp = eps * torch.exp2(torch.floor(torch.log2(m.clamp_min(1e-30))))
         # (a NaN left in dQ makes the ratio NaN: counted as infinitely far)
         worst_ulps = max(worst_ulps, float((diff / (ulp + 1e-5 * scale)).nan_to_num(float("inf")).max()))
-    ok = same and worst_ulps <= 1.0
-    print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}): dK/dV bitwise "
-          f"{'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e} ({worst_ulps:.2f} of one rounding "
-          "step, at most 1)", flush=True)
+    ok = same and (worst == 0.0 if dq_cfg else worst_ulps <= 1.0)
+    limit = "0: attn_bwd_gluon_dq writes it once" if dq_cfg else "at most 1"
+    print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}{f' gluon dq {dq_cfg}' if dq_cfg else ''}): "
+          f"dK/dV bitwise {'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e} ({worst_ulps:.2f} of one "
+          f"rounding step, {limit})", flush=True)
     return ok
 
 
@@ -480,14 +509,18 @@ def stability(n=100, variant="default"):
 CONSAN_CASES = [(a, {}) for d in (64, 128, 256) for a in (
     ("bf16", 1, 8, 2, 300, 333, d, "causal_br"),
     ("fp16", 1, 4, 1, 129, 200, d, "win_64_32_br"),
-)] + [(("bf16", 1, 4, 2, 200, 257, d, "none"), {"compute_dq": 0}) for d in (64, 128, 256)]
+)] + [(("bf16", 1, 4, 2, 200, 257, d, "none"), {"compute_dq": 0}) for d in (64, 128, 256)] + [
+    # dQ from attn_bwd_gluon_dq (rules.GLUON_DQ_CONFIGS) after the main kernel without dQ
+    (("bf16", 1, 8, 2, 300, 333, d, "causal_br"), {"gluon_dq": 1}) for d in (64, 128, 256)]
 
 
 def consan_child(idx):
     triton.knobs.compilation.instrumentation_mode = "consan"
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     a, kw = CONSAN_CASES[idx]
-    ok, msg = check_case(a, kw, variant="product")
+    kw = dict(kw)
+    dq_cfg = gluon_dq_config(a[6]) if kw.pop("gluon_dq", 0) else None
+    ok, msg = check_case(a, kw, variant="product", gluon_dq=dq_cfg)
     print(f"consan-child {'PASS' if ok else 'FAIL'}: {msg}", flush=True)
     return 0 if ok else 3
 
@@ -563,20 +596,35 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
 GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
-def _time_cell(c, d, variant, compute_dq=1, gluon_dq=None):
-    """Our three launches (four with ``gluon_dq``) and cuDNN's backward on one bench cell: ``(GluonBwd,
-    ours TFLOP/s, cuDNN TFLOP/s, ours ms, cuDNN ms)`` (``do_bench`` medians)."""
+def _time_cell(c, d, variant, compute_dq=1, gluon_dq=None, portable_dq=None):
+    """Our launches (with ``gluon_dq`` or ``portable_dq``: a dQ kernel after the main one) and cuDNN's
+    backward on one bench cell: ``(GluonBwd, ours TFLOP/s, cuDNN TFLOP/s, ours ms, cuDNN ms)``
+    (``do_bench`` medians)."""
     from triton.testing import do_bench
     bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant,
-                   compute_dq=0 if gluon_dq else compute_dq, gluon_dq=gluon_dq)
+                   compute_dq=0 if gluon_dq or portable_dq else compute_dq, gluon_dq=gluon_dq,
+                   portable_dq=portable_dq)
     t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
     t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
     return bwd, c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9, t_ours, t_cudnn
 
 
+def tuned_portable_dq_configs(d, dtype="bf16"):
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of every ``attn_bwd_dq`` config that tuning/sm_90.json
+    picks for head dim ``d`` (no dropout, no bias): what the runtime's dQ kernel is chosen among."""
+    import json
+    import re
+    with open(os.path.join(HERE, "..", "..", "tuning", "sm_90.json")) as f:
+        entries = json.load(f)["entries"]
+    tags = {e["winner"] for e in entries if e["family"] == "attn_bwd_dq" and e["functional"]["head_dim"] == d
+            and e["functional"]["dtype"] == dtype and not e["functional"]["dropout"] and not e["functional"]["bias"]}
+    return sorted(tuple(int(x) for x in re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)", tag).groups()) for tag in tags)
+
+
 def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=False, gluon_dq_given=None):
     """``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` (``gluon_dq_config``), timed with the rest."""
-    what = ("preprocess + main without dQ + attn_bwd_gluon_dq" if gluon_dq else "preprocess + convert"
+    what = ("preprocess + main without dQ + attn_bwd_gluon_dq; 'portable dq': the same with the portable "
+            "attn_bwd_dq instead (the fastest of its tuned configs)" if gluon_dq else "preprocess + convert"
             + ("" if compute_dq else "; ours WITHOUT dQ (COMPUTE_DQ 0: the deterministic mode's dK/dV kernel), so "
                "the ratio only compares variants"))
     print("bench: bf16, B*S = 16k, H*D = 2048; TFLOP/s = 2.5*4*B*H*S^2*D (/2 causal); ours includes " + what)
@@ -590,9 +638,13 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
             for causal in (False, True):
                 c = fa3_cell(d, s, causal)
                 bwd, ours, ref, _, _ = _time_cell(c, d, variant, compute_dq, dq_cfg)
+                portable = ""
+                if dq_cfg:  # the pair the library runs today, in the same process
+                    best = max((_time_cell(c, d, variant, 0, None, pc)[1], pc) for pc in tuned_portable_dq_configs(d))
+                    portable = f"  portable dq {best[0]:6.1f} (ratio {best[0] / ref:.3f}, {best[1]})"
                 print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
-                      f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}  ({bwd.variant}: stages {bwd.stages} {bwd.opts}"
-                      f"{f' gluon dq {dq_cfg}' if dq_cfg else ''})", flush=True)
+                      f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{portable}  ({bwd.variant}: stages {bwd.stages} "
+                      f"{bwd.opts}{f' gluon dq {dq_cfg}' if dq_cfg else ''})", flush=True)
                 del bwd, c
 
 
@@ -621,6 +673,9 @@ def main():
     ap.add_argument("--gluon-dq", nargs="?", const="", default=None, metavar="BLOCK_N:K_STAGES:V_STAGES",
                     help="dQ from attn_bwd_gluon_dq (bwd_dq.py; config rules.GLUON_DQ_CONFIGS or the one given); "
                          "the main kernel without dQ")
+    ap.add_argument("--portable-dq", action="store_true",
+                    help="dQ from the portable attn_bwd_dq through the JIT (the first of its tuned configs), the main "
+                         "kernel without dQ: checks the pair --bench --gluon-dq times beside the Gluon one")
     ap.add_argument("--variant", default="product", choices=sorted(VARIANTS),
                     help="performance variant of attn_bwd_gluon (VARIANTS; test/gluon/sweep_bwd.py times them)")
     args = ap.parse_args()
@@ -655,14 +710,16 @@ def main():
                 if problem is None:
                     problem = make_problem(*a, kw.get("layout", "bhsd"))
                 dq_cfg = gluon_dq_config(a[6], args.gluon_dq or None) if args.gluon_dq is not None else None
-                ok, msg = check_case(a, kw, args.variant, problem=problem, grid_cap=cap, gluon_dq=dq_cfg)
+                pdq = tuned_portable_dq_configs(bucket(a[6]))[0] if args.portable_dq else None
+                ok, msg = check_case(a, kw, args.variant, problem=problem, grid_cap=cap, gluon_dq=dq_cfg,
+                                     portable_dq=pdq)
             except Exception as e:  # noqa: BLE001 (report and go on)
                 ok, msg = False, f"{type(e).__name__}: {' | '.join(str(e).strip().splitlines()[-4:])[:800]}"
             passed += ok
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'} {name}{'' if cap is None else f' grid<={cap}'}: {msg}", flush=True)
-    if not args.only and args.gluon_dq is None:
-        ok = stability(variant=args.variant)
+    if not args.only and not args.portable_dq:
+        ok = stability(variant=args.variant, gluon_dq=args.gluon_dq)
         passed += ok
         failed += not ok
     print(f"check_bwd: {passed} passed, {failed} failed ({time.time() - t0:.0f}s)")
