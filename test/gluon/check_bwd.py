@@ -634,6 +634,7 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
         if variant_kwargs(variant, d, compute_dq) is None:
             continue
         dq_cfg = gluon_dq_config(d, gluon_dq_given) if gluon_dq else None
+        ratios, portable_ratios = [], []
         for s in (1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 c = fa3_cell(d, s, causal)
@@ -642,10 +643,16 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
                 if dq_cfg:  # the pair the library runs today, in the same process
                     best = max((_time_cell(c, d, variant, 0, None, pc)[1], pc) for pc in tuned_portable_dq_configs(d))
                     portable = f"  portable dq {best[0]:6.1f} (ratio {best[0] / ref:.3f}, {best[1]})"
+                    portable_ratios.append(best[0] / ref)
+                ratios.append(ours / ref)
                 print(f"hd{d} S{s:5d} B{c.b:2d} H{c.h} {'causal' if causal else 'full  '}: gluon {ours:6.1f}  "
                       f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{portable}  ({bwd.variant}: stages {bwd.stages} "
                       f"{bwd.opts}{f' gluon dq {dq_cfg}' if dq_cfg else ''})", flush=True)
                 del bwd, c
+        geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
+        print(f"check_bwd bench hd{d}: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}"
+              + (f"; with the portable dQ {geo(portable_ratios):.3f}, worst {min(portable_ratios):.3f}"
+                 if portable_ratios else ""), flush=True)
 
 
 def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384)):

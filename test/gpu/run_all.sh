@@ -114,10 +114,12 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 #    (check_fwd/check_bwd, incl. 100 repeated backward launches), then the mbarrier protocol of each
 #    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips,
 #    GLUON_CHECKS=fwd / bwd runs one kernel family's checks, GLUON_CHECKS=varlen the packed-batch ones,
-#    GLUON_CHECKS=dropout the dropout ones (the forward's mask bit for bit against the portable rule).
+#    GLUON_CHECKS=dropout the dropout ones (the forward's mask bit for bit against the portable rule),
+#    GLUON_CHECKS=dq those of attn_bwd_gluon_dq and its benchmark beside the portable dQ.
 checks=()
 case ${GLUON_CHECKS:-1} in
-  1) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_bwd" "check_bwd_varlen" "check_bwd_dropout"
+  1) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_bwd" "check_bwd --gluon-dq" "check_bwd_varlen"
+              "check_bwd_dropout"
               "check_fwd --consan" "check_bwd --consan" "check_fwd_varlen --consan" "check_fwd_dropout --consan"
               "check_bwd_varlen --consan" "check_bwd_dropout --consan") ;;
   fwd) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_fwd --consan" "check_fwd_varlen --consan"
@@ -126,6 +128,10 @@ case ${GLUON_CHECKS:-1} in
                "check_bwd_dropout --consan") ;;
   varlen) checks=("check_fwd_varlen" "check_bwd_varlen" "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
   dropout) checks=("check_fwd_dropout" "check_bwd_dropout" "check_fwd_dropout --consan" "check_bwd_dropout --consan") ;;
+  # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, not in the archive yet): checked with
+  # its pairs (varlen, dropout and consan cases included), then timed beside the portable dQ.
+  dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
+              "check_bwd --consan" "check_bwd --bench --gluon-dq") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
