@@ -12,8 +12,9 @@
 //! `attn_bwd_gluon_preprocess` (delta into the caller's `delta`, plus its own row statistics in
 //! the workspace), `attn_bwd_gluon` (dK, dV, and dQ partials reduce-added into the workspace),
 //! then `attn_bwd_gluon_dq_convert`; with `deterministic`, and always at head dims above 128
-//! (where it is faster), dQ comes from the portable `attn_bwd_dq` kernel instead of the
-//! reduce-adds.
+//! (where it is faster), dQ comes from a kernel of its own instead of the reduce-adds
+//! (`gluon::dq_request`: `attn_bwd_gluon_dq` where the archive holds it, else the portable
+//! `attn_bwd_dq`).
 use super::gluon;
 use super::{
     ATTENTION_INPUTS, AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, Workspace, axes, bias_args, broadcast_strides,
@@ -85,7 +86,7 @@ pub struct BwdParams<'a> {
     /// Require bitwise-reproducible gradients. The portable kernels are deterministic in both
     /// settings (no atomics); the Gluon backend accumulates dQ with reduce-adds (summation
     /// order varies) at head dims up to 128 unless this is set, in which case it computes dQ
-    /// with the portable `attn_bwd_dq` kernel (as it always does above 128).
+    /// with a kernel of its own, which writes each element once (as it always does above 128).
     pub deterministic: bool,
     /// Which kernel family serves the call; `new` sets [`Backend::Auto`] (see the module docs
     /// of `flash`).
@@ -199,8 +200,8 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let launcher = Launcher::new(stream)?;
     if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
         let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
-        let [pre, main, convert] = call.requests()?;
-        let gluon_kernels = [&pre, &main, if g.separate_dq { &dq } else { &convert }];
+        let [pre, main, convert, gluon_dq] = call.requests()?;
+        let gluon_kernels = [&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key)];
         let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, key);
@@ -248,14 +249,14 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     // alignment: any 16-byte aligned stand-in answers it.
     let stand_in = Workspace { ptr: 1 << 20, bytes: g.workspace_bytes };
     let call = gluon::BwdCall::new(params, &shape, &mask, &g, &stand_in)?;
-    let [pre, main, convert] = call.requests()?;
+    let [pre, main, convert, gluon_dq] = call.requests()?;
     let portable_args = kernel_args(params, &shape, &mask)?;
     let features = [("dropout", params.dropout.is_some()), ("bias", false)];
     let portable_axes = axes(params.q.dtype, params.allow_tf32, &shape, &features);
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
     let key = super::tuning_key(&shape, &mask);
-    let ready = gluon::device_ready(&launcher, &[&pre, &main, if g.separate_dq { &dq } else { &convert }], key);
+    let ready = gluon::device_ready(&launcher, &[&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key)], key);
     let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }

@@ -17,6 +17,9 @@ pub(crate) const FWD_FAMILY: &str = "attn_fwd_gluon";
 pub(crate) const BWD_PREPROCESS_FAMILY: &str = "attn_bwd_gluon_preprocess";
 pub(crate) const BWD_FAMILY: &str = "attn_bwd_gluon";
 pub(crate) const BWD_DQ_CONVERT_FAMILY: &str = "attn_bwd_gluon_dq_convert";
+/// dQ in a Gluon kernel of its own (python/kernels/flash_gluon/bwd_dq.py): taken where dQ has its
+/// own kernel and the archive holds it ([`dq_request`]).
+pub(crate) const BWD_DQ_FAMILY: &str = "attn_bwd_gluon_dq";
 /// The only arch the Gluon kernels are built for.
 pub(crate) const ARCH: &str = "sm_90";
 
@@ -120,9 +123,10 @@ pub(crate) struct GluonShape {
     pub sq_pad: u64,
     pub workspace_rows: u64,
     pub workspace_bytes: u64,
-    /// Backward: dQ comes from its own kernel, the portable `attn_bwd_dq`, after the dK/dV-only
-    /// Gluon kernel (no dQ accumulator in the workspace, no dQ conversion): in the deterministic
-    /// mode (no reduce-adds in a run-dependent order), and above [`FUSED_DQ_MAX_BUCKET`].
+    /// Backward: dQ comes from its own kernel after the dK/dV-only Gluon kernel ([`dq_request`]: the
+    /// Gluon `attn_bwd_gluon_dq` or the portable `attn_bwd_dq`; no dQ accumulator in the workspace,
+    /// no dQ conversion): in the deterministic mode (no reduce-adds in a run-dependent order), and
+    /// above [`FUSED_DQ_MAX_BUCKET`].
     pub separate_dq: bool,
 }
 
@@ -424,8 +428,8 @@ pub(crate) fn launch_fwd(launcher: &Launcher, request: &Request, shape: &AttnSha
 }
 
 /// The widest head-dim bucket whose Gluon backward computes dQ itself (fp32 reduce-adds into the
-/// workspace, then `attn_bwd_gluon_dq_convert`). Above it dQ always comes from its own kernel, the
-/// portable `attn_bwd_dq`, after the Gluon dK/dV kernel: at hd256 the fused kernel's per-step
+/// workspace, then `attn_bwd_gluon_dq_convert`). Above it dQ always comes from its own kernel
+/// ([`dq_request`]) after the Gluon dK/dV kernel: at hd256 the fused kernel's per-step
 /// 64 KiB reduce-add costs it nearly half its time (H100, bf16 S 512-16k, FA3 grid, cuDNN beside
 /// it: fused 0.77 of cuDNN, split 0.97; bench/results/h200_gluon_bwd_issue17.md). python/rules.py
 /// compiles the fused kernels up to the same bucket (`GLUON_FUSED_DQ_MAX_HEAD_DIM`); the
@@ -453,14 +457,16 @@ fn workspace_views(ws: &Workspace, g: &GluonShape) -> Result<(u64, u64, u64)> {
     Ok((dq_acc, lse2, checked_sum("workspace delta2", lse2, checked_product("workspace lse2 bytes", &[rows, 4])?)?))
 }
 
-/// Arguments of the three Gluon backward kernels (each takes the ones it declares).
-fn bwd_args(
-    p: &BwdParams,
-    shape: &AttnShape,
-    mask: &MaskArgs,
-    g: &GluonShape,
-    ws: &Workspace,
-) -> Result<(ArgList, ArgList, ArgList)> {
+/// Arguments of the Gluon backward kernels (each takes the ones it declares).
+struct BwdArgs {
+    pre: ArgList,
+    main: ArgList,
+    convert: ArgList,
+    /// `attn_bwd_gluon_dq`'s, used where dQ has its own kernel.
+    dq: ArgList,
+}
+
+fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, ws: &Workspace) -> Result<BwdArgs> {
     use ArgValue::{F32, Ptr, Tensor};
     let (dq_acc, lse2, delta2) = workspace_views(ws, g)?;
     let rows = g.workspace_rows;
@@ -517,16 +523,25 @@ fn bwd_args(
     convert.extend(strides4(["stride_dqz", "stride_dqh", "stride_dqm"], &p.dq, shape));
     convert.extend([("sm_scale", F32(p.sm_scale)), seqlen_q, sq_pad, head_dim, heads_q]);
     convert.extend(packing);
-    Ok((pre, main, convert))
+
+    // attn_bwd_gluon_dq: dQ goes out through the Q tile, so its descriptor has Q's block.
+    let mut dq = ArgList::new();
+    let descs = [("desc_q", &p.q), ("desc_k", &p.k), ("desc_v", &p.v), ("desc_do", &p.d_o), ("desc_dq", &p.dq)];
+    push_descs(&mut dq, &descs, shape, "attn_bwd")?;
+    dq.extend([("LSE2", Ptr(lse2)), ("DELTA2", Ptr(delta2)), ("sm_scale", F32(p.sm_scale)), sq_pad]);
+    dq.extend(seq_mask_args(shape, mask));
+    dq.extend(packing);
+    dropout_args(&mut dq, p.dropout.as_ref(), false)?;
+    Ok(BwdArgs { pre, main, convert, dq })
 }
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
 pub(crate) struct BwdCall {
     common: Axes,
     main_axes: Axes,
-    pre: ArgList,
-    main: ArgList,
-    convert: ArgList,
+    /// `attn_bwd_gluon_dq`'s key: the main kernel's without its `dq` axis.
+    dq_axes: Axes,
+    args: BwdArgs,
 }
 
 impl BwdCall {
@@ -534,25 +549,47 @@ impl BwdCall {
     /// kernels would serve the call.
     pub fn new(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, workspace: &Workspace) -> Result<BwdCall> {
         let (common, main_axes) = bwd_axes(g, shape, g.separate_dq, p.dropout.is_some());
-        let (pre, main, convert) = bwd_args(p, shape, mask, g, workspace)?;
-        Ok(BwdCall { common, main_axes, pre, main, convert })
+        let mut dq_axes = common;
+        push_optional_axes(&mut dq_axes, shape, p.dropout.is_some());
+        Ok(BwdCall { common, main_axes, dq_axes, args: bwd_args(p, shape, mask, g, workspace)? })
     }
 
-    /// The requests of the preprocess, the main kernel and the dQ conversion.
-    pub fn requests(&self) -> Result<[Request<'_>; 3]> {
+    /// The requests of the preprocess, the main kernel, the dQ conversion and `attn_bwd_gluon_dq`
+    /// (the last two are alternatives: [`dq_request`]).
+    pub fn requests(&self) -> Result<[Request<'_>; 4]> {
         let common = self.common.as_slice()?;
         Ok([
-            Request { family: BWD_PREPROCESS_FAMILY, axes: common, args: self.pre.args()? },
-            Request { family: BWD_FAMILY, axes: self.main_axes.as_slice()?, args: self.main.args()? },
-            Request { family: BWD_DQ_CONVERT_FAMILY, axes: common, args: self.convert.args()? },
+            Request { family: BWD_PREPROCESS_FAMILY, axes: common, args: self.args.pre.args()? },
+            Request { family: BWD_FAMILY, axes: self.main_axes.as_slice()?, args: self.args.main.args()? },
+            Request { family: BWD_DQ_CONVERT_FAMILY, axes: common, args: self.args.convert.args()? },
+            Request { family: BWD_DQ_FAMILY, axes: self.dq_axes.as_slice()?, args: self.args.dq.args()? },
         ])
     }
 }
 
+/// The Gluon backward's last kernel: the dQ conversion after a main kernel that computed dQ;
+/// where dQ has its own kernel ([`GluonShape::separate_dq`]), `attn_bwd_gluon_dq` where the
+/// device's archive holds it for the call (python/rules.py decides: `ATTN_BWD_GLUON_DQ` in
+/// `GLUON_FAMILIES`), else the portable `attn_bwd_dq` (`portable_dq`).
+pub(crate) fn dq_request<'a, 'r>(
+    launcher: &Launcher,
+    g: &GluonShape,
+    [convert, gluon_dq, portable_dq]: [&'a Request<'r>; 3],
+    key: TuningKey,
+) -> &'a Request<'r> {
+    if !g.separate_dq {
+        convert
+    } else if matches!(launcher.serves(gluon_dq, key), Serves::Yes { .. }) {
+        gluon_dq
+    } else {
+        portable_dq
+    }
+}
+
 /// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
-/// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`: the dQ conversion (grid `(cdiv(Sq, BLOCK_M), Hq,
-/// B)`), or where dQ has its own kernel ([`GluonShape::separate_dq`]) the portable `attn_bwd_dq`
-/// request. All kernels are chosen, loaded, their descriptors encoded and their grids checked
+/// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq` ([`dq_request`]):
+/// the dQ conversion or `attn_bwd_gluon_dq` (grid `(cdiv(Sq, BLOCK_M), Hq, B)`), or the portable
+/// `attn_bwd_dq`. All kernels are chosen, loaded, their descriptors encoded and their grids checked
 /// before the first launch.
 pub(crate) fn launch_bwd(
     launcher: &Launcher,
@@ -569,10 +606,11 @@ pub(crate) fn launch_bwd(
         launcher.prepare(main, first_preferred, |m| {
             tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
         })?,
-        if g.separate_dq {
-            launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
-        } else {
+        // Query blocks of BLOCK_M rows per query head, Gluon or portable.
+        if dq.family == BWD_DQ_CONVERT_FAMILY || dq.family == BWD_DQ_FAMILY {
             launcher.prepare(dq, first_preferred, |m| Ok([blocks(shape.seqlen_q, m, "BLOCK_M", 128), hq, b]))?
+        } else {
+            launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         },
     ];
     for kernel in &kernels {
@@ -770,7 +808,7 @@ mod tests {
         assert_eq!(common.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64")]);
         assert_eq!(main_axes.as_slice().unwrap(), &[("dtype", "fp16"), ("head_dim", "64"), ("dq", "true"), ("varlen", "true")]);
         b.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
-        let (pre, main, convert) = bwd_args(&b, &shape, &mask, &g, &b.workspace.unwrap()).unwrap();
+        let BwdArgs { pre, main, convert, .. } = bwd_args(&b, &shape, &mask, &g, &b.workspace.unwrap()).unwrap();
         let value = |l: &ArgList, n: &str| l.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
         for (name, t) in [("desc_q", &b.q), ("desc_k", &b.k), ("desc_v", &b.v), ("desc_do", &b.d_o), ("desc_dk", &b.dk), ("desc_dv", &b.dv)] {
             assert_eq!(value(&main, name), ArgValue::Tensor(TensorArg::ragged(t).unwrap()), "{name}");
@@ -843,7 +881,7 @@ mod tests {
         let g = bwd_inputs(&p, &shape).unwrap();
         assert_eq!(bwd_axes(&g, &shape, false, true).1.as_slice().unwrap()[3], ("dropout", "true"));
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
-        let (_, main, _) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
+        let BwdArgs { main, .. } = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         let names: Vec<_> = main.args().unwrap().iter().map(|(n, _)| *n).collect();
         let at = names.iter().position(|n| *n == "STORE_VARLEN_STATUS").unwrap();
         assert_eq!(names[at + 1..], ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]);
@@ -1078,7 +1116,7 @@ mod tests {
         let (shape, mask) = super::super::bwd::validate(&p).unwrap();
         let g = bwd_inputs(&p, &shape).unwrap();
         p.workspace = Some(Workspace { ptr: 0x10000000, bytes: g.workspace_bytes });
-        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
+        let BwdArgs { pre, main, convert, .. } = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         let names = |l: &ArgList| l.args().unwrap().iter().map(|(n, _)| *n).collect::<Vec<_>>();
         assert_eq!(names(&main)[..9], ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2"]);
         let value = |l: &ArgList, n: &str| l.args().unwrap().iter().find(|(k, _)| *k == n).unwrap().1;
@@ -1096,9 +1134,16 @@ mod tests {
         let g = bwd_inputs(&p, &shape).unwrap();
         assert_eq!((g.separate_dq, g.workspace_bytes), (true, rows * 2 * 4));
         let ws = Workspace { ptr: 0x10000000, bytes: g.workspace_bytes };
-        let (pre, main, _) = bwd_args(&p, &shape, &mask, &g, &ws).unwrap();
+        let BwdArgs { pre, main, dq, .. } = bwd_args(&p, &shape, &mask, &g, &ws).unwrap();
         assert_eq!(value(&pre, "ZERO_DQ_ACC"), ArgValue::I32(0));
         assert_eq!(value(&pre, "LSE2"), ArgValue::Ptr(ws.ptr));
+        // attn_bwd_gluon_dq (ABI.md): Q's, K's, V's, dO's and dQ's descriptors, the workspace's lse2
+        // and delta2 rows, then the forward's scalars.
+        assert_eq!(names(&dq)[..8], ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dq", "LSE2", "DELTA2", "sm_scale"]);
+        assert_eq!(value(&dq, "desc_dq"), ArgValue::Tensor(TensorArg::from_view(&p.dq)));
+        assert_eq!((value(&dq, "LSE2"), value(&dq, "DELTA2")), (ArgValue::Ptr(ws.ptr), ArgValue::Ptr(ws.ptr + rows * 4)));
+        assert_eq!((value(&dq, "SQ_PAD"), value(&dq, "GQA_GROUP")), (ArgValue::I32(384), ArgValue::I32((HQ / HK) as i32)));
+        assert_eq!((value(&dq, "IS_VARLEN"), value(&dq, "DROPOUT_THRESHOLD")), (ArgValue::I32(0), ArgValue::U32(0)));
         let ArgValue::Tensor(acc) = value(&main, "desc_dq_acc") else { panic!() };
         assert_eq!((acc.ptr, acc.sizes()), (ws.ptr, &[rows * 2 / 64, 64][..]));
         assert_eq!(rows * 2 / 64 * 64 * 4, ws.bytes, "the descriptor covers the workspace exactly");
@@ -1154,7 +1199,7 @@ mod tests {
         );
         let g = bwd_inputs(&p, &shape).unwrap();
         check_workspace(p.workspace, &g).unwrap();
-        let (pre, main, convert) = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
+        let BwdArgs { pre, main, convert, .. } = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         for list in [&pre, &main, &convert] {
             list.args().unwrap();
         }
@@ -1191,7 +1236,7 @@ mod tests {
             return;
         };
         let loaded = crate::images::archive_for(arch).unwrap();
-        let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY];
+        let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY, BWD_DQ_FAMILY];
         let functionals: Vec<_> = loaded.archive.functionals().iter().filter(|f| families.contains(&f.family.as_str())).collect();
         if functionals.is_empty() {
             eprintln!("skipped: the {arch} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
@@ -1217,7 +1262,8 @@ mod tests {
                 other => panic!("{}: dtype {other}", f.display_name()),
             };
             let d: u64 = f.axes["head_dim"].parse().unwrap();
-            let deterministic = f.axes.get("dq").is_some_and(|v| v == "false");
+            // attn_bwd_gluon_dq serves the calls whose dQ has its own kernel: the deterministic mode at any bucket.
+            let deterministic = f.axes.get("dq").is_some_and(|v| v == "false") || f.family == BWD_DQ_FAMILY;
             let packed = f.axes.get("varlen").is_some_and(|v| v == "true");
             let dropout = f.axes.get("dropout").is_some_and(|v| v == "true");
             let mut fp = if packed { packed_fwd(d, dtype) } else { fwd(d, dtype) };
@@ -1249,10 +1295,17 @@ mod tests {
                     ours.sort();
                     assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
                 }
-                let (pre, main, convert) = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
+                if f.family == BWD_DQ_FAMILY {
+                    let call = BwdCall::new(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
+                    let mut ours = call.requests().unwrap()[3].axes.to_vec();
+                    ours.sort();
+                    assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
+                }
+                let BwdArgs { pre, main, convert, dq } = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
                 match f.family.as_str() {
                     BWD_PREPROCESS_FAMILY => pre,
                     BWD_FAMILY => main,
+                    BWD_DQ_FAMILY => dq,
                     _ => convert,
                 }
             };

@@ -73,7 +73,8 @@
 //!
 //! The Gluon backward accumulates dQ with TMA reduce-adds in the workspace (the order of the
 //! adds varies from run to run); with `deterministic` set it skips that and computes dQ with
-//! the portable `attn_bwd_dq` kernel instead, so every result stays bitwise reproducible.
+//! a kernel of its own instead (`attn_bwd_gluon_dq` where the archive holds it, else the
+//! portable `attn_bwd_dq`), so every result stays bitwise reproducible.
 mod bwd;
 mod debug;
 mod fwd;
