@@ -164,6 +164,11 @@ GLUON_CONTRACT = {
                            "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PINGPONG"],
     "transpose_v_fp8": ["V", "stride_vz", "stride_vh", "stride_vn", "VT", "stride_vtz", "stride_vth", "stride_vtd",
                         "N_CTX_K", "KEYS_PAD", "D_HEAD", "HEAD_DIM", "BLOCK_N"],
+    # compiled by the tests only for now (rules.CHECKED_ONLY_FAMILIES)
+    "attn_bwd_gluon_dq": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dq", "LSE2", "DELTA2", "sm_scale", "N_CTX_Q",
+                          "N_CTX_K", "SQ_PAD", "GQA_GROUP", *_WINDOW, *_PACKING, "DROPOUT_THRESHOLD", "dropout_scale",
+                          "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "HEAD_DIM", "BLOCK_M", "BLOCK_N",
+                          "K_STAGES", "V_STAGES", "DROPOUT", "CONSUMER_REGS", "LOADER_REGS"],
 }
 
 
@@ -456,7 +461,7 @@ class EnumerateKernelsTest(unittest.TestCase):
                 self.assertNotIn("waves_per_eu", s.options, s.id)
                 self.assertNotIn("waves_per_eu", s.canonical(), s.id)
                 # transpose_v_fp8 has no query block: its tag starts at n
-                self.assertRegex(s.id, r"-(m\d+)?(n\d+(p\d+)?)?(w\d+s\d+|st\d+r\d+)-(aligned|generic)$")
+                self.assertRegex(s.id, r"-(m\d+)?(n\d+(p\d+)?)?(w\d+s\d+|st\d+r\d+|k\d+v\d+r\d+)-(aligned|generic)$")
         # A config given waves_per_eu by mistake still compiles for CUDA without the option.
         spec = rules._spec(rules.ATTN_FWD, "sm_90", rules.functionals(rules.ATTN_FWD)[0],
                            rules._cfg(64, 64, 4, 2, waves_per_eu=2), "aligned")
@@ -534,7 +539,7 @@ class EnumerateKernelsTest(unittest.TestCase):
             self.assertEqual(rules.nvmma_layout_repr(block, bits), want, block)
 
     def test_gluon_matches_kernel_source(self):
-        for fam in rules.GLUON_FAMILIES:
+        for fam in rules.GLUON_FAMILIES + rules.CHECKED_ONLY_FAMILIES:
             with self.subTest(family=fam.name):
                 path = os.path.join(_paths.PYTHON_DIR, fam.module)
                 with open(path) as f:
