@@ -14,7 +14,8 @@ import triton.language as tl  # noqa: E402
 from kernels.flash.debug_dropout import debug_dropout_mask  # noqa: E402
 from philox_model import counters_consumed, keep_mask, philox4x32_10, quads, threshold, units  # noqa: E402
 from kernels.flash.dropout import (dropout_head_offset, dropout_keep, dropout_quad_keep, dropout_rows_offset,  # noqa: E402
-                                   dropout_unit_keep, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
+                                   dropout_unit_keep, philox4x32, quad_index, quad_view, tile_of_quads, tile_of_units,
+                                   unit_view)
 from test_interpreter import NpTensor, _quiet_interpreter  # noqa: E402
 
 #: Random123 kat_vectors, philox4x32_10: counter[4], key[2] -> output[4].
@@ -75,11 +76,28 @@ class PhiloxKnownAnswerTest(unittest.TestCase):
         want = philox4x32_10(nu & np.uint64(0xFFFFFFFF), nu >> np.uint64(32), 0, 0, seed & 0xFFFFFFFF, seed >> 32)
         np.testing.assert_array_equal(out, np.stack(want, 1))
 
+    def test_philox4x32_both_ways(self):
+        # dropout.philox4x32: the rounds unrolled (Triton's randint4x) or as a loop, the same words.
+        n = np.array([0, 1, 2**32 - 1, 2**32, 2**40 + 12345, 2**62 + 7, -1, -2**63], np.int64)
+        nu = n.astype(np.uint64)
+        for seed in (0x0123456789ABCDEF, -1, 0, 2**63 - 1):
+            want = philox4x32_10(nu & np.uint64(0xFFFFFFFF), nu >> np.uint64(32), 0, 0, seed & 0xFFFFFFFF,
+                                 (seed >> 32) & 0xFFFFFFFF)
+            for rounds_loop in (0, 1):
+                out = np.zeros((8, 4), np.uint32)
+                _randint_probe[(1,)](NpTensor(np.array([seed], np.int64)), NpTensor(n), NpTensor(out), N=8,
+                                     ROUNDS_LOOP=rounds_loop, OURS=True)
+                np.testing.assert_array_equal(out, np.stack(want, 1), f"seed {seed:#x} ROUNDS_LOOP {rounds_loop}")
+
 
 @triton.jit
-def _randint_probe(SEED, NS, OUT, N: tl.constexpr):
+def _randint_probe(SEED, NS, OUT, N: tl.constexpr, ROUNDS_LOOP: tl.constexpr = 0, OURS: tl.constexpr = False):
+    """``tl.randint4x``, or with ``OURS`` ``dropout.philox4x32`` (``ROUNDS_LOOP``)."""
     i = tl.arange(0, N)
-    r0, r1, r2, r3 = tl.randint4x(tl.load(SEED), tl.load(NS + i))
+    if OURS:
+        r0, r1, r2, r3 = philox4x32(tl.load(SEED), tl.load(NS + i), ROUNDS_LOOP)
+    else:
+        r0, r1, r2, r3 = tl.randint4x(tl.load(SEED), tl.load(NS + i))
     tl.store(OUT + i * 4 + 0, r0)
     tl.store(OUT + i * 4 + 1, r1)
     tl.store(OUT + i * 4 + 2, r2)

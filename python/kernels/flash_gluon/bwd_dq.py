@@ -56,7 +56,7 @@ from ..flash import mask
 from .dropout import dropout_keep_tile, dropout_state_fwd
 from .fwd import (LOG2E, _issue_qk, _key_block_col, _mask_scores, _opaque_i32, _opt, _p_operand_layout, _tile_coords,
                   _wgmma_layout)
-from .ragged import is_ragged, row_coords, sequence_bounds
+from .ragged import query_block_sequence, row_coords
 
 
 # ----------------------------------------------------------------------------
@@ -232,12 +232,11 @@ def attn_bwd_gluon_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA2, sm
     # Workspace rows (and dropout's counters) are laid out for the kernel's (maximum) lengths.
     N_CTX_Q_MAX = N_CTX_Q
     N_CTX_K_MAX = N_CTX_K
-    N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, off_z, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
-                                                     CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
-                                                     STORE_VARLEN_STATUS)
-    if is_ragged(desc_q.block_type.shape):
-        if start_m * BLOCK_M >= N_CTX_Q:  # a shorter sequence of the batch: no rows here
-            return
+    N_CTX_Q, N_CTX_K, q_end, k_end, empty = query_block_sequence(desc_q, off_z, start_m * BLOCK_M, N_CTX_Q, N_CTX_K,
+                                                                 IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
+                                                                 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
+    if empty:  # a shorter sequence of a packed batch: no rows here
+        return
     ws_row0 = (off_z.to(gl.int64) * gl.num_programs(1) + off_h) * SQ_PAD + start_m * BLOCK_M
 
     # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------

@@ -20,6 +20,15 @@ from triton.experimental.gluon import language as gl
 from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_unit_keep,
                              philox_state, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
 
+#: How the Gluon kernels run Philox's ten rounds (``dropout.philox4x32``): 0 unrolled (Triton's
+#: ``randint4x``), 1 as a loop.  The loop cuts the hd128 dropout forward from 14,320 to 11,824 SASS
+#: instructions (ptxas, bf16; the backward 4,840 -> 4,768), the same bits by construction
+#: (python/tests/test_philox.py holds both to the Random123 model); not yet timed on a GPU, so the
+#: shipped kernels keep 0.  The hypothesis to time: a causal dropout forward (0.53x cuDNN where the
+#: unmasked one reaches 0.78x, bench/results/h200_gluon_dropout_varlen_issue17.md) alternates between
+#: its full and masked step loops, whose code together exceeds the instruction cache.
+ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
+
 
 @gluon.jit
 def _per_call(seed, dep):
@@ -58,7 +67,7 @@ def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
     else:
         quad_r = unit_view(gl.expand_dims(quad_index(rows), 1) + zero)
         unit_c = unit_view(gl.expand_dims(quad_index(cols) // 2, 0) + zero)
-        keep = tile_of_units(*dropout_unit_keep(seed, base, quad_r, unit_c, N_CTX_K, DROPOUT_THRESHOLD))
+        keep = tile_of_units(*dropout_unit_keep(seed, base, quad_r, unit_c, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP))
     return gl.convert_layout(keep, layout)
 
 
@@ -88,7 +97,7 @@ def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
     odd = key_quad % 2  # this thread's half of every unit it draws
     k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h = dropout_unit_keep(seed, base, query_even + odd, key_quad // 2,
-                                                               N_CTX_K, DROPOUT_THRESHOLD)
+                                                               N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP)
     mine0 = gl.where(odd != 0, k0h, k0l)
     mine1 = gl.where(odd != 0, k1h, k1l)
     mine2 = gl.where(odd != 0, k2h, k2l)

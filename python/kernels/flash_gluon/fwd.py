@@ -86,7 +86,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..flash import mask
 from ..flash.dropout import philox_state
 from .dropout import dropout_state_fwd, drop_probs
-from .ragged import is_ragged, row_coords, row_offset, sequence_bounds
+from .ragged import is_ragged, query_block_sequence, row_coords, row_offset
 from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
@@ -835,12 +835,11 @@ def _tile_program(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_
     N_CTX_Q_MAX = N_CTX_Q
     N_CTX_K_MAX = N_CTX_K
     # A packed batch: the grid covers the longest sequence; this one's own lengths from here on.
-    N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, off_z, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
-                                                     CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
-                                                     STORE_VARLEN_STATUS)
-    if is_ragged(desc_q.block_type.shape):
-        if start_m * BLOCK_M >= N_CTX_Q:  # a shorter sequence of the batch: no rows here
-            return
+    N_CTX_Q, N_CTX_K, q_end, k_end, empty = query_block_sequence(desc_q, off_z, start_m * BLOCK_M, N_CTX_Q, N_CTX_K,
+                                                                 IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
+                                                                 N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS)
+    if empty:
+        return
     _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_scale, STORE_LSE, N_CTX_Q, N_CTX_K,
                WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, start_m, off_h, off_z, off_hk, q_end, k_end,
                DESCALE_Q, stride_dsqz, stride_dsqh, DESCALE_K, stride_dskz, stride_dskh, DESCALE_V, stride_dsvz,

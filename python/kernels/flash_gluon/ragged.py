@@ -89,3 +89,18 @@ def sequence_bounds(desc, b, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLE
         return seqlen_q, seqlen_k, q_start + seqlen_q, k_start + seqlen_k
     else:
         return N_CTX_Q, N_CTX_K, b, b
+
+
+@gluon.jit
+def query_block_sequence(desc_q, b, row0, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q,
+                         N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS):
+    """``sequence_bounds`` for a CTA of query rows from ``row0``, and whether it holds none of
+    the sequence's rows (a shorter sequence of a packed batch, whose grid covers the longest: the
+    CTA then returns at once)."""
+    N_CTX_Q, N_CTX_K, q_end, k_end = sequence_bounds(desc_q, b, N_CTX_Q, N_CTX_K, IS_VARLEN, CU_SEQLENS_Q,
+                                                     CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
+                                                     STORE_VARLEN_STATUS)
+    empty = False
+    if is_ragged(desc_q.block_type.shape):
+        empty = row0 >= N_CTX_Q
+    return N_CTX_Q, N_CTX_K, q_end, k_end, empty
