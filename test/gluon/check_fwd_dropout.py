@@ -12,8 +12,15 @@ Launches ``attn_fwd_gluon`` through Triton's JIT with the shipped dropout config
   error of the same math in the input dtype + 1e-3; the LSE (of the undropped scores) within 1e-3;
 * the (seed, offset) the kernel reports (``STORE_PHILOX``), and NaN-poisoned outputs fully written.
 
-usage: python test/gluon/check_fwd_dropout.py [--filter SUBSTR] [--consan]
+``--rounds-loop 1``: the kernels draw with Philox's rounds as a loop (``kernels/flash_gluon/dropout.py``'s
+``ROUNDS_LOOP``, patched before anything compiles; the consan children keep the module's value).
+``--bench``: p = 0.1, bf16, B*S = 16k, H*D = 2048 (hd128 S 2k-8k, hd64 and hd256 at S4k; full and
+causal): the forward's TFLOP/s (4*B*H*S^2*D, halved for causal) beside cuDNN's dropout forward
+through SDPA, median of ``do_bench``.
+
+usage: python test/gluon/check_fwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
 """
+import argparse
 import math
 import os
 import sys
@@ -26,6 +33,7 @@ import packed  # noqa: E402  (run_check: the check scripts' modes)
 sys.path.insert(0, os.path.join(cf.ROOT, "python", "tests"))
 import philox_model  # noqa: E402
 import rules  # noqa: E402
+from kernels.flash_gluon import dropout as dropout_gluon  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
@@ -165,8 +173,47 @@ def run_case(case):
     return ok, f"{'PASS' if ok else 'FAIL'} {case.name()}: " + ", ".join(notes)
 
 
+def bench():
+    """The dropout forward against cuDNN's through SDPA (``--bench``); one line per cell, then a geomean."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    cells = [(128, s, c) for s in (2048, 4096, 8192) for c in (False, True)]
+    cells += [(d, 4096, c) for d in (64, 256) for c in (False, True)]
+    ratios = []
+    for d, s, causal in cells:
+        case = Case("bf16", d, s, s, "causal" if causal else "none", p=0.1, hq=2048 // d, hk=2048 // d, b=16384 // s)
+        q, k, v, o, lse = inputs(case)
+        wl, wr, align = cf.window(case.mask, s, s)
+        t_ours = triton.testing.do_bench(lambda: launch(case, q, k, v, o, lse, d**-0.5, wl, wr, align), warmup=25,
+                                         rep=100, return_mode="median")
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            t_cudnn = triton.testing.do_bench(
+                lambda: scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal), warmup=25, rep=100,
+                return_mode="median")
+        flops = 4 * case.b * case.hq * s * s * d * (0.5 if causal else 1.0)
+        ours, ref = flops / t_ours * 1e-9, flops / t_cudnn * 1e-9
+        ratios.append(ours / ref)
+        print(f"bench {case.name()}: gluon {ours:6.1f} TFLOP/s  cudnn {ref:6.1f}  ratio {ours / ref:.3f}", flush=True)
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    print(f"check_fwd_dropout bench (ROUNDS_LOOP {int(dropout_gluon.ROUNDS_LOOP)}): /cuDNN geomean {geo:.3f}, "
+          f"worst {min(ratios):.3f}")
+    return True
+
+
 def main():
-    return packed.check_main(__file__, __doc__, "check_fwd_dropout", Case, cases, consan_cases, run_case)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    packed.add_check_options(ap)
+    ap.add_argument("--bench", action="store_true", help="time the dropout forward beside cuDNN's")
+    ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
+                    help="Philox's rounds unrolled (0) or as a loop (1) (default: the module's ROUNDS_LOOP)")
+    args = ap.parse_args()
+    if args.rounds_loop is not None:
+        from triton.experimental.gluon import language as gl
+        dropout_gluon.ROUNDS_LOOP = gl.constexpr(args.rounds_loop)
+    if args.bench:
+        return 0 if bench() else 1
+    return 0 if packed.run_check(__file__, "check_fwd_dropout", args, Case, cases, consan_cases, run_case) else 1
 
 
 if __name__ == "__main__":
