@@ -27,6 +27,11 @@ Structure (warp-specialized, ``gl.warp_specialize``):
 * the **epilogue** scales dQ by ``sm_scale`` and writes it through the (idle) Q tile with a TMA
   store, clipped to the sequence and the real head dim.
 
+In the SASS (ptxas, Triton 3.6) the wait for ``dP_j`` lands right after the one for ``S_j``, ahead
+of ``P_j``'s exponentials, whatever the order of the source (neither passing ``P`` as a dependency
+of the wait nor moving V's release after ``dS_j`` moves it; the forward's overlapped order compiles
+the same way): ``P_j`` and ``dS_j`` overlap the previous step's dQ product only.
+
 Registers per consumer thread: the ``[64, HEAD_DIM]`` fp32 dQ accumulator (128 at hd256), S and
 dP (``BLOCK_N / 2`` each) and the dS operand.  Shared memory: Q and dO ``2 * 2 * 64 * HEAD_DIM *
 2`` bytes (128 KiB at hd256) plus the rings ``(K_STAGES + V_STAGES) * BLOCK_N * HEAD_DIM * 2``: at
