@@ -18,7 +18,11 @@ Structure (FlashAttention-3's forward, warp-specialized with ``gl.warp_specializ
   loader loads, so the K/V traffic is shared by all the CTA's rows.  In the
   loop a consumer issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as async wgmmas
   and runs softmax ``j`` while the PV product is still on the tensor cores
-  (FA3's intra-warpgroup overlap: +10-18 % over the serial order on H200);
+  (FA3's intra-warpgroup overlap: +10-18 % over the serial order on H200).  In the SASS,
+  though, ptxas places the wait for ``PV_{j-1}`` right after the one for ``S_j``, ahead of the
+  softmax's exponentials (hd128 and hd256, with dropout and without): the gain comes from the
+  two products going out together, and a softmax that really runs under the PV product is
+  still to be had;
 * the **epilogue** normalises O, writes it through the (now idle) Q tile with a TMA
   store (rows past ``N_CTX_Q`` are clipped by TMA) and stores the LSE.
 
