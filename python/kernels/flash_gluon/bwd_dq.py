@@ -60,7 +60,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..flash import mask
 from .dropout import dropout_keep_tile, dropout_state_fwd
 from .fwd import (LOG2E, _issue_qk, _key_block_col, _mask_scores, _opaque_i32, _opt, _p_operand_layout, _tile_coords,
-                  _wgmma_layout)
+                  _tile_walk, _wgmma_layout)
 from .ragged import query_block_sequence, row_coords
 
 
@@ -246,11 +246,8 @@ def attn_bwd_gluon_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA2, sm
 
     # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                                         BLOCK_M, BLOCK_N)
-    n_full = (full_hi - full_lo) // BLOCK_N
-    n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
-    n_blocks = n_full + n_boundary
+    n_full, full_lo, start, n_lead, full_hi, n_blocks = _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT,
+                                                                   WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N)
 
     # -- shared memory: Q (later dQ) and dO per consumer, the K and V rings, barriers --
     q_bufs = gl.allocate_shared_memory(desc_q.dtype, [2] + desc_q.block_type.shape, desc_q.layout)

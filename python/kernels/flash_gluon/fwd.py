@@ -865,11 +865,8 @@ def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_sca
 
     # -- the CTA's key blocks: full ones, then the boundary walk (mask.py) ---------
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
-    start, full_lo, full_hi, end = mask.key_block_bounds(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                                         BLOCK_M, BLOCK_N)
-    n_full = (full_hi - full_lo) // BLOCK_N
-    n_lead, n_boundary = mask.block_walk(start, end, full_lo, full_hi, BLOCK_N)
-    n_blocks = n_full + n_boundary
+    n_full, full_lo, start, n_lead, full_hi, n_blocks = _tile_walk(start_m, N_CTX_Q, N_CTX_K, WINDOW_LEFT,
+                                                                   WINDOW_RIGHT, diag, BLOCK_M, BLOCK_N)
     if desc_q.dtype.is_fp8():
         # fp8 inputs carry per-(batch, KV head) dequantisation factors (FA3's q/k/v_descale):
         # Q's and K's fold into the score scale, V's into O.  They must be positive (see softmax.py).
