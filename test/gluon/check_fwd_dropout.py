@@ -13,12 +13,15 @@ Launches ``attn_fwd_gluon`` through Triton's JIT with the shipped dropout config
 * the (seed, offset) the kernel reports (``STORE_PHILOX``), and NaN-poisoned outputs fully written.
 
 ``--rounds-loop 1``: the kernels draw with Philox's rounds as a loop (``kernels/flash_gluon/dropout.py``'s
-``ROUNDS_LOOP``, patched before anything compiles; the consan children keep the module's value).
+``ROUNDS_LOOP``); ``--one-loop 1``: the forward walks every key block after the first in one masked
+loop (``fwd.py``'s ``DROPOUT_ONE_LOOP``).  Both are patched before anything compiles; the consan
+children keep the modules' values.
 ``--bench``: p = 0.1, bf16, B*S = 16k, H*D = 2048 (hd128 S 2k-8k, hd64 and hd256 at S4k; full and
 causal): the forward's TFLOP/s (4*B*H*S^2*D, halved for causal) beside cuDNN's dropout forward
 through SDPA, median of ``do_bench``.
 
 usage: python test/gluon/check_fwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
+       [--one-loop 0|1]
 """
 import argparse
 import math
@@ -34,6 +37,7 @@ sys.path.insert(0, os.path.join(cf.ROOT, "python", "tests"))
 import philox_model  # noqa: E402
 import rules  # noqa: E402
 from kernels.flash_gluon import dropout as dropout_gluon  # noqa: E402
+from kernels.flash_gluon import fwd as fwd_gluon  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
@@ -196,8 +200,8 @@ def bench():
         ratios.append(ours / ref)
         print(f"bench {case.name()}: gluon {ours:6.1f} TFLOP/s  cudnn {ref:6.1f}  ratio {ours / ref:.3f}", flush=True)
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    print(f"check_fwd_dropout bench (ROUNDS_LOOP {int(dropout_gluon.ROUNDS_LOOP)}): /cuDNN geomean {geo:.3f}, "
-          f"worst {min(ratios):.3f}")
+    print(f"check_fwd_dropout bench (ROUNDS_LOOP {int(dropout_gluon.ROUNDS_LOOP)}, DROPOUT_ONE_LOOP "
+          f"{int(fwd_gluon.DROPOUT_ONE_LOOP)}): /cuDNN geomean {geo:.3f}, worst {min(ratios):.3f}")
     return True
 
 
@@ -207,10 +211,15 @@ def main():
     ap.add_argument("--bench", action="store_true", help="time the dropout forward beside cuDNN's")
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) (default: the module's ROUNDS_LOOP)")
+    ap.add_argument("--one-loop", type=int, choices=(0, 1), default=None,
+                    help="the forward's later key blocks in a full and a masked loop (0) or one masked loop (1) "
+                         "(default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
+    from triton.experimental.gluon import language as gl
     if args.rounds_loop is not None:
-        from triton.experimental.gluon import language as gl
         dropout_gluon.ROUNDS_LOOP = gl.constexpr(args.rounds_loop)
+    if args.one_loop is not None:
+        fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(args.one_loop)
     if args.bench:
         return 0 if bench() else 1
     return 0 if packed.run_check(__file__, "check_fwd_dropout", args, Case, cases, consan_cases, run_case) else 1

@@ -22,11 +22,12 @@ from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_u
 
 #: How the Gluon kernels run Philox's ten rounds (``dropout.philox4x32``): 0 unrolled (Triton's
 #: ``randint4x``), 1 as a loop.  The loop cuts the hd128 dropout forward from 14,320 to 11,824 SASS
-#: instructions (ptxas, bf16; the backward 4,840 -> 4,768), the same bits by construction
-#: (python/tests/test_philox.py holds both to the Random123 model); not yet timed on a GPU, so the
-#: shipped kernels keep 0.  The hypothesis to time: a causal dropout forward (0.53x cuDNN where the
-#: unmasked one reaches 0.78x, bench/results/h200_gluon_dropout_varlen_issue17.md) alternates between
-#: its full and masked step loops, whose code together exceeds the instruction cache.
+#: instructions (ptxas, bf16; the backward 4,840 -> 4,784, spill bytes 160 -> 120), the same bits by
+#: construction (python/tests/test_philox.py holds both to the Random123 model); not yet timed on a
+#: GPU, so the shipped kernels keep 0.  The hypothesis to time: a causal dropout forward (0.53x cuDNN
+#: where the unmasked one reaches 0.78x, bench/results/h200_gluon_dropout_varlen_issue17.md)
+#: alternates between its full and masked step loops, whose code together exceeds the instruction
+#: cache (``fwd.DROPOUT_ONE_LOOP`` removes one of the two instead: 9,528).
 ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
 
 

@@ -94,6 +94,13 @@ from .ragged import is_ragged, query_block_sequence, row_coords, row_offset
 from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
+#: With dropout, walk every key block after the peeled first one in one masked loop (the mask is
+#: exact on a full block) instead of a full and a masked loop: one instance of the step's code (and
+#: of its Philox rounds) per consumer fewer.  0 (off) until timed on a GPU.  The hd128 dropout
+#: forward (ptxas, bf16): 14,320 SASS instructions off, 9,528 on (7,544 without dropout); with
+#: dropout's ``ROUNDS_LOOP`` 1 as well 9,384, but 88 bytes of spill.  test/gluon/check_fwd_dropout.py
+#: --one-loop patches it.
+DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(0)
 
 
 @gluon.constexpr_function
@@ -480,19 +487,28 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
                                                s_layout, p_layout, TURN, drop, DROP)
 
-            # Key blocks visible in full to all the CTA's rows: no mask code.
-            for j in range(1, n_full):
-                acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready,
-                                                      v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale,
-                                                      rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N,
-                                                      STAGES, s_layout, p_layout, TURN, drop, DROP)
-            # Boundary blocks (leading, then trailing), masked.
-            for j in range(gl.maximum(n_full, 1), n_blocks):
-                col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
-                acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-                                                      v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
-                                                      WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                      s_layout, p_layout, TURN, drop, DROP)
+            if DROPOUT and DROPOUT_ONE_LOOP:
+                # Every later block in one masked loop (DROPOUT_ONE_LOOP).
+                for j in range(1, n_blocks):
+                    col = _key_block_col(j, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+                    acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                          v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
+                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
+                                                          s_layout, p_layout, TURN, drop, DROP)
+            else:
+                # Key blocks visible in full to all the CTA's rows: no mask code.
+                for j in range(1, n_full):
+                    acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready,
+                                                          v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale,
+                                                          rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
+                                                          BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP)
+                # Boundary blocks (leading, then trailing), masked.
+                for j in range(gl.maximum(n_full, 1), n_blocks):
+                    col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+                    acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+                                                          v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
+                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
+                                                          s_layout, p_layout, TURN, drop, DROP)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
