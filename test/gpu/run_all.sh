@@ -134,12 +134,13 @@ case ${GLUON_CHECKS:-1} in
   # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, not in the archive yet): checked with
   # its pairs (varlen, dropout and consan cases included), then timed beside the portable dQ.
   dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
-              "check_bwd --consan" "check_bwd --bench --gluon-dq") ;;
+              "check_bwd --consan" "check_bwd --bench --gluon-dq"
+              "check_bwd --bench --buckets 256 --gluon-dq 64:2:1") ;;  # hd256's other shape (40 B of spill)
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
     name=gluon-${check// --/-}
-    name=${name// /-}  # "--rounds-loop 1" -> "-rounds-loop-1": plain file names come back from the device
+    name=${name//[ :]/-}  # "--rounds-loop 1" -> "-rounds-loop-1": plain file names come back from the device
     step "$name"
     # shellcheck disable=SC2086
     args=""
