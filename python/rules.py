@@ -165,8 +165,8 @@ FP32_MAX_HEAD_DIM = 256
 GLUON_FUSED_DQ_MAX_HEAD_DIM = 128
 #: ``attn_bwd_gluon_dq`` (kernels/flash_gluon/bwd_dq.py: dQ in a Gluon kernel of its own, written once,
 #: no reduce-adds): ``(BLOCK_N, K_STAGES, V_STAGES)`` per head-dim bucket, spill-free at 240 registers
-#: per consumer warpgroup in the CPU compile (test/gluon/aot_bwd.py attn_bwd_gluon_dq; at hd256 BLOCK_N
-#: 64 with K 2 / V 1 stages spills 40 bytes, 512 without the per-step Q/dO descriptors).  Checked and
+#: per consumer warpgroup in the CPU compile (python/tests/test_gluon_dq.py; at hd256 BLOCK_N 64 with
+#: K 2 / V 1 stages spills 40 bytes, 512 without the per-step Q/dO descriptors).  Checked and
 #: timed through the JIT (test/gluon/check_bwd.py --gluon-dq, check_bwd_dropout.py and
 #: check_bwd_varlen.py's gluon-dq cases); not compiled into the archive until it measures faster than
 #: the portable ``attn_bwd_dq`` that the runtime pairs with the dK/dV-only kernel today.
