@@ -1,13 +1,16 @@
 """CPU AOT compile check of the Gluon backward (sm_90, no GPU needed).
 
 usage: build/venv/bin/python test/gluon/aot_bwd.py [--stages 2,3] [--mask-modes 0,1,2] [--regs 240,232]
-       [--dkss 0,1] [--pers 0,1,2] [--keep DIR] [substring ...]
+       [--dkss 0,1] [--pers 0,1,2] [--dq-shapes 32:3:3,64:2:1] [--keep DIR] [substring ...]
 
 Compiles every functional of the three launches of ``ABI.md`` ("attn_bwd on the Gluon backend")
 with ``triton.compile(GluonASTSource | ASTSource, target=GPUTarget("cuda", 90, 32))`` and the
 ABI signatures: ``attn_bwd_gluon`` for fp16/bf16 x HEAD_DIM 64/128 x COMPUTE_DQ 0/1 (x STAGES x the
 performance constexprs MASK_MODE / CONS_REGS / DK_SS given; DK_SS only with COMPUTE_DQ),
-``attn_bwd_gluon_preprocess`` and ``attn_bwd_gluon_dq_convert`` for fp16/bf16 x 64/128.  Prints per
+``attn_bwd_gluon_preprocess`` and ``attn_bwd_gluon_dq_convert`` for fp16/bf16 x 64/128, and
+``attn_bwd_gluon_dq`` (``bwd_dq.py``, not in the archive yet) for fp16/bf16 x 64/128/256 at
+``rules.GLUON_DQ_CONFIGS`` or the ``--dq-shapes`` given (``BLOCK_N:K_STAGES:V_STAGES``; signature from
+``rules.ATTN_BWD_GLUON_DQ``).  Prints per
 kernel: compile seconds, num_warps, shared bytes, maxnreg, tensordesc_meta and the registers /
 stack / local bytes of ``cuobjdump -res-usage`` (shipped in the triton wheel): a non-zero stack or
 local size means spills (reported as WARN).  Exit status 1 if anything fails to compile, exceeds
@@ -33,6 +36,8 @@ from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
+from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
+import rules  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 
@@ -104,9 +109,27 @@ def opt_tag(mask_mode, regs, dk_ss, pers=0):
     return f"m{mask_mode}-r{regs}" + ("-ss" if dk_ss else "") + (f"-p{pers}" if pers else "")
 
 
-def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), pers_list=(0, )):
-    """name -> (fn, signature, constexprs, options, gluon?)"""
+def dq_variants(shapes=None):
+    """``attn_bwd_gluon_dq`` per dtype x bucket: ``rules.GLUON_DQ_CONFIGS``' shape, or each of ``shapes``
+    (``(BLOCK_N, K_STAGES, V_STAGES)``)."""
+    fam = rules.ATTN_BWD_GLUON_DQ
     out = {}
+    for dtype in ("fp16", "bf16"):
+        for hd in (64, 128, 256):
+            functional = {"dtype": dtype, "head_dim": hd}
+            (base, ) = fam.configs("sm_90", functional)
+            for bn, ks, vs in shapes or [rules.GLUON_DQ_CONFIGS[hd]]:
+                config = {**base, "BLOCK_N": bn, "K_STAGES": ks, "V_STAGES": vs}
+                spec = rules._spec(fam, "sm_90", functional, config, "aligned")
+                sig = {n: ty for n, ty in spec.signature.items() if ty != "constexpr"}
+                out[f"attn_bwd_gluon_dq-{dtype}-hd{hd}-n{bn}k{ks}v{vs}"] = (
+                    attn_bwd_gluon_dq, sig, dict(spec.constexprs), dict(spec.options), True)
+    return out
+
+
+def variants(stages_list, mask_modes=(0, ), regs_list=(240, ), dkss_list=(0, ), pers_list=(0, ), dq_shapes=None):
+    """name -> (fn, signature, constexprs, options, gluon?)"""
+    out = dq_variants(dq_shapes)
     for dtype in ("fp16", "bf16"):
         for hd in (64, 128):
             for dq in (1, 0):
@@ -169,14 +192,17 @@ def main():
     ap.add_argument("--regs", default="240", help="CONS_REGS values")
     ap.add_argument("--dkss", default="0", help="DK_SS values (0,1)")
     ap.add_argument("--pers", default="0", help="PERSISTENT values (0 one CTA per key block, 1 head-major, 2 LPT)")
+    ap.add_argument("--dq-shapes", default=None,
+                    help="attn_bwd_gluon_dq shapes BLOCK_N:K_STAGES:V_STAGES,... (default rules.GLUON_DQ_CONFIGS)")
     ap.add_argument("--keep", default=None, help="write ttgir/ptx/cubin here")
     ap.add_argument("only", nargs="*")
     args = ap.parse_args()
     ints = lambda t: [int(x) for x in t.split(",")]  # noqa: E731
     stages = ints(args.stages)
     bad = spills = 0
+    dq_shapes = [tuple(int(x) for x in s.split(":")) for s in args.dq_shapes.split(",")] if args.dq_shapes else None
     for name, (fn, sig, cx, opts, is_gluon) in variants(stages, ints(args.mask_modes), ints(args.regs),
-                                                        ints(args.dkss), ints(args.pers)).items():
+                                                        ints(args.dkss), ints(args.pers), dq_shapes).items():
         if args.only and not any(s in name for s in args.only):
             continue
         info = compile_or_fail(name, lambda: compile_one(fn, sig, cx, opts, is_gluon, args.keep, name))
