@@ -273,8 +273,6 @@ def check_kernel(spec: rules.KernelSpec, metadata: dict) -> str | None:
             + ": give it smaller blocks (or, for spills, a lower waves_per_eu) in rules.py")
 
 
-
-
 def _worker_main(conn, triton_home: str) -> None:
     """Worker loop: receive a spec, compile it, send back ``(ok, payload, seconds)``."""
     _setup_triton_env(triton_home)
