@@ -55,7 +55,22 @@ from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
 from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
-from kernels.flash.bwd_dq import attn_bwd_dq  # noqa: E402
+from kernels.flash.bwd_dq import attn_bwd_dq as _attn_bwd_dq_jit  # noqa: E402
+import rules  # noqa: E402
+
+
+def as_aot_image(kernel, family_name):
+    """``kernel`` re-jitted to specialize no integer its AOT image leaves free (``rules.aligned_hints``: sequence
+    lengths, window, dropout, LSE/DELTA strides). The JIT would make one equal to 1 a constexpr (so
+    ``ALIGN_BOTTOM_RIGHT`` 1 would not compile: ``mask.diag_offset`` takes a runtime value) and hint those
+    divisible by 16, timing a kernel the runtime never launches."""
+    fam = rules.family(family_name)
+    sig = fam.signature(rules.functionals(fam)[0])
+    free = [n for n, d in rules.aligned_hints(sig).items() if d == 1 and not sig[n].startswith("*")]
+    return triton.jit(do_not_specialize=free)(kernel.fn)
+
+
+attn_bwd_dq = as_aot_image(_attn_bwd_dq_jit, "attn_bwd_dq")
 
 BLOCK_M = 64  # main kernel: queries per step
 #: Keys per CTA per head-dim bucket: two compute warpgroups of 64 keys, or at hd256 (bwd_wide.py) 64

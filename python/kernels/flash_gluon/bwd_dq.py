@@ -214,7 +214,10 @@ def _consumer(cid: gl.constexpr, desc_dq, LSE2, DELTA2, q_bufs, do_bufs, k_bufs,
 # ----------------------------------------------------------------------------
 # The kernel
 # ----------------------------------------------------------------------------
-@gluon.jit
+# No JIT specialization of the integers (the runtime launches one generic AOT image; see bwd.py).
+@gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
+                              "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "N_TOKENS_Q", "N_TOKENS_K", "STORE_VARLEN_STATUS",
+                              "DROPOUT_THRESHOLD", "dropout_scale", "philox_offset_base"])
 def attn_bwd_gluon_dq(desc_q, desc_k, desc_v, desc_do, desc_dq, LSE2, DELTA2, sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD,
                       GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT,
                       IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS, STORE_VARLEN_STATUS,
