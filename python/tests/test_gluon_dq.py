@@ -1,8 +1,8 @@
 """``attn_bwd_gluon_dq`` compiles for sm_90 within its budgets (CPU only: ``triton.compile``, no GPU).
 
-The Gluon dQ kernel (``kernels/flash_gluon/bwd_dq.py``) is not in the archive yet
-(``rules.CHECKED_ONLY_FAMILIES``), so the build does not compile it; this test keeps it compiling
-with the rules' own signature and configs (``rules.GLUON_DQ_CONFIGS``): every head-dim bucket, and
+The Gluon dQ kernel (``kernels/flash_gluon/bwd_dq.py``) is in the archive at hd256 only
+(``rules.GLUON_DQ_SHIPPED_HEAD_DIMS``); this test keeps it compiling at every bucket the GPU checks
+run, with the rules' own signature and configs (``rules.GLUON_DQ_CONFIGS``): every head-dim bucket, and
 the dropout and packed (ragged descriptor) functionals at one head dim each.  Each kernel must fit
 sm_90's shared memory and spill nothing (``cuobjdump -res-usage``: no stack, no local memory):
 its consumers hold a ``[64, HEAD_DIM]`` fp32 accumulator, and a spill there costs more than the

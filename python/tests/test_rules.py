@@ -46,7 +46,8 @@ AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 #: attn_bwd_gluon: dtype x (hd64, hd128 with and without dQ; hd256 without) x varlen x dropout.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 5 * 2 * 2,
-                     "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3, "transpose_v_fp8": 3}
+                     "attn_bwd_gluon_dq": 2 * 1 * 2 * 2, "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3,
+                     "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
                "attn_bwd_dbias": _DTHD * 2, "attn_bwd_dsink": 1, "debug_dropout_mask": 1,
@@ -164,7 +165,6 @@ GLUON_CONTRACT = {
                            "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PINGPONG"],
     "transpose_v_fp8": ["V", "stride_vz", "stride_vh", "stride_vn", "VT", "stride_vtz", "stride_vth", "stride_vtd",
                         "N_CTX_K", "KEYS_PAD", "D_HEAD", "HEAD_DIM", "BLOCK_N"],
-    # compiled by the tests only for now (rules.CHECKED_ONLY_FAMILIES)
     "attn_bwd_gluon_dq": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dq", "LSE2", "DELTA2", "sm_scale", "N_CTX_Q",
                           "N_CTX_K", "SQ_PAD", "GQA_GROUP", *_WINDOW, *_PACKING, "DROPOUT_THRESHOLD", "dropout_scale",
                           "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "HEAD_DIM", "BLOCK_M", "BLOCK_N",

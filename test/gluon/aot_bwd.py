@@ -8,7 +8,7 @@ with ``triton.compile(GluonASTSource | ASTSource, target=GPUTarget("cuda", 90, 3
 ABI signatures: ``attn_bwd_gluon`` for fp16/bf16 x HEAD_DIM 64/128 x COMPUTE_DQ 0/1 (x STAGES x the
 performance constexprs MASK_MODE / CONS_REGS / DK_SS given; DK_SS only with COMPUTE_DQ),
 ``attn_bwd_gluon_preprocess`` and ``attn_bwd_gluon_dq_convert`` for fp16/bf16 x 64/128, and
-``attn_bwd_gluon_dq`` (``bwd_dq.py``, not in the archive yet) for fp16/bf16 x 64/128/256 at
+``attn_bwd_gluon_dq`` (``bwd_dq.py``; in the archive at hd256 only) for fp16/bf16 x 64/128/256 at
 ``rules.GLUON_DQ_CONFIGS`` or the ``--dq-shapes`` given (``BLOCK_N:K_STAGES:V_STAGES``; signature from
 ``rules.ATTN_BWD_GLUON_DQ``).  Prints per
 kernel: compile seconds, num_warps, shared bytes, maxnreg, tensordesc_meta and the registers /

@@ -131,7 +131,7 @@ case ${GLUON_CHECKS:-1} in
   dropout) checks=("check_fwd_dropout" "check_bwd_dropout" "check_fwd_dropout --consan" "check_bwd_dropout --consan"
                    "check_fwd_dropout --rounds-loop 1" "check_fwd_dropout --one-loop 1" "check_fwd_dropout --bench"
                    "check_fwd_dropout --bench --rounds-loop 1" "check_fwd_dropout --bench --one-loop 1") ;;
-  # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, not in the archive yet): checked with
+  # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, in the archive at hd256): checked with
   # its pairs (varlen, dropout and consan cases included), then timed beside the portable dQ.
   dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
               "check_bwd --consan" "check_bwd --bench --gluon-dq"
