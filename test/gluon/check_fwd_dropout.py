@@ -12,8 +12,9 @@ Launches ``attn_fwd_gluon`` through Triton's JIT with the shipped dropout config
   error of the same math in the input dtype + 1e-3; the LSE (of the undropped scores) within 1e-3;
 * the (seed, offset) the kernel reports (``STORE_PHILOX``), and NaN-poisoned outputs fully written.
 
-``--rounds-loop 1``: the kernels draw with Philox's rounds as a loop (``kernels/flash_gluon/dropout.py``'s
-``ROUNDS_LOOP``); ``--one-loop 1``: the forward walks every key block after the first in one masked
+``--rounds-loop 1``: every kernel draws with Philox's rounds as a loop (``kernels/flash_gluon/dropout.py``'s
+``ROUNDS_LOOP``); ``--rounds-loop 0``: none does (by default the forward loops at ``fwd.py``'s
+``DROPOUT_ROUNDS_LOOP_HEAD_DIM``); ``--one-loop 1``: the forward walks every key block after the first in one masked
 loop (``fwd.py``'s ``DROPOUT_ONE_LOOP``).  Both are patched before anything compiles; the consan
 children keep the modules' values.
 ``--bench``: p = 0.1, bf16, B*S = 16k, H*D = 2048 (hd128 S 2k-8k, hd64 and hd256 at S4k; full and
@@ -200,7 +201,8 @@ def bench():
         ratios.append(ours / ref)
         print(f"bench {case.name()}: gluon {ours:6.1f} TFLOP/s  cudnn {ref:6.1f}  ratio {ours / ref:.3f}", flush=True)
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    print(f"check_fwd_dropout bench (ROUNDS_LOOP {int(dropout_gluon.ROUNDS_LOOP)}, DROPOUT_ONE_LOOP "
+    print(f"check_fwd_dropout bench (ROUNDS_LOOP {int(dropout_gluon.ROUNDS_LOOP)}, forward loop at hd "
+          f"{int(fwd_gluon.DROPOUT_ROUNDS_LOOP_HEAD_DIM)}, DROPOUT_ONE_LOOP "
           f"{int(fwd_gluon.DROPOUT_ONE_LOOP)}): /cuDNN geomean {geo:.3f}, worst {min(ratios):.3f}")
     return True
 
@@ -210,7 +212,8 @@ def main():
     packed.add_check_options(ap)
     ap.add_argument("--bench", action="store_true", help="time the dropout forward beside cuDNN's")
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
-                    help="Philox's rounds unrolled (0) or as a loop (1) (default: the module's ROUNDS_LOOP)")
+                    help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
+                         "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
     ap.add_argument("--one-loop", type=int, choices=(0, 1), default=None,
                     help="the forward's later key blocks in a full and a masked loop (0) or one masked loop (1) "
                          "(default: fwd.py's DROPOUT_ONE_LOOP)")
@@ -218,6 +221,8 @@ def main():
     from triton.experimental.gluon import language as gl
     if args.rounds_loop is not None:
         dropout_gluon.ROUNDS_LOOP = gl.constexpr(args.rounds_loop)
+        if args.rounds_loop == 0:
+            fwd_gluon.DROPOUT_ROUNDS_LOOP_HEAD_DIM = gl.constexpr(0)
     if args.one_loop is not None:
         fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(args.one_loop)
     if args.bench:

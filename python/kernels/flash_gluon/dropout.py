@@ -21,13 +21,16 @@ from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_u
                              philox_state, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
 
 #: How the Gluon kernels run Philox's ten rounds (``dropout.philox4x32``): 0 unrolled (Triton's
-#: ``randint4x``), 1 as a loop.  The loop cuts the hd128 dropout forward from 14,320 to 11,824 SASS
+#: ``randint4x``), 1 as a loop everywhere; the forward also loops at ``fwd.DROPOUT_ROUNDS_LOOP_HEAD_DIM``
+#: (``drop_probs``' mode 3).  The loop cuts the hd128 dropout forward from 14,320 to 11,824 SASS
 #: instructions (ptxas, bf16; the backward 4,840 -> 4,784, spill bytes 160 -> 120), the same bits by
-#: construction (python/tests/test_philox.py holds both to the Random123 model); not yet timed on a
-#: GPU, so the shipped kernels keep 0.  The hypothesis to time: a causal dropout forward (0.53x cuDNN
-#: where the unmasked one reaches 0.78x, bench/results/h200_gluon_dropout_varlen_issue17.md)
-#: alternates between its full and masked step loops, whose code together exceeds the instruction
-#: cache (``fwd.DROPOUT_ONE_LOOP`` removes one of the two instead: 9,528).
+#: construction (python/tests/test_philox.py holds both to the Random123 model).  Timed on H100s
+#: (2026-12-06, test/gluon/check_fwd_dropout.py --bench [--rounds-loop 0|1], p 0.1, /cuDNN, same
+#: process per pair): the hd128 forward (S2k-8k, full and causal) gained 6-11 % in a first pair
+#: (0.831/0.485/0.901/0.700/0.936/0.877 -> 0.885/0.534/0.971/0.779/1.034/0.942); two alternating
+#: pairs on another machine gave -4..+5 % and +1..+5 % (run-to-run spread about 5 %); hd64 and hd256
+#: looked 1-3 % slower (within that spread).  So only the hd128 forward loops; the backward is untimed.
+#: ``fwd.DROPOUT_ONE_LOOP`` (one masked loop) measured worse (geomean 0.956 -> 0.891).
 ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
 
 
@@ -43,7 +46,8 @@ def _per_call(seed, dep):
 
 @gluon.jit
 def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
-                      COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr, REFRESH: gl.constexpr = True):
+                      COLS: gl.constexpr, KEYS_AS_ROWS: gl.constexpr, REFRESH: gl.constexpr = True,
+                      ROUNDS: gl.constexpr = -1):
     """Bool ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout): the tile's keep bits.
 
     ``base``: the counter of the tile's first unit, ``dropout_rows_offset(head, q0, N_CTX_K) + k0 // 4``
@@ -52,8 +56,10 @@ def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
     ``KEYS_AS_ROWS`` the columns.  ``REFRESH``: the seed's round keys and the tile's quad indices are
     recomputed at every call; left to the compiler they are hoisted out of the caller's loop and
     stay live (ptxas, sm_90 bf16: the hd128 backward's spill instructions 192/168 -> 74/66, the
-    hd256 forward's 11/19 -> 0; but the hd64 forward's, at 104 registers, 2/2 -> 41/40)."""
+    hd256 forward's 11/19 -> 0; but the hd64 forward's, at 104 registers, 2/2 -> 41/40).  ``ROUNDS``:
+    Philox's rounds unrolled (0) or as a loop (1); -1: ``ROUNDS_LOOP``."""
     gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
+    LOOP: gl.constexpr = ROUNDS_LOOP if ROUNDS < 0 else ROUNDS
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
     if REFRESH:
@@ -62,13 +68,13 @@ def dropout_keep_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
         cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
     if KEYS_AS_ROWS:
-        k0, k1, k2, k3 = _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD)
+        k0, k1, k2, k3 = _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, LOOP)
         # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
         keep = tile_of_quads(k0, k2, k1, k3)
     else:
         quad_r = unit_view(gl.expand_dims(quad_index(rows), 1) + zero)
         unit_c = unit_view(gl.expand_dims(quad_index(cols) // 2, 0) + zero)
-        keep = tile_of_units(*dropout_unit_keep(seed, base, quad_r, unit_c, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP))
+        keep = tile_of_units(*dropout_unit_keep(seed, base, quad_r, unit_c, N_CTX_K, DROPOUT_THRESHOLD, LOOP))
     return gl.convert_layout(keep, layout)
 
 
@@ -81,7 +87,7 @@ def _shfl_xor4(x):
 
 
 @gluon.jit
-def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD):
+def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS: gl.constexpr):
     """A keys-as-rows tile's four quad tensors (``dropout.quad_view`` order, ``dropout_quad_keep``'s
     words) from one Philox call per thread per 16 x 16 block.
 
@@ -98,7 +104,7 @@ def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
     odd = key_quad % 2  # this thread's half of every unit it draws
     k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h = dropout_unit_keep(seed, base, query_even + odd, key_quad // 2,
-                                                               N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP)
+                                                               N_CTX_K, DROPOUT_THRESHOLD, ROUNDS)
     mine0 = gl.where(odd != 0, k0h, k0l)
     mine1 = gl.where(odd != 0, k1h, k1l)
     mine2 = gl.where(odd != 0, k2h, k2l)
@@ -135,7 +141,8 @@ def dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_TH
 @gluon.jit
 def drop_probs(p, col, drop, DROPOUT: gl.constexpr):
     """``p`` (``[rows, keys]``) with the dropped probabilities of the key block from ``col`` zeroed
-    (``DROPOUT``: 0 off, 1 on, 2 on with ``dropout_keep_tile``'s ``REFRESH``; ``drop``:
+    (``DROPOUT``: 0 off, 1 on, 2 on with ``dropout_keep_tile``'s ``REFRESH``, 3 as 2 with Philox's
+    rounds as a loop whatever ``ROUNDS_LOOP`` says; ``drop``:
     ``dropout_state_fwd``).  The row sum ``l`` keeps them: the output is ``dropout(P) V / l``, scaled
     by ``1 / (1 - p)`` in the epilogue."""
     if DROPOUT:
@@ -144,7 +151,7 @@ def drop_probs(p, col, drop, DROPOUT: gl.constexpr):
         ROWS: gl.constexpr = p.shape[0]
         COLS: gl.constexpr = p.shape[1]
         keep = dropout_keep_tile(seed, rows_counter + col // 4, n_ctx_k_max, threshold, layout, ROWS, COLS, False,
-                                 DROPOUT == 2)
+                                 DROPOUT >= 2, 1 if DROPOUT == 3 else -1)
         p = gl.where(keep, p, 0.0)
     return p
 

@@ -96,11 +96,17 @@ from .softmax import online_softmax_step, softmax_epilogue
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: With dropout, walk every key block after the peeled first one in one masked loop (the mask is
 #: exact on a full block) instead of a full and a masked loop: one instance of the step's code (and
-#: of its Philox rounds) per consumer fewer.  0 (off) until timed on a GPU.  The hd128 dropout
+#: of its Philox rounds) per consumer fewer.  Off: it measured slower (H100, 2026-12-06,
+#: check_fwd_dropout.py --bench --one-loop 1: /cuDNN geomean 0.956 -> 0.891).  The hd128 dropout
 #: forward (ptxas, bf16): 14,320 SASS instructions off, 9,528 on (7,544 without dropout); with
 #: dropout's ``ROUNDS_LOOP`` 1 as well 9,384, but 88 bytes of spill.  test/gluon/check_fwd_dropout.py
 #: --one-loop patches it.
 DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(0)
+#: The head dim whose dropout forward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``: at
+#: hd128 17 % fewer SASS instructions and up to 11 % faster, never clearly slower; hd64 and hd256
+#: looked 1-3 % slower).  0: none;
+#: test/gluon/check_fwd_dropout.py --rounds-loop patches it.
+DROPOUT_ROUNDS_LOOP_HEAD_DIM: gl.constexpr = gl.constexpr(128)
 
 
 @gluon.constexpr_function
@@ -442,8 +448,10 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     the kernel's (maximum) lengths ``N_CTX_Q_MAX``/``N_CTX_K_MAX`` the counters are laid out for."""
     QB: gl.constexpr = q_bufs.shape[-2]
     # Dropout's mode for drop_probs: the mask's invariants recomputed per step, except at hd64 (its
-    # 104-register consumers spill more recomputing them than keeping them: dropout.py).
-    DROP: gl.constexpr = 0 if not DROPOUT else (1 if HEAD_DIM <= 64 else 2)
+    # 104-register consumers spill more recomputing them than keeping them: dropout.py); Philox's
+    # rounds as a loop at DROPOUT_ROUNDS_LOOP_HEAD_DIM.
+    DROP: gl.constexpr = 0 if not DROPOUT else (
+        1 if HEAD_DIM <= 64 else (3 if HEAD_DIM == DROPOUT_ROUNDS_LOOP_HEAD_DIM else 2))
     TURN: gl.constexpr = _turn(cid, PINGPONG)
     # wgmma accumulator layouts of one warpgroup; P feeds the PV product from registers.
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N, k_bufs.dtype)
