@@ -15,14 +15,15 @@ Launches ``attn_fwd_gluon`` through Triton's JIT with the shipped dropout config
 ``--rounds-loop 1``: every kernel draws with Philox's rounds as a loop (``kernels/flash_gluon/dropout.py``'s
 ``ROUNDS_LOOP``); ``--rounds-loop 0``: none does (by default the forward loops at ``fwd.py``'s
 ``DROPOUT_ROUNDS_LOOP_HEAD_DIM``); ``--one-loop 1``: the forward walks every key block after the first in one masked
-loop (``fwd.py``'s ``DROPOUT_ONE_LOOP``).  Both are patched before anything compiles; the consan
+loop (``fwd.py``'s ``DROPOUT_ONE_LOOP``), ``--one-loop 2`` in one loop masked at run time where a
+block needs it.  Both are patched before anything compiles; the consan
 children keep the modules' values.
 ``--bench``: p = 0.1, bf16, B*S = 16k, H*D = 2048 (hd128 S 2k-8k, hd64 and hd256 at S4k; full and
 causal): the forward's TFLOP/s (4*B*H*S^2*D, halved for causal) beside cuDNN's dropout forward
 through SDPA, median of ``do_bench``.
 
 usage: python test/gluon/check_fwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
-       [--one-loop 0|1]
+       [--one-loop 0|1|2]
 """
 import argparse
 import math
@@ -214,9 +215,10 @@ def main():
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
-    ap.add_argument("--one-loop", type=int, choices=(0, 1), default=None,
-                    help="the forward's later key blocks in a full and a masked loop (0) or one masked loop (1) "
-                         "(default: fwd.py's DROPOUT_ONE_LOOP)")
+    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2), default=None,
+                    help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1) or "
+                         "one loop masked at run time from the first boundary block (2) (default: fwd.py's "
+                         "DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
     from triton.experimental.gluon import language as gl
     if args.rounds_loop is not None:

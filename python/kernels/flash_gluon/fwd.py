@@ -100,7 +100,11 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: check_fwd_dropout.py --bench --one-loop 1: /cuDNN geomean 0.956 -> 0.891).  The hd128 dropout
 #: forward (ptxas, bf16): 14,320 SASS instructions off, 9,528 on (7,544 without dropout); with
 #: dropout's ``ROUNDS_LOOP`` 1 as well 9,384, but 88 bytes of spill.  test/gluon/check_fwd_dropout.py
-#: --one-loop patches it.
+#: --one-loop patches it.  2: one loop as well, but the mask applied only to the boundary blocks,
+#: behind a run-time branch (one copy of the step's code, the full blocks unmasked).  The hypothesis
+#: to time: the causal dropout forward (0.45-0.53x cuDNN at S2k where the unmasked one reaches
+#: 0.77-0.83x) runs its two consumers in different loops, whose code together overflows the
+#: instruction cache; one masked loop lifted that row to 0.62x but cost the full rows 20 %.
 DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(0)
 #: The head dim whose dropout forward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``: at
 #: hd128 17 % fewer SASS instructions and up to 11 % faster, never clearly slower; hd64 and hd256
@@ -355,11 +359,13 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
-                  DROPOUT: gl.constexpr = 0):
+                  DROPOUT: gl.constexpr = 0, n_full=0):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
     softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
     ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``).
-    ``col``: the key block's first column (read by the mask and by dropout: ``dropout.drop_probs``)."""
+    ``col``: the key block's first column (read by the mask and by dropout: ``dropout.drop_probs``).
+    ``MASKED``: 0 no mask, 1 the mask, 2 the mask at run time from step ``n_full`` on (``_key_block_col``'s
+    order: the full blocks first)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
@@ -375,8 +381,11 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
     # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
     s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
-    if MASKED:
+    if MASKED == 1:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
+    elif MASKED == 2:
+        if j >= n_full:
+            s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
@@ -496,13 +505,14 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                                s_layout, p_layout, TURN, drop, DROP)
 
             if DROPOUT and DROPOUT_ONE_LOOP:
-                # Every later block in one masked loop (DROPOUT_ONE_LOOP).
+                # Every later block in one loop (DROPOUT_ONE_LOOP): masked (1), or masked from the
+                # first boundary block on behind a run-time branch (2).
                 for j in range(1, n_blocks):
                     col = _key_block_col(j, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                     acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                           v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
-                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                          s_layout, p_layout, TURN, drop, DROP)
+                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, DROPOUT_ONE_LOOP, BLOCK_N,
+                                                          STAGES, s_layout, p_layout, TURN, drop, DROP, n_full)
             else:
                 # Key blocks visible in full to all the CTA's rows: no mask code.
                 for j in range(1, n_full):
