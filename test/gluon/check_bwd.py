@@ -30,7 +30,9 @@ the same rows together), so an element on a rounding boundary may round either w
 (``triton.knobs.compilation.instrumentation_mode = "consan"``, global scratch through
 ``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
 ``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
-included) vs torch SDPA's cuDNN backward. ``--bench-gqa``: the same for the GQA rows (``GQA_ROWS``).
+included) vs torch SDPA's cuDNN backward. ``--bench-gqa``: the same for the GQA rows (``GQA_ROWS``);
+with ``--head-split N`` also what splitting a group's query heads over N CTAs per key block would give
+(K/V heads copied N times beforehand, the fp32 sum of the dK/dV partials timed with the kernel).
 ``--variant NAME``: the correctness list (persistent variants: each case at the full grid and with the
 grid capped at 1 and 3 CTAs) (and the stability check, and ``--bench``) on one entry of
 ``VARIANTS`` (performance constexprs of ``attn_bwd_gluon``); cases of a head dim the variant does not
@@ -670,15 +672,55 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
                  if portable_ratios else ""), flush=True)
 
 
-def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384)):
-    print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert")
+def _time_head_split(c, d, variant, split):
+    """What a head split would cost (issue 17, item 2), before a kernel has one: each K/V head copied
+    ``split`` times (outside the timing) so that the kernel's CTAs each walk ``G / split`` of a group's
+    query heads, plus the fp32 sum of the ``split`` dK/dV partials a real split would reduce-add.
+    ``(ours TFLOP/s, ours ms)``; the partials are checked against the unsplit dK/dV (a timing of wrong
+    work proves nothing)."""
+    from triton.testing import do_bench
+    b, hk, s = c.k.shape[0], c.k.shape[1], c.k.shape[2]
+    k_split, v_split = (t.repeat_interleave(split, dim=1) for t in (c.k, c.v))
+    bwd = GluonBwd(c.q, k_split, v_split, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
+
+    def run():
+        bwd.run()
+        return (bwd.dk.view(b, hk, split, s, d).float().sum(2), bwd.dv.view(b, hk, split, s, d).float().sum(2))
+
+    t = do_bench(run, warmup=25, rep=100, return_mode="median")
+    whole = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
+    whole.run()
+    dk, dv = run()
+    for name, got, want in (("dK", dk, whole.dk.float()), ("dV", dv, whole.dv.float())):
+        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+        assert err < 2e-2, f"head split {split}: {name} partials sum off by {err:.2e} of max |{name}|"
+    return c.flops / t * 1e-9, t
+
+
+def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_split=1):
+    print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert"
+          + (f"; 'split {head_split}': each CTA walks 1/{head_split} of a group's heads (K/V heads copied "
+             "beforehand), + the fp32 sum of the dK/dV partials" if head_split > 1 else ""))
+    ratios, split_ratios = [], []
     for hq, hk in GQA_ROWS:
+        if head_split > 1 and (hq // hk) % head_split:
+            print(f"GQA {hq}/{hk}: group {hq // hk} does not split in {head_split}: unsplit only")
         for s in seqs:
             c = bench_cell(max(1, 16384 // s), hq, hk, s, 128, True)
             bwd, ours, ref, t_ours, t_cudnn = _time_cell(c, 128, variant)
+            ratios.append(ours / ref)
+            split = ""
+            if head_split > 1 and (hq // hk) % head_split == 0:
+                ours_split, t_split = _time_head_split(c, 128, variant, head_split)
+                split_ratios.append(ours_split / ref)
+                split = f"  split {head_split} {ours_split:6.1f} ({t_split:.3f} ms) ratio {ours_split / ref:.3f}"
             print(f"GQA {hq}/{hk} S{s:5d} B{c.b:2d}: gluon {ours:6.1f} ({t_ours:.3f} ms)  {c.cudnn_name} {ref:6.1f} "
-                  f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}  ({bwd.variant}: grid {bwd.grid})", flush=True)
+                  f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}{split}  ({bwd.variant}: grid {bwd.grid})", flush=True)
             del bwd, c
+    geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
+    print(f"check_bwd bench-gqa: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}"
+          + (f"; split {head_split} (its rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}"
+             if split_ratios else ""))
 
 
 def main():
@@ -690,6 +732,8 @@ def main():
     ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
+    ap.add_argument("--head-split", type=int, default=1,
+                    help="--bench-gqa: also time each CTA walking 1/N of a group's heads (K/V heads copied N times)")
     ap.add_argument("--compute-dq", type=int, choices=(0, 1), default=1,
                     help="--bench: 0 times the kernel without dQ (the deterministic mode's dK/dV pass)")
     ap.add_argument("--gluon-dq", nargs="?", const="", default=None, metavar="BLOCK_N:K_STAGES:V_STAGES",
@@ -708,7 +752,7 @@ def main():
         return consan_child(args.consan_child)
     assert torch.cuda.get_device_capability() == (9, 0), "needs an sm_90 GPU"
     if args.bench_gqa:
-        bench_gqa(args.variant)
+        bench_gqa(args.variant, head_split=args.head_split)
         return 0
     if args.bench:
         bench(args.variant, [int(b) for b in args.buckets.split(",")], args.compute_dq, args.gluon_dq is not None,

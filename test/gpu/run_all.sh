@@ -117,7 +117,8 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 #    GLUON_CHECKS=dropout the dropout ones (the forward's mask bit for bit against the portable rule;
 #    the forward in one loop masked at run time (fwd.DROPOUT_ONE_LOOP 2), benchmarked beside the shipped
 #    forward and the unrolled one, alternating: the run-to-run spread is about 5 %),
-#    GLUON_CHECKS=dq those of attn_bwd_gluon_dq and its benchmark beside the portable dQ.
+#    GLUON_CHECKS=dq those of attn_bwd_gluon_dq and its benchmark beside the portable dQ,
+#    GLUON_CHECKS=gqa the GQA rows' benchmark with and without a head split.
 checks=()
 case ${GLUON_CHECKS:-1} in
   1) checks=("check_fwd" "check_fwd_varlen" "check_fwd_dropout" "check_bwd" "check_bwd --gluon-dq" "check_bwd_varlen"
@@ -138,6 +139,8 @@ case ${GLUON_CHECKS:-1} in
   dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
               "check_bwd --consan" "check_bwd --bench --gluon-dq"
               "check_bwd --bench --buckets 256 --gluon-dq 64:2:1") ;;  # hd256's other shape (40 B of spill)
+  # The GQA rows with a group's heads split over 2 CTAs per key block (issue 17, item 2), before a kernel has it.
+  gqa) checks=("check_bwd --bench-gqa --head-split 2") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
