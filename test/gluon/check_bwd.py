@@ -31,7 +31,7 @@ the same rows together), so an element on a rounding boundary may round either w
 ``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
 ``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
 included) vs torch SDPA's cuDNN backward. ``--bench-gqa``: the same for the GQA rows (``GQA_ROWS``);
-with ``--head-split N`` also what splitting a group's query heads over N CTAs per key block would give
+with ``--head-split N[,M..]`` also what splitting a group's query heads over N CTAs per key block would give
 (K/V heads copied N times beforehand, the fp32 sum of the dK/dV partials timed with the kernel).
 ``--variant NAME``: the correctness list (persistent variants: each case at the full grid and with the
 grid capped at 1 and 3 CTAs) (and the stability check, and ``--bench``) on one entry of
@@ -697,20 +697,20 @@ def _time_head_split(c, d, variant, split):
     return c.flops / t * 1e-9, t
 
 
-def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_split=1):
+def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_splits=()):
+    """``head_splits``: for each row, the first of these that divides its group is timed as well."""
     print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert"
-          + (f"; 'split {head_split}': each CTA walks 1/{head_split} of a group's heads (K/V heads copied "
-             "beforehand), + the fp32 sum of the dK/dV partials" if head_split > 1 else ""))
+          + ("; 'split N': each CTA walks 1/N of a group's heads (K/V heads copied beforehand), + the fp32 sum "
+             "of the dK/dV partials" if head_splits else ""))
     ratios, split_ratios = [], []
     for hq, hk in GQA_ROWS:
-        if head_split > 1 and (hq // hk) % head_split:
-            print(f"GQA {hq}/{hk}: group {hq // hk} does not split in {head_split}: unsplit only")
+        head_split = next((n for n in head_splits if n > 1 and (hq // hk) % n == 0), None)
         for s in seqs:
             c = bench_cell(max(1, 16384 // s), hq, hk, s, 128, True)
             bwd, ours, ref, t_ours, t_cudnn = _time_cell(c, 128, variant)
             ratios.append(ours / ref)
             split = ""
-            if head_split > 1 and (hq // hk) % head_split == 0:
+            if head_split:
                 ours_split, t_split = _time_head_split(c, 128, variant, head_split)
                 split_ratios.append(ours_split / ref)
                 split = f"  split {head_split} {ours_split:6.1f} ({t_split:.3f} ms) ratio {ours_split / ref:.3f}"
@@ -719,7 +719,7 @@ def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_split=1):
             del bwd, c
     geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
     print(f"check_bwd bench-gqa: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}"
-          + (f"; split {head_split} (its rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}"
+          + (f"; split (its rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}"
              if split_ratios else ""))
 
 
@@ -732,8 +732,9 @@ def main():
     ap.add_argument("--consan-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
-    ap.add_argument("--head-split", type=int, default=1,
-                    help="--bench-gqa: also time each CTA walking 1/N of a group's heads (K/V heads copied N times)")
+    ap.add_argument("--head-split", default="",
+                    help="--bench-gqa: also time each CTA walking 1/N of a group's heads (K/V heads copied N times), "
+                         "N the first of these (comma-separated) that divides the row's group")
     ap.add_argument("--compute-dq", type=int, choices=(0, 1), default=1,
                     help="--bench: 0 times the kernel without dQ (the deterministic mode's dK/dV pass)")
     ap.add_argument("--gluon-dq", nargs="?", const="", default=None, metavar="BLOCK_N:K_STAGES:V_STAGES",
@@ -752,7 +753,7 @@ def main():
         return consan_child(args.consan_child)
     assert torch.cuda.get_device_capability() == (9, 0), "needs an sm_90 GPU"
     if args.bench_gqa:
-        bench_gqa(args.variant, head_split=args.head_split)
+        bench_gqa(args.variant, head_splits=[int(n) for n in args.head_split.split(",") if n])
         return 0
     if args.bench:
         bench(args.variant, [int(b) for b in args.buckets.split(",")], args.compute_dq, args.gluon_dq is not None,

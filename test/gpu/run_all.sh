@@ -140,7 +140,7 @@ case ${GLUON_CHECKS:-1} in
               "check_bwd --consan" "check_bwd --bench --gluon-dq"
               "check_bwd --bench --buckets 256 --gluon-dq 64:2:1") ;;  # hd256's other shape (40 B of spill)
   # The GQA rows with a group's heads split over 2 CTAs per key block (issue 17, item 2), before a kernel has it.
-  gqa) checks=("check_bwd --bench-gqa --head-split 2") ;;
+  gqa) checks=("check_bwd --bench-gqa --head-split 2,7") ;;  # 28/4: 7 (one head per CTA), 32/8 and 64/8: 2
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do
