@@ -136,7 +136,6 @@ PERSISTENT_CAPS = (None, 1, 3)
 
 def _product_config(hd, compute_dq=1):
     """The config python/rules.py ships for head-dim bucket ``hd`` (the kernels the library runs)."""
-    import rules
     (c, ) = rules._attn_bwd_gluon_configs("sm_90", {"head_dim": hd, "dq": bool(compute_dq)})
     return c["STAGES"], {k: c[k] for k in rules.GLUON_BWD_KNOBS}
 
@@ -448,7 +447,6 @@ def max_err(x, ref):
 def gluon_dq_config(d, given=None):
     """``--gluon-dq``'s ``(BLOCK_N, K_STAGES, V_STAGES)`` for head dim ``d``: ``given`` ("64:2:1") or
     ``rules.GLUON_DQ_CONFIGS``."""
-    import rules
     return tuple(int(x) for x in given.split(":")) if given else rules.GLUON_DQ_CONFIGS[bucket(d)]
 
 
@@ -574,12 +572,13 @@ def fa3_cell(d, s, causal, dtype=torch.bfloat16):
     return bench_cell(max(1, 16384 // s), 2048 // d, 2048 // d, s, d, causal, dtype)
 
 
-def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
+def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16, dropout_p=0.0):
     """Q, K, V, dO, O and LSE (torch's flash forward, K/V expanded to Hq heads) of one (B, Hq, Hk,
     S, D) problem (seed 0), the backward's FLOPs (2.5 * 4 * B * Hq * S^2 * D, halved when causal),
     the window arguments, and ``cudnn``: torch SDPA's cuDNN backward of the same problem (fresh
-    gradients per call). GQA: with ``enable_gqa`` where torch's cuDNN backend takes it, else on K/V
-    expanded to Hq heads (autograd then sums dK/dV over each group: cuDNN's head reduce)."""
+    gradients per call; with ``dropout_p``, its dropout backward). GQA: with ``enable_gqa`` where
+    torch's cuDNN backend takes it, else on K/V expanded to Hq heads (autograd then sums dK/dV over
+    each group: cuDNN's head reduce)."""
     from types import SimpleNamespace
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -594,9 +593,10 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16):
     cudnn_gqa = "cudnn"
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         try:
-            out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=group > 1)
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=group > 1, dropout_p=dropout_p)
         except RuntimeError:
-            out = F.scaled_dot_product_attention(leaves[0], expand(leaves[1]), expand(leaves[2]), is_causal=causal)
+            out = F.scaled_dot_product_attention(leaves[0], expand(leaves[1]), expand(leaves[2]), is_causal=causal,
+                                                 dropout_p=dropout_p)
             cudnn_gqa = "cudnn (K/V expanded)"
 
     def cudnn():

@@ -9,7 +9,13 @@ backward that drew another mask than the model's misses that bound by far (every
 dV and dS term is wrong), so this checks the mask as well; the forward's is checked bit for bit by
 ``check_fwd_dropout.py``.
 
-usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan]
+``--bench``: p = 0.1, bf16, B*S = 16k, H*D = 2048 (hd128 S 2k-8k, hd64 and hd256 at S4k; full and
+causal): the shipped backward (preprocess + main + dQ conversion, or at hd256 the dK/dV kernel + the
+Gluon dQ) and, at hd64/128, the same with dQ from ``attn_bwd_gluon_dq`` instead of the fused
+reduce-adds ("split": the fused kernel spills with dropout at hd128, the dK/dV-only one less), beside
+cuDNN's dropout backward through SDPA (its own mask), ``do_bench`` medians.
+
+usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan] [--bench]
 """
 import os
 import sys
@@ -122,7 +128,48 @@ def run_case(case):
     return ok, f"{'PASS' if ok else 'FAIL'} {case.name()}: " + "  ".join(parts) + f"  (kept {kept:.3f})"
 
 
+def bench():
+    """The dropout backward against cuDNN's (``--bench``): one line per cell, then the geomeans."""
+    import math
+
+    from triton.testing import do_bench
+    cells = [(128, s, c) for s in (2048, 4096, 8192) for c in (False, True)]
+    cells += [(d, 4096, c) for d in (64, 256) for c in (False, True)]
+    p = 0.1
+    seed = torch.tensor([0x5EED], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    dropout = (philox_model.threshold(p), 1.0 / (1.0 - p), seed, offset, 0)
+    ratios, split_ratios = [], []
+    for d, s, causal in cells:
+        c = cb.bench_cell(16384 // s, 2048 // d, 2048 // d, s, d, causal, dropout_p=p)
+        separate = d > cb.rules.GLUON_FUSED_DQ_MAX_HEAD_DIM  # the runtime's rule (gluon.rs separate_dq)
+        shipped = cb.GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant="product",
+                              compute_dq=0 if separate else 1, dropout=dropout,
+                              gluon_dq=cb.gluon_dq_config(d) if separate else None)
+        t_ours = do_bench(shipped.run, warmup=25, rep=100, return_mode="median")
+        t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
+        ours, ref = c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9
+        ratios.append(ours / ref)
+        split = ""
+        if not separate:
+            alt = cb.GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant="product", compute_dq=0,
+                              dropout=dropout, gluon_dq=cb.gluon_dq_config(d))
+            t_alt = do_bench(alt.run, warmup=25, rep=100, return_mode="median")
+            split_ratios.append(c.flops / t_alt * 1e-9 / ref)
+            split = f"  split {c.flops / t_alt * 1e-9:6.1f} ratio {split_ratios[-1]:.3f}"
+            del alt
+        print(f"bench bf16 d{d} b{c.b} h{c.h} s{s} {'causal' if causal else 'none'} p{p}: gluon {ours:6.1f} TFLOP/s  "
+              f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{split}", flush=True)
+        del shipped, c
+    geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
+    print(f"check_bwd_dropout bench: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}; split (hd64/128 "
+          f"rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}")
+    return True
+
+
 def main():
+    if "--bench" in sys.argv[1:]:
+        return 0 if bench() else 1
     return packed.check_main(__file__, __doc__, "check_bwd_dropout", Case, cases, consan_cases, run_case)
 
 
