@@ -176,6 +176,10 @@ def _functional_key(spec):
     return spec.family, tuple(sorted(spec.functional.items()))
 
 
+#: Gluon families whose GPU check re-wraps the kernel with its own ``do_not_specialize`` list.
+JIT_WRAPPED_BY_HARNESS = {"attn_fwd_gluon": "test/gluon/check_fwd.py", "attn_fwd_gluon_fp8": "test/gluon/check_fwd_fp8.py"}
+
+
 class EnumerateKernelsTest(unittest.TestCase):
     def test_sm90_counts_and_unique_ids(self):
         specs = rules.enumerate_kernels("sm_90")
@@ -547,6 +551,28 @@ class EnumerateKernelsTest(unittest.TestCase):
                 fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fam.function)
                 self.assertEqual([a.arg for a in fn.args.args if a.arg != "num_warps"], fam.args)
                 self.assertEqual(fam.args, GLUON_CONTRACT[fam.name])
+
+    def test_gluon_jit_specializes_no_free_integer(self):
+        """The GPU checks (test/gluon) launch the sm_90 kernels through Triton's JIT, which makes an
+        integer argument equal to 1 a constexpr and hints one divisible by 16; the AOT images are
+        generic in every integer ``rules.aligned_hints`` leaves free. So each kernel's
+        ``do_not_specialize`` names those (a Gluon kernel without it failed to compile on the GPU:
+        ``ALIGN_BOTTOM_RIGHT`` = 1 became a constexpr), or the harness in ``JIT_WRAPPED_BY_HARNESS``
+        re-wraps it with its own list."""
+        for fam in rules.GLUON_FAMILIES + rules.CHECKED_ONLY_FAMILIES:
+            if fam.name in JIT_WRAPPED_BY_HARNESS:
+                continue
+            with self.subTest(family=fam.name):
+                functional = rules.functionals(fam)[0]
+                sig = fam.signature(functional, fam.configs("sm_90", functional)[0])
+                free = {n for n, d in rules.aligned_hints(sig).items() if d == 1 and sig[n] in ("i1", "i32", "i64")}
+                with open(os.path.join(_paths.PYTHON_DIR, fam.module)) as f:
+                    tree = ast.parse(f.read())
+                fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fam.function)
+                listed = {name for dec in fn.decorator_list if isinstance(dec, ast.Call)
+                          for kw in dec.keywords if kw.arg == "do_not_specialize"
+                          for name in ast.literal_eval(kw.value)}
+                self.assertEqual(free - listed, set(), "integers the JIT would specialize")
 
     def test_cheap_import(self):
         import subprocess

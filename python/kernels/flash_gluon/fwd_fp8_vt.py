@@ -22,7 +22,8 @@ def _key_of_column(k):
     return (k - (k & 0b01110)) | ((k & 0b00010) << 2) | ((k & 0b01100) >> 1)
 
 
-@triton.jit
+# No JIT specialization of the free integers (the runtime launches one generic AOT image; see bwd.py).
+@triton.jit(do_not_specialize=["N_CTX_K", "KEYS_PAD"])
 def transpose_v_fp8(V, stride_vz, stride_vh, stride_vn, VT, stride_vtz, stride_vth, stride_vtd,
                     N_CTX_K, KEYS_PAD, D_HEAD, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     tl.static_assert(BLOCK_N % 32 == 0, "whole 32-key groups")
