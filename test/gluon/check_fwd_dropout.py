@@ -208,6 +208,17 @@ def bench():
     return True
 
 
+def patch_switches(rounds_loop=None, one_loop=None):
+    """``--rounds-loop`` / ``--one-loop`` (None: the modules' values), before anything compiles."""
+    from triton.experimental.gluon import language as gl
+    if rounds_loop is not None:
+        dropout_gluon.ROUNDS_LOOP = gl.constexpr(rounds_loop)
+        if rounds_loop == 0:
+            fwd_gluon.DROPOUT_ROUNDS_LOOP_HEAD_DIM = gl.constexpr(0)
+    if one_loop is not None:
+        fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(one_loop)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     packed.add_check_options(ap)
@@ -220,13 +231,7 @@ def main():
                          "one loop masked at run time from the first boundary block (2) (default: fwd.py's "
                          "DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
-    from triton.experimental.gluon import language as gl
-    if args.rounds_loop is not None:
-        dropout_gluon.ROUNDS_LOOP = gl.constexpr(args.rounds_loop)
-        if args.rounds_loop == 0:
-            fwd_gluon.DROPOUT_ROUNDS_LOOP_HEAD_DIM = gl.constexpr(0)
-    if args.one_loop is not None:
-        fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(args.one_loop)
+    patch_switches(args.rounds_loop, args.one_loop)
     if args.bench:
         return 0 if bench() else 1
     return 0 if packed.run_check(__file__, "check_fwd_dropout", args, Case, cases, consan_cases, run_case) else 1
