@@ -181,11 +181,7 @@ def main():
                     help="Philox's rounds unrolled (0) or as a loop (1) in the backward's keep tiles (default: "
                          "kernels/flash_gluon/dropout.py's ROUNDS_LOOP)")
     args = ap.parse_args()
-    if args.rounds_loop is not None:
-        from triton.experimental.gluon import language as gl
-
-        import kernels.flash_gluon.dropout as dropout_gluon
-        dropout_gluon.ROUNDS_LOOP = gl.constexpr(args.rounds_loop)
+    check_fwd_dropout.patch_switches(rounds_loop=args.rounds_loop)
     if args.bench:
         return 0 if bench() else 1
     return 0 if packed.run_check(__file__, "check_bwd_dropout", args, Case, cases, consan_cases, run_case) else 1

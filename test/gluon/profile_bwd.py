@@ -20,6 +20,20 @@ import torch  # noqa: E402
 import check_bwd as cb  # noqa: E402
 
 
+def profile_once(*launches):
+    """Each of ``launches`` three times to compile and warm up, then once more each between
+    ``cudaProfilerStart`` and ``cudaProfilerStop`` (ncu ``--profile-from-start off`` sees only those)."""
+    for _ in range(3):
+        for launch in launches:
+            launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hd", type=int, default=128)
@@ -29,15 +43,7 @@ def main():
     args = ap.parse_args()
     c = cb.fa3_cell(args.hd, args.seq, args.causal)
     g = cb.GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, args.hd ** -0.5, *c.window, variant=args.variant)
-    for _ in range(3):  # compile, plan, warm up
-        g.run()
-        c.cudnn()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    g.run()
-    c.cudnn()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(g.run, c.cudnn)
     print(f"profiled: hd{args.hd} S{args.seq} B{c.b} H{c.h} {'causal' if args.causal else 'full'} "
           f"variant {args.variant}")
 

@@ -18,9 +18,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
-
 import check_fwd_dropout as cfd  # noqa: E402
+from profile_bwd import profile_once  # noqa: E402
 
 
 def main():
@@ -48,15 +47,7 @@ def main():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=args.causal)
 
-    for _ in range(3):  # compile, warm up
-        ours()
-        cudnn()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
-    ours()
-    cudnn()
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    profile_once(ours, cudnn)
     print(f"profiled: dropout forward hd{d} S{s} B{case.b} H{case.hq} {'causal' if args.causal else 'full'} "
           f"(rounds loop {args.rounds_loop}, one loop {args.one_loop}: None = the shipped switches)")
 
