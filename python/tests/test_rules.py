@@ -543,7 +543,7 @@ class EnumerateKernelsTest(unittest.TestCase):
             self.assertEqual(rules.nvmma_layout_repr(block, bits), want, block)
 
     def test_gluon_matches_kernel_source(self):
-        for fam in rules.GLUON_FAMILIES + rules.CHECKED_ONLY_FAMILIES:
+        for fam in rules.GLUON_FAMILIES:
             with self.subTest(family=fam.name):
                 path = os.path.join(_paths.PYTHON_DIR, fam.module)
                 with open(path) as f:
@@ -559,13 +559,11 @@ class EnumerateKernelsTest(unittest.TestCase):
         ``do_not_specialize`` names those (a Gluon kernel without it failed to compile on the GPU:
         ``ALIGN_BOTTOM_RIGHT`` = 1 became a constexpr), or the harness in ``JIT_WRAPPED_BY_HARNESS``
         re-wraps it with its own list."""
-        for fam in rules.GLUON_FAMILIES + rules.CHECKED_ONLY_FAMILIES:
+        for fam in rules.GLUON_FAMILIES:
             if fam.name in JIT_WRAPPED_BY_HARNESS:
                 continue
             with self.subTest(family=fam.name):
-                functional = rules.functionals(fam)[0]
-                sig = fam.signature(functional, fam.configs("sm_90", functional)[0])
-                free = {n for n, d in rules.aligned_hints(sig).items() if d == 1 and sig[n] in ("i1", "i32", "i64")}
+                free = set(rules.jit_free_integers(fam))
                 with open(os.path.join(_paths.PYTHON_DIR, fam.module)) as f:
                     tree = ast.parse(f.read())
                 fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fam.function)

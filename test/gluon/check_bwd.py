@@ -61,18 +61,13 @@ from kernels.flash.bwd_dq import attn_bwd_dq as _attn_bwd_dq_jit  # noqa: E402
 import rules  # noqa: E402
 
 
-def as_aot_image(kernel, family_name):
-    """``kernel`` re-jitted to specialize no integer its AOT image leaves free (``rules.aligned_hints``: sequence
-    lengths, window, dropout, LSE/DELTA strides). The JIT would make one equal to 1 a constexpr (so
-    ``ALIGN_BOTTOM_RIGHT`` 1 would not compile: ``mask.diag_offset`` takes a runtime value) and hint those
-    divisible by 16, timing a kernel the runtime never launches."""
-    fam = rules.family(family_name)
-    sig = fam.signature(rules.functionals(fam)[0])
-    free = [n for n, d in rules.aligned_hints(sig).items() if d == 1 and not sig[n].startswith("*")]
-    return triton.jit(do_not_specialize=free)(kernel.fn)
+# The portable dQ re-jitted to specialize no integer its AOT image leaves free (``ALIGN_BOTTOM_RIGHT`` 1
+# as a constexpr would not even compile: ``mask.diag_offset`` takes a runtime value).
+attn_bwd_dq = triton.jit(do_not_specialize=rules.jit_free_integers(rules.ATTN_BWD_DQ))(_attn_bwd_dq_jit.fn)
 
 
-attn_bwd_dq = as_aot_image(_attn_bwd_dq_jit, "attn_bwd_dq")
+def geomean(xs):
+    return math.exp(sum(map(math.log, xs)) / len(xs))
 
 BLOCK_M = 64  # main kernel: queries per step
 #: Keys per CTA per head-dim bucket: two compute warpgroups of 64 keys, or at hd256 (bwd_wide.py) 64
@@ -666,9 +661,8 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
                       f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{portable}  ({bwd.variant}: stages {bwd.stages} "
                       f"{bwd.opts}{f' gluon dq {dq_cfg}' if dq_cfg else ''})", flush=True)
                 del bwd, c
-        geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
-        print(f"check_bwd bench hd{d}: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}"
-              + (f"; with the portable dQ {geo(portable_ratios):.3f}, worst {min(portable_ratios):.3f}"
+        print(f"check_bwd bench hd{d}: /cuDNN geomean {geomean(ratios):.3f}, worst {min(ratios):.3f}"
+              + (f"; with the portable dQ {geomean(portable_ratios):.3f}, worst {min(portable_ratios):.3f}"
                  if portable_ratios else ""), flush=True)
 
 
@@ -717,9 +711,8 @@ def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_splits=())
             print(f"GQA {hq}/{hk} S{s:5d} B{c.b:2d}: gluon {ours:6.1f} ({t_ours:.3f} ms)  {c.cudnn_name} {ref:6.1f} "
                   f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}{split}  ({bwd.variant}: grid {bwd.grid})", flush=True)
             del bwd, c
-    geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
-    print(f"check_bwd bench-gqa: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}"
-          + (f"; split (its rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}"
+    print(f"check_bwd bench-gqa: /cuDNN geomean {geomean(ratios):.3f}, worst {min(ratios):.3f}"
+          + (f"; split (its rows) geomean {geomean(split_ratios):.3f}, worst {min(split_ratios):.3f}"
              if split_ratios else ""))
 
 

@@ -135,8 +135,6 @@ def run_case(case):
 
 def bench():
     """The dropout backward against cuDNN's (``--bench``): one line per cell, then the geomeans."""
-    import math
-
     from triton.testing import do_bench
     cells = [(128, s, c) for s in (2048, 4096, 8192) for c in (False, True)]
     cells += [(d, 4096, c) for d in (64, 256) for c in (False, True)]
@@ -166,9 +164,8 @@ def bench():
         print(f"bench bf16 d{d} b{c.b} h{c.h} s{s} {'causal' if causal else 'none'} p{p}: gluon {ours:6.1f} TFLOP/s  "
               f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{split}", flush=True)
         del shipped, c
-    geo = lambda r: math.exp(sum(map(math.log, r)) / len(r))  # noqa: E731
-    print(f"check_bwd_dropout bench: /cuDNN geomean {geo(ratios):.3f}, worst {min(ratios):.3f}; split (hd64/128 "
-          f"rows) geomean {geo(split_ratios):.3f}, worst {min(split_ratios):.3f}")
+    print(f"check_bwd_dropout bench: /cuDNN geomean {cb.geomean(ratios):.3f}, worst {min(ratios):.3f}; split (hd64/128 "
+          f"rows) geomean {cb.geomean(split_ratios):.3f}, worst {min(split_ratios):.3f}")
     return True
 
 
