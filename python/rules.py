@@ -346,7 +346,7 @@ ATTN_BWD_GLUON_PREPROCESS_ARGS = (
 ATTN_BWD_GLUON_ARGS = (
     ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2", "desc_delta2",
      "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", *_GLUON_WINDOW, *_GLUON_PACKING,
-     *DROPOUT_GROUP]
+     *DROPOUT_GROUP, "HEAD_SPLIT", "DKV_PARTIALS"]
     + ["HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "DROPOUT"] + GLUON_BWD_KNOBS
 )
 #: dQ in a Gluon kernel of its own (kernels/flash_gluon/bwd_dq.py): the forward's tile program over Q/dO,
@@ -361,8 +361,13 @@ ATTN_BWD_GLUON_DQ_CONVERT_ARGS = (
                                                 *_GLUON_PACKING_Q]
     + ["HEAD_DIM", "BLOCK_M"]
 )
+#: A head split's dK/dV partials summed and cast (kernels/flash_gluon/bwd_dkdv_convert.py).
+ATTN_BWD_GLUON_DKDV_CONVERT_ARGS = (
+    ["DKV_PARTIALS", "DK", "DV"] + _strides("dk", "zhn") + _strides("dv", "zhn") + ["N_CTX_K", "D_HEAD", "HEAD_SPLIT"]
+    + ["HEAD_DIM", "BLOCK_N"]
+)
 #: fp32 workspace pointers of the Gluon backward.
-_WORKSPACE_TENSORS = ("LSE2", "DELTA2", "DQ_ACC")
+_WORKSPACE_TENSORS = ("LSE2", "DELTA2", "DQ_ACC", "DKV_PARTIALS")
 
 
 def nvmma_layout_repr(block: list[int], bits: int, swizzle: int | None = None) -> str:
@@ -923,6 +928,11 @@ def _attn_bwd_gluon_rows_configs(arch: str, functional: dict[str, Any]) -> list[
     return [_cfg(4096 // functional["head_dim"], None, 4, 1)]
 
 
+def _attn_bwd_gluon_key_rows_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
+    """The dK/dV partials' conversion: a row kernel over keys, 4096 elements per tile like the query-row ones."""
+    return [{"BLOCK_N": 4096 // functional["head_dim"], "num_warps": 4, "num_stages": 1}]
+
+
 def _attn_bwd_dsink_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config: a sum over every query row of one head, 1024 rows per step."""
     return [_amd(1024, None, 4) if TARGETS[arch][0] == "hip" else _cfg(1024, None, 4, 1)]
@@ -1087,10 +1097,14 @@ ATTN_BWD_GLUON_DQ_CONVERT = _gluon_family(
     "attn_bwd_gluon_dq_convert", "kernels/flash_gluon/bwd_dq_convert.py", ATTN_BWD_GLUON_DQ_CONVERT_ARGS,
     {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_rows_configs, language="triton")
 
+ATTN_BWD_GLUON_DKDV_CONVERT = _gluon_family(
+    "attn_bwd_gluon_dkdv_convert", "kernels/flash_gluon/bwd_dkdv_convert.py", ATTN_BWD_GLUON_DKDV_CONVERT_ARGS,
+    {"dtype": GLUON_DTYPES, "head_dim": [64, 128, 256]}, _attn_bwd_gluon_key_rows_configs, language="triton")
+
 PORTABLE_FAMILIES = [ATTN_FWD, ATTN_BWD_PREPROCESS, ATTN_BWD_DKDV, ATTN_BWD_DQ, ATTN_BWD_DBIAS, ATTN_BWD_DSINK,
                      DEBUG_DROPOUT_MASK, ATTN_DECODE, ATTN_DECODE_COMBINE, KVCACHE_APPEND]
 GLUON_FAMILIES = [ATTN_FWD_GLUON, ATTN_BWD_GLUON_PREPROCESS, ATTN_BWD_GLUON, ATTN_BWD_GLUON_DQ,
-                  ATTN_BWD_GLUON_DQ_CONVERT, ATTN_FWD_GLUON_FP8, TRANSPOSE_V_FP8]
+                  ATTN_BWD_GLUON_DQ_CONVERT, ATTN_BWD_GLUON_DKDV_CONVERT, ATTN_FWD_GLUON_FP8, TRANSPOSE_V_FP8]
 FAMILIES = PORTABLE_FAMILIES + GLUON_FAMILIES
 
 

@@ -46,7 +46,8 @@ AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
 #: The Gluon backend (sm_90 only): one aligned kernel per functional.
 #: attn_bwd_gluon: dtype x (hd64, hd128 with and without dQ; hd256 without) x varlen x dropout.
 GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 5 * 2 * 2,
-                     "attn_bwd_gluon_dq": 2 * 1 * 2 * 2, "attn_bwd_gluon_dq_convert": 2 * 3, "attn_fwd_gluon_fp8": 3,
+                     "attn_bwd_gluon_dq": 2 * 1 * 2 * 2, "attn_bwd_gluon_dq_convert": 2 * 3,
+                     "attn_bwd_gluon_dkdv_convert": 2 * 3, "attn_fwd_gluon_fp8": 3,
                      "transpose_v_fp8": 3}
 FUNCTIONALS = {"attn_fwd": _DTHD * 4 + _SOFTCAP + _SINKS + _HDV, "attn_bwd_preprocess": 3 * 5 + 2,
                "attn_bwd_dkdv": _DTHD * 4 + _SOFTCAP + _HDV, "attn_bwd_dq": _DTHD * 4 + _SOFTCAP + _HDV,
@@ -152,11 +153,14 @@ GLUON_CONTRACT = {
     "attn_bwd_gluon": ["desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv", "desc_dq_acc", "desc_lse2",
                        "desc_delta2", "sm_scale", "N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP",
                        *_WINDOW, *_PACKING, "DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET",
-                       "philox_offset_base", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "STAGES", "COMPUTE_DQ", "DROPOUT",
-                       "MASK_MODE", "CONS_REGS",
+                       "philox_offset_base", "HEAD_SPLIT", "DKV_PARTIALS", "HEAD_DIM", "BLOCK_M", "BLOCK_N",
+                       "STAGES", "COMPUTE_DQ", "DROPOUT", "MASK_MODE", "CONS_REGS",
                        "DK_SS", "PERSISTENT", "DESC_PER_STEP", "WALK", "DQ_IN_RING"],
     "attn_bwd_gluon_dq_convert": ["DQ_ACC", "DQ", "stride_dqz", "stride_dqh", "stride_dqm", "sm_scale", "N_CTX_Q",
                                   "SQ_PAD", "D_HEAD", "N_HEADS_Q", *_PACKING_Q, "HEAD_DIM", "BLOCK_M"],
+    "attn_bwd_gluon_dkdv_convert": ["DKV_PARTIALS", "DK", "DV", "stride_dkz", "stride_dkh", "stride_dkn",
+                                    "stride_dvz", "stride_dvh", "stride_dvn", "N_CTX_K", "D_HEAD", "HEAD_SPLIT",
+                                    "HEAD_DIM", "BLOCK_N"],
     "attn_fwd_gluon_fp8": ["desc_q", "desc_k", "desc_vt", "desc_o", "LSE", "stride_lz", "stride_lh", "sm_scale",
                            "STORE_LSE", "N_CTX_Q", "N_CTX_K", "GQA_GROUP", *_WINDOW,
                            "DESCALE_Q", "stride_dsqz", "stride_dsqh", "DESCALE_K", "stride_dskz", "stride_dskh",

@@ -31,8 +31,8 @@ the same rows together), so an element on a rounding boundary may round either w
 ``triton.set_allocator``), each in its own subprocess (a sanitizer trap kills the CUDA context).
 ``--bench``: bf16 TFLOP/s (2.5 * 4 * B * H * S^2 * D, halved for causal; preprocess and convert
 included) vs torch SDPA's cuDNN backward. ``--bench-gqa``: the same for the GQA rows (``GQA_ROWS``);
-with ``--head-split N[,M..]`` also what splitting a group's query heads over N CTAs per key block would give
-(K/V heads copied N times beforehand, the fp32 sum of the dK/dV partials timed with the kernel).
+with ``--head-split N[,M..]`` also each ``HEAD_SPLIT`` N (a group's query heads over N CTAs per key block,
+the dK/dV partials' conversion timed with the kernels).
 ``--variant NAME``: the correctness list (persistent variants: each case at the full grid and with the
 grid capped at 1 and 3 CTAs) (and the stability check, and ``--bench``) on one entry of
 ``VARIANTS`` (performance constexprs of ``attn_bwd_gluon``); cases of a head dim the variant does not
@@ -56,6 +56,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 from kernels.flash_gluon.bwd import attn_bwd_gluon  # noqa: E402
 from kernels.flash_gluon.bwd_dq import attn_bwd_gluon_dq  # noqa: E402
 from kernels.flash_gluon.bwd_dq_convert import attn_bwd_gluon_dq_convert  # noqa: E402
+from kernels.flash_gluon.bwd_dkdv_convert import attn_bwd_gluon_dkdv_convert  # noqa: E402
 from kernels.flash_gluon.bwd_preprocess import attn_bwd_gluon_preprocess  # noqa: E402
 from kernels.flash.bwd_dq import attn_bwd_dq as _attn_bwd_dq_jit  # noqa: E402
 import rules  # noqa: E402
@@ -244,12 +245,14 @@ class GluonBwd:
     """Workspace, descriptors and the three launches for one problem (descriptors built once)."""
 
     def __init__(self, q, k, v, o, do, lse, sm_scale, wl, wr, abr, stages=None, compute_dq=1, variant="default",
-                 grid_cap=None, dropout=None, gluon_dq=None, portable_dq=None):
+                 grid_cap=None, dropout=None, gluon_dq=None, portable_dq=None, head_split=1):
         """``dropout``: the dropout group ``(DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
         philox_offset_base)`` (seed and offset int64 tensors), None for none.  ``gluon_dq``: ``(BLOCK_N,
         K_STAGES, V_STAGES)`` of ``attn_bwd_gluon_dq``, launched after the main kernel for dQ (which then
         runs with ``compute_dq`` 0), or None.  ``portable_dq``: ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``
-        of the portable ``attn_bwd_dq`` in its place (what the runtime pairs with ``compute_dq`` 0 today)."""
+        of the portable ``attn_bwd_dq`` in its place (what the runtime pairs with ``compute_dq`` 0 today).
+        ``head_split``: the main kernel's ``HEAD_SPLIT`` (CTAs per key block, each walking one part of the GQA
+        group's query heads into fp32 partials, summed by ``attn_bwd_gluon_dkdv_convert``)."""
         self.dropout = dropout
         B, hq, sq, d = q.shape
         hk, sk = k.shape[1], k.shape[2]
@@ -268,7 +271,12 @@ class GluonBwd:
             sms = torch.cuda.get_device_properties(q.device).multi_processor_count
             self.grid = (max(1, min(tiles, sms, grid_cap or tiles)), 1, 1)
         else:
-            self.grid = (triton.cdiv(sk, block_n), hk, B)
+            self.grid = (triton.cdiv(sk, block_n), hk * head_split, B)
+        assert head_split == 1 or not self.opts.get("PERSISTENT", 0), "a head split: PERSISTENT 0"
+        self.head_split = head_split
+        # [HEAD_SPLIT, 2, B, Hk, Sk, HEAD_DIM] fp32 (bwd_dkdv_convert.py); one element when unused
+        self.partials = torch.empty(head_split * 2 * B * hk * sk * hd if head_split > 1 else 1, device=q.device,
+                                    dtype=torch.float32)
         if not compute_dq:
             self.opts["DK_SS"] = 0  # DK_SS reads the shared dS^T tile, which exists with COMPUTE_DQ only
             self.opts.pop("DQ_IN_RING", None)  # no dQ tile to place
@@ -304,7 +312,7 @@ class GluonBwd:
                              desc4(self.dq, 64, hd))
 
     def poison(self):
-        for t in (self.ws, self.delta, self.dq, self.dk, self.dv):
+        for t in (self.ws, self.delta, self.dq, self.dk, self.dv, self.partials):
             t.fill_(float("nan"))
 
     def preprocess(self):
@@ -321,7 +329,8 @@ class GluonBwd:
         wl, wr, abr = self.window
         attn_bwd_gluon[self.grid](
             *self.descs, self.sm_scale, sq, sk, self.sq_pad, hq, hq // hk, wl, wr, abr, *not_packed(self.q.device)["qk"],
-            *(self.dropout or NO_DROPOUT), HEAD_DIM=self.hd, BLOCK_M=BLOCK_M, BLOCK_N=self.block_n, STAGES=self.stages,
+            *(self.dropout or NO_DROPOUT), self.head_split, self.partials, HEAD_DIM=self.hd, BLOCK_M=BLOCK_M,
+            BLOCK_N=self.block_n, STAGES=self.stages,
             COMPUTE_DQ=self.compute_dq, DROPOUT=int(self.dropout is not None), **self.opts, num_warps=4,
             maxnreg=MAXNREG)
         if self.gluon_dq:
@@ -355,6 +364,11 @@ class GluonBwd:
             attn_bwd_gluon_dq_convert[(triton.cdiv(sq, self.aux_m), hq, B)](
                 self.dq_acc, dq, dq.stride(0), dq.stride(1), dq.stride(2), self.sm_scale, sq, self.sq_pad, d, hq,
                 *not_packed(dq.device)["q"], HEAD_DIM=self.hd, BLOCK_M=self.aux_m, num_warps=self.aux_warps)
+        if self.head_split > 1:
+            dk, dv = self.dk, self.dv
+            attn_bwd_gluon_dkdv_convert[(triton.cdiv(sk, self.aux_m), hk, B)](
+                self.partials, dk, dv, dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1),
+                dv.stride(2), sk, d, self.head_split, HEAD_DIM=self.hd, BLOCK_N=self.aux_m, num_warps=self.aux_warps)
 
     def run_aux(self):
         """The preprocess and convert launches alone (their share of the backward's time)."""
@@ -417,6 +431,12 @@ def cases(quick=False):
             add(dt, 1, 2, 2, 1000, 1000, d, "causal_tl", compute_dq=0)
             if d <= 128:
                 add(dt, 1, 2, 2, 129, 127, d, "none", stages=5 - STAGES[d])  # the other ring depth
+            # head split (HEAD_SPLIT CTAs per key block, fp32 partials summed by attn_bwd_gluon_dkdv_convert)
+            add(dt, 1, 8, 2, 1000, 1000, d, "causal_tl", head_split=2)         # GQA 4: 2 + 2 heads
+            add(dt, 2, 7, 1, 129, 1000, d, "causal_br", head_split=2)          # GQA 7: 4 + 3, Sq < Sk
+            add(dt, 1, 6, 2, 1000, 17, d, "win_64_32_tl", head_split=3, compute_dq=0)  # one head each
+            add(dt, 1, 4, 2, 300, 333, d, "none", head_split=4)                # parts 2, 3 walk no head
+            add(dt, 1, 8, 1, 1000, 1000, d, "causal_br", layout="bshd", head_split=8)
         for d in (40, 72, 96, 136, 200):  # padded head dims: the descriptors cover the real D
             add(dt, 1, 2, 2, 128, 129, d, "none")
             add(dt, 1, 4, 1, 1000, 1000, d, "causal_br")
@@ -454,7 +474,7 @@ def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=N
     compute_dq = 0 if gluon_dq or portable_dq else kw.get("compute_dq", 1)
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"],
                    stages=kw.get("stages"), compute_dq=compute_dq, variant=variant, grid_cap=grid_cap,
-                   gluon_dq=gluon_dq, portable_dq=portable_dq)
+                   gluon_dq=gluon_dq, portable_dq=portable_dq, head_split=kw.get("head_split", 1))
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
@@ -476,16 +496,16 @@ def check_case(a, kw, variant="default", problem=None, grid_cap=None, gluon_dq=N
     return ok, "  ".join(parts)
 
 
-def stability(n=100, variant="default", gluon_dq=None):
+def stability(n=100, variant="default", gluon_dq=None, head_split=1):
     """``gluon_dq``: (a config of) ``attn_bwd_gluon_dq``, which writes each dQ element once: then dQ
-    must be bitwise identical too."""
+    must be bitwise identical too.  ``head_split``: dK/dV summed from that many partials (still bitwise)."""
     # the first head dim (128, 64, 256) the variant applies to
     d = next(d for d in (128, 64, 256) if variant_kwargs(variant, bucket(d)) is not None)
     a = ("bf16", 1, 4, 1, 1000, 1000, d, "causal_tl")
     p = make_problem(*a)
     dq_cfg = gluon_dq_config(d, gluon_dq or None) if gluon_dq is not None else None
     bwd = GluonBwd(p["q"], p["k"], p["v"], p["o"], p["do"], p["lse"], p["sm_scale"], *p["window"], variant=variant,
-                   compute_dq=0 if dq_cfg else 1, gluon_dq=dq_cfg)
+                   compute_dq=0 if dq_cfg else 1, gluon_dq=dq_cfg, head_split=head_split)
     dq0, dk0, dv0 = (t.clone() for t in bwd.run())
     scale = float(dq0.float().abs().max())
     eps = torch.finfo(dq0.dtype).eps
@@ -505,7 +525,8 @@ def stability(n=100, variant="default", gluon_dq=None):
         worst_ulps = max(worst_ulps, float((diff / (ulp + 1e-5 * scale)).nan_to_num(float("inf")).max()))
     ok = same and (worst == 0.0 if dq_cfg else worst_ulps <= 1.0)
     limit = "0: attn_bwd_gluon_dq writes it once" if dq_cfg else "at most 1"
-    print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, {})}{f' gluon dq {dq_cfg}' if dq_cfg else ''}): "
+    kw = {"head_split": head_split} if head_split > 1 else {}
+    print(f"{'PASS' if ok else 'FAIL'} stability x{n} ({case_name(a, kw)}{f' gluon dq {dq_cfg}' if dq_cfg else ''}): "
           f"dK/dV bitwise {'identical' if same else 'DIFFER'}, dQ max rel diff {worst:.1e} ({worst_ulps:.2f} of one "
           f"rounding step, {limit})", flush=True)
     return ok
@@ -521,7 +542,9 @@ CONSAN_CASES = [(a, {}) for d in (64, 128, 256) for a in (
     ("fp16", 1, 4, 1, 129, 200, d, "win_64_32_br"),
 )] + [(("bf16", 1, 4, 2, 200, 257, d, "none"), {"compute_dq": 0}) for d in (64, 128, 256)] + [
     # dQ from attn_bwd_gluon_dq (rules.GLUON_DQ_CONFIGS) after the main kernel without dQ
-    (("bf16", 1, 8, 2, 300, 333, d, "causal_br"), {"gluon_dq": 1}) for d in (64, 128, 256)]
+    (("bf16", 1, 8, 2, 300, 333, d, "causal_br"), {"gluon_dq": 1}) for d in (64, 128, 256)] + [
+    # a head split (the partials' epilogue instead of the TMA stores)
+    (("bf16", 1, 8, 2, 300, 333, d, "causal_br"), {"head_split": 2}) for d in (64, 128, 256)]
 
 
 def consan_child(idx):
@@ -608,14 +631,14 @@ def bench_cell(b, hq, hk, s, d, causal, dtype=torch.bfloat16, dropout_p=0.0):
 GQA_ROWS = ((28, 4), (32, 8), (64, 8))
 
 
-def _time_cell(c, d, variant, compute_dq=1, gluon_dq=None, portable_dq=None):
+def _time_cell(c, d, variant, compute_dq=1, gluon_dq=None, portable_dq=None, head_split=1):
     """Our launches (with ``gluon_dq`` or ``portable_dq``: a dQ kernel after the main one) and cuDNN's
     backward on one bench cell: ``(GluonBwd, ours TFLOP/s, cuDNN TFLOP/s, ours ms, cuDNN ms)``
     (``do_bench`` medians)."""
     from triton.testing import do_bench
     bwd = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant,
                    compute_dq=0 if gluon_dq or portable_dq else compute_dq, gluon_dq=gluon_dq,
-                   portable_dq=portable_dq)
+                   portable_dq=portable_dq, head_split=head_split)
     t_ours = do_bench(bwd.run, warmup=25, rep=100, return_mode="median")
     t_cudnn = do_bench(c.cudnn, warmup=25, rep=100, return_mode="median")
     return bwd, c.flops / t_ours * 1e-9, c.flops / t_cudnn * 1e-9, t_ours, t_cudnn
@@ -666,54 +689,34 @@ def bench(variant="default", buckets=(64, 128, 256), compute_dq=1, gluon_dq=Fals
                  if portable_ratios else ""), flush=True)
 
 
-def _time_head_split(c, d, variant, split):
-    """What a head split would cost (issue 17, item 2), before a kernel has one: each K/V head copied
-    ``split`` times (outside the timing) so that the kernel's CTAs each walk ``G / split`` of a group's
-    query heads, plus the fp32 sum of the ``split`` dK/dV partials a real split would reduce-add.
-    ``(ours TFLOP/s, ours ms)``; the partials are checked against the unsplit dK/dV (a timing of wrong
-    work proves nothing)."""
-    from triton.testing import do_bench
-    b, hk, s = c.k.shape[0], c.k.shape[1], c.k.shape[2]
-    k_split, v_split = (t.repeat_interleave(split, dim=1) for t in (c.k, c.v))
-    bwd = GluonBwd(c.q, k_split, v_split, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
-
-    def run():
-        bwd.run()
-        return (bwd.dk.view(b, hk, split, s, d).float().sum(2), bwd.dv.view(b, hk, split, s, d).float().sum(2))
-
-    t = do_bench(run, warmup=25, rep=100, return_mode="median")
-    whole = GluonBwd(c.q, c.k, c.v, c.o, c.do, c.lse, d**-0.5, *c.window, variant=variant)
-    whole.run()
-    dk, dv = run()
-    for name, got, want in (("dK", dk, whole.dk.float()), ("dV", dv, whole.dv.float())):
-        err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
-        assert err < 2e-2, f"head split {split}: {name} partials sum off by {err:.2e} of max |{name}|"
-    return c.flops / t * 1e-9, t
-
-
 def bench_gqa(variant="default", seqs=(2048, 4096, 8192, 16384), head_splits=()):
-    """``head_splits``: for each row, the first of these that divides its group is timed as well."""
+    """``head_splits``: each of these (> 1, at most the row's group) is timed as well: ``HEAD_SPLIT`` CTAs per
+    key block, each walking one part of the group's query heads, + attn_bwd_gluon_dkdv_convert (the split's dK/dV
+    checked against the unsplit run's: a timing of wrong work proves nothing)."""
     print("bench GQA: bf16 hd128 causal, B*S = 16k; TFLOP/s = 2.5*4*B*Hq*S^2*D/2; ours includes preprocess + convert"
-          + ("; 'split N': each CTA walks 1/N of a group's heads (K/V heads copied beforehand), + the fp32 sum "
-             "of the dK/dV partials" if head_splits else ""))
-    ratios, split_ratios = [], []
+          + ("; 'split N': HEAD_SPLIT N, + the dK/dV partials' conversion" if head_splits else ""))
+    ratios, best_ratios = [], []
     for hq, hk in GQA_ROWS:
-        head_split = next((n for n in head_splits if n > 1 and (hq // hk) % n == 0), None)
         for s in seqs:
             c = bench_cell(max(1, 16384 // s), hq, hk, s, 128, True)
             bwd, ours, ref, t_ours, t_cudnn = _time_cell(c, 128, variant)
             ratios.append(ours / ref)
-            split = ""
-            if head_split:
-                ours_split, t_split = _time_head_split(c, 128, variant, head_split)
-                split_ratios.append(ours_split / ref)
-                split = f"  split {head_split} {ours_split:6.1f} ({t_split:.3f} ms) ratio {ours_split / ref:.3f}"
+            best, split = ours / ref, ""
+            for n in (n for n in head_splits if 1 < n <= hq // hk):
+                sb, ours_n, _, t_n, _ = _time_cell(c, 128, variant, head_split=n)
+                for name, got, want in (("dK", sb.dk, bwd.dk), ("dV", sb.dv, bwd.dv)):
+                    err = (got.float() - want.float()).abs().max().item() / max(want.float().abs().max().item(), 1e-6)
+                    assert err < 2e-2, f"head split {n}: {name} off by {err:.2e} of max |{name}|"
+                best = max(best, ours_n / ref)
+                split += f"  split {n} {ours_n:6.1f} ({t_n:.3f} ms) {ours_n / ref:.3f}"
+                del sb
+            best_ratios.append(best)
             print(f"GQA {hq}/{hk} S{s:5d} B{c.b:2d}: gluon {ours:6.1f} ({t_ours:.3f} ms)  {c.cudnn_name} {ref:6.1f} "
                   f"({t_cudnn:.3f} ms)  ratio {ours / ref:.3f}{split}  ({bwd.variant}: grid {bwd.grid})", flush=True)
             del bwd, c
     print(f"check_bwd bench-gqa: /cuDNN geomean {geomean(ratios):.3f}, worst {min(ratios):.3f}"
-          + (f"; split (its rows) geomean {geomean(split_ratios):.3f}, worst {min(split_ratios):.3f}"
-             if split_ratios else ""))
+          + (f"; best split per row geomean {geomean(best_ratios):.3f}, worst {min(best_ratios):.3f}"
+             if head_splits else ""))
 
 
 def main():
@@ -726,8 +729,8 @@ def main():
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--bench-gqa", action="store_true", help="the GQA rows (GQA_ROWS) vs cuDNN")
     ap.add_argument("--head-split", default="",
-                    help="--bench-gqa: also time each CTA walking 1/N of a group's heads (K/V heads copied N times), "
-                         "N the first of these (comma-separated) that divides the row's group")
+                    help="--bench-gqa: also time HEAD_SPLIT N for each of these (comma-separated) up to the row's "
+                         "group")
     ap.add_argument("--compute-dq", type=int, choices=(0, 1), default=1,
                     help="--bench: 0 times the kernel without dQ (the deterministic mode's dK/dV pass)")
     ap.add_argument("--gluon-dq", nargs="?", const="", default=None, metavar="BLOCK_N:K_STAGES:V_STAGES",
@@ -764,6 +767,9 @@ def main():
             print(f"SKIP {name}: variant {args.variant} is not for head dim {a[6]}", flush=True)
             continue
         persistent = variant_kwargs(args.variant, bucket(a[6]))[1].get("PERSISTENT", 0)
+        if persistent and kw.get("head_split", 1) > 1:
+            print(f"SKIP {name}: a head split runs the non-persistent kernel only", flush=True)
+            continue
         problem = None
         for cap in (PERSISTENT_CAPS if persistent else (None, )):
             try:
@@ -779,9 +785,10 @@ def main():
             failed += not ok
             print(f"{'PASS' if ok else 'FAIL'} {name}{'' if cap is None else f' grid<={cap}'}: {msg}", flush=True)
     if not args.only and not args.portable_dq:
-        ok = stability(variant=args.variant, gluon_dq=args.gluon_dq)
-        passed += ok
-        failed += not ok
+        for split in (1, 2):
+            ok = stability(variant=args.variant, gluon_dq=args.gluon_dq, head_split=split)
+            passed += ok
+            failed += not ok
     print(f"check_bwd: {passed} passed, {failed} failed ({time.time() - t0:.0f}s)")
     return 0 if failed == 0 else 1
 

@@ -69,6 +69,7 @@ class PackedBwd:
                      for t, h in ((tq, hq), (tk, hk), (tk, hk))]
         (_, self.dq), (_, self.dk), (_, self.dv) = self.outs
         self.status = torch.zeros(4, device=q.device, dtype=torch.int32)
+        self.no_partials = torch.empty(1, device=q.device, dtype=torch.float32)  # HEAD_SPLIT 1: unread
         self.q, self.k, self.v, self.o, self.do, self.lse = q, k, v, o, do, lse
         self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
         self.sm_scale, self.window, self.compute_dq, self.gluon_dq = sm_scale, window, compute_dq, gluon_dq
@@ -107,8 +108,8 @@ class PackedBwd:
         knobs = {k: c[k] for k in rules.GLUON_BWD_KNOBS}
         attn_bwd_gluon[(triton.cdiv(self.max_k, self.block_n), self.hk, self.n_seq)](
             *self.descs, self.sm_scale, self.max_q, self.max_k, self.sq_pad, self.hq, self.hq // self.hk, wl, wr, abr,
-            1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1, *check_bwd.NO_DROPOUT,
-            HEAD_DIM=self.hd, BLOCK_M=check_bwd.BLOCK_M, BLOCK_N=self.block_n, STAGES=c["STAGES"],
+            1, self.cu_q, self.cu_k, self.tq, self.tk, self.status, 1, *check_bwd.NO_DROPOUT, 1,
+            self.no_partials, HEAD_DIM=self.hd, BLOCK_M=check_bwd.BLOCK_M, BLOCK_N=self.block_n, STAGES=c["STAGES"],
             COMPUTE_DQ=self.compute_dq, **knobs, num_warps=4, maxnreg=c["maxnreg"])
         if self.gluon_dq:
             bn, ks, vs = self.gluon_dq

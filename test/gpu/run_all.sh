@@ -144,8 +144,8 @@ case ${GLUON_CHECKS:-1} in
   dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
               "check_bwd --consan" "check_bwd --bench --gluon-dq"
               "check_bwd --bench --buckets 256 --gluon-dq 64:2:1") ;;  # hd256's other shape (40 B of spill)
-  # The GQA rows with a group's heads split over 2 CTAs per key block (issue 17, item 2), before a kernel has it.
-  gqa) checks=("check_bwd --bench-gqa --head-split 2,7") ;;  # 28/4: 7 (one head per CTA), 32/8 and 64/8: 2
+  # The GQA rows with and without a head split (HEAD_SPLIT: the group's heads over N CTAs per key block).
+  gqa) checks=("check_bwd --only head_split" "check_bwd --bench-gqa --head-split 2,4,7,8") ;;
 esac
 if [ ${#checks[@]} -gt 0 ]; then
   for check in "${checks[@]}"; do

@@ -127,7 +127,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ..flash import mask
 from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
-from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
+from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, store_partials
 from .bwd_wide import compute_wide, ring_like
 from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
@@ -329,7 +329,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
              sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
              b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
              PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-             N_CTX_Q_MAX, N_CTX_K_MAX,
+             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr,
              DROPOUT: gl.constexpr = 0):
@@ -393,15 +393,18 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
     if COMPUTE_DQ:
         mbarrier.arrive(done_bar, count=1)
         mbarrier.wait(done_bar, 0)
-    v_out = v_smem.slice(cid * KB, KB, dim=row_dim(v_smem.shape))
-    k_out = k_smem.slice(cid * KB, KB, dim=row_dim(k_smem.shape))
-    v_wg.store(dv.to(dtype))
-    k_wg.store((dk * sm_scale).to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n_wg, 0, k_end, N_CTX_K), v_out)
-    tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n_wg, 0, k_end, N_CTX_K), k_out)
-    tma.store_wait(0)
+    if HEAD_SPLIT > 1:
+        store_partials(DKV_PARTIALS, HEAD_SPLIT, dk * sm_scale, dv, desc_dk, b, hk, N_CTX_K, start_n_wg, 0, HEAD_DIM)
+    else:
+        v_out = v_smem.slice(cid * KB, KB, dim=row_dim(v_smem.shape))
+        k_out = k_smem.slice(cid * KB, KB, dim=row_dim(k_smem.shape))
+        v_wg.store(dv.to(dtype))
+        k_wg.store((dk * sm_scale).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n_wg, 0, k_end, N_CTX_K), v_out)
+        tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n_wg, 0, k_end, N_CTX_K), k_out)
+        tma.store_wait(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,7 +658,7 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                      N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
                      q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo,
                      n_fblk, n_steps, h_first, b_row, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
-                     DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM: gl.constexpr,
+                     DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
                      MMODE: gl.constexpr, CREGS: gl.constexpr, DKSS: gl.constexpr, PERS: gl.constexpr, WLK: gl.constexpr,
                      DROP: gl.constexpr):
@@ -741,14 +744,14 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
                              full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
                              PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                              WLK, DROP)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
                              full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
                              PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                              WLK, DROP)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
@@ -763,14 +766,14 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
                              full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
                              PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                              WLK, DROP)),
                 (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
                              N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
                              full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
                              PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
                              WLK, DROP)),
                 (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                            b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
@@ -787,7 +790,7 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                    N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
                    full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, N_HEADS_Q,
                    PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
-                   N_CTX_K_MAX, HEAD_DIM: gl.constexpr,
+                   N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM: gl.constexpr,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr,
                    MMODE: gl.constexpr, CREGS: gl.constexpr, DPS: gl.constexpr, WLK: gl.constexpr, DROP: gl.constexpr,
                    DQR: gl.constexpr):
@@ -839,14 +842,14 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
-                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
                             DPS, WLK, DROP, DQR)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
-                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
                             DPS, WLK, DROP, DQR)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
@@ -861,14 +864,14 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
-                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
                             DPS, WLK, DROP, DQR)),
             (compute_wide, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, pt_bufs, ds_bufs,
                             dq_smem, kv_bar, done_bar, q_ready, q_empty, pds_full, pds_empty, dq_full, dq_empty,
                             sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n,
                             start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                             PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first,
-                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
+                            N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE,
                             DPS, WLK, DROP, DQR)),
             (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
                        b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
@@ -883,12 +886,12 @@ def _attn_bwd_wide(desc_k, desc_v, desc_dk, desc_dv, desc_dq_acc, k_smem, v_smem
 # runtime launches one generic AOT image, so the JIT (test/gluon/check_bwd.py) must not either.
 @gluon.jit(do_not_specialize=["N_CTX_Q", "N_CTX_K", "SQ_PAD", "N_HEADS_Q", "GQA_GROUP", "WINDOW_LEFT", "WINDOW_RIGHT",
                               "ALIGN_BOTTOM_RIGHT", "IS_VARLEN", "N_TOKENS_Q", "N_TOKENS_K", "STORE_VARLEN_STATUS",
-                              "DROPOUT_THRESHOLD", "dropout_scale", "philox_offset_base"])
+                              "DROPOUT_THRESHOLD", "dropout_scale", "philox_offset_base", "HEAD_SPLIT"])
 def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2,
                    sm_scale, N_CTX_Q, N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT,
                    ALIGN_BOTTOM_RIGHT, IS_VARLEN, CU_SEQLENS_Q, CU_SEQLENS_K, N_TOKENS_Q, N_TOKENS_K, VARLEN_STATUS,
                    STORE_VARLEN_STATUS, DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET,
-                   philox_offset_base,
+                   philox_offset_base, HEAD_SPLIT, DKV_PARTIALS,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    COMPUTE_DQ: gl.constexpr, DROPOUT: gl.constexpr = 0, MASK_MODE: gl.constexpr = 0, CONS_REGS: gl.constexpr = 240,
                    DK_SS: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, DESC_PER_STEP: gl.constexpr = 0,
@@ -913,7 +916,10 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert((desc_dq_acc.block_type.shape[0] == BLOCK_M) and (desc_dq_acc.block_type.shape[1] == 8),
                      "dq_acc block [BLOCK_M, 8]: one column strip of the dQ tile")
     pid_n = gl.program_id(0)
-    hk = gl.program_id(1)
+    # A head split (HEAD_SPLIT > 1): the HEAD_SPLIT CTAs of a key block each walk one part of the group's
+    # query heads and write fp32 dK/dV partials (module docstring, "Head split").
+    hk = gl.program_id(1) // HEAD_SPLIT
+    part = gl.program_id(1) - hk * HEAD_SPLIT
     b = gl.program_id(2)
     start_n = pid_n * BLOCK_N
     # Dropout's counters are laid out for the kernel's lengths (a packed batch's maximum ones).
@@ -952,8 +958,10 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
     gl.static_assert((MMODE >= 0) and (MMODE <= 2), "MASK_MODE 0 (branch), 1 (every step), 2 (split walk)")
     gl.static_assert((CREGS % 8 == 0) and (CREGS <= 256), "CONS_REGS (setmaxnreg): a multiple of 8, at most 256")
     n_blocks = (end - start + BLOCK_M - 1) // BLOCK_M
-    n_steps = GQA_GROUP * n_blocks
-    h_first = hk * GQA_GROUP
+    part_heads = gl.cdiv(GQA_GROUP, HEAD_SPLIT)  # the last part may hold fewer (28/4 split 2: 4 + 3)
+    h_first = hk * GQA_GROUP + part * part_heads
+    n_heads = gl.maximum(gl.minimum(part_heads, GQA_GROUP - part * part_heads), 0)
+    n_steps = n_heads * n_blocks
     b_row = b * N_HEADS_Q
     # The walk: n_mask_steps boundary steps (MASK_MODE 2 only: n_mblk blocks per head, the n_lead leading
     # ones then the trailing ones), then the contiguous walk of n_fblk blocks per head from f_lo.
@@ -965,7 +973,7 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
         n_lead = (f_lo - start) // BLOCK_M
         n_fblk = f_gap // BLOCK_M
         n_mblk = n_blocks - n_fblk
-        n_mask_steps = GQA_GROUP * n_mblk
+        n_mask_steps = n_heads * n_mblk
     else:
         f_lo = start
         f_gap = 0
@@ -994,12 +1002,12 @@ def attn_bwd_gluon(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_ac
                        N_CTX_K, SQ_PAD, WINDOW_LEFT, WINDOW_RIGHT, diag, b, q_end, k_end, hk, start_n, start, full_lo,
                        full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, h_first, b_row, N_HEADS_Q,
                        PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX,
-                       N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK, DROP, DQR)
+                       N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, CREGS, DPS, WLK, DROP, DQR)
     else:
         _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_acc, desc_lse2, desc_delta2, k_smem,
                          v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, kv_bar, q_ready, q_empty, sm_scale, N_CTX_Q,
                          N_CTX_K, SQ_PAD, N_HEADS_Q, GQA_GROUP, WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, diag, b,
                          q_end, k_end, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap,
                          f_lo, n_fblk, n_steps, h_first, b_row, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
-                         DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         DROPOUT_THRESHOLD, dropout_scale, N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS, HEAD_DIM, BLOCK_M, BLOCK_N,
                          STAGES, COMPUTE_DQ, MMODE, CREGS, DKSS, PERS, WLK, DROP)

@@ -65,3 +65,24 @@ def mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M: gl.constexpr, col_layout
     cols = gl.expand_dims(gl.arange(0, BLOCK_M, layout=col_layout), 0)
     visible = (cols >= gl.expand_dims(lo, 1)) & (cols <= gl.expand_dims(hi, 1))
     return gl.where(visible, pt, 0.0)
+
+
+@gluon.jit
+def store_partials(DKV_PARTIALS, HEAD_SPLIT, dk, dv, desc_dk, b, hk, N_CTX_K, row0, col0, HEAD_DIM: gl.constexpr):
+    """A head split's epilogue: this warpgroup's fp32 ``dk`` (already scaled) and ``dv`` tiles, keys from ``row0``
+    and columns from ``col0``, into part ``program_id(1) % HEAD_SPLIT`` of the workspace's partials
+    ``[HEAD_SPLIT, 2 (dK, dV), B, Hk, Sk, HEAD_DIM]`` (keys past ``Sk`` are not written).  Plain stores, no
+    atomics: ``bwd_dkdv_convert.py`` sums the parts in part order, so the result is the same every run."""
+    layout: gl.constexpr = dk.type.layout
+    part = gl.program_id(1) % HEAD_SPLIT
+    n_b = desc_dk.shape[0]
+    n_hk = desc_dk.shape[1]
+    rows = row0 + gl.arange(0, dk.shape[0], layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, dk.shape[1], layout=gl.SliceLayout(0, layout))
+    offs = gl.expand_dims(rows.to(gl.int64) * HEAD_DIM, 1) + gl.expand_dims(cols, 0)
+    keep = gl.expand_dims(rows < N_CTX_K, 1) & gl.expand_dims(cols < HEAD_DIM, 0)
+    per_head = N_CTX_K.to(gl.int64) * HEAD_DIM
+    dk_head = ((part * 2 * n_b + b) * n_hk + hk).to(gl.int64)
+    dv_head = (((part * 2 + 1) * n_b + b) * n_hk + hk).to(gl.int64)
+    gl.store(DKV_PARTIALS + dk_head * per_head + offs, dk, mask=keep)
+    gl.store(DKV_PARTIALS + dv_head * per_head + offs, dv, mask=keep)

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords
+from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, store_partials
 from .fwd import LOG2E, _opaque_i32
 from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .ragged import col_dim, row_coords
@@ -166,7 +166,7 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
                  sm_scale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end,
                  b, hk, start_n, start, full_lo, full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps,
                  PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                 N_CTX_Q_MAX, N_CTX_K_MAX,
+                 N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
                  HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DESC_PER_STEP: gl.constexpr, WALK: gl.constexpr,
                  DROPOUT: gl.constexpr = 0, DQ_IN_RING: gl.constexpr = 0):
@@ -219,12 +219,16 @@ def compute_wide(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do
     # warpgroup's S^T / dP^T read all of K and V) are done; dK and dV go out through them.
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
-    k_out = k_smem.slice(cid * DH, DH, dim=col_dim(k_smem.shape))
-    v_out = v_smem.slice(cid * DH, DH, dim=col_dim(v_smem.shape))
-    v_all.slice(cid * DH, DH, dim=1).store(dv.to(dtype))
-    k_all.slice(cid * DH, DH, dim=1).store((dk * sm_scale).to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n, cid * DH, k_end, N_CTX_K), v_out)
-    tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n, cid * DH, k_end, N_CTX_K), k_out)
-    tma.store_wait(0)
+    if HEAD_SPLIT > 1:
+        store_partials(DKV_PARTIALS, HEAD_SPLIT, dk * sm_scale, dv, desc_dk, b, hk, N_CTX_K, start_n, cid * DH,
+                       HEAD_DIM)
+    else:
+        k_out = k_smem.slice(cid * DH, DH, dim=col_dim(k_smem.shape))
+        v_out = v_smem.slice(cid * DH, DH, dim=col_dim(v_smem.shape))
+        v_all.slice(cid * DH, DH, dim=1).store(dv.to(dtype))
+        k_all.slice(cid * DH, DH, dim=1).store((dk * sm_scale).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        tma.async_copy_shared_to_global(desc_dv, row_coords(desc_dv, b, hk, start_n, cid * DH, k_end, N_CTX_K), v_out)
+        tma.async_copy_shared_to_global(desc_dk, row_coords(desc_dk, b, hk, start_n, cid * DH, k_end, N_CTX_K), k_out)
+        tma.store_wait(0)

@@ -200,9 +200,10 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
     let launcher = Launcher::new(stream)?;
     if let (Some(g), Some(workspace)) = (gluon_inputs, params.workspace) {
         let call = gluon::BwdCall::new(params, &shape, &mask, &g, &workspace)?;
-        let [pre, main, convert, gluon_dq] = call.requests()?;
-        let gluon_kernels = [&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key)];
-        let ready = gluon::device_ready(&launcher, &gluon_kernels, key);
+        let [pre, main, convert, gluon_dq, dkdv] = call.requests()?;
+        let all = [&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key), &dkdv];
+        let gluon_kernels = gluon::bwd_kernels(&g, &all);
+        let ready = gluon::device_ready(&launcher, gluon_kernels, key);
         if gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))? {
             return gluon::launch_bwd(&launcher, gluon_kernels, &shape, &g, key);
         }
@@ -249,14 +250,15 @@ pub fn attn_bwd_workspace_bytes(params: &BwdParams, stream: Stream) -> Result<u6
     // alignment: any 16-byte aligned stand-in answers it.
     let stand_in = Workspace { ptr: 1 << 20, bytes: g.workspace_bytes };
     let call = gluon::BwdCall::new(params, &shape, &mask, &g, &stand_in)?;
-    let [pre, main, convert, gluon_dq] = call.requests()?;
+    let [pre, main, convert, gluon_dq, dkdv] = call.requests()?;
     let portable_args = kernel_args(params, &shape, &mask)?;
     let features = [("dropout", params.dropout.is_some()), ("bias", false)];
     let portable_axes = axes(params.q.dtype, params.allow_tf32, &shape, &features);
     let dq = Request { family: "attn_bwd_dq", axes: portable_axes.as_slice()?, args: portable_args.args()? };
     // The same rule as attn_bwd, so the answer is the workspace the call will use.
     let key = super::tuning_key(&shape, &mask);
-    let ready = gluon::device_ready(&launcher, &[&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key)], key);
+    let all = [&pre, &main, gluon::dq_request(&launcher, &g, [&convert, &gluon_dq, &dq], key), &dkdv];
+    let ready = gluon::device_ready(&launcher, gluon::bwd_kernels(&g, &all), key);
     let gluon = gluon::select_by_device(params.backend, ready).map_err(|why| why.error("attn_bwd", Some(launcher.device())))?;
     Ok(if gluon { g.workspace_bytes } else { 0 })
 }

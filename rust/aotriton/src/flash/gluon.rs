@@ -9,7 +9,7 @@ use crate::archive::{KernelMeta, MaskKind};
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
 use super::bwd::{dq_grid, int32_args, kernel_blocks};
-use crate::error::{Error, ErrorKind, Result, checked_product, checked_sum};
+use crate::error::{Error, ErrorKind, Result, bail, checked_product, checked_sum};
 use crate::tensor::{DType, TensorView};
 use crate::tma::{self, TensorArg, TmaProblem};
 
@@ -20,6 +20,8 @@ pub(crate) const BWD_DQ_CONVERT_FAMILY: &str = "attn_bwd_gluon_dq_convert";
 /// dQ in a Gluon kernel of its own (python/kernels/flash_gluon/bwd_dq.py): taken where dQ has its
 /// own kernel and the archive holds it ([`dq_request`]).
 pub(crate) const BWD_DQ_FAMILY: &str = "attn_bwd_gluon_dq";
+/// A head split's dK/dV partials summed and cast (python/kernels/flash_gluon/bwd_dkdv_convert.py).
+pub(crate) const BWD_DKDV_CONVERT_FAMILY: &str = "attn_bwd_gluon_dkdv_convert";
 /// The only arch the Gluon kernels are built for.
 pub(crate) const ARCH: &str = "sm_90";
 
@@ -128,6 +130,9 @@ pub(crate) struct GluonShape {
     /// no dQ conversion): in the deterministic mode (no reduce-adds in a run-dependent order), and
     /// above [`FUSED_DQ_MAX_BUCKET`].
     pub separate_dq: bool,
+    /// Backward: CTAs per key block, each walking one part of the GQA group's query heads ([`head_split`]);
+    /// 1 = none.
+    pub head_split: u64,
 }
 
 impl GluonShape {
@@ -166,7 +171,7 @@ fn common_inputs(
     for &(tensor, t) in tensors {
         t.and_then(|t| tma::check(&t)).map_err(|problem| Unsupported::Tma { tensor, problem })?;
     }
-    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0, separate_dq: false })
+    Ok(GluonShape { dtype, bucket, bucket_axis, sq_pad: 0, workspace_rows: 0, workspace_bytes: 0, separate_dq: false, head_split: 1 })
 }
 
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
@@ -220,8 +225,48 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor: "workspace", problem })?;
     }
     g.separate_dq = p.deterministic || g.bucket > FUSED_DQ_MAX_BUCKET;
-    g.workspace_bytes = workspace_bytes(shape, g.dq_acc_width())?;
+    g.head_split = head_split(shape, g.bucket);
+    g.workspace_bytes = checked_sum("workspace bytes", workspace_bytes(shape, g.dq_acc_width())?, partials_bytes(shape, &g)?)
+        .map_err(|_| Unsupported::WorkspaceTooLarge)?;
     Ok(g)
+}
+
+/// The GQA head split of the Gluon backward (python/kernels/flash_gluon/bwd.py, "Head split"): one CTA
+/// per key block walks `G · ⌈Sq / 64⌉` query steps, and when `G · Sq` is large the CTAs of a K/V head drift
+/// apart in that walk until their Q/dO/dQ tiles no longer share L2 (hd128 causal, B·S = 16k, on the H100:
+/// Hq/Hk 64/8 S16k 0.73 of cuDNN, 28/4 0.82). Splitting the group's heads over [`HEAD_SPLIT`] CTAs per key
+/// block halves each walk; their fp32 dK/dV partials are summed in a fixed order by
+/// `attn_bwd_gluon_dkdv_convert`, so the result does not depend on the run (the deterministic mode keeps it).
+/// `test/gluon/check_bwd.py --bench-gqa --head-split 2,4,7,8` on the H100 (bench/results/h200_gluon_bwd_issue17.md):
+/// 2 was the best split on every row it helped; it gained from `G · Sq` = 28k up (28/4 S4k +2.5 %, 32/8
+/// S8k +6 %, 28/4 S16k +28 %, 64/8 S16k +32 %) and lost below 16k (-0.5 to -7 %). Measured at the bucket
+/// 128 only; packed batches are not split.
+pub(crate) const HEAD_SPLIT: u64 = 2;
+/// The split is taken from this `G · Sq` (query heads per K/V head times query rows) up.
+pub(crate) const HEAD_SPLIT_MIN_GROUP_ROWS: u64 = 24576;
+/// ... for groups of at least this many query heads, at this head-dim bucket.
+pub(crate) const HEAD_SPLIT_MIN_GROUP: u64 = 4;
+pub(crate) const HEAD_SPLIT_BUCKET: u64 = 128;
+
+/// CTAs per key block of the Gluon backward ([`HEAD_SPLIT`]): 1 or `HEAD_SPLIT`.
+pub(crate) fn head_split(shape: &AttnShape, bucket: u64) -> u64 {
+    let group = shape.gqa_group();
+    let long_walk = group.saturating_mul(shape.seqlen_q) >= HEAD_SPLIT_MIN_GROUP_ROWS;
+    if shape.varlen.is_none() && bucket == HEAD_SPLIT_BUCKET && group >= HEAD_SPLIT_MIN_GROUP && long_walk {
+        HEAD_SPLIT
+    } else {
+        1
+    }
+}
+
+/// A head split's fp32 dK/dV partials at the end of the workspace, `[HEAD_SPLIT, 2, B, Hk, Sk, bucket]`
+/// (`HEAD_SPLIT·2·B·Hk·Sk·bucket·4` bytes; none without a split).
+fn partials_bytes(shape: &AttnShape, g: &GluonShape) -> Result<u64, Unsupported> {
+    if g.head_split < 2 {
+        return Ok(0);
+    }
+    checked_product("workspace partials", &[g.head_split, 2, shape.batch, shape.heads_k, shape.seqlen_k, g.bucket, 4])
+        .map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
 /// `B·Hq·SQ_PAD`: rows of the workspace (one per query row of every head, pad rows included).
@@ -230,8 +275,8 @@ fn workspace_rows(shape: &AttnShape) -> Result<u64, Unsupported> {
         .map_err(|_| Unsupported::WorkspaceTooLarge)
 }
 
-/// The backward's workspace: `B·Hq·SQ_PAD·(DQ_ACC + 2)·4` bytes (dq_acc, lse2, delta2; fp32),
-/// `SQ_PAD` = Sq rounded up to 128, `DQ_ACC` the dQ accumulator's width
+/// The backward's workspace before a head split's partials ([`partials_bytes`]): `B·Hq·SQ_PAD·(DQ_ACC + 2)·4`
+/// bytes (dq_acc, lse2, delta2; fp32), `SQ_PAD` = Sq rounded up to 128, `DQ_ACC` the dQ accumulator's width
 /// ([`GluonShape::dq_acc_width`]: the Gluon bucket, or 0).
 pub(crate) fn workspace_bytes(shape: &AttnShape, dq_acc_width: u64) -> Result<u64, Unsupported> {
     checked_product("workspace bytes", &[workspace_rows(shape)?, dq_acc_width + 2, 4])
@@ -448,13 +493,15 @@ pub(crate) fn bwd_axes(g: &GluonShape, shape: &AttnShape, separate_dq: bool, dro
     (common, main)
 }
 
-/// Device addresses of the workspace's three arrays (ABI.md): dq_acc (none, 0 bytes, when dQ has
-/// its own kernel), lse2, delta2.
-fn workspace_views(ws: &Workspace, g: &GluonShape) -> Result<(u64, u64, u64)> {
+/// Device addresses of the workspace's four arrays (ABI.md): dq_acc (none, 0 bytes, when dQ has
+/// its own kernel), lse2, delta2, and a head split's dK/dV partials (none, 0 bytes, without one).
+fn workspace_views(ws: &Workspace, g: &GluonShape) -> Result<(u64, u64, u64, u64)> {
     let rows = g.workspace_rows;
     let dq_acc = ws.ptr;
     let lse2 = checked_sum("workspace lse2", dq_acc, checked_product("workspace dq_acc bytes", &[rows, g.dq_acc_width(), 4])?)?;
-    Ok((dq_acc, lse2, checked_sum("workspace delta2", lse2, checked_product("workspace lse2 bytes", &[rows, 4])?)?))
+    let row_bytes = checked_product("workspace lse2 bytes", &[rows, 4])?;
+    let delta2 = checked_sum("workspace delta2", lse2, row_bytes)?;
+    Ok((dq_acc, lse2, delta2, checked_sum("workspace partials", delta2, row_bytes)?))
 }
 
 /// Arguments of the Gluon backward kernels (each takes the ones it declares).
@@ -464,14 +511,22 @@ struct BwdArgs {
     convert: ArgList,
     /// `attn_bwd_gluon_dq`'s, used where dQ has its own kernel.
     dq: ArgList,
+    /// `attn_bwd_gluon_dkdv_convert`'s, used after a head split.
+    dkdv: ArgList,
 }
 
 fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, ws: &Workspace) -> Result<BwdArgs> {
     use ArgValue::{F32, Ptr, Tensor};
-    let (dq_acc, lse2, delta2) = workspace_views(ws, g)?;
+    let (dq_acc, lse2, delta2, partials) = workspace_views(ws, g)?;
     let rows = g.workspace_rows;
-    let [seqlen_q, sq_pad, head_dim, heads_q] =
-        int32_args([("N_CTX_Q", shape.seqlen_q), ("SQ_PAD", g.sq_pad), ("D_HEAD", shape.head_dim), ("N_HEADS_Q", shape.heads_q)])?;
+    let [seqlen_q, sq_pad, head_dim, heads_q, head_split, seqlen_k] = int32_args([
+        ("N_CTX_Q", shape.seqlen_q),
+        ("SQ_PAD", g.sq_pad),
+        ("D_HEAD", shape.head_dim),
+        ("N_HEADS_Q", shape.heads_q),
+        ("HEAD_SPLIT", g.head_split),
+        ("N_CTX_K", shape.seqlen_k),
+    ])?;
 
     let mut pre = ArgList::new();
     pre.extend([("O", Ptr(p.o.ptr)), ("DO", Ptr(p.d_o.ptr))]);
@@ -517,6 +572,14 @@ fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, w
     main.extend(seq_mask_args(shape, mask));
     main.extend(packing);
     dropout_args(&mut main, p.dropout.as_ref(), false)?;
+    // Without a split the kernel never reads DKV_PARTIALS (an address past the workspace's end, 0 bytes).
+    main.extend([head_split, ("DKV_PARTIALS", Ptr(partials))]);
+
+    let mut dkdv = ArgList::new();
+    dkdv.extend([("DKV_PARTIALS", Ptr(partials)), ("DK", Ptr(p.dk.ptr)), ("DV", Ptr(p.dv.ptr))]);
+    dkdv.extend(strides4(["stride_dkz", "stride_dkh", "stride_dkn"], &p.dk, shape));
+    dkdv.extend(strides4(["stride_dvz", "stride_dvh", "stride_dvn"], &p.dv, shape));
+    dkdv.extend([seqlen_k, head_dim, head_split]);
 
     let mut convert = ArgList::new();
     convert.extend([("DQ_ACC", Ptr(dq_acc)), ("DQ", Ptr(p.dq.ptr))]);
@@ -532,7 +595,7 @@ fn bwd_args(p: &BwdParams, shape: &AttnShape, mask: &MaskArgs, g: &GluonShape, w
     dq.extend(seq_mask_args(shape, mask));
     dq.extend(packing);
     dropout_args(&mut dq, p.dropout.as_ref(), false)?;
-    Ok(BwdArgs { pre, main, convert, dq })
+    Ok(BwdArgs { pre, main, convert, dq, dkdv })
 }
 
 /// The Gluon backward's functional keys and arguments, built before the backend is decided.
@@ -554,17 +617,25 @@ impl BwdCall {
         Ok(BwdCall { common, main_axes, dq_axes, args: bwd_args(p, shape, mask, g, workspace)? })
     }
 
-    /// The requests of the preprocess, the main kernel, the dQ conversion and `attn_bwd_gluon_dq`
-    /// (the last two are alternatives: [`dq_request`]).
-    pub fn requests(&self) -> Result<[Request<'_>; 4]> {
+    /// The requests of the preprocess, the main kernel, the dQ conversion, `attn_bwd_gluon_dq`
+    /// (these two are alternatives: [`dq_request`]) and the dK/dV partials' conversion (after a head
+    /// split only: [`bwd_kernels`]).
+    pub fn requests(&self) -> Result<[Request<'_>; 5]> {
         let common = self.common.as_slice()?;
         Ok([
             Request { family: BWD_PREPROCESS_FAMILY, axes: common, args: self.args.pre.args()? },
             Request { family: BWD_FAMILY, axes: self.main_axes.as_slice()?, args: self.args.main.args()? },
             Request { family: BWD_DQ_CONVERT_FAMILY, axes: common, args: self.args.convert.args()? },
             Request { family: BWD_DQ_FAMILY, axes: self.dq_axes.as_slice()?, args: self.args.dq.args()? },
+            Request { family: BWD_DKDV_CONVERT_FAMILY, axes: common, args: self.args.dkdv.args()? },
         ])
     }
+}
+
+/// The kernels the Gluon backward launches, in order, from `[preprocess, main, dQ kernel ([`dq_request`]),
+/// dK/dV conversion]`: the last one only after a head split.
+pub(crate) fn bwd_kernels<'a, 'r>(g: &GluonShape, all: &'a [&'a Request<'r>; 4]) -> &'a [&'a Request<'r>] {
+    if g.head_split > 1 { &all[..] } else { &all[..3] }
 }
 
 /// The Gluon backward's last kernel: the dQ conversion after a main kernel that computed dQ;
@@ -586,25 +657,32 @@ pub(crate) fn dq_request<'a, 'r>(
     }
 }
 
-/// Enqueues the Gluon backward: `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
-/// `(cdiv(Sk, BLOCK_N), Hk, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq` ([`dq_request`]):
-/// the dQ conversion or `attn_bwd_gluon_dq` (grid `(cdiv(Sq, BLOCK_M), Hq, B)`), or the portable
-/// `attn_bwd_dq`. All kernels are chosen, loaded, their descriptors encoded and their grids checked
-/// before the first launch.
-pub(crate) fn launch_bwd(
-    launcher: &Launcher,
-    [pre, main, dq]: [&Request; 3],
-    shape: &AttnShape,
-    g: &GluonShape,
-    key: TuningKey,
-) -> Result<()> {
+/// Enqueues the Gluon backward ([`bwd_kernels`]): `pre` (grid `(SQ_PAD / BLOCK_M, Hq, B)`), `main` (grid
+/// `(cdiv(Sk, BLOCK_N), Hk · HEAD_SPLIT, B)`, or SM-sized when persistent: [`tile_grid`]), then `dq`
+/// ([`dq_request`]): the dQ conversion or `attn_bwd_gluon_dq` (grid `(cdiv(Sq, BLOCK_M), Hq, B)`), or the
+/// portable `attn_bwd_dq`; after a head split the dK/dV conversion (grid `(cdiv(Sk, BLOCK_N), Hk, B)`).
+/// All kernels are chosen, loaded, their descriptors encoded and their grids checked before the first
+/// launch.
+pub(crate) fn launch_bwd(launcher: &Launcher, requests: &[&Request], shape: &AttnShape, g: &GluonShape, key: TuningKey) -> Result<()> {
     let (b, hq) = (shape.batch, shape.heads_q);
+    let &[pre, main, dq, ref dkdv @ ..] = requests else {
+        bail!(Internal, "the Gluon backward takes 3 or 4 kernels, not {}", requests.len());
+    };
     let multiprocessors = launcher.device().multiprocessors;
+    let split_heads = checked_product("K/V heads × HEAD_SPLIT", &[shape.heads_k, g.head_split])?;
+    let dkdv_kernel = match dkdv {
+        [] => None,
+        [convert] => Some(launcher.prepare(convert, first_preferred, |m| Ok([blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, b]))?),
+        more => bail!(Internal, "the Gluon backward takes 3 or 4 kernels, not {}", 3 + more.len()),
+    };
     let kernels = [
         launcher.prepare(pre, first_preferred, |m| Ok([blocks(g.sq_pad, m, "BLOCK_M", 128), hq, b]))?,
-        // Key blocks of BLOCK_N keys per K/V head.
+        // Key blocks of BLOCK_N keys per K/V head (per part of its group's heads after a split).
         launcher.prepare(main, first_preferred, |m| {
-            tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), shape.heads_k, shape.batch, multiprocessors)
+            if g.head_split > 1 && config(m, "PERSISTENT", 0) != 0 {
+                bail!(Internal, "{BWD_FAMILY}: a head split runs the non-persistent kernel, the archive's is persistent");
+            }
+            tile_grid(m, blocks(shape.seqlen_k, m, "BLOCK_N", 128), split_heads, shape.batch, multiprocessors)
         })?,
         // Query blocks of BLOCK_M rows per query head, Gluon or portable.
         if dq.family == BWD_DQ_CONVERT_FAMILY || dq.family == BWD_DQ_FAMILY {
@@ -613,7 +691,7 @@ pub(crate) fn launch_bwd(
             launcher.prepare(dq, |f, k, _| super::bwd::choose_kernel(f, k, key), |m| Ok(dq_grid(shape, kernel_blocks(m))))?
         },
     ];
-    for kernel in &kernels {
+    for kernel in kernels.iter().chain(&dkdv_kernel) {
         launcher.launch(kernel)?;
     }
     Ok(())
@@ -850,7 +928,8 @@ mod tests {
         // The workspace layout: dq_acc, then lse2, then delta2.
         let ws = p.workspace.unwrap();
         let rows = B * HQ * 384;
-        assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, ws.ptr + rows * 128 * 4 + rows * 4)));
+        let delta2 = ws.ptr + rows * 128 * 4 + rows * 4;
+        assert_eq!(workspace_views(&ws, &g), Ok((ws.ptr, ws.ptr + rows * 128 * 4, delta2, delta2 + rows * 4)));
         // Head dims above 128: the bucket 256 (bwd_wide.py), whose dQ has its own kernel, so the
         // workspace holds no dQ accumulator (above 256 the Gluon backend refuses the call: the
         // portable kernels serve it).
@@ -884,7 +963,58 @@ mod tests {
         let BwdArgs { main, .. } = bwd_args(&p, &shape, &mask, &g, &p.workspace.unwrap()).unwrap();
         let names: Vec<_> = main.args().unwrap().iter().map(|(n, _)| *n).collect();
         let at = names.iter().position(|n| *n == "STORE_VARLEN_STATUS").unwrap();
-        assert_eq!(names[at + 1..], ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base"]);
+        assert_eq!(
+            names[at + 1..],
+            ["DROPOUT_THRESHOLD", "dropout_scale", "PHILOX_SEED", "PHILOX_OFFSET", "philox_offset_base", "HEAD_SPLIT", "DKV_PARTIALS"]
+        );
+    }
+
+    #[test]
+    fn long_gqa_walks_split_the_group_and_size_the_partials() {
+        let (shape, _) = super::super::bwd::validate(&bwd(128, DType::BF16)).unwrap();
+        let gqa = |hq: u64, hk: u64, sq: u64| AttnShape { heads_q: hq, heads_k: hk, seqlen_q: sq, seqlen_k: sq, ..shape };
+        // G · Sq from HEAD_SPLIT_MIN_GROUP_ROWS up, G >= 4, the bucket 128, fixed-length batches.
+        assert_eq!(head_split(&gqa(64, 8, 8192), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(28, 4, 16384), 128), HEAD_SPLIT, "an odd group splits 4 + 3");
+        assert_eq!(head_split(&gqa(32, 8, 16384), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(32, 8, 8192), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(28, 4, 4096), 128), HEAD_SPLIT, "G · Sq = 28672");
+        assert_eq!(head_split(&gqa(32, 8, 4096), 128), 1, "G · Sq = 16384: below the threshold");
+        assert_eq!(head_split(&gqa(28, 4, 2048), 128), 1);
+        assert_eq!(head_split(&gqa(16, 8, 1 << 20), 128), 1, "groups of 2 are not split");
+        assert_eq!(head_split(&gqa(64, 8, 16384), 64), 1, "measured at the bucket 128 only");
+        assert_eq!(head_split(&gqa(64, 8, u64::MAX), 128), HEAD_SPLIT, "G · Sq saturates");
+        // The workspace grows by the partials, which follow delta2.
+        let mut p = bwd(128, DType::BF16);
+        let (hq, hk, s) = (64, 8, 8192);
+        let t = |i, h| TensorView::contiguous(at(i), [1, h, s, 128], DType::BF16);
+        let rows = |i| TensorView::contiguous(at(i), [1, hq, s], DType::F32);
+        p = BwdParams { q: t(1, hq), k: t(2, hk), v: t(3, hk), o: t(4, hq), d_o: t(5, hq), lse: rows(6), delta: rows(7), dq: t(8, hq), dk: t(9, hk), dv: t(10, hk), ..p };
+        let (shape, mask) = super::super::bwd::validate(&p).unwrap();
+        let g = bwd_inputs(&p, &shape).unwrap();
+        assert_eq!(g.head_split, HEAD_SPLIT);
+        let rows = hq * s;
+        let partials = HEAD_SPLIT * 2 * hk * s * 128 * 4;
+        assert_eq!(g.workspace_bytes, rows * 130 * 4 + partials);
+        let ws = Workspace { ptr: 0x10000000, bytes: g.workspace_bytes };
+        let (_, _, delta2, at_partials) = workspace_views(&ws, &g).unwrap();
+        assert_eq!((delta2 + rows * 4, at_partials + partials), (at_partials, ws.ptr + ws.bytes));
+        let BwdArgs { main, dkdv, .. } = bwd_args(&p, &shape, &mask, &g, &ws).unwrap();
+        let value = |list: &ArgList, name: &str| list.args().unwrap().iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        assert_eq!(value(&main, "HEAD_SPLIT"), Some(ArgValue::I32(HEAD_SPLIT as i32)));
+        assert_eq!(value(&main, "DKV_PARTIALS"), Some(ArgValue::Ptr(at_partials)));
+        assert_eq!(value(&dkdv, "DKV_PARTIALS"), Some(ArgValue::Ptr(at_partials)));
+        assert_eq!(value(&dkdv, "N_CTX_K"), Some(ArgValue::I32(s as i32)));
+        assert_eq!(value(&dkdv, "stride_dkn"), Some(ArgValue::I32(128)));
+        // Four kernels with the split, three without.
+        let call = BwdCall::new(&p, &shape, &mask, &g, &ws).unwrap();
+        let [pre, main, convert, _, dkdv] = call.requests().unwrap();
+        assert_eq!(bwd_kernels(&g, &[&pre, &main, &convert, &dkdv]).len(), 4);
+        assert_eq!(bwd_kernels(&GluonShape { head_split: 1, ..g }, &[&pre, &main, &convert, &dkdv]).len(), 3);
+        // A packed batch is not split.
+        let (packed, _) = super::super::bwd::validate(&packed_bwd(128, DType::BF16)).unwrap();
+        assert!(packed.varlen.is_some());
+        assert_eq!(head_split(&AttnShape { heads_q: 64, heads_k: 8, seqlen_q: 1 << 16, ..packed }, 128), 1);
     }
 
     /// The review's F5 call: B = Hq = 65535, Sq = 2^24, 16-byte strides; every tensor TMA can
@@ -1236,7 +1366,7 @@ mod tests {
             return;
         };
         let loaded = crate::images::archive_for(arch).unwrap();
-        let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY, BWD_DQ_FAMILY];
+        let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY, BWD_DQ_FAMILY, BWD_DKDV_CONVERT_FAMILY];
         let functionals: Vec<_> = loaded.archive.functionals().iter().filter(|f| families.contains(&f.family.as_str())).collect();
         if functionals.is_empty() {
             eprintln!("skipped: the {arch} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
@@ -1301,11 +1431,12 @@ mod tests {
                     ours.sort();
                     assert_eq!(ours, f.axes.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>(), "{}", f.display_name());
                 }
-                let BwdArgs { pre, main, convert, dq } = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
+                let BwdArgs { pre, main, convert, dq, dkdv } = bwd_args(&bp, &shape, &mask, &g, &bp.workspace.unwrap()).unwrap();
                 match f.family.as_str() {
                     BWD_PREPROCESS_FAMILY => pre,
                     BWD_FAMILY => main,
                     BWD_DQ_FAMILY => dq,
+                    BWD_DKDV_CONVERT_FAMILY => dkdv,
                     _ => convert,
                 }
             };
