@@ -19,7 +19,8 @@ max|ref| marks the row WRONG and the exit status 1).
 FLOPs: forward 4*B*Hq*Sq*Sk*D (x0.5 causal); forward + backward 3.5x that.
 
 --grid fa3: FlashAttention-3's benchmark grid instead (bf16, B*S = 16k tokens, H*D = 2048, head
-dims 64/128/256, S 512..16k, causal and not).
+dims 64/128/256, S 512..16k, causal and not). --grid gqa: the GQA rows (Hq/Hk 28/4, 32/8, 64/8, hd128,
+causal, S 2k..16k, B*S = 16k).
 
 --dropout P: every call with dropout probability P (aotriton's dropout_p, SDPA's dropout_p; cuDNN and FA2
 draw other random numbers, so the agreement check is skipped and only the times compare).
@@ -66,6 +67,15 @@ def fa3_grid():
                 h = 2048 // d
                 shapes.append((f"hd{d} S{s}" + (" causal" if causal else ""), 16384 // s, h, h, s, d, causal))
     return shapes
+
+
+def gqa_grid():
+    """The training-speed issue's GQA rows: Hq/Hk 28/4 (Qwen2-7B), 32/8, 64/8 at hd128, causal, S 2k-16k, 16k tokens."""
+    return [(f"GQA {hq}/{hk} hd128 S{s} causal", 16384 // s, hq, hk, s, 128, True)
+            for hq, hk in ((28, 4), (32, 8), (64, 8)) for s in (2048, 4096, 8192, 16384)]
+
+
+GRIDS = {"default": lambda: SHAPES, "fa3": fa3_grid, "gqa": gqa_grid}
 
 
 def make(b, h, s, d, layout, dtype, gen):
@@ -139,7 +149,7 @@ def run(args):
     if hasattr(torch.nn.attention, "activate_flash_attention_impl"):
         impls["registered"] = call_sdpa(SDPBackend.FLASH_ATTENTION)  # timed with aotriton activated
     rows, wrong = [], 0
-    for name, b, hq, hk, s, d, causal in (fa3_grid() if args.grid == "fa3" else SHAPES):
+    for name, b, hq, hk, s, d, causal in GRIDS[args.grid]():
         if (args.quick and name not in QUICK) or (args.only and not name.startswith(args.only)):
             continue
         for layout in ("bhsd", "bshd"):
@@ -276,8 +286,8 @@ def main():
     ap.add_argument("--only", help="rows whose name starts with this (e.g. 'hd256 ' with --grid fa3)")
     ap.add_argument("--warmup", type=int, default=25)
     ap.add_argument("--rep", type=int, default=100)
-    ap.add_argument("--grid", choices=("default", "fa3"), default="default",
-                    help="fa3: FlashAttention-3's benchmark grid (36 shapes x 2 layouts)")
+    ap.add_argument("--grid", choices=sorted(GRIDS), default="default",
+                    help="fa3: FlashAttention-3's benchmark grid (36 shapes x 2 layouts); gqa: the GQA rows")
     ap.add_argument("--varlen", action="store_true", help="the packed-batch rows instead (bench/packed_batch.py)")
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout probability of every call (default 0)")
     args = ap.parse_args()
