@@ -98,6 +98,14 @@ the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` tim
 
 An AOT signature that omits them (passes None) gets the defaults.
 
+Head split (runtime ``HEAD_SPLIT`` > 1, fixed-length batches, ``PERSISTENT`` 0): the grid's second dimension
+is ``Hk * HEAD_SPLIT`` and CTA ``(n, hk * HEAD_SPLIT + p, b)`` walks part ``p`` of the GQA group's query
+heads (``ceil(G / HEAD_SPLIT)`` of them, the last part fewer or none).  When ``G * Sq`` is large, one CTA
+per key block walks so many steps that the CTAs of a K/V head drift apart and their Q/dO/dQ tiles stop
+sharing L2 (hd128 causal, Hq/Hk 64/8 S16k: 0.73 of cuDNN on the H100, 0.97 split in two).  Each part's
+fp32 dK (scaled) and dV go to the workspace's partials with plain stores (``bwd_steps.store_partials``)
+and ``bwd_dkdv_convert.py`` sums them in part order: no atomics, the same bits every run.
+
 Shared memory (bytes): K, V ``2 * 128 * HEAD_DIM * 2``; ring ``STAGES * (2 * 64 * HEAD_DIM * 2 +
 512)``; with ``COMPUTE_DQ`` a double-buffered dS^T tile ``2 * 128 * 64 * 2`` and the fp32 dQ tile
 ``64 * HEAD_DIM * 4``.  hd128: 231504 B (STAGES 3) / 198192 B (STAGES 2), under sm_90's 232448.

@@ -52,12 +52,19 @@
 //! **all** of these hold, and Portable otherwise:
 //!
 //! - the stream's device is sm_90 and its archive holds the Gluon functionals of the call
-//!   (families `attn_fwd_gluon`; `attn_bwd_gluon_preprocess`, `attn_bwd_gluon`,
-//!   `attn_bwd_gluon_dq_convert` for the dtype and head-dim bucket);
+//!   (families `attn_fwd_gluon`; `attn_bwd_gluon_preprocess`, `attn_bwd_gluon`, and the dQ
+//!   conversion `attn_bwd_gluon_dq_convert` or, where dQ has its own kernel, `attn_bwd_gluon_dq`
+//!   or the portable `attn_bwd_dq`; after a head split also `attn_bwd_gluon_dkdv_convert`; each
+//!   for the dtype and head-dim bucket), and the tuning database did not measure the portable
+//!   kernels faster in the call's cell;
 //! - the dtype is fp16 or bf16;
-//! - the head dim is at most 256; it is served by the bucket 64, 128 or 256 at or above it;
-//! - no dropout, no bias (nor dbias), no `softcap`, ALiBi or sinks; forward: `sm_scale > 0`;
-//!   packed (varlen) batches of at most 2^30 tokens are served through ragged descriptors
+//! - the head dim is at most 256; it is served by the bucket 64, 128 or 256 at or above it, and V's
+//!   head dim is Q/K's;
+//! - no bias (nor dbias), no `softcap`, ALiBi or sinks; forward: `sm_scale > 0`;
+//! - dropout is served with the portable kernels' Philox counters (a mask is the same whichever
+//!   backend drew it), except that `Auto` leaves a dropout *forward* with a causal mask to the
+//!   portable kernels (measured faster there; the backward stays on Gluon);
+//! - packed (varlen) batches of at most 2^30 tokens are served through ragged descriptors
 //!   (`python/kernels/flash_gluon/ragged.py`);
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
 //!   backward) has a 16-byte aligned address, a unit last stride, and other strides that are
@@ -72,9 +79,13 @@
 //! is touched; the device conditions after the stream's device is known.
 //!
 //! The Gluon backward accumulates dQ with TMA reduce-adds in the workspace (the order of the
-//! adds varies from run to run); with `deterministic` set it skips that and computes dQ with
-//! a kernel of its own instead (`attn_bwd_gluon_dq` where the archive holds it, else the
-//! portable `attn_bwd_dq`), so every result stays bitwise reproducible.
+//! adds varies from run to run) up to the head-dim bucket 128; with `deterministic` set, and at
+//! the bucket 256, it skips that and computes dQ with a kernel of its own instead
+//! (`attn_bwd_gluon_dq` where the archive holds it, today at the bucket 256, else the portable
+//! `attn_bwd_dq`), so every result stays bitwise reproducible. A GQA call with a long walk per key
+//! block (groups of at least 4 query heads, `G·Sq` ≥ 24576, bucket 128, fixed-length) splits each
+//! group's query heads over two CTAs per key block; their fp32 dK/dV partials are summed in a
+//! fixed order (bitwise reproducible too) by `attn_bwd_gluon_dkdv_convert`.
 mod bwd;
 mod debug;
 mod fwd;
