@@ -226,7 +226,7 @@ def main():
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
-    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2), default=None,
+    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
                     help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1) or "
                          "one loop masked at run time from the first boundary block (2) (default: fwd.py's "
                          "DROPOUT_ONE_LOOP)")

@@ -28,7 +28,7 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None)
-    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2), default=None)
+    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None)
     args = ap.parse_args()
     cfd.patch_switches(args.rounds_loop, args.one_loop)
     from torch.nn.attention import SDPBackend, sdpa_kernel

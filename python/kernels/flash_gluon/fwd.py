@@ -105,7 +105,13 @@ LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: to time: the causal dropout forward (0.45-0.53x cuDNN at S2k where the unmasked one reaches
 #: 0.77-0.83x) runs its two consumers in different loops, whose code together overflows the
 #: instruction cache; one masked loop lifted that row to 0.62x but cost the full rows 20 %.
-DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(0)
+#: 3 (default): 2 in a CTA that walks a boundary block, the two loops in one that walks full blocks only.
+#: Nsight Compute, H100, hd128 S2k p 0.1: the causal forward's warps stalled 3.16 cycles per issued
+#: instruction on "no instruction" (instruction-cache misses; the unmasked one 0.21), 1.24 in one loop,
+#: and the kernel took 849 -> 616 us.  check_fwd_dropout.py --bench, hd128 S2k/4k/8k, /cuDNN: causal
+#: 0.53/0.75/0.95 -> 0.70/0.90/1.02 in one loop, but the unmasked rows 0.90/0.97/1.00 -> 0.80/0.96/0.98,
+#: hence one loop only where the CTA meets a boundary block.
+DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: The head dim whose dropout forward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``: at
 #: hd128 17 % fewer SASS instructions and up to 11 % faster, never clearly slower; hd64 and hd256
 #: looked 1-3 % slower).  0: none;
@@ -443,6 +449,43 @@ def _store_outputs(o, lse, o_tile, o_smem, desc_o, LSE, stride_lz, stride_lh, ST
 
 
 @gluon.jit
+def _walk_one_loop(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                   k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                   p_layout: gl.constexpr, TURN: gl.constexpr, drop, DROPOUT: gl.constexpr):
+    """Steps ``1 .. n_blocks`` after the peeled one in one loop (``DROPOUT_ONE_LOOP``): every block masked
+    (``MASKED`` 1: the mask is exact on a full block), or from the first boundary block on behind a
+    run-time branch (2)."""
+    for j in range(1, n_blocks):
+        col = _key_block_col(j, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
+        acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                              m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                                              diag, MASKED, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT,
+                                              n_full)
+    return acc, m_i, l_i, p_prev
+
+
+@gluon.jit
+def _walk_two_loops(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                    k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
+                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                    TURN: gl.constexpr, drop, DROPOUT: gl.constexpr):
+    """Steps ``1 .. n_blocks`` after the peeled one: the key blocks visible in full to all the CTA's rows
+    (no mask code), then the boundary blocks (leading, then trailing), masked."""
+    for j in range(1, n_full):
+        acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                              k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
+                                              WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout,
+                                              p_layout, TURN, drop, DROPOUT)
+    for j in range(gl.maximum(n_full, 1), n_blocks):
+        col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
+        acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                              m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                                              diag, True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
+    return acc, m_i, l_i, p_prev
+
+
+@gluon.jit
 def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
               q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
               off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi, n_blocks,
@@ -504,29 +547,33 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
                                                s_layout, p_layout, TURN, drop, DROP)
 
-            if DROPOUT and DROPOUT_ONE_LOOP:
-                # Every later block in one loop (DROPOUT_ONE_LOOP): masked (1), or masked from the
-                # first boundary block on behind a run-time branch (2).
-                for j in range(1, n_blocks):
-                    col = _key_block_col(j, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
-                    acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-                                                          v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
-                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, DROPOUT_ONE_LOOP, BLOCK_N,
-                                                          STAGES, s_layout, p_layout, TURN, drop, DROP, n_full)
+            if DROPOUT and (DROPOUT_ONE_LOOP == 3):
+                # One loop in a CTA that walks a boundary block (a causal or windowed call, a key
+                # tail), the two loops in one that walks full blocks only.
+                if n_blocks > n_full:
+                    acc, m_i, l_i, p_prev = _walk_one_loop(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem,
+                                                           k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                                           m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                           WINDOW_RIGHT, diag, 2, BLOCK_N, STAGES, s_layout, p_layout,
+                                                           TURN, drop, DROP)
+                else:
+                    acc, m_i, l_i, p_prev = _walk_two_loops(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem,
+                                                            k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
+                                                            m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                            WINDOW_RIGHT, diag, BLOCK_N, STAGES, s_layout, p_layout,
+                                                            TURN, drop, DROP)
+            elif DROPOUT and DROPOUT_ONE_LOOP:
+                acc, m_i, l_i, p_prev = _walk_one_loop(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem,
+                                                       k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i,
+                                                       l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
+                                                       diag, DROPOUT_ONE_LOOP, BLOCK_N, STAGES, s_layout, p_layout,
+                                                       TURN, drop, DROP)
             else:
-                # Key blocks visible in full to all the CTA's rows: no mask code.
-                for j in range(1, n_full):
-                    acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready,
-                                                          v_ready, k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale,
-                                                          rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                          BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP)
-                # Boundary blocks (leading, then trailing), masked.
-                for j in range(gl.maximum(n_full, 1), n_blocks):
-                    col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
-                    acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-                                                          v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
-                                                          WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N, STAGES,
-                                                          s_layout, p_layout, TURN, drop, DROP)
+                acc, m_i, l_i, p_prev = _walk_two_loops(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem,
+                                                        k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i,
+                                                        l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
+                                                        WINDOW_RIGHT, diag, BLOCK_N, STAGES, s_layout, p_layout, TURN,
+                                                        drop, DROP)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
