@@ -103,7 +103,7 @@ pub fn attn_fwd(params: &FwdParams, stream: Stream) -> Result<()> {
     let axes = functional_axes(params, &shape);
     let args = kernel_args(params, &shape, &mask)?;
     let request = Request { family: "attn_fwd", axes: axes.as_slice()?, args: args.args()? };
-    let backend = gluon::fwd_backend(params, key);
+    let backend = params.backend;
     let gluon_inputs = gluon::select_by_inputs(backend, || gluon::fwd_inputs(params, &shape))
         .map_err(|why| why.error("attn_fwd", None))?;
     let launcher = Launcher::new(stream)?;

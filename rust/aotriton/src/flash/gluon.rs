@@ -5,7 +5,7 @@
 use std::fmt;
 
 use super::{AttnShape, Backend, BwdParams, FwdParams, MaskArgs, Workspace, dropout_args, seq_mask_args, strides3, strides4, varlen_args};
-use crate::archive::{KernelMeta, MaskKind};
+use crate::archive::KernelMeta;
 use crate::dispatch::{ArgList, ArgValue, Axes, Launcher, Request, Serves, TuningKey, blocks, bool_axis, config, first_preferred};
 use crate::driver::DeviceInfo;
 use super::bwd::{dq_grid, int32_args, kernel_blocks};
@@ -177,8 +177,7 @@ fn common_inputs(
 /// Whether the Gluon forward can serve `p` (inputs only; the device is checked by
 /// [`device_ready`]). Packed (varlen) batches are served through ragged descriptors
 /// ([`TensorArg::ragged`]), dropout with the portable kernels' Philox counters (a mask is the same
-/// whichever backend drew it); `Auto` leaves a masked dropout forward to the portable kernels
-/// ([`fwd_backend`]).
+/// whichever backend drew it).
 pub(crate) fn fwd_inputs(p: &FwdParams, shape: &AttnShape) -> Result<GluonShape, Unsupported> {
     let features = [
         (p.bias.is_some(), Unsupported::Bias),
@@ -366,20 +365,6 @@ pub(crate) fn fwd_axes(g: &GluonShape, shape: &AttnShape, dropout: bool) -> Axes
     axes
 }
 
-/// The backend the forward runs under: the caller's, except that `Auto` leaves a dropout forward
-/// whose mask skips keys (`key`: the call's tuning cell, causal or windowed) to the portable
-/// kernels. Measured on the H200 through the PyTorch binding (bf16, hd128, S 4096, p 0.1;
-/// bench/results/h200_gluon_dropout_varlen_issue17.md, one Philox call per eight elements): the
-/// Gluon dropout forward 315 TFLOP/s without a mask (1.08x cuDNN), 216 causal against the portable
-/// forward's 236; the Gluon dropout backward, which `Auto` takes, was 1.5-1.7x the portable one in
-/// both (measured before the eight-element units; not re-timed since).
-/// The masks are the same whichever backend draws them.
-pub(crate) fn fwd_backend(p: &FwdParams, key: TuningKey) -> Backend {
-    match p.backend {
-        Backend::Auto if p.dropout.is_some() && key.mask == MaskKind::Causal => Backend::Portable,
-        backend => backend,
-    }
-}
 
 /// The optional functional axes of the Gluon forward and main backward kernels, pushed only when
 /// on: `varlen` (ragged descriptors for a packed batch) and `dropout`.
@@ -1200,27 +1185,11 @@ mod tests {
     fn dropout_forward_is_served_when_forced() {
         let mut p = fwd(128, DType::BF16);
         p.dropout = Some(Dropout { offset_base: 5, seed_out: 0x3000, offset_out: 0x3008, ..Dropout::new(0.25, 0x1000, 0x2000) });
-        // Served by the inputs; Auto keeps a masked (causal, windowed) dropout forward on the portable
-        // kernels, judged by the effective mask (the tuning cell): a window wider than the sequences is none.
+        // Served by the inputs, masked or not (Auto takes it too: since the causal dropout forward runs
+        // one loop where a CTA meets the diagonal, it measured faster than the portable one).
         assert!(fwd_check(&p).is_ok());
-        let backend = |p: &FwdParams| {
-            let (shape, mask) = super::super::fwd::validate(p).unwrap();
-            fwd_backend(p, super::super::tuning_key(&shape, &mask))
-        };
-        assert_eq!(backend(&p), Backend::Auto, "no mask: Gluon");
         p.mask = Mask::causal(MaskAlign::BottomRight);
-        assert_eq!(backend(&p), Backend::Portable);
-        p.mask = Mask::window((SQ + SK) as i32, (SQ + SK) as i32, MaskAlign::BottomRight);
-        assert_eq!(backend(&p), Backend::Auto, "a window that hides no key");
-        p.mask = Mask::causal(MaskAlign::TopLeft);
-        p.backend = Backend::Gluon;
-        assert_eq!(backend(&p), Backend::Gluon);
-        p.backend = Backend::Portable;
-        p.mask = Mask::NONE;
-        assert_eq!(backend(&p), Backend::Portable);
-        p.backend = Backend::Auto;
-        let without = FwdParams { dropout: None, mask: Mask::causal(MaskAlign::TopLeft), ..p };
-        assert_eq!(backend(&without), Backend::Auto, "the rule is dropout's only");
+        assert!(fwd_check(&p).is_ok());
         // The portable forward's dropout group, after the packing group (ABI.md).
         let (shape, mask) = super::super::fwd::validate(&p).unwrap();
         let args = fwd_args(&p, &shape, &mask).unwrap();

@@ -62,8 +62,7 @@
 //!   head dim is Q/K's;
 //! - no bias (nor dbias), no `softcap`, ALiBi or sinks; forward: `sm_scale > 0`;
 //! - dropout is served with the portable kernels' Philox counters (a mask is the same whichever
-//!   backend drew it), except that `Auto` leaves a dropout *forward* with a causal mask to the
-//!   portable kernels (measured faster there; the backward stays on Gluon);
+//!   backend drew it);
 //! - packed (varlen) batches of at most 2^30 tokens are served through ragged descriptors
 //!   (`python/kernels/flash_gluon/ragged.py`);
 //! - every tensor the Gluon kernels address with TMA (q, k, v, o; and d_o, dq, dk, dv in the
