@@ -227,9 +227,9 @@ def main():
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
     ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
-                    help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1) or "
-                         "one loop masked at run time from the first boundary block (2) (default: fwd.py's "
-                         "DROPOUT_ONE_LOOP)")
+                    help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
+                         "one loop masked at run time from the first boundary block (2), or 2 in a CTA that walks a "
+                         "boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
     patch_switches(args.rounds_loop, args.one_loop)
     if args.bench:

@@ -115,10 +115,11 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 #    kernel shape family under Gluon's concurrency sanitizer (--consan). GLUON_CHECKS=0 skips,
 #    GLUON_CHECKS=fwd / bwd runs one kernel family's checks, GLUON_CHECKS=varlen the packed-batch ones,
 #    GLUON_CHECKS=dropout the dropout ones (the forward's mask bit for bit against the portable rule;
-#    also the forward in one loop masked at run time (fwd.DROPOUT_ONE_LOOP 2) and the backward with
-#    Philox's rounds as a loop), GLUON_CHECKS=dropout-bench their timings beside cuDNN's, alternating
-#    (the run-to-run spread is about 5 %): the forward shipped / one loop / unrolled, the backward
-#    shipped and with dQ from its own kernel at hd64/128, rounds unrolled / as a loop,
+#    also the forward with Philox's rounds unrolled at hd128 (no spill with DROPOUT_ONE_LOOP 3, whose
+#    rounds loop keeps 128 bytes of stack) and the backward with its rounds as a loop),
+#    GLUON_CHECKS=dropout-bench their timings beside cuDNN's, alternating (the run-to-run spread is
+#    about 5 %): the forward shipped / rounds unrolled, the backward shipped and with dQ from its own
+#    kernel at hd64/128, rounds unrolled / as a loop,
 #    GLUON_CHECKS=dq those of attn_bwd_gluon_dq and its benchmark beside the portable dQ,
 #    GLUON_CHECKS=gqa the GQA rows' benchmark with and without a head split.
 checks=()
@@ -133,10 +134,9 @@ case ${GLUON_CHECKS:-1} in
                "check_bwd_dropout --consan") ;;
   varlen) checks=("check_fwd_varlen" "check_bwd_varlen" "check_fwd_varlen --consan" "check_bwd_varlen --consan") ;;
   dropout) checks=("check_fwd_dropout" "check_bwd_dropout" "check_fwd_dropout --consan" "check_bwd_dropout --consan"
-                   "check_fwd_dropout --one-loop 2 --rounds-loop 0" "check_bwd_dropout --rounds-loop 1") ;;
-  dropout-bench) checks=("check_fwd_dropout --bench" "check_fwd_dropout --bench --one-loop 2 --rounds-loop 0"
-                         "check_fwd_dropout --bench --rounds-loop 0" "check_fwd_dropout --bench"
-                         "check_fwd_dropout --bench --one-loop 2 --rounds-loop 0"
+                   "check_fwd_dropout --rounds-loop 0" "check_bwd_dropout --rounds-loop 1") ;;
+  dropout-bench) checks=("check_fwd_dropout --bench" "check_fwd_dropout --bench --rounds-loop 0"
+                         "check_fwd_dropout --bench" "check_fwd_dropout --bench --rounds-loop 0"
                          "check_bwd_dropout --bench" "check_bwd_dropout --bench --rounds-loop 1"
                          "check_bwd_dropout --bench") ;;
   # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, in the archive at hd256): checked with

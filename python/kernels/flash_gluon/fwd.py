@@ -115,7 +115,9 @@ DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: The head dim whose dropout forward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``: at
 #: hd128 17 % fewer SASS instructions and up to 11 % faster, never clearly slower; hd64 and hd256
 #: looked 1-3 % slower).  0: none;
-#: test/gluon/check_fwd_dropout.py --rounds-loop patches it.
+#: test/gluon/check_fwd_dropout.py --rounds-loop patches it.  With ``DROPOUT_ONE_LOOP`` 3 the hd128 kernel
+#: keeps 128 bytes of stack (119 spill instructions; unrolled rounds: none, 2 % more SASS); timed only
+#: with the rounds loop so far (run_all.sh GLUON_CHECKS=dropout-bench times both).
 DROPOUT_ROUNDS_LOOP_HEAD_DIM: gl.constexpr = gl.constexpr(128)
 
 
