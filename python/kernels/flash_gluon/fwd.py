@@ -94,23 +94,18 @@ from .ragged import is_ragged, query_block_sequence, row_coords, row_offset
 from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
-#: With dropout, walk every key block after the peeled first one in one masked loop (the mask is
-#: exact on a full block) instead of a full and a masked loop: one instance of the step's code (and
-#: of its Philox rounds) per consumer fewer.  Off: it measured slower (H100, 2026-12-06,
-#: check_fwd_dropout.py --bench --one-loop 1: /cuDNN geomean 0.956 -> 0.891).  The hd128 dropout
-#: forward (ptxas, bf16): 14,320 SASS instructions off, 9,528 on (7,544 without dropout); with
-#: dropout's ``ROUNDS_LOOP`` 1 as well 9,384, but 88 bytes of spill.  test/gluon/check_fwd_dropout.py
-#: --one-loop patches it.  2: one loop as well, but the mask applied only to the boundary blocks,
-#: behind a run-time branch (one copy of the step's code, the full blocks unmasked).  The hypothesis
-#: to time: the causal dropout forward (0.45-0.53x cuDNN at S2k where the unmasked one reaches
-#: 0.77-0.83x) runs its two consumers in different loops, whose code together overflows the
-#: instruction cache; one masked loop lifted that row to 0.62x but cost the full rows 20 %.
-#: 3 (default): 2 in a CTA that walks a boundary block, the two loops in one that walks full blocks only.
-#: Nsight Compute, H100, hd128 S2k p 0.1: the causal forward's warps stalled 3.16 cycles per issued
-#: instruction on "no instruction" (instruction-cache misses; the unmasked one 0.21), 1.24 in one loop,
-#: and the kernel took 849 -> 616 us.  check_fwd_dropout.py --bench, hd128 S2k/4k/8k, /cuDNN: causal
-#: 0.53/0.75/0.95 -> 0.70/0.90/1.02 in one loop, but the unmasked rows 0.90/0.97/1.00 -> 0.80/0.96/0.98,
-#: hence one loop only where the CTA meets a boundary block.
+#: How the dropout forward walks the key blocks after the peeled first one.  0: a loop over the
+#: blocks every row sees in full (no mask code), then a masked loop over the boundary blocks.
+#: 1: one loop, every block masked (the mask is exact on a full block).  2: one loop, the mask behind
+#: a run-time branch from the first boundary block on.  3 (default): 2 in a CTA that walks a boundary
+#: block (a causal or windowed call, a key tail), 0 in one that walks full blocks only.
+#: Why: with dropout's Philox rounds the step's code is large, and a CTA that runs both loops of 0
+#: misses the instruction cache (Nsight Compute, H100, hd128 S2k p 0.1: the causal forward's warps
+#: stalled 3.16 cycles per issued instruction on "no instruction", the unmasked one 0.21; in one
+#: loop 1.24, and the kernel took 849 -> 616 us).  One loop costs the unmasked rows (hd128
+#: S2k/4k/8k 0.90/0.97/1.00 -> 0.80/0.96/0.98 of cuDNN), hence 3; it lifted the causal rows from
+#: 0.46-0.53/0.68/0.83 to 0.59-0.70/0.76-0.85/0.96 (bench/results/h200_gluon_dropout_varlen_issue17.md).
+#: test/gluon/check_fwd_dropout.py --one-loop patches it.
 DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: The head dim whose dropout forward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``: at
 #: hd128 17 % fewer SASS instructions and up to 11 % faster, never clearly slower; hd64 and hd256
