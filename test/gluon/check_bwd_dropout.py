@@ -40,14 +40,17 @@ import torch  # noqa: E402
 @dataclass
 class Case(check_fwd_dropout.Case):
     """``check_fwd_dropout``'s case (its masks in ``check_bwd.window_args``' names) and ``COMPUTE_DQ``;
-    ``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` (``rules.GLUON_DQ_CONFIGS``), the main kernel without."""
+    ``gluon_dq``: dQ from ``attn_bwd_gluon_dq`` (``rules.GLUON_DQ_CONFIGS``), the main kernel without;
+    ``head_split``: the main kernel's ``HEAD_SPLIT`` (each part draws its own heads' masks)."""
     b: int = 1
     compute_dq: int = 1
     gluon_dq: int = 0
+    head_split: int = 1
 
     def name(self):
-        return super().name() + ("" if self.compute_dq or self.gluon_dq else " dq0") + (" gluon-dq" if self.gluon_dq
-                                                                                          else "")
+        return (super().name() + ("" if self.compute_dq or self.gluon_dq else " dq0")
+                + (" gluon-dq" if self.gluon_dq else "") + (f" head-split {self.head_split}" if self.head_split > 1
+                                                            else ""))
 
 
 def cases():
@@ -65,6 +68,9 @@ def cases():
     for d in (64, 128, 256, 200):  # dQ from its own Gluon kernel (bwd_dq.py)
         out.append(Case("bf16", d, 1000, 1000, "none", gluon_dq=1))
         out.append(Case("fp16", d, 129, 1000, "causal_br", p=0.5, hq=4, hk=2, gluon_dq=1))
+    for d in (64, 128, 256):  # a GQA head split: parts of 2 + 2 and 4 + 3 heads
+        out.append(Case("bf16", d, 1000, 1000, "causal_tl", p=0.3, hq=8, hk=2, head_split=2))
+        out.append(Case("fp16", d, 129, 1000, "causal_br", p=0.5, hq=7, hk=1, head_split=2, compute_dq=0))
     return out
 
 
@@ -117,7 +123,7 @@ def run_case(case):
     dropout = (philox_model.threshold(case.p), scale, seed, offset, case.base)
     bwd = cb.GluonBwd(q, k, v, o, do, lse, sm_scale, wl, wr, abr, compute_dq=0 if case.gluon_dq else case.compute_dq,
                       variant="product", dropout=dropout,
-                      gluon_dq=cb.gluon_dq_config(case.d) if case.gluon_dq else None)
+                      gluon_dq=cb.gluon_dq_config(case.d) if case.gluon_dq else None, head_split=case.head_split)
     bwd.poison()
     outs = bwd.run()
     torch.cuda.synchronize()
