@@ -30,7 +30,7 @@ from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_u
 #: (0.831/0.485/0.901/0.700/0.936/0.877 -> 0.885/0.534/0.971/0.779/1.034/0.942); two alternating
 #: pairs on another machine gave -4..+5 % and +1..+5 % (run-to-run spread about 5 %); hd64 and hd256
 #: looked 1-3 % slower (within that spread).  So only the hd128 forward loops; the backward is untimed.
-#: ``fwd.DROPOUT_ONE_LOOP`` (one masked loop) measured worse (geomean 0.956 -> 0.891).
+#: (The forward's walk, one loop or two, is ``fwd.DROPOUT_ONE_LOOP``.)
 ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
 
 
