@@ -30,7 +30,6 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_bwd as cb  # noqa: E402  (sets up sys.path for python/)
 import check_fwd_dropout  # noqa: E402  (its Case)
-import packed  # noqa: E402  (run_check: the check scripts' modes)
 
 sys.path.insert(0, os.path.join(cb.HERE, "..", "..", "python", "tests"))
 import philox_model  # noqa: E402
@@ -176,18 +175,8 @@ def bench():
 
 
 def main():
-    import argparse
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    packed.add_check_options(ap)
-    ap.add_argument("--bench", action="store_true", help="time the dropout backward beside cuDNN's")
-    ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
-                    help="Philox's rounds unrolled (0) or as a loop (1) in the backward's keep tiles (default: "
-                         "kernels/flash_gluon/dropout.py's ROUNDS_LOOP)")
-    args = ap.parse_args()
-    check_fwd_dropout.patch_switches(rounds_loop=args.rounds_loop)
-    if args.bench:
-        return 0 if bench() else 1
-    return 0 if packed.run_check(__file__, "check_bwd_dropout", args, Case, cases, consan_cases, run_case) else 1
+    return check_fwd_dropout.check_main(__doc__, __file__, "check_bwd_dropout", "backward", Case, cases, consan_cases,
+                                        run_case, bench, one_loop=False)
 
 
 if __name__ == "__main__":

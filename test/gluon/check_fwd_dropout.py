@@ -219,22 +219,30 @@ def patch_switches(rounds_loop=None, one_loop=None):
         fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(one_loop)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench, one_loop=True):
+    """The command line of this file and check_bwd_dropout.py (``what``: "forward" or "backward"): the
+    checks (``packed.run_check``), or ``--bench``; ``--rounds-loop`` and (``one_loop``) ``--one-loop`` patch
+    the kernels' switches (``patch_switches``) first."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     packed.add_check_options(ap)
-    ap.add_argument("--bench", action="store_true", help="time the dropout forward beside cuDNN's")
+    ap.add_argument("--bench", action="store_true", help=f"time the dropout {what} beside cuDNN's")
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
-    ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
-                    help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
-                         "one loop masked at run time from the first boundary block (2), or 2 in a CTA that walks a "
-                         "boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
+    if one_loop:
+        ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
+                        help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
+                             "one loop masked at run time from the first boundary block (2), or 2 in a CTA that "
+                             "walks a boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
-    patch_switches(args.rounds_loop, args.one_loop)
+    patch_switches(args.rounds_loop, getattr(args, "one_loop", None))
     if args.bench:
         return 0 if bench() else 1
-    return 0 if packed.run_check(__file__, "check_fwd_dropout", args, Case, cases, consan_cases, run_case) else 1
+    return 0 if packed.run_check(path, name, args, Case, cases, consan_cases, run_case) else 1
+
+
+def main():
+    return check_main(__doc__, __file__, "check_fwd_dropout", "forward", Case, cases, consan_cases, run_case, bench)
 
 
 if __name__ == "__main__":
