@@ -558,11 +558,12 @@ def consan_child(idx):
     return 0 if ok else 3
 
 
-def consan(buckets=(64, 128, 256)):
-    """Every case (of the head-dim ``buckets``) in its own process (a sanitizer trap kills the CUDA
+def consan(buckets=(64, 128, 256), only=None):
+    """Every case (of the head-dim ``buckets``; with ``only``, whose name contains it) in its own process (a sanitizer trap kills the CUDA
     context), all at once: the instrumented compiles dominate and run in parallel."""
     t0 = time.time()
-    picked = [i for i, (a, _) in enumerate(CONSAN_CASES) if bucket(a[6]) in buckets]
+    picked = [i for i, (a, kw) in enumerate(CONSAN_CASES)
+              if bucket(a[6]) in buckets and (not only or only in case_name(a, kw))]
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--consan-child", str(i)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for i in picked]
@@ -756,7 +757,7 @@ def main():
               args.gluon_dq or None)
         return 0
     if args.consan:
-        return 0 if consan([int(b) for b in args.buckets.split(",")]) else 1
+        return 0 if consan([int(b) for b in args.buckets.split(",")], args.only) else 1
     t0 = time.time()
     passed = failed = 0
     for a, kw in cases(args.quick):
