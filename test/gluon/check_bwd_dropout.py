@@ -138,15 +138,20 @@ def run_case(case):
     return ok, f"{'PASS' if ok else 'FAIL'} {case.name()}: " + "  ".join(parts) + f"  (kept {kept:.3f})"
 
 
+def dropout_group(p):
+    """``GluonBwd``'s ``dropout`` argument for probability ``p`` (a fixed seed, offset 0)."""
+    seed = torch.tensor([0x5EED], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    return (philox_model.threshold(p), 1.0 / (1.0 - p), seed, offset, 0)
+
+
 def bench():
     """The dropout backward against cuDNN's (``--bench``): one line per cell, then the geomeans."""
     from triton.testing import do_bench
     cells = [(128, s, c) for s in (2048, 4096, 8192) for c in (False, True)]
     cells += [(d, 4096, c) for d in (64, 256) for c in (False, True)]
     p = 0.1
-    seed = torch.tensor([0x5EED], dtype=torch.int64, device="cuda")
-    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
-    dropout = (philox_model.threshold(p), 1.0 / (1.0 - p), seed, offset, 0)
+    dropout = dropout_group(p)
     ratios, split_ratios = [], []
     for d, s, causal in cells:
         c = cb.bench_cell(16384 // s, 2048 // d, 2048 // d, s, d, causal, dropout_p=p)
