@@ -3,8 +3,8 @@
 usage: ncu --clock-control none --profile-from-start off --set full -o REPORT \\
            python test/gluon/profile_bwd.py [--hd 128] [--seq 4096] [--causal] [--variant product] [--dropout 0.1]
 
-Builds the cell (``check_bwd.bench_cell``, B*S = 16k, H*D = 2048), compiles and warms up both backwards outside the profiled
-range, then runs each once between ``cudaProfilerStart`` and ``cudaProfilerStop``: the report holds
+Builds the cell (``check_bwd.bench_cell``, B*S = 16k, H*D = 2048), compiles and warms up both
+backwards outside the profiled range, then runs each once between ``cudaProfilerStart`` and ``cudaProfilerStop``: the report holds
 our three launches (preprocess, main kernel, dQ convert) and cuDNN's, each replayed by ncu for its
 counters (tensor-pipe and shared-memory utilisation, stall reasons), side by side. ``--dropout P``:
 both backwards with dropout (ours with the shipped kernels' Philox rule, cuDNN's its own), the
