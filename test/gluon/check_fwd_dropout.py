@@ -208,9 +208,12 @@ def bench():
     return True
 
 
-def patch_switches(rounds_loop=None, one_loop=None):
-    """``--rounds-loop`` / ``--one-loop`` (None: the modules' values), before anything compiles."""
+def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None):
+    """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` (None: the modules' values), before
+    anything compiles."""
     from triton.experimental.gluon import language as gl
+    if signs_from_words is not None:
+        dropout_gluon.SIGNS_FROM_WORDS = gl.constexpr(signs_from_words)
     if rounds_loop is not None:
         dropout_gluon.ROUNDS_LOOP = gl.constexpr(rounds_loop)
         if rounds_loop == 0:
@@ -221,21 +224,25 @@ def patch_switches(rounds_loop=None, one_loop=None):
 
 def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench, one_loop=True):
     """The command line of this file and check_bwd_dropout.py (``what``: "forward" or "backward"): the
-    checks (``packed.run_check``), or ``--bench``; ``--rounds-loop`` and (``one_loop``) ``--one-loop`` patch
-    the kernels' switches (``patch_switches``) first."""
+    checks (``packed.run_check``), or ``--bench``; ``--rounds-loop``, (``one_loop``) ``--one-loop`` and (not
+    ``one_loop``: the backward) ``--signs-from-words`` patch the kernels' switches (``patch_switches``) first."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     packed.add_check_options(ap)
     ap.add_argument("--bench", action="store_true", help=f"time the dropout {what} beside cuDNN's")
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, and the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM)")
+    if not one_loop:
+        ap.add_argument("--signs-from-words", type=int, choices=(0, 1), default=None,
+                        help="the backward's keep bits into P^T's signs on the Philox words (1) or through a bool "
+                             "tile (0) (default: dropout.py's SIGNS_FROM_WORDS)")
     if one_loop:
         ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
                         help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
                              "one loop masked at run time from the first boundary block (2), or 2 in a CTA that "
                              "walks a boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
-    patch_switches(args.rounds_loop, getattr(args, "one_loop", None))
+    patch_switches(args.rounds_loop, getattr(args, "one_loop", None), getattr(args, "signs_from_words", None))
     if args.bench:
         return 0 if bench() else 1
     return 0 if packed.run_check(path, name, args, Case, cases, consan_cases, run_case) else 1

@@ -113,13 +113,21 @@ def _half_keep(word, shift, threshold):
 
 
 @triton.jit
+def dropout_unit_words(seed, head_offset, quad_rows, unit_cols, N_CTX_K, ROUNDS_LOOP: tl.constexpr = 0):
+    """The four Philox words of the units ``(quad_rows, unit_cols)`` (broadcast against each other), one
+    call each: word ``2y + x`` holds the element ``8y`` rows and ``8x`` columns from the unit's first,
+    its even column in the low 16 bits and its odd column in the high 16 bits."""
+    counter = head_offset + quad_rows.to(tl.int64) * dropout_units(N_CTX_K) + unit_cols
+    return philox4x32(seed, counter, ROUNDS_LOOP)
+
+
+@triton.jit
 def dropout_unit_keep(seed, head_offset, quad_rows, unit_cols, N_CTX_K, DROPOUT_THRESHOLD,
                       ROUNDS_LOOP: tl.constexpr = 0):
     """The eight keep bits of the units ``(quad_rows, unit_cols)`` (broadcast against each other), one
     Philox call each: ``(k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h)``, ``k{2y + x}{l|h}`` for the element
     ``8y`` rows and ``8x`` columns from the unit's first, in its even (l) or odd (h) column."""
-    counter = head_offset + quad_rows.to(tl.int64) * dropout_units(N_CTX_K) + unit_cols
-    r0, r1, r2, r3 = philox4x32(seed, counter, ROUNDS_LOOP)
+    r0, r1, r2, r3 = dropout_unit_words(seed, head_offset, quad_rows, unit_cols, N_CTX_K, ROUNDS_LOOP)
     t = DROPOUT_THRESHOLD.to(tl.uint32)
     return (_half_keep(r0, 0, t), _half_keep(r0, 16, t), _half_keep(r1, 0, t), _half_keep(r1, 16, t),
             _half_keep(r2, 0, t), _half_keep(r2, 16, t), _half_keep(r3, 0, t), _half_keep(r3, 16, t))

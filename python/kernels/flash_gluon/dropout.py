@@ -17,7 +17,7 @@ memory added).
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_unit_keep,
+from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_unit_keep, dropout_unit_words,
                              philox_state, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
 
 #: How the Gluon kernels run Philox's ten rounds (``dropout.philox4x32``): 0 unrolled (Triton's
@@ -32,6 +32,17 @@ from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_u
 #: looked 1-3 % slower (within that spread).  So only the hd128 forward loops; the backward is untimed.
 #: (The forward's walk, one loop or two, is ``fwd.DROPOUT_ONE_LOOP``.)
 ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
+
+#: How the backward turns its keys-as-rows draws into ``P^T``'s signs (``sign_dropped``): 1 on the
+#: Philox words (each lane packs the 16-bit halves its partner needs with one ``prmt`` per word pair,
+#: two shuffles per block, then ``half - threshold``'s sign bit is XORed into ``P^T``: no predicate
+#: and no bool tile); 0 through ``dropout_keep_tile``'s bool tile (compares, four bits packed and
+#: shuffled, selects; ptxas packed the bools into a register bit by bit).  The same bits either way
+#: (test/gluon/check_bwd_dropout.py [--signs-from-words 0|1] holds both to the portable rule).
+#: ptxas, sm_90 bf16 hd128 with dQ: an interior step 1,307 -> 1,119 SASS instructions (21 -> 26 spill
+#: instructions; the kernel 5,512 -> 5,232, 130 -> 170); hd64 4,552 -> 4,152, hd256 (dK/dV) 4,232 ->
+#: 3,944 (47 -> 43 spill).  Not yet timed on a GPU, so 0 ships.
+SIGNS_FROM_WORDS: gl.constexpr = gl.constexpr(0)
 
 
 @gluon.jit
@@ -124,6 +135,74 @@ def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     return q0, q1, q2, q3
 
 
+@gluon.jit
+def _prmt(a, b, sel):
+    """``prmt.b32``: the bytes of ``(b, a)`` that the nibbles of ``sel`` pick (0x5410: the low halves of
+    ``a`` and ``b``, 0x7632: their high halves), one instruction."""
+    return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, sel], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS: gl.constexpr):
+    """``_swapped_unit_quads`` on the Philox words: the four quad tensors of ``half - DROPOUT_THRESHOLD``
+    (i32, negative where the element is dropped) of a keys-as-rows tile.
+
+    Each lane draws one unit (as ``_swapped_unit_quads``), keeps the 16-bit halves of its own key quad
+    (low for an even one) and hands the other halves to lane ``lane ^ 4`` packed two per word (one
+    ``prmt`` per word pair, two shuffles per 16 x 16 block): its query quads ``2c`` and ``2c + 1`` then
+    take its own halves and the partner's (which first depends on the key quad's parity, one select
+    per word pair)."""
+    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)  # [R/16, 8, C/16, 8]: key quads
+    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)  # query quads
+    R16: gl.constexpr = quad_r.shape[0]
+    C16: gl.constexpr = quad_r.shape[2]
+    key_quad, _ = gl.split(gl.reshape(quad_r, [R16, 8, C16, 4, 2]))  # the even query column's (f = 0)
+    query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
+    odd = key_quad % 2  # this lane's half of every unit it draws
+    r0, r1, r2, r3 = dropout_unit_words(seed, base, query_even + odd, key_quad // 2, N_CTX_K, ROUNDS)
+    r0 = r0.to(gl.int32, bitcast=True)
+    r1 = r1.to(gl.int32, bitcast=True)
+    r2 = r2.to(gl.int32, bitcast=True)
+    r3 = r3.to(gl.int32, bitcast=True)
+    sel_mine = gl.where(odd != 0, 0x7632, 0x5410)
+    sel_theirs = gl.where(odd != 0, 0x5410, 0x7632)
+    got01 = _shfl_xor4(_prmt(r0, r1, sel_theirs))  # the partner's draw: this lane's other query quad
+    got23 = _shfl_xor4(_prmt(r2, r3, sel_theirs))
+    mine01 = _prmt(r0, r1, sel_mine)
+    mine23 = _prmt(r2, r3, sel_mine)
+    # Query quad 2c is this lane's own draw on even key quads, the partner's on odd ones.
+    even01 = gl.where(odd != 0, got01, mine01)
+    even23 = gl.where(odd != 0, got23, mine23)
+    odd01 = gl.where(odd != 0, mine01, got01)
+    odd23 = gl.where(odd != 0, mine23, got23)
+    t = DROPOUT_THRESHOLD.to(gl.int32)
+    q0 = gl.reshape(gl.join((even01 & 0xFFFF) - t, (odd01 & 0xFFFF) - t), [R16, 8, C16, 8])
+    q1 = gl.reshape(gl.join(((even01 >> 16) & 0xFFFF) - t, ((odd01 >> 16) & 0xFFFF) - t), [R16, 8, C16, 8])
+    q2 = gl.reshape(gl.join((even23 & 0xFFFF) - t, (odd23 & 0xFFFF) - t), [R16, 8, C16, 8])
+    q3 = gl.reshape(gl.join(((even23 >> 16) & 0xFFFF) - t, ((odd23 >> 16) & 0xFFFF) - t), [R16, 8, C16, 8])
+    return q0, q1, q2, q3
+
+
+@gluon.jit
+def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
+                      COLS: gl.constexpr):
+    """I32 ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout) of a keys-as-rows tile: the sign bit
+    (``0x80000000``) where the element is dropped, 0 where it is kept (``dropout_keep_tile``'s
+    arguments, its ``REFRESH`` on)."""
+    gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    seed, zero = _per_call(seed, N_CTX_K)
+    rows += zero
+    cols += zero
+    zero = gl.zeros([ROWS, COLS], gl.int32, layout)
+    d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP)
+    # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
+    d = tile_of_quads(d0, d2, d1, d3)
+    return gl.convert_layout(d & -0x80000000, layout)
+
+
 # ----------------------------------------------------------------------------
 # The forward's score tiles (queries as rows)
 # ----------------------------------------------------------------------------
@@ -179,6 +258,9 @@ def sign_dropped(pt, drop, h_off, q0, k0):
     layout: gl.constexpr = pt.type.layout
     ROWS: gl.constexpr = pt.shape[0]
     COLS: gl.constexpr = pt.shape[1]
+    if SIGNS_FROM_WORDS:
+        sign = dropout_sign_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS)
+        return (pt.to(gl.int32, bitcast=True) ^ sign).to(gl.float32, bitcast=True)
     keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, True)
     return gl.where(keep, pt, -pt)
 
