@@ -117,7 +117,9 @@ def dropout_unit_words(seed, head_offset, quad_rows, unit_cols, N_CTX_K, ROUNDS_
     """The four Philox words of the units ``(quad_rows, unit_cols)`` (broadcast against each other), one
     call each: word ``2y + x`` holds the element ``8y`` rows and ``8x`` columns from the unit's first,
     its even column in the low 16 bits and its odd column in the high 16 bits."""
-    counter = head_offset + quad_rows.to(tl.int64) * dropout_units(N_CTX_K) + unit_cols
+    # Both factors are >= 0 and below 2^31: zero-extended, the product is one 32 x 32 -> 64-bit multiply.
+    rows = quad_rows.to(tl.uint32).to(tl.uint64) * dropout_units(N_CTX_K).to(tl.uint32).to(tl.uint64)
+    counter = head_offset + rows.to(tl.int64) + unit_cols
     return philox4x32(seed, counter, ROUNDS_LOOP)
 
 
@@ -224,5 +226,6 @@ def tile_of_units(k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h):
 
 @triton.jit
 def quad_index(i):
-    """The quad row (column) of local row (column) ``i`` of a 16-aligned tile: ``8 * (i // 16) + i % 8``."""
-    return i // 16 * 8 + i % 8
+    """The quad row (column) of local row (column) ``i >= 0`` of a 16-aligned tile: ``8 * (i // 16) + i % 8``
+    (in shifts and masks: the compiler cannot see that ``i`` is not negative)."""
+    return ((i >> 4) << 3) | (i & 7)

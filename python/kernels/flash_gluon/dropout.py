@@ -12,7 +12,8 @@ backward's ``S^T``, ``KEYS_AS_ROWS``) a thread holds half of two units and the l
 other halves: each of the two draws one unit and they swap the four bits the other needs (one
 ``shfl.sync`` per 16 x 16 block, ``_swapped_unit_quads``), so the backward also makes one call per
 eight elements (sm_90 bf16 hd128: ``IMAD.HI`` 316 -> 164, spill instructions 140 -> 153, no shared
-memory added).
+memory added).  With ``SIGNS_FROM_WORDS`` they swap the 16-bit halves instead (two shuffles per block,
+``_swapped_unit_signs``) and the backward applies them as sign bits (``dropout_sign_tile``).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -159,8 +160,8 @@ def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     C16: gl.constexpr = quad_r.shape[2]
     key_quad, _ = gl.split(gl.reshape(quad_r, [R16, 8, C16, 4, 2]))  # the even query column's (f = 0)
     query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
-    odd = key_quad % 2  # this lane's half of every unit it draws
-    r0, r1, r2, r3 = dropout_unit_words(seed, base, query_even + odd, key_quad // 2, N_CTX_K, ROUNDS)
+    odd = key_quad & 1  # this lane's half of every unit it draws
+    r0, r1, r2, r3 = dropout_unit_words(seed, base, query_even + odd, key_quad >> 1, N_CTX_K, ROUNDS)
     r0 = r0.to(gl.int32, bitcast=True)
     r1 = r1.to(gl.int32, bitcast=True)
     r2 = r2.to(gl.int32, bitcast=True)
