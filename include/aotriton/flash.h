@@ -229,7 +229,7 @@ AOTRITON_API Status attn_bwd(const BwdParams& params, Stream stream) noexcept;
 // B * Hq * SQ_PAD * (W + 2) * 4 with SQ_PAD = Sq rounded up to 128 and W = D rounded up to 64 or
 // 128 where the Gluon kernels accumulate dQ themselves, 0 where dQ has its own kernel
 // (deterministic, or D above 128); plus 2 * 2 * B * Hk * Sk * 128 * 4 for the fp32 dK/dV partials
-// of a GQA head split (Hq / Hk >= 4 and (Hq / Hk) * Sq >= 24576 at D 65-128, fixed-length batches, no dropout).
+// of a GQA head split (Hq / Hk >= 4 and (Hq / Hk) * Sq >= 24576 at D 65-128, fixed-length batches).
 // The workspace fields are ignored. Errors as attn_bwd's before any launch
 // (validation, kUnsupportedByBackend, kNoDriver); *bytes is 0 then.
 AOTRITON_API Status attn_bwd_workspace_bytes(const BwdParams& params, Stream stream,

@@ -234,7 +234,7 @@ pub fn attn_bwd(params: &BwdParams, stream: Stream) -> Result<()> {
 /// 128 and `W` = the head dim rounded up to 64 or 128 where the Gluon kernels accumulate dQ
 /// themselves, 0 where dQ has its own kernel (`deterministic`, or head dims above 128); plus
 /// `2·2·B·Hk·Sk·128·4` for the fp32 dK/dV partials of a GQA head split (groups of 4 or more query
-/// heads per K/V head with `G·Sq` ≥ 24576 at head dims 65-128, fixed-length, no dropout: `flash::gluon` `head_split`). The Gluon backend
+/// heads per K/V head with `G·Sq` ≥ 24576 at head dims 65-128, fixed-length: `flash::gluon` `head_split`). The Gluon backend
 /// does not serve calls whose workspace TMA cannot address (`B·Hq·SQ_PAD` ≥ 2^32 rows). The
 /// workspace itself is ignored. Errors: those `attn_bwd` reports before launching (validation,
 /// a forced backend that cannot serve the call, no driver, an invalid stream).

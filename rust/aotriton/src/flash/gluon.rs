@@ -224,7 +224,7 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
         tma::check(&t).map_err(|problem| Unsupported::Tma { tensor: "workspace", problem })?;
     }
     g.separate_dq = p.deterministic || g.bucket > FUSED_DQ_MAX_BUCKET;
-    g.head_split = head_split(shape, g.bucket, p.dropout.is_some());
+    g.head_split = head_split(shape, g.bucket);
     g.workspace_bytes = checked_sum("workspace bytes", workspace_bytes(shape, g.dq_acc_width())?, partials_bytes(shape, &g)?)
         .map_err(|_| Unsupported::WorkspaceTooLarge)?;
     Ok(g)
@@ -239,8 +239,8 @@ pub(crate) fn bwd_inputs(p: &BwdParams, shape: &AttnShape) -> Result<GluonShape,
 /// `test/gluon/check_bwd.py --bench-gqa --head-split 2,4,7,8` on the H100 (bench/results/h200_gluon_bwd_issue17.md):
 /// 2 was the best split on every row it helped; it gained from `G · Sq` = 28k up (28/4 S4k +2.5 %, 32/8
 /// S8k +6 %, 28/4 S16k +28 %, 64/8 S16k +32 %) and lost below 16k (-0.5 to -7 %). Measured at the bucket
-/// 128 only; packed batches are not split, nor (until a GPU run checks the split with dropout:
-/// test/gluon/check_bwd_dropout.py's head-split cases) dropout calls.
+/// 128 only; packed batches are not split. Dropout calls split as the others (each part draws its own
+/// heads' masks: test/gluon/check_bwd_dropout.py's head-split cases, 49 passed on an H100).
 pub(crate) const HEAD_SPLIT: u64 = 2;
 /// The split is taken from this `G · Sq` (query heads per K/V head times query rows) up.
 pub(crate) const HEAD_SPLIT_MIN_GROUP_ROWS: u64 = 24576;
@@ -249,10 +249,10 @@ pub(crate) const HEAD_SPLIT_MIN_GROUP: u64 = 4;
 pub(crate) const HEAD_SPLIT_BUCKET: u64 = 128;
 
 /// CTAs per key block of the Gluon backward ([`HEAD_SPLIT`]): 1 or `HEAD_SPLIT`.
-pub(crate) fn head_split(shape: &AttnShape, bucket: u64, dropout: bool) -> u64 {
+pub(crate) fn head_split(shape: &AttnShape, bucket: u64) -> u64 {
     let group = shape.gqa_group();
     let long_walk = group.saturating_mul(shape.seqlen_q) >= HEAD_SPLIT_MIN_GROUP_ROWS;
-    if shape.varlen.is_none() && !dropout && bucket == HEAD_SPLIT_BUCKET && group >= HEAD_SPLIT_MIN_GROUP && long_walk {
+    if shape.varlen.is_none() && bucket == HEAD_SPLIT_BUCKET && group >= HEAD_SPLIT_MIN_GROUP && long_walk {
         HEAD_SPLIT
     } else {
         1
@@ -960,17 +960,16 @@ mod tests {
         let (shape, _) = super::super::bwd::validate(&bwd(128, DType::BF16)).unwrap();
         let gqa = |hq: u64, hk: u64, sq: u64| AttnShape { heads_q: hq, heads_k: hk, seqlen_q: sq, seqlen_k: sq, ..shape };
         // G · Sq from HEAD_SPLIT_MIN_GROUP_ROWS up, G >= 4, the bucket 128, fixed-length batches.
-        assert_eq!(head_split(&gqa(64, 8, 8192), 128, false), HEAD_SPLIT);
-        assert_eq!(head_split(&gqa(28, 4, 16384), 128, false), HEAD_SPLIT, "an odd group splits 4 + 3");
-        assert_eq!(head_split(&gqa(32, 8, 16384), 128, false), HEAD_SPLIT);
-        assert_eq!(head_split(&gqa(32, 8, 8192), 128, false), HEAD_SPLIT);
-        assert_eq!(head_split(&gqa(28, 4, 4096), 128, false), HEAD_SPLIT, "G · Sq = 28672");
-        assert_eq!(head_split(&gqa(32, 8, 4096), 128, false), 1, "G · Sq = 16384: below the threshold");
-        assert_eq!(head_split(&gqa(28, 4, 2048), 128, false), 1);
-        assert_eq!(head_split(&gqa(16, 8, 1 << 20), 128, false), 1, "groups of 2 are not split");
-        assert_eq!(head_split(&gqa(64, 8, 16384), 64, false), 1, "measured at the bucket 128 only");
-        assert_eq!(head_split(&gqa(64, 8, 16384), 128, true), 1, "not with dropout (yet)");
-        assert_eq!(head_split(&gqa(64, 8, u64::MAX), 128, false), HEAD_SPLIT, "G · Sq saturates");
+        assert_eq!(head_split(&gqa(64, 8, 8192), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(28, 4, 16384), 128), HEAD_SPLIT, "an odd group splits 4 + 3");
+        assert_eq!(head_split(&gqa(32, 8, 16384), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(32, 8, 8192), 128), HEAD_SPLIT);
+        assert_eq!(head_split(&gqa(28, 4, 4096), 128), HEAD_SPLIT, "G · Sq = 28672");
+        assert_eq!(head_split(&gqa(32, 8, 4096), 128), 1, "G · Sq = 16384: below the threshold");
+        assert_eq!(head_split(&gqa(28, 4, 2048), 128), 1);
+        assert_eq!(head_split(&gqa(16, 8, 1 << 20), 128), 1, "groups of 2 are not split");
+        assert_eq!(head_split(&gqa(64, 8, 16384), 64), 1, "measured at the bucket 128 only");
+        assert_eq!(head_split(&gqa(64, 8, u64::MAX), 128), HEAD_SPLIT, "G · Sq saturates");
         // The workspace grows by the partials, which follow delta2.
         let mut p = bwd(128, DType::BF16);
         let (hq, hk, s) = (64, 8, 8192);
@@ -1001,7 +1000,7 @@ mod tests {
         // A packed batch is not split.
         let (packed, _) = super::super::bwd::validate(&packed_bwd(128, DType::BF16)).unwrap();
         assert!(packed.varlen.is_some());
-        assert_eq!(head_split(&AttnShape { heads_q: 64, heads_k: 8, seqlen_q: 1 << 16, ..packed }, 128, false), 1);
+        assert_eq!(head_split(&AttnShape { heads_q: 64, heads_k: 8, seqlen_q: 1 << 16, ..packed }, 128), 1);
     }
 
     /// The review's F5 call: B = Hq = 65535, Sq = 2^24, 16-byte strides; every tensor TMA can

@@ -82,7 +82,7 @@
 //! the bucket 256, it skips that and computes dQ with a kernel of its own instead
 //! (`attn_bwd_gluon_dq` where the archive holds it, today at the bucket 256, else the portable
 //! `attn_bwd_dq`), so every result stays bitwise reproducible. A GQA call with a long walk per key
-//! block (groups of at least 4 query heads, `G·Sq` ≥ 24576, bucket 128, fixed-length, no dropout) splits each
+//! block (groups of at least 4 query heads, `G·Sq` ≥ 24576, bucket 128, fixed-length) splits each
 //! group's query heads over two CTAs per key block; their fp32 dK/dV partials are summed in a
 //! fixed order (bitwise reproducible too) by `attn_bwd_gluon_dkdv_convert`.
 mod bwd;
