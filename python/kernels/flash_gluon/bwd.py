@@ -59,9 +59,10 @@ Dropout (constexpr ``DROPOUT``, one CTA per key block): each step draws the keep
 ``[64 keys, 64 queries]`` tile with the forward's counters (``dropout.py``), in the registers that hold
 P^T; the bit rides in P^T's sign until dS^T is formed (no mask register live across the dV product),
 dV = (P^T * Z) dO is scaled by ``1 / (1 - p)`` once at the end, dS^T = P^T (Z dP^T / (1 - p) - delta)
-re-reads delta from the ring slot.  SASS (sm_90, bf16, ``COMPUTE_DQ``): 74 local loads / 66 stores at
-hd128 (34 / 36 without dropout; 192 / 168 before ``dropout_keep_tile`` recomputed its invariants per
-step), 46 / 47 at hd256 (57 / 58 without), none at hd64.
+re-reads delta from the ring slot.  The keep bits go into P^T's sign bits straight from the Philox
+words (``dropout.SIGNS_FROM_WORDS``).  SASS (sm_90, bf16, hd128, ``COMPUTE_DQ``): an interior step
+1,090 instructions, 24 of them local loads/stores (418 without dropout), 171 spill
+instructions in the whole kernel; hd256 (dK/dV) 43; none at hd64.
 
 Performance options (constexprs after ``COMPUTE_DQ`` and ``DROPOUT``, all with defaults; every value is fully general,
 the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` times them):
