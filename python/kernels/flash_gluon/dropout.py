@@ -100,6 +100,22 @@ def _shfl_xor4(x):
 
 
 @gluon.jit
+def _drawn_unit(rows, cols, zero):
+    """The unit this lane draws in each 16 x 16 block of a keys-as-rows tile (``rows``: the keys,
+    ``cols``: the queries, ``zero``: an i32 zero tile), as ``[R/16, 8, C/16, 4]`` tensors: ``(query quad,
+    key unit, odd)``.  The lane holds key quad ``r`` and query quads ``2c``, ``2c + 1``; it draws query
+    quad ``2c + odd`` of key unit ``r // 2``, ``odd = r mod 2`` being also the half of each word it keeps."""
+    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)  # [R/16, 8, C/16, 8]: key quads
+    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)  # query quads
+    R16: gl.constexpr = quad_r.shape[0]
+    C16: gl.constexpr = quad_r.shape[2]
+    key_quad, _ = gl.split(gl.reshape(quad_r, [R16, 8, C16, 4, 2]))  # the even query column's (f = 0)
+    query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
+    odd = key_quad & 1
+    return query_even + odd, key_quad >> 1, odd
+
+
+@gluon.jit
 def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS: gl.constexpr):
     """A keys-as-rows tile's four quad tensors (``dropout.quad_view`` order, ``dropout_quad_keep``'s
     words) from one Philox call per thread per 16 x 16 block.
@@ -109,15 +125,11 @@ def _swapped_unit_quads(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     ``r ^ 1``).  Its partner, lane ``lane ^ 4``, holds key quad ``r ^ 1`` of the same two units.  So
     each draws one of them (query quad ``2c + r mod 2``), keeps the four bits of its own key quad and
     hands the partner the other four (one shuffle of a packed word)."""
-    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)  # [R/16, 8, C/16, 8]: key quads
-    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)  # query quads
-    R16: gl.constexpr = quad_r.shape[0]
-    C16: gl.constexpr = quad_r.shape[2]
-    key_quad, _ = gl.split(gl.reshape(quad_r, [R16, 8, C16, 4, 2]))  # the even query column's (f = 0)
-    query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
-    odd = key_quad % 2  # this thread's half of every unit it draws
-    k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h = dropout_unit_keep(seed, base, query_even + odd, key_quad // 2,
-                                                               N_CTX_K, DROPOUT_THRESHOLD, ROUNDS)
+    query_quad, key_unit, odd = _drawn_unit(rows, cols, zero)
+    R16: gl.constexpr = odd.shape[0]
+    C16: gl.constexpr = odd.shape[2]
+    k0l, k0h, k1l, k1h, k2l, k2h, k3l, k3h = dropout_unit_keep(seed, base, query_quad, key_unit, N_CTX_K,
+                                                               DROPOUT_THRESHOLD, ROUNDS)
     mine0 = gl.where(odd != 0, k0h, k0l)
     mine1 = gl.where(odd != 0, k1h, k1l)
     mine2 = gl.where(odd != 0, k2h, k2l)
@@ -155,14 +167,10 @@ def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
     ``prmt`` per word pair, two shuffles per 16 x 16 block): its query quads ``2c`` and ``2c + 1`` then
     take its own halves and the partner's (which first depends on the key quad's parity, one select
     per word pair)."""
-    quad_r = quad_view(gl.expand_dims(quad_index(rows), 1) + zero)  # [R/16, 8, C/16, 8]: key quads
-    quad_c = quad_view(gl.expand_dims(quad_index(cols), 0) + zero)  # query quads
-    R16: gl.constexpr = quad_r.shape[0]
-    C16: gl.constexpr = quad_r.shape[2]
-    key_quad, _ = gl.split(gl.reshape(quad_r, [R16, 8, C16, 4, 2]))  # the even query column's (f = 0)
-    query_even, _ = gl.split(gl.reshape(quad_c, [R16, 8, C16, 4, 2]))
-    odd = key_quad & 1  # this lane's half of every unit it draws
-    r0, r1, r2, r3 = dropout_unit_words(seed, base, query_even + odd, key_quad >> 1, N_CTX_K, ROUNDS)
+    query_quad, key_unit, odd = _drawn_unit(rows, cols, zero)
+    R16: gl.constexpr = odd.shape[0]
+    C16: gl.constexpr = odd.shape[2]
+    r0, r1, r2, r3 = dropout_unit_words(seed, base, query_quad, key_unit, N_CTX_K, ROUNDS)
     r0 = r0.to(gl.int32, bitcast=True)
     r1 = r1.to(gl.int32, bitcast=True)
     r2 = r2.to(gl.int32, bitcast=True)
