@@ -278,7 +278,7 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
             pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     if DROPOUT:
         pt = sign_dropped(pt, drop, h_off, start_m, k0)
-        pt_a = gl.convert_layout(dropped_probs(pt).to(dtype), a_layout)
+        pt_a = gl.convert_layout(dropped_probs(pt, dtype), a_layout)
     else:
         pt_a = gl.convert_layout(pt.to(dtype), a_layout)
     dv = warpgroup_mma(pt_a, do, dv, is_async=True)

@@ -95,9 +95,10 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
         # delta read again from the ring slot (still held): not live across the wgmmas.
         delta_again = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
         dst = dropout_ds(pt, dpt, delta_again, drop)
-        pt = dropped_probs(pt)
+        pt_lp = dropped_probs(pt, dtype)
     else:
         dst = pt * dpt
+        pt_lp = pt.to(dtype)
 
     # Publish this warpgroup's query columns of P^T and dS^T; then both tiles are the A operands.
     pb = j % 2
@@ -105,7 +106,7 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
     pt_tile = pt_bufs.index(pb)
     ds_tile = ds_bufs.index(pb)
     mbarrier.wait(pds_empty.index(pb), pph ^ 1)
-    pt_tile.slice(cid * QH, QH, dim=1).store(pt.to(dtype))
+    pt_tile.slice(cid * QH, QH, dim=1).store(pt_lp)
     ds_tile.slice(cid * QH, QH, dim=1).store(dst.to(dtype))
     fence_async_shared()
     gl.thread_barrier()
