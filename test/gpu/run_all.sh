@@ -119,7 +119,7 @@ rm -f "$OUT"/unit-tests.log "$OUT"/examples.log "$OUT"/seed-api.log "$OUT"/rust-
 #    rounds loop keeps 128 bytes of stack) and the backward with its rounds as a loop),
 #    GLUON_CHECKS=dropout-bench their timings beside cuDNN's, alternating (the run-to-run spread is
 #    about 5 %): the forward shipped / rounds unrolled, the backward shipped and with dQ from its own
-#    kernel at hd64/128, rounds unrolled / as a loop,
+#    kernel at hd64/128, rounds unrolled / as a loop, keep bits from the words / through a bool tile,
 #    GLUON_CHECKS=dq those of attn_bwd_gluon_dq and its benchmark beside the portable dQ,
 #    GLUON_CHECKS=gqa the GQA rows' benchmark with and without a head split.
 checks=()
@@ -138,7 +138,7 @@ case ${GLUON_CHECKS:-1} in
   dropout-bench) checks=("check_fwd_dropout --bench" "check_fwd_dropout --bench --rounds-loop 0"
                          "check_fwd_dropout --bench" "check_fwd_dropout --bench --rounds-loop 0"
                          "check_bwd_dropout --bench" "check_bwd_dropout --bench --rounds-loop 1"
-                         "check_bwd_dropout --bench") ;;
+                         "check_bwd_dropout --bench" "check_bwd_dropout --bench --signs-from-words 0") ;;
   # dQ in its own Gluon kernel (kernels/flash_gluon/bwd_dq.py, in the archive at hd256): checked with
   # its pairs (varlen, dropout and consan cases included), then timed beside the portable dQ.
   dq) checks=("check_bwd --gluon-dq" "check_bwd --portable-dq" "check_bwd_varlen" "check_bwd_dropout"
