@@ -279,16 +279,17 @@ def sign_dropped(pt, drop, h_off, q0, k0):
 def dropped_probs(pt_signed, dtype: gl.constexpr):
     """``P^T`` times the keep mask in ``dtype`` (fp16 or bf16: the dV product's operand; ``dropout_scale``
     applied to dV once): the negative (dropped) elements to zero in the conversion itself
-    (``cvt.rn.relu``, two elements per instruction; the same bits as rounding ``max(pt, 0)``, one
-    ``FMNMX`` per element fewer)."""
+    (``cvt.rn.relu``, two elements per instruction; the same bits as rounding ``max(pt, 0)`` for every
+    ``pt`` but NaN, which stays NaN as in the backward without dropout; one ``FMNMX`` per element
+    fewer)."""
     gl.static_assert(dtype.primitive_bitwidth == 16, "a 16-bit MMA operand (fp16 or bf16)")
+    # cvt's first source goes to the high half: the second element of each pair ($2).
     if dtype.is_bf16():
-        # cvt's first source goes to the high half: the tile's second element of each pair.
-        return gl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,f,f", [pt_signed], dtype=gl.bfloat16,
-                                         is_pure=True, pack=2)
+        return gl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,f,f", [pt_signed],
+                                         dtype=gl.bfloat16, is_pure=True, pack=2)
     else:
-        return gl.inline_asm_elementwise("cvt.rn.relu.f16x2.f32 $0, $2, $1;", "=r,f,f", [pt_signed], dtype=gl.float16,
-                                         is_pure=True, pack=2)
+        return gl.inline_asm_elementwise("cvt.rn.relu.f16x2.f32 $0, $2, $1;", "=r,f,f", [pt_signed],
+                                         dtype=gl.float16, is_pure=True, pack=2)
 
 
 @gluon.jit
