@@ -319,6 +319,8 @@ pub(crate) fn ext_cases() -> Vec<Ext> {
         ext(b16, 40, 3, 3, 2, 333, 200, mk(16, 5, false)).dropout(0.1).bshd(),
         ext(h16, 256, 2, 1, 1, 64, 61, none).dropout(0.9),
         ext(b16, 72, 4, 4, 1, 509, 97, causal_br).dropout(0.3), // 412 rows without keys
+        // The Gluon backward's GQA head split with dropout (G 8, G·Sq 24632: each part draws its heads).
+        ext(b16, 72, 8, 1, 1, 3079, 83, causal_br).dropout(0.2),
         // Bias, every broadcast pattern, with masks.
         ext(h16, 64, 4, 2, 2, 97, 131, none).bias([f, f, f]),
         ext(b16, 128, 4, 4, 2, 200, 200, causal_tl).bias([t, f, f]),
