@@ -559,8 +559,9 @@ def consan_child(idx):
 
 
 def consan(buckets=(64, 128, 256), only=None):
-    """Every case (of the head-dim ``buckets``; with ``only``, whose name contains it) in its own process (a sanitizer trap kills the CUDA
-    context), all at once: the instrumented compiles dominate and run in parallel."""
+    """Every case (of the head-dim ``buckets``; with ``only``, those whose name contains it) in its own
+    process (a sanitizer trap kills the CUDA context), all at once: the instrumented compiles dominate
+    and run in parallel."""
     t0 = time.time()
     picked = [i for i, (a, kw) in enumerate(CONSAN_CASES)
               if bucket(a[6]) in buckets and (not only or only in case_name(a, kw))]

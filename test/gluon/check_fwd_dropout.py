@@ -236,7 +236,7 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
         ap.add_argument("--signs-from-words", type=int, choices=(0, 1), default=None,
                         help="the backward's keep bits into P^T's signs on the Philox words (1) or through a bool "
                              "tile (0) (default: dropout.py's SIGNS_FROM_WORDS)")
-    if one_loop:
+    else:
         ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
                         help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
                              "one loop masked at run time from the first boundary block (2), or 2 in a CTA that "
