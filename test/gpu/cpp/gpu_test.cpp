@@ -836,10 +836,9 @@ std::string fmt(const char* f, double x) {
   return buf;
 }
 
-// max|got - exact| <= k * max|naive - exact| + 1e-3 (x max(1, max|exact|) for gradients); no NaN.
-bool bounded(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
-             const std::vector<double>& naive, double k, bool scale_floor, std::string& line) {
-  double floor = 1e-3;
+// max|got - exact| <= k * max|naive - exact| + floor (x max(1, max|exact|) when scale_floor); no NaN.
+bool bounded_floor(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
+                   const std::vector<double>& naive, double k, double floor, bool scale_floor, std::string& line) {
   if (scale_floor) {
     double mag = 1.0;
     for (double x : exact) mag = std::max(mag, std::fabs(x));
@@ -852,6 +851,12 @@ bool bounded(const char* name, const std::vector<double>& got, const std::vector
   if (nan) line += "[" + std::to_string(nan) + " NaN]";
   if (!ok) line += "!";
   return ok;
+}
+
+// `bounded_floor` with the usual floor, 1e-3 (x max(1, max|exact|) for gradients).
+bool bounded(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
+             const std::vector<double>& naive, double k, bool scale_floor, std::string& line) {
+  return bounded_floor(name, got, exact, naive, k, 1e-3, scale_floor, line);
 }
 
 // LSE: finite reference rows within 3 * max|naive - exact| + 1e-3 * max(1, |lse_i|); +inf exactly
@@ -875,6 +880,67 @@ bool lse_ok(const std::vector<double>& got, const std::vector<double>& exact, co
   line += "  LSE err/bound " + fmt("%.2f", worst);
   if (bad) line += "[" + std::to_string(bad) + " rows wrong]!";
   return bad == 0;
+}
+
+// The forward's tensors, scale, mask and backend as a case states them (either case type); each
+// case adds its own variants.
+template <typename CaseT>
+aotriton::v2::flash::FwdParams fwd_params(const CaseT& c, aotriton::TensorView<4> q, aotriton::TensorView<4> k,
+                                          aotriton::TensorView<4> v, aotriton::TensorView<4> o,
+                                          aotriton::TensorView<3> lse, float sm_scale) {
+  aotriton::v2::flash::FwdParams fp;
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.o = o;
+  fp.lse = lse;
+  fp.sm_scale = sm_scale;
+  fp.causal = c.causal;
+  fp.align = c.align;
+  fp.window_left = c.window_left;
+  fp.window_right = c.window_right;
+  fp.backend = g_backend;
+  return fp;
+}
+
+// The backward of the forward call `fp`: every field they share, as the forward had it, and the
+// backward's own tensors (gradients' buffers of bias and sinks, and modes, are the caller's).
+aotriton::v2::flash::BwdParams backward_of(const aotriton::v2::flash::FwdParams& fp, aotriton::TensorView<4> d_o,
+                                           aotriton::TensorView<3> delta, aotriton::TensorView<4> dq,
+                                           aotriton::TensorView<4> dk, aotriton::TensorView<4> dv) {
+  aotriton::v2::flash::BwdParams bp;
+  bp.q = fp.q;
+  bp.k = fp.k;
+  bp.v = fp.v;
+  bp.o = fp.o;
+  bp.d_o = d_o;
+  bp.lse = fp.lse;
+  bp.delta = delta;
+  bp.dq = dq;
+  bp.dk = dk;
+  bp.dv = dv;
+  bp.sm_scale = fp.sm_scale;
+  bp.causal = fp.causal;
+  bp.align = fp.align;
+  bp.window_left = fp.window_left;
+  bp.window_right = fp.window_right;
+  bp.softcap = fp.softcap;
+  bp.alibi_slopes = fp.alibi_slopes;
+  bp.sinks = fp.sinks;
+  bp.bias = fp.bias;
+  bp.dropout_p = fp.dropout_p;
+  bp.philox_seed = fp.philox_seed;
+  bp.philox_offset = fp.philox_offset;
+  bp.philox_offset_base = fp.philox_offset_base;
+  bp.cu_seqlens_q = fp.cu_seqlens_q;
+  bp.cu_seqlens_k = fp.cu_seqlens_k;
+  bp.max_seqlen_q = fp.max_seqlen_q;
+  bp.max_seqlen_k = fp.max_seqlen_k;
+  bp.cu_seqlens_q_host = fp.cu_seqlens_q_host;
+  bp.cu_seqlens_k_host = fp.cu_seqlens_k_host;
+  bp.allow_tf32 = fp.allow_tf32;
+  bp.backend = fp.backend;
+  return bp;
 }
 
 Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
@@ -905,17 +971,8 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
   DevTensor<uint16_t, 4> o_dev(place4(c, hq, sq, dv, false), nullptr, kPoison16, stream);
   DevTensor<uint32_t, 3> lse_dev(place_rows(c), nullptr, kPoison32, stream);
   const aotriton::DType dt = api_dtype(c.dtype);
-  fl::FwdParams fp;
-  fp.q = q_dev.view(dt);
-  fp.k = k_dev.view(dt);
-  fp.v = v_dev.view(dt);
-  fp.o = o_dev.view(dt);
-  fp.lse = lse_dev.view(aotriton::DType::kFloat32);
-  fp.sm_scale = sm_scale;
-  fp.causal = c.causal;
-  fp.align = c.align;
-  fp.window_left = c.window_left;
-  fp.window_right = c.window_right;
+  fl::FwdParams fp = fwd_params(c, q_dev.view(dt), k_dev.view(dt), v_dev.view(dt), o_dev.view(dt),
+                                lse_dev.view(aotriton::DType::kFloat32), sm_scale);
   fp.softcap = c.softcap;
   // ALiBi slopes [rows, Hq] and sinks [Hq], fp32 (bit patterns), with their gradient's buffer.
   std::optional<DevTensor<uint32_t, 2>> slopes_dev;
@@ -936,7 +993,6 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     dsinks_dev.emplace(Placement<1>(sizes, strides, 0), nullptr, kPoison32, stream);
     fp.sinks = sinks_dev->view(aotriton::DType::kFloat32);
   }
-  fp.backend = g_backend;
 
   // The backward's buffers and parameters (set up before the forward: a forced Gluon backend
   // checks its refusals first).
@@ -949,26 +1005,9 @@ Outcome run_case(const Case& c, SplitMix64& rng, CUstream stream) {
     dq_dev.emplace(place4(c, hq, sq, d, true), nullptr, kPoison16, stream);
     dk_dev.emplace(place4(c, hk, sk, d, false), nullptr, kPoison16, stream);
     dv_dev.emplace(place4(c, hk, sk, dv, false), nullptr, kPoison16, stream);
-    bp.q = fp.q;
-    bp.k = fp.k;
-    bp.v = fp.v;
-    bp.o = fp.o;
-    bp.d_o = do_dev->view(dt);
-    bp.lse = fp.lse;
-    bp.delta = delta_dev->view(aotriton::DType::kFloat32);
-    bp.dq = dq_dev->view(dt);
-    bp.dk = dk_dev->view(dt);
-    bp.dv = dv_dev->view(dt);
-    bp.sm_scale = sm_scale;
-    bp.causal = c.causal;
-    bp.align = c.align;
-    bp.window_left = c.window_left;
-    bp.window_right = c.window_right;
-    bp.softcap = c.softcap;
-    bp.alibi_slopes = fp.alibi_slopes;
-    bp.sinks = fp.sinks;
+    bp = backward_of(fp, do_dev->view(dt), delta_dev->view(aotriton::DType::kFloat32), dq_dev->view(dt),
+                     dk_dev->view(dt), dv_dev->view(dt));
     if (dsinks_dev) bp.dsinks = dsinks_dev->view(aotriton::DType::kFloat32);
-    bp.backend = g_backend;
   }
   auto bwd_untouched = [&] {
     return !c.backward || (dq_dev->read(stream) == dq_dev->host && dk_dev->read(stream) == dk_dev->host &&
@@ -1419,22 +1458,6 @@ void live3(const std::vector<double>& got, const std::vector<double>& exact, con
   }
 }
 
-// `bounded` with a given floor (x max(1, max|exact|) when scale_floor).
-bool bounded_floor(const char* name, const std::vector<double>& got, const std::vector<double>& exact,
-                   const std::vector<double>& naive, double k, double floor, bool scale_floor, std::string& line) {
-  if (scale_floor) {
-    double mag = 1.0;
-    for (double x : exact) mag = std::max(mag, std::fabs(x));
-    floor *= mag;
-  }
-  const double err = max_err(got, exact), bound = k * max_err(naive, exact) + floor;
-  const size_t nan = count_nan(got);
-  const bool ok = nan == 0 && err <= bound;
-  line += std::string("  ") + name + " " + fmt("%.2e", err) + "/" + fmt("%.2e", bound);
-  if (nan) line += "[" + std::to_string(nan) + " NaN]";
-  if (!ok) line += "!";
-  return ok;
-}
 
 template <typename T>
 Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
@@ -1539,17 +1562,8 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
              (ok ? "" : "!");
   }
 
-  fl::FwdParams fp;
-  fp.q = q_dev.view(dt);
-  fp.k = k_dev.view(dt);
-  fp.v = v_dev.view(dt);
-  fp.o = o_dev.view(dt);
-  fp.lse = lse_dev.view(aotriton::DType::kFloat32);
-  fp.sm_scale = sm_scale;
-  fp.causal = c.causal;
-  fp.align = c.align;
-  fp.window_left = c.window_left;
-  fp.window_right = c.window_right;
+  fl::FwdParams fp = fwd_params(c, q_dev.view(dt), k_dev.view(dt), v_dev.view(dt), o_dev.view(dt),
+                                lse_dev.view(aotriton::DType::kFloat32), sm_scale);
   if (c.bias) fp.bias = bias_dev.view(dt);
   if (c.dropout > 0) {
     fp.dropout_p = c.dropout;
@@ -1569,36 +1583,9 @@ Outcome run_feature_typed(const FeatCase& c, SplitMix64& rng, CUstream stream) {
       fp.cu_seqlens_k_host = cuk.data();
     }
   }
-  fp.backend = g_backend;
-  fl::BwdParams bp;
-  bp.q = fp.q;
-  bp.k = fp.k;
-  bp.v = fp.v;
-  bp.o = fp.o;
-  bp.d_o = do_dev.view(dt);
-  bp.lse = fp.lse;
-  bp.delta = delta_dev.view(aotriton::DType::kFloat32);
-  bp.dq = dq_dev.view(dt);
-  bp.dk = dk_dev.view(dt);
-  bp.dv = dv_dev.view(dt);
-  bp.sm_scale = sm_scale;
-  bp.causal = c.causal;
-  bp.align = c.align;
-  bp.window_left = c.window_left;
-  bp.window_right = c.window_right;
-  bp.bias = fp.bias;
+  fl::BwdParams bp = backward_of(fp, do_dev.view(dt), delta_dev.view(aotriton::DType::kFloat32), dq_dev.view(dt),
+                                 dk_dev.view(dt), dv_dev.view(dt));
   if (c.bias) bp.dbias = dbias_dev.view(dt);
-  bp.dropout_p = fp.dropout_p;
-  bp.philox_seed = fp.philox_seed;
-  bp.philox_offset = fp.philox_offset;
-  bp.philox_offset_base = fp.philox_offset_base;
-  bp.cu_seqlens_q = fp.cu_seqlens_q;
-  bp.cu_seqlens_k = fp.cu_seqlens_k;
-  bp.max_seqlen_q = fp.max_seqlen_q;
-  bp.max_seqlen_k = fp.max_seqlen_k;
-  bp.cu_seqlens_q_host = fp.cu_seqlens_q_host;
-  bp.cu_seqlens_k_host = fp.cu_seqlens_k_host;
-  bp.backend = g_backend;
 
   // Forced Gluon: a case outside its rule must be refused, nothing written; a backward it does
   // not serve is checked for the refusal, then run on the portable backend.
