@@ -632,24 +632,12 @@ fn references(
     let r = c.dropout.map_or(1.0, crate::philox::scale);
     let Some((cq, ck)) = c.cu() else {
         let problem = reference::Problem {
-            dtype: c.prec,
-            batch: c.b,
-            heads_q: c.hq,
-            heads_k: c.hk,
-            seqlen_q: c.sq,
-            seqlen_k: c.sk,
-            head_dim: c.d,
             head_dim_v: c.dv,
-            mask: c.mask,
-            sm_scale,
-            q,
-            k,
-            v,
-            d_o,
             bias: bias_full,
             dropout: keep.map(|m| (m, r)),
             softcap: c.softcap,
             sinks: c.sinks.as_deref(),
+            ..reference::Problem::plain(c.prec, [c.b, c.hq, c.hk, c.sq, c.sk, c.d], c.mask, sm_scale, [q, k, v, d_o])
         };
         let (exact, naive) = reference::compute(&problem);
         return Refs { exact, naive };
@@ -722,24 +710,12 @@ fn references(
             (zeros(), zeros())
         } else {
             let problem = reference::Problem {
-                dtype: c.prec,
-                batch: 1,
-                heads_q: hq,
-                heads_k: hk,
-                seqlen_q: lq,
-                seqlen_k: lk,
-                head_dim: d,
                 head_dim_v: dv,
-                mask: c.mask,
-                sm_scale,
-                q: &qs,
-                k: &ks,
-                v: &vs,
-                d_o: &dos,
                 bias: bias_s.as_deref(),
                 dropout: keep_s.as_deref().map(|m| (m, r)),
                 softcap: c.softcap,
                 sinks: c.sinks.as_deref(),
+                ..reference::Problem::plain(c.prec, [1, hq, hk, lq, lk, d], c.mask, sm_scale, [&qs, &ks, &vs, &dos])
             };
             reference::compute(&problem)
         };

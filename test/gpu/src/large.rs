@@ -302,26 +302,13 @@ fn reference(c: &LCase, seed: u64) -> (reference::Outputs, reference::Outputs) {
         k.extend(host_head(c, &pk, TAG_K, seed, b, hk));
         v.extend(host_head(c, &pk, TAG_V, seed, b, hk));
     }
-    let problem = reference::Problem {
-        dtype: reference::Precision::Half(c.dtype),
-        batch: c.groups.len(),
-        heads_q: g,
-        heads_k: 1,
-        seqlen_q: c.sq,
-        seqlen_k: c.sk,
-        head_dim: c.d,
-        head_dim_v: c.d,
-        mask: c.mask,
-        sm_scale: 1.0 / (c.d as f32).sqrt(),
-        q: &q,
-        k: &k,
-        v: &v,
-        d_o: &d_o,
-        bias: None,
-        dropout: None,
-        softcap: 0.0,
-        sinks: None,
-    };
+    let problem = reference::Problem::plain(
+        reference::Precision::Half(c.dtype),
+        [c.groups.len(), g, 1, c.sq, c.sk, c.d],
+        c.mask,
+        1.0 / (c.d as f32).sqrt(),
+        [&q, &k, &v, &d_o],
+    );
     reference::compute(&problem)
 }
 

@@ -1030,26 +1030,13 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
 
     // References.
     let started = Instant::now();
-    let problem = reference::Problem {
-        dtype: reference::Precision::Half(c.dtype),
-        batch: b,
-        heads_q: hq,
-        heads_k: hk,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        head_dim: d,
-        head_dim_v: d,
-        mask: c.mask,
+    let problem = reference::Problem::plain(
+        reference::Precision::Half(c.dtype),
+        [b, hq, hk, sq, sk, d],
+        c.mask,
         sm_scale,
-        q: &q,
-        k: &k,
-        v: &v,
-        d_o: &d_o,
-        bias: None,
-        dropout: None,
-        softcap: 0.0,
-        sinks: None,
-    };
+        [&q, &k, &v, &d_o],
+    );
     let (exact, naive) = reference::compute(&problem);
     let ref_ms = started.elapsed().as_secs_f64() * 1e3;
 
@@ -1826,26 +1813,13 @@ mod tests {
                 draw(b * hq * sq * d),
             );
             let t = Instant::now();
-            let problem = reference::Problem {
-                dtype: reference::Precision::Half(c.dtype),
-                batch: b,
-                heads_q: hq,
-                heads_k: hk,
-                seqlen_q: sq,
-                seqlen_k: sk,
-                head_dim: d,
-                head_dim_v: d,
-                mask: c.mask,
-                sm_scale: 1.0 / (d as f32).sqrt(),
-                q: &q,
-                k: &k,
-                v: &v,
-                d_o: &d_o,
-                bias: None,
-                dropout: None,
-                softcap: 0.0,
-                sinks: None,
-            };
+            let problem = reference::Problem::plain(
+                reference::Precision::Half(c.dtype),
+                [b, hq, hk, sq, sk, d],
+                c.mask,
+                1.0 / (d as f32).sqrt(),
+                [&q, &k, &v, &d_o],
+            );
             let _ = reference::compute(&problem);
             println!("{:8.0} ms  {}", t.elapsed().as_secs_f64() * 1e3, c.describe());
         }

@@ -120,6 +120,36 @@ pub struct Problem<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
+impl<'a> Problem<'a> {
+    /// The plain call: shape `[batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim]` (V's head dim
+    /// the same), inputs `[q, k, v, d_o]`, no bias, dropout, softcap or sinks; a variant sets its
+    /// fields over it (`Problem { sinks: Some(..), ..Problem::plain(..) }`).
+    pub fn plain(dtype: Precision, shape: [usize; 6], mask: MaskSpec, sm_scale: f32, inputs: [&'a [f32]; 4]) -> Self {
+        let [batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim] = shape;
+        let [q, k, v, d_o] = inputs;
+        Problem {
+            dtype,
+            batch,
+            heads_q,
+            heads_k,
+            seqlen_q,
+            seqlen_k,
+            head_dim,
+            head_dim_v: head_dim,
+            mask,
+            sm_scale,
+            q,
+            k,
+            v,
+            d_o,
+            bias: None,
+            dropout: None,
+            softcap: 0.0,
+            sinks: None,
+        }
+    }
+}
+
 /// Outputs in logical order: O B×Hq×Sq×Dv, dQ B×Hq×Sq×D; LSE B×Hq×Sq (+inf for rows with no
 /// key); dK B×Hk×Sk×D, dV B×Hk×Sk×Dv.
 pub struct Outputs {
@@ -578,24 +608,9 @@ mod tests {
             let v = random(batch * heads_k * sk * dv, &mut rng);
             let d_o = random(batch * heads_q * sq * dv, &mut rng);
             let p = Problem {
-                dtype: Precision::Half(Lowp::BF16),
-                batch,
-                heads_q,
-                heads_k,
-                seqlen_q: sq,
-                seqlen_k: sk,
-                head_dim: d,
                 head_dim_v: dv,
-                mask,
-                sm_scale: 0.7,
-                q: &q,
-                k: &k,
-                v: &v,
-                d_o: &d_o,
-                bias: None,
-                dropout: None,
                 softcap: if mi % 2 == 1 { 1.5 } else { 0.0 },
-                sinks: None,
+                ..Problem::plain(Precision::Half(Lowp::BF16), [batch, heads_q, heads_k, sq, sk, d], mask, 0.7, [&q, &k, &v, &d_o])
             };
             let (exact, _) = compute(&p);
             // Sq > Sk bottom-right causal: rows 0 and 1 see nothing.
@@ -648,24 +663,8 @@ mod tests {
         let d_o = random(batch * heads_q * sq * d, &mut rng);
         let sinks = [0.5f32, -1.0, 2.0, 0.0];
         let p = Problem {
-            dtype: Precision::Half(Lowp::BF16),
-            batch,
-            heads_q,
-            heads_k,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            head_dim: d,
-            head_dim_v: d,
-            mask,
-            sm_scale: 0.7,
-            q: &q,
-            k: &k,
-            v: &v,
-            d_o: &d_o,
-            bias: None,
-            dropout: None,
-            softcap: 0.0,
             sinks: Some(&sinks),
+            ..Problem::plain(Precision::Half(Lowp::BF16), [batch, heads_q, heads_k, sq, sk, d], mask, 0.7, [&q, &k, &v, &d_o])
         };
         let (exact, _) = compute(&p);
         assert!(exact.lse[0] == 0.5 && exact.lse[1] == 0.5 && exact.lse[sq] == -1.0, "{:?}", &exact.lse[..2 * sq]);
@@ -725,24 +724,9 @@ mod tests {
                 .map(|_| (rng.below(10) >= 3) as u8)
                 .collect();
             let p = Problem {
-                dtype: Precision::F32,
-                batch,
-                heads_q,
-                heads_k,
-                seqlen_q: sq,
-                seqlen_k: sk,
-                head_dim: d,
-                head_dim_v: d,
-                mask,
-                sm_scale: 0.6,
-                q: &q,
-                k: &k,
-                v: &v,
-                d_o: &d_o,
                 bias: Some(&bias),
                 dropout: Some((&keep, 1.0 / 0.7)),
-                softcap: 0.0,
-                sinks: None,
+                ..Problem::plain(Precision::F32, [batch, heads_q, heads_k, sq, sk, d], mask, 0.6, [&q, &k, &v, &d_o])
             };
             let (exact, naive) = compute(&p);
             assert_eq!(exact.ds.len(), bias.len());
@@ -820,30 +804,13 @@ mod tests {
             draw(batch * heads_k * sk * d, &mut rng),
             draw(batch * heads_q * sq * d, &mut rng),
         );
-        let p = Problem {
-            dtype: Precision::Half(Lowp::F16),
-            batch,
-            heads_q,
-            heads_k,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            head_dim: d,
-            head_dim_v: d,
-            mask: MaskSpec {
-                left: 5,
-                right: 3,
-                bottom_right: true,
-            },
-            sm_scale: 1.0 / (d as f32).sqrt(),
-            q: &q,
-            k: &k,
-            v: &v,
-            d_o: &d_o,
-            bias: None,
-            dropout: None,
-            softcap: 0.0,
-            sinks: None,
+        let mask = MaskSpec {
+            left: 5,
+            right: 3,
+            bottom_right: true,
         };
+        let scale = 1.0 / (d as f32).sqrt();
+        let p = Problem::plain(Precision::Half(Lowp::F16), [batch, heads_q, heads_k, sq, sk, d], mask, scale, [&q, &k, &v, &d_o]);
         let (e, n) = compute(&p);
         let err = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
         let mag = |a: &[f64]| a.iter().fold(0.0f64, |m, x| m.max(x.abs()));
