@@ -964,21 +964,7 @@ fn run_typed<E: Elem>(c: &Ext, rng: &mut SplitMix64, stream: sys::CUstream) -> R
         None => Vec::new(),
     };
     // Inputs of the backward unchanged.
-    let mut changed = Vec::new();
-    for (name, dev, want) in [
-        ("q", &q_dev, &q_dev.host),
-        ("k", &k_dev, &k_dev.host),
-        ("v", &v_dev, &v_dev.host),
-        ("dO", &do_dev, &do_dev.host),
-        ("o", &o_dev, &o_bits),
-    ] {
-        if dev.read(stream)? != *want {
-            changed.push(name);
-        }
-    }
-    if lse_dev.read(stream)? != lse_bits {
-        changed.push("lse");
-    }
+    let mut changed = backward_inputs_changed([&q_dev, &k_dev, &v_dev, &do_dev, &o_dev], &o_bits, &lse_dev, &lse_bits, stream)?;
     if let Some(b) = &bias_dev
         && b.read(stream)? != b.host
     {

@@ -576,6 +576,28 @@ fn sync(stream: sys::CUstream) -> Result<(), String> {
     unsafe { result::stream::synchronize(stream) }.map_err(|e| format!("cuStreamSynchronize: {e:?}"))
 }
 
+/// Which of the backward's inputs its call changed: q, k, v and dO against what was uploaded, O and
+/// the LSE against what the forward left in them (`o_bits`, `lse_bits`); stray writes into their
+/// guards count.
+fn backward_inputs_changed<T: Copy + PartialEq>(
+    [q, k, v, d_o, o]: [&DevTensor<T, 4>; 5],
+    o_bits: &[T],
+    lse: &DevTensor<u32, 3>,
+    lse_bits: &[u32],
+    stream: sys::CUstream,
+) -> Result<Vec<&'static str>, String> {
+    let mut changed = Vec::new();
+    for (name, dev, want) in [("q", q, &q.host[..]), ("k", k, &k.host[..]), ("v", v, &v.host[..]), ("dO", d_o, &d_o.host[..]), ("o", o, o_bits)] {
+        if dev.read(stream)? != want {
+            changed.push(name);
+        }
+    }
+    if lse.read(stream)? != lse_bits {
+        changed.push("lse");
+    }
+    Ok(changed)
+}
+
 /// A tensor on the device: its buffer, where the view lies in it, and the host copy of what was
 /// uploaded (the values inside the view, poison everywhere else).
 struct DevTensor<T: Copy + PartialEq, const R: usize> {
@@ -973,21 +995,7 @@ fn run_case(c: &Case, rng: &mut SplitMix64, stream: sys::CUstream) -> Result<Out
     let dv_bits = dv_dev.read(stream)?;
     let delta_bits = delta_dev.read(stream)?;
     // The backward's inputs must come back unchanged (no writes into inputs or their guards).
-    let mut inputs_changed = Vec::new();
-    for (name, dev, want) in [
-        ("q", &q_dev, &q_dev.host),
-        ("k", &k_dev, &k_dev.host),
-        ("v", &v_dev, &v_dev.host),
-        ("dO", &do_dev, &do_dev.host),
-        ("o", &o_dev, &o_bits),
-    ] {
-        if dev.read(stream)? != *want {
-            inputs_changed.push(name);
-        }
-    }
-    if lse_dev.read(stream)? != lse_bits {
-        inputs_changed.push("lse");
-    }
+    let inputs_changed = backward_inputs_changed([&q_dev, &k_dev, &v_dev, &do_dev, &o_dev], &o_bits, &lse_dev, &lse_bits, stream)?;
     // 4. Determinism: the same bits on every rerun (outputs re-poisoned before each).
     let mut nondeterministic = 0;
     let mut deterministic_dq = None;
