@@ -66,9 +66,10 @@ fn main() {
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
-    let embedded = if env::var_os("DOCS_RS").is_some() || feature("no-images") {
-        Vec::new()
-    } else if env::var("AOTRITON_TARGET_ARCH").is_ok_and(|a| a.trim() == "none") {
+    let no_archive = env::var_os("DOCS_RS").is_some()
+        || feature("no-images")
+        || env::var("AOTRITON_TARGET_ARCH").is_ok_and(|a| a.trim() == "none");
+    let embedded = if no_archive {
         Vec::new()
     } else if let Some(dir) = env::var_os("AOTRITON_KERNEL_DIR") {
         pack_kernel_dir(&PathBuf::from(dir), &target_archs(), true)
@@ -77,12 +78,11 @@ fn main() {
     } else {
         from_image_crates()
     };
-    if feature("no-images") {
-        if let Ok(dir) = env::var("AOTRITON_DEFAULT_IMAGE_DIR") {
-            if !Path::new(&dir).is_absolute() {
-                fail(&format!("AOTRITON_DEFAULT_IMAGE_DIR={dir}: must be an absolute path"));
-            }
-        }
+    if feature("no-images")
+        && let Ok(dir) = env::var("AOTRITON_DEFAULT_IMAGE_DIR")
+        && !Path::new(&dir).is_absolute()
+    {
+        fail(&format!("AOTRITON_DEFAULT_IMAGE_DIR={dir}: must be an absolute path"));
     }
     let copy_to = env::var_os("AOTRITON_ARCHIVE_OUT_DIR").map(PathBuf::from);
     let mut axis_values = AxisValues::new();

@@ -107,7 +107,7 @@ fn load_api(path: &str) -> Result<Api> {
             format!("the CUDA driver library ({path}) was not found: this machine has no NVIDIA driver ({e})"),
         )
     })?;
-    let symbols = super::Symbols { library: &library, path: path, expected: "the NVIDIA driver" };
+    let symbols = super::Symbols { library: &library, path, expected: "the NVIDIA driver" };
     // SAFETY (every entry point below): the field's type is the vendor header's declaration.
     macro_rules! symbol {
         ($name:literal) => {

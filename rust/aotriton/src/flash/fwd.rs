@@ -938,7 +938,7 @@ pub(crate) mod tests {
         let long = dispatch::TuningKey { seqlen_q: 8192, ..unmasked };
         assert_eq!(choose_kernel(&functional, fitting, &shape, long, &h100_like()), heuristic);
         // The mask kind comes from the call: unbounded windows are no mask, causal is.
-        let mut causal_call = p.clone();
+        let mut causal_call = p;
         causal_call.mask = super::Mask::causal(crate::flash::MaskAlign::TopLeft);
         let (cshape, cmask) = validate(&causal_call).unwrap();
         assert_eq!(unmasked.mask, MaskKind::None);

@@ -483,7 +483,7 @@ fn check_varlen(varlen: &Varlen, batch: u64, tokens_q: u64, tokens_k: u64) -> Re
         );
     }
     let sequences = varlen.cu_seqlens_q.sizes[0] - 1;
-    if varlen.status % 4 != 0 {
+    if !varlen.status.is_multiple_of(4) {
         bail!(MisalignedPointer, "varlen status: address {:#x} is not 4-byte aligned (it holds an int32)", varlen.status);
     }
     if let Some((host_q, host_k)) = varlen.host_cu_seqlens {
