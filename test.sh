@@ -10,7 +10,8 @@
 #                seed-compatible API (on the recording HIP double) and PyTorch's ExternalProject
 #                flow, and the Python tests (rules, compile driver, kernel numerics in the interpreter)
 #   torch        the PyTorch glue on the CPU with float64 stand-ins for the kernels (registration,
-#                transformers) and the tuner's dry run, where a python3 with torch (and
+#                transformers, KV cache, torch's context parallel over two gloo ranks) and the
+#                tuner's dry run, where a python3 with torch (and
 #                transformers) is found; PyPI has
 #                only torch's 4.7 GB CUDA build, so CI prints "skipped: ..." and the GPU machine
 #                runs them (test/torch/run.sh)
@@ -44,7 +45,7 @@ cargo run --locked --quiet -p aotriton-gpu-tests
 TORCH_PYTHON=${TORCH_PYTHON:-python3}
 if "$TORCH_PYTHON" -c "import torch, transformers" >/dev/null 2>&1; then
   log=$(mktemp)
-  for t in test_flash_impl_plumbing test_hf_plumbing test_kvcache_plumbing; do
+  for t in test_flash_impl_plumbing test_hf_plumbing test_kvcache_plumbing test_context_parallel_cpu; do
     if ! PYTHONPATH="$(pwd)/bindings/torch/python:$(pwd)/test/torch" "$TORCH_PYTHON" "test/torch/$t.py" >"$log" 2>&1; then
       grep -E "^FAIL|Error" "$log" | head -n 20
       tail -n 1 "$log"

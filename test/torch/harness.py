@@ -150,6 +150,24 @@ def max_err(a, r):
     return (a[fin] - r[fin]).abs().max().item() if fin.any() else 0.0
 
 
+def cp_cases():
+    """(rotate method, load balancer, causal) of every context-parallel case, the same for the NCCL
+    run on GPUs (test_context_parallel.py) and the gloo run on the CPU (test_context_parallel_cpu.py):
+    each rotate method with the load balancer on (causal only: torch balances causal attention
+    alone) and off. Set them with ``cp_configure``."""
+    for rotate in ("allgather", "alltoall"):
+        for balance in (True, False):
+            for causal in ((True, False) if not balance else (True,)):
+                yield rotate, balance, causal
+
+
+def cp_configure(rotate, balance):
+    """torch's context-parallel options for the cases that follow (process-wide)."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+    cp_attention.set_rotate_method(rotate)
+    cp_attention._cp_options.enable_load_balance = balance
+
+
 def cp_forward_backward(mesh, q, k, v, g, causal):
     """SDPA forward + backward of (B, H, S, D) q, k, v with output gradient g under torch's
     context_parallel over `mesh` (the flash backend: aotriton's ops when activated); this rank's

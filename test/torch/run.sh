@@ -60,11 +60,12 @@ TREE_LD_LIBRARY_PATH="$PREFIX/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Then, with the default dispatch only: torch's registered flash-attention path (test_registered.py),
 # the FlashAttention-2-compatible functions (test_flash_attn_compat.py), a sliding-window Mistral
 # (test_mistral.py), and on the CPU with float64 stand-ins for the kernels the plumbing of the
-# registration (test_flash_impl_plumbing.py), of the transformers glue (test_hf_plumbing.py) and of the
-# KV-cache decode API (test_kvcache_plumbing.py).
+# registration (test_flash_impl_plumbing.py), of the transformers glue (test_hf_plumbing.py), of the
+# KV-cache decode API (test_kvcache_plumbing.py) and of torch's context parallel over two gloo ranks
+# (test_context_parallel_cpu.py).
 ALL_SUITES="ops:portable graph:portable llama:portable ops:auto graph:auto llama:auto ops:gluon graph:gluon llama:gluon
             registered:auto flash_attn_compat:auto mistral:auto flash_impl_plumbing:auto hf_plumbing:auto
-            kvcache_plumbing:auto"
+            kvcache_plumbing:auto context_parallel_cpu:auto"
 for run in ${TORCH_SUITES:-$ALL_SUITES}; do
   name=${run%%:*} backend=${run#*:}
   step "test_$name.py (backend $backend)"

@@ -32,7 +32,8 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental import _attention as cp_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import Runner, attention_ref, count_ops, cp_forward_backward, max_err, rel_l2, visible
+from harness import (Runner, attention_ref, count_ops, cp_cases, cp_configure, cp_forward_backward, max_err,
+                     rel_l2, visible)
 
 import aotriton.torch as A
 
@@ -57,28 +58,24 @@ def run_cp(mesh, q, k, v, g, causal):
 
 def test_correctness(mesh, world):
     b, h, s, d = 2, 8, 1024 * world, 128
-    for rotate in ("allgather", "alltoall"):
-        for balance in (True, False):
-            # torch balances the load of causal attention only (full attention is balanced as is).
-            for causal in ((True, False) if not balance else (True,)):
-                cp_attention.set_rotate_method(rotate)
-                cp_attention._cp_options.enable_load_balance = balance
-                gen = torch.Generator(device="cuda").manual_seed(1234)  # the same inputs on every rank
-                q, k, v, g = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
-                exact = [t.double() for t in (q, k, v, g)]
-                mark = COUNT.mark()
-                got = run_cp(mesh, q, k, v, g, causal)
-                calls = COUNT.since(mark)
-                leaves = [t.clone().requires_grad_() for t in exact[:3]]
-                ref = attention_ref(*leaves, 1 / math.sqrt(d), vis=visible(s, s, causal=causal))
-                want = [ref] + list(torch.autograd.grad(ref, leaves, exact[3]))
-                errs = [max_err(a, w) for a, w in zip(got, want)]
-                # Bounds of test_registered.py's one-process case: bf16 outputs and gradients.
-                ok = calls[0] >= 1 and calls[1] >= 1 and errs[0] <= 2e-2 and max(errs[1:]) <= 6e-2
-                R.check(f"world {world} rotate {rotate} load-balance {balance} {'causal' if causal else 'full'} "
-                        f"B{b} H{h} S{s} D{d}", all_ranks(ok),
-                        f"rank {dist.get_rank()}: aotriton calls fwd/bwd {calls}, errs out/dq/dk/dv "
-                        f"{[f'{e:.2e}' for e in errs]}")
+    for rotate, balance, causal in cp_cases():
+        cp_configure(rotate, balance)
+        gen = torch.Generator(device="cuda").manual_seed(1234)  # the same inputs on every rank
+        q, k, v, g = (torch.randn(b, h, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(4))
+        exact = [t.double() for t in (q, k, v, g)]
+        mark = COUNT.mark()
+        got = run_cp(mesh, q, k, v, g, causal)
+        calls = COUNT.since(mark)
+        leaves = [t.clone().requires_grad_() for t in exact[:3]]
+        ref = attention_ref(*leaves, 1 / math.sqrt(d), vis=visible(s, s, causal=causal))
+        want = [ref] + list(torch.autograd.grad(ref, leaves, exact[3]))
+        errs = [max_err(a, w) for a, w in zip(got, want)]
+        # Bounds of test_registered.py's one-process case: bf16 outputs and gradients.
+        ok = calls[0] >= 1 and calls[1] >= 1 and errs[0] <= 2e-2 and max(errs[1:]) <= 6e-2
+        R.check(f"world {world} rotate {rotate} load-balance {balance} {'causal' if causal else 'full'} "
+                f"B{b} H{h} S{s} D{d}", all_ranks(ok),
+                f"rank {dist.get_rank()}: aotriton calls fwd/bwd {calls}, errs out/dq/dk/dv "
+                f"{[f'{e:.2e}' for e in errs]}")
 
 
 def test_training(mesh, world, steps=3):
@@ -162,8 +159,7 @@ def bench(mesh, world):
     """Forward + backward per step, bf16, B1 H16 D128 causal, 32k-256k tokens over the mesh: tokens/s
     and attention TFLOP/s per GPU (4·S²·H·D·2.5 / 2 for causal, divided by the world), aotriton beside
     cuDNN as torch's backend (aotriton deactivated for it)."""
-    cp_attention.set_rotate_method("allgather")
-    cp_attention._cp_options.enable_load_balance = True
+    cp_configure("allgather", True)
     rows = []
     for s in (32768, 65536, 131072, 262144):
         b, h, d = 1, 16, 128
