@@ -3,7 +3,8 @@
 #   cargo test   the Rust runtime (archive, dispatch, validation, no-driver behaviour, fuzzing of
 #                the archive reader and the validation for a fixed time), the bridge,
 #                and the AMD checks (test/amd: the real HIP runtime without a device, every hsaco
-#                against the code-object manager's metadata, launches recorded by a HIP double)
+#                against the code-object manager's metadata, launches recorded by a HIP double,
+#                one process driving two of its devices)
 #   cli          aotriton-info / aotriton-pack as a user runs them
 #   crates       the runtime and image crates packaged and built offline by a fresh consumer
 #   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree, the

@@ -7,6 +7,9 @@
 //!   manager ([`comgr`]) and checked against the runtime's argument plan.
 //! - `tests/recorded_launches.rs`: `attn_fwd` / `attn_bwd` end to end on an AMD stream against a
 //!   recording HIP double (`hip-double/`), through Rust and C++.
+//! - `tests/multi_device.rs`: one process, two devices of the double: module loads per device,
+//!   launches on their stream's device, the thread's current device restored.
+//! - `tests/seed_api.rs`: the seed-compatible C++ API against the double.
 //!
 //! Where the ROCm libraries or the AMD archives are absent, the tests print `skipped: ...`;
 //! under CI (`CI=true`) that is a failure instead: CI installs them (`.ci/run`).
@@ -75,4 +78,64 @@ pub fn compile_cpp(source: &Path, out_dir: &Path) -> Result<PathBuf, String> {
         return Err(format!("{cxx} {} failed:\n{}", source.display(), String::from_utf8_lossy(&output.stderr)));
     }
     Ok(exe)
+}
+
+/// The recording HIP double (`hip-double/`): building it and reading what it recorded.
+pub mod hip_double {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use serde_json::Value;
+
+    /// Builds the double with cargo into `dir` (its own target directory, so the nested build never
+    /// waits on the outer cargo's lock). Returns the library, for `AOTRITON_HIP_LIBRARY`.
+    pub fn build(dir: &Path) -> PathBuf {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let output = Command::new(&cargo)
+            .current_dir(super::repo_root())
+            .args(["build", "--quiet", "-p", "aotriton-hip-double", "--target-dir"])
+            .arg(dir)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.to_string_lossy()));
+        assert!(output.status.success(), "building the HIP double failed:\n{}", String::from_utf8_lossy(&output.stderr));
+        let library = dir.join("debug/libaotriton_hip_double.so");
+        assert!(library.is_file(), "{} was not built", library.display());
+        library
+    }
+
+    /// `<target>/<name>` of the cargo target directory the running test executable is in
+    /// (`<target>/<profile>/deps/<test>`).
+    pub fn target_subdir(name: &str) -> PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        exe.ancestors().nth(3).expect("the test runs from a cargo target directory").join(name)
+    }
+
+    /// Reads the double's log (`AOTRITON_HIP_DOUBLE_LOG`) incrementally.
+    pub struct Log {
+        path: PathBuf,
+        consumed: usize,
+    }
+
+    impl Log {
+        /// A log at `path`, emptied first.
+        pub fn new(path: PathBuf) -> Log {
+            let _ = std::fs::remove_file(&path);
+            Log { path, consumed: 0 }
+        }
+
+        /// Records appended since the last call.
+        pub fn take(&mut self) -> Vec<Value> {
+            let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let parse = |l: &&str| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            let new = lines[self.consumed..].iter().map(parse).collect();
+            self.consumed = lines.len();
+            new
+        }
+    }
+
+    /// The HIP entry point a record is of.
+    pub fn call(r: &Value) -> &str {
+        r["call"].as_str().unwrap_or("")
+    }
 }

@@ -22,13 +22,14 @@
 //! The double is built by the test itself (`cargo build -p aotriton-hip-double` into
 //! `<target>/hip-double`); its logs stay in `<target>/hip-double/logs/`.
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use aotriton::archive::{Archive, Functional, KernelMeta};
 use aotriton::flash::{self, Backend, BwdParams, Dropout, FwdParams, Mask, MaskAlign, Varlen, Workspace};
 use aotriton::{DType, ErrorKind, Stream, TensorView};
 use aotriton_amd_tests::comgr::{self, Comgr};
+use aotriton_amd_tests::hip_double::{self, Log, call};
 use aotriton_amd_tests::{archive_path, compile_cpp, repo_root, skip_or_fail};
 use serde_json::Value;
 
@@ -823,33 +824,6 @@ fn expected(op: Op, name: &str) -> (Vec<Launch>, u64) {
 // Checking recorded launches
 // ---------------------------------------------------------------------------------------------
 
-/// Reads the double's log incrementally.
-struct Log {
-    path: PathBuf,
-    consumed: usize,
-}
-
-impl Log {
-    fn new(path: PathBuf) -> Log {
-        let _ = std::fs::remove_file(&path);
-        Log { path, consumed: 0 }
-    }
-
-    /// Records appended since the last call.
-    fn take(&mut self) -> Vec<Value> {
-        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let parse = |l: &&str| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
-        let new = lines[self.consumed..].iter().map(parse).collect();
-        self.consumed = lines.len();
-        new
-    }
-}
-
-fn call(r: &Value) -> &str {
-    r["call"].as_str().unwrap_or("")
-}
-
 fn launches_of(records: &[Value]) -> Vec<&Value> {
     records.iter().filter(|r| call(r) == "hipModuleLaunchKernel").collect()
 }
@@ -1036,22 +1010,6 @@ impl Checker<'_> {
 // The test
 // ---------------------------------------------------------------------------------------------
 
-/// Builds the double with cargo into its own target directory (beside the workspace's), so the
-/// nested build never waits on the outer cargo's lock. Returns the library.
-fn build_double(dir: &Path) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
-        .current_dir(repo_root())
-        .args(["build", "--quiet", "-p", "aotriton-hip-double", "--target-dir"])
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.to_string_lossy()));
-    assert!(output.status.success(), "building the HIP double failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    let library = dir.join("debug/libaotriton_hip_double.so");
-    assert!(library.is_file(), "{} was not built", library.display());
-    library
-}
-
 /// The FNV-1a hashes of the images loaded.
 fn loaded_images(records: &[Value]) -> Vec<String> {
     let loads = records.iter().filter(|r| call(r) == "hipModuleLoadData");
@@ -1077,9 +1035,8 @@ fn recorded_launches() {
     };
 
     // <target>/<profile>/deps/<this test>: the double goes to <target>/hip-double.
-    let exe = std::env::current_exe().unwrap();
-    let work = exe.ancestors().nth(3).expect("the test runs from a cargo target directory").join("hip-double");
-    let double = build_double(&work);
+    let work = hip_double::target_subdir("hip-double");
+    let double = hip_double::build(&work);
     std::fs::create_dir_all(work.join("logs")).unwrap();
     let rust_log = work.join(format!("logs/rust-{}.jsonl", std::process::id()));
     let mut log = Log::new(rust_log.clone());

@@ -13,21 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use aotriton_amd_tests::comgr::Comgr;
+use aotriton_amd_tests::hip_double;
 use aotriton_amd_tests::{install_dir, repo_root, skip_or_fail};
-
-/// The double, built with cargo into `dir` (its own target directory, so the nested build never
-/// waits on the outer cargo's lock).
-fn build_double(dir: &Path) -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let output = Command::new(&cargo)
-        .current_dir(repo_root())
-        .args(["build", "--quiet", "-p", "aotriton-hip-double", "--target-dir"])
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.to_string_lossy()));
-    assert!(output.status.success(), "building the HIP double failed:\n{}", String::from_utf8_lossy(&output.stderr));
-    dir.join("debug/libaotriton_hip_double.so")
-}
 
 /// Compiles the seed-API test against the installed tree, linked as PyTorch links the seed.
 fn compile_seed_test(out_dir: &Path) -> Result<PathBuf, String> {
@@ -63,13 +50,12 @@ fn seed_api_on_the_recording_double() {
         return skip_or_fail(&e);
     }
     // <target>/<profile>/deps/<this test>: the work goes to <target>/seed-api.
-    let exe = std::env::current_exe().unwrap();
-    let work = exe.ancestors().nth(3).expect("the test runs from a cargo target directory").join("seed-api");
+    let work = hip_double::target_subdir("seed-api");
     let program = match compile_seed_test(&work) {
         Ok(p) => p,
         Err(e) => return skip_or_fail(&e),
     };
-    let double = build_double(&work.join("hip-double"));
+    let double = hip_double::build(&work.join("hip-double"));
     let log = work.join(format!("hip-double-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let output = Command::new(&program)

@@ -1,9 +1,15 @@
 //! A recording HIP double: a stand-in for `libamdhip64.so` that aotriton loads through
 //! `AOTRITON_HIP_LIBRARY`. It implements exactly the HIP entry points `driver/hip.rs` resolves,
 //! with HIP's C ABI, reports one gfx942 device (`gfx942:sramecc+:xnack-`, 304 compute units,
-//! 64 KiB of LDS per block, wave64), and records every call as one JSON object per line in the
-//! file named by `AOTRITON_HIP_DOUBLE_LOG` (appended and flushed per record; nothing is recorded
-//! when the variable is unset).
+//! 64 KiB of LDS per block, wave64; `AOTRITON_HIP_DOUBLE_DEVICES=N` reports N alike, 1 to 8), and
+//! records every call as one JSON object per line in the file named by `AOTRITON_HIP_DOUBLE_LOG`
+//! (appended and flushed per record; nothing is recorded when the variable is unset).
+//!
+//! Devices: the current device is per thread (0 at first), as in HIP. A non-null stream handle
+//! belongs to device `(handle >> 28) & 0xf` (so `0x5000` is a stream of device 0 and
+//! `0x1000_5000` one of device 1), the null stream to the calling thread's current device. A module
+//! belongs to the device current when it was loaded, and a launch of one of its functions on a
+//! stream of another device is refused (`hipErrorInvalidHandle`), as HIP refuses it.
 //!
 //! Modules are real code objects: `hipModuleLoadData` copies the image (its length read from the
 //! ELF headers, as HIP does), checks it is an AMDGPU code object for gfx942 with compatible
@@ -76,6 +82,8 @@ struct Module {
     hash: u64,
     len: usize,
     kernels: Vec<comgr::Kernel>,
+    /// The device current when it was loaded: its functions run there only.
+    device: c_int,
 }
 
 /// A function handle: a kernel of a module.
@@ -147,8 +155,26 @@ unsafe fn put<T>(out: *mut T, value: T) -> bool {
     true
 }
 
+/// How many devices the double reports: `AOTRITON_HIP_DOUBLE_DEVICES` (1 to 8), else 1.
+fn devices() -> c_int {
+    static DEVICES: OnceLock<c_int> = OnceLock::new();
+    *DEVICES.get_or_init(|| {
+        let asked = std::env::var("AOTRITON_HIP_DOUBLE_DEVICES").ok();
+        asked.and_then(|n| n.trim().parse().ok()).filter(|n| (1..=8).contains(n)).unwrap_or(1)
+    })
+}
+
 fn check_device(device: c_int) -> HipError {
-    if device == 0 { HIP_SUCCESS } else { HIP_ERROR_INVALID_DEVICE }
+    if (0..devices()).contains(&device) { HIP_SUCCESS } else { HIP_ERROR_INVALID_DEVICE }
+}
+
+/// The device of a stream handle (module docs), or None for a handle of no device the double has.
+fn stream_device(stream: *mut c_void) -> Option<c_int> {
+    if stream.is_null() {
+        return Some(CURRENT_DEVICE.get());
+    }
+    let device = ((stream as usize >> 28) & 0xf) as c_int;
+    (device < devices()).then_some(device)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -175,8 +201,8 @@ pub unsafe extern "C" fn hipRuntimeGetVersion(version: *mut c_int) -> HipError {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipGetDeviceCount(count: *mut c_int) -> HipError {
     // SAFETY: the caller's out-pointer.
-    let rc = if unsafe { put(count, 1) } { HIP_SUCCESS } else { HIP_ERROR_INVALID_VALUE };
-    record("hipGetDeviceCount", rc, json!({"count": 1}))
+    let rc = if unsafe { put(count, devices()) } { HIP_SUCCESS } else { HIP_ERROR_INVALID_VALUE };
+    record("hipGetDeviceCount", rc, json!({"count": devices()}))
 }
 
 /// # Safety
@@ -198,13 +224,16 @@ pub extern "C" fn hipSetDevice(device: c_int) -> HipError {
     record("hipSetDevice", rc, json!({"device": device}))
 }
 
-/// Every stream handle belongs to device 0 (the null stream: the current device).
+/// The stream's device (`stream_device`: the null stream's is the current device).
 ///
 /// # Safety
 /// `device` is null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipStreamGetDevice(stream: *mut c_void, device: *mut c_int) -> HipError {
-    let ordinal = if stream.is_null() { CURRENT_DEVICE.get() } else { 0 };
+    let Some(ordinal) = stream_device(stream) else {
+        let fields = json!({"stream": stream as usize, "error": "a stream of no device"});
+        return record("hipStreamGetDevice", HIP_ERROR_INVALID_HANDLE, fields);
+    };
     // SAFETY: the caller's out-pointer.
     let rc = if unsafe { put(device, ordinal) } { HIP_SUCCESS } else { HIP_ERROR_INVALID_VALUE };
     record("hipStreamGetDevice", rc, json!({"stream": stream as usize, "device": ordinal}))
@@ -366,16 +395,15 @@ pub unsafe extern "C" fn hipModuleLoadData(module: *mut *mut c_void, image: *con
     };
     let names: Vec<&str> = kernels.iter().map(|k| k.name.as_str()).collect();
     let names = json!(names);
+    let device = CURRENT_DEVICE.get();
     let mut state = state();
-    state.modules.push(Module { hash, len, kernels });
+    state.modules.push(Module { hash, len, kernels, device });
     let handle = MODULE_TAG + state.modules.len();
     // SAFETY: checked non-null above; the caller's out-pointer.
     unsafe { module.write(handle as *mut c_void) };
-    record(
-        "hipModuleLoadData",
-        HIP_SUCCESS,
-        json!({"module": handle, "image_fnv1a": format!("{hash:016x}"), "image_len": len, "kernels": names}),
-    )
+    let fields =
+        json!({"module": handle, "image_fnv1a": format!("{hash:016x}"), "image_len": len, "kernels": names, "device": device});
+    record("hipModuleLoadData", HIP_SUCCESS, fields)
 }
 
 /// # Safety
@@ -561,6 +589,14 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
         object.insert("symbol".into(), kernel.name.clone().into());
         object.insert("image_fnv1a".into(), format!("{:016x}", module.hash).into());
         object.insert("image_len".into(), module.len.into());
+        let Some(device) = stream_device(stream) else {
+            return refuse(HIP_ERROR_INVALID_HANDLE, "a stream of no device");
+        };
+        object.insert("device".into(), device.into());
+        if device != module.device {
+            let why = format!("a function of a module loaded on device {} launched on device {device}", module.device);
+            return refuse(HIP_ERROR_INVALID_HANDLE, why);
+        }
         check_geometry(kernel, grid, block, shared)?;
         // SAFETY: the caller's contract.
         let segment = unsafe { kernarg_segment(kernel, kernel_params, extra) }?;
@@ -603,6 +639,14 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { hipDeviceGetAttribute(&mut value, 5, 0) }, HIP_ERROR_INVALID_VALUE);
         assert_eq!(hipSetDevice(1), HIP_ERROR_INVALID_DEVICE);
+        // One device (AOTRITON_HIP_DOUBLE_DEVICES unset): streams of device 0 only.
+        let mut device = -1;
+        // SAFETY: valid out-pointers; the handles are never dereferenced.
+        unsafe {
+            assert_eq!(hipStreamGetDevice(0x5000 as *mut c_void, &mut device), HIP_SUCCESS);
+            assert_eq!(device, 0);
+            assert_eq!(hipStreamGetDevice(0x1000_5000 as *mut c_void, &mut device), HIP_ERROR_INVALID_HANDLE);
+        }
         // SAFETY: null out-pointers are refused.
         assert_eq!(unsafe { hipGetDeviceCount(std::ptr::null_mut()) }, HIP_ERROR_INVALID_VALUE);
         // SAFETY: hipGetErrorName returns static strings.
