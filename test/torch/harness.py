@@ -190,6 +190,76 @@ def cp_forward_backward(mesh, q, k, v, g, causal):
     return shards
 
 
+def cp_llama_training(mesh, cfg, batch, steps, count, device, dtype, step_context=None):
+    """A transformers LlamaForCausalLM (config ``cfg``, random init, ``dtype`` on ``device``) trained
+    ``steps`` SGD steps on one token stream (batches of ``batch`` x ``cfg.max_position_embeddings``
+    tokens, the same on every rank), first as one model of the whole sequence, then with torch's
+    context_parallel over ``mesh`` (input ids, labels and position ids sharded along the sequence;
+    every attention call goes through the ring to the registered flash ops). Under context
+    parallelism each rank's loss is its tokens' sum over the global token count and the gradients
+    are summed over the ranks, so each update is the one-model update. ``step_context()`` is entered
+    around each step (the GPU run: torch's flash backend); ``count`` (a :class:`Counting`) counts
+    the context-parallel run's calls. Returns ``(ok, detail)``: ok when that run reached the ops at
+    every layer of every step and its losses and first-step gradients agree with the one-model
+    run's within ``dtype``'s spread."""
+    import contextlib
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.tensor.experimental import context_parallel
+    from transformers import LlamaForCausalLM
+
+    seq = cfg.max_position_embeddings
+    torch.manual_seed(0)
+    init = {k: v.detach().clone() for k, v in LlamaForCausalLM(cfg).to(device, dtype).state_dict().items()}
+    gen = torch.Generator(device=device).manual_seed(7)  # the same tokens on every rank
+    data = [torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device, generator=gen) for _ in range(steps)]
+
+    def train(cp):
+        model = LlamaForCausalLM(cfg).to(device, dtype)
+        model.load_state_dict(init)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        losses, first_grads = [], None
+        for tokens in data:
+            ids, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            pos = torch.arange(seq, device=device).expand(batch, seq).contiguous()
+            opt.zero_grad(set_to_none=True)
+            with step_context() if step_context else contextlib.nullcontext():
+                if cp:
+                    with context_parallel(mesh, buffers=[ids, labels, pos], buffer_seq_dims=[1, 1, 1]):
+                        logits = model(input_ids=ids, position_ids=pos).logits
+                        local = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
+                        (local / (batch * seq)).backward()
+                    total = local.detach().clone()
+                    dist.all_reduce(total)
+                    for p in model.parameters():
+                        dist.all_reduce(p.grad)
+                    loss = total / (batch * seq)
+                else:
+                    logits = model(input_ids=ids, position_ids=pos).logits
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+                    loss.backward()
+            if first_grads is None:
+                first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            losses.append(loss.item())
+            opt.step()
+        return losses, first_grads
+
+    plain, plain_grads = train(False)
+    mark = count.mark()
+    sharded, sharded_grads = train(True)
+    calls = count.since(mark)
+    worst = max(((rel_l2(sharded_grads[n], plain_grads[n]), n) for n in plain_grads), default=(float("inf"), ""))
+    loss_err = max(abs(a - b) / abs(b) for a, b in zip(sharded, plain))
+    # bf16 spreads apart by rounding alone; fp32 agrees to rounding of the merge.
+    grad_tol, loss_tol = (3e-2, 1e-2) if dtype == torch.bfloat16 else (1e-4, 1e-5)
+    ok = min(calls) >= steps * cfg.num_hidden_layers and worst[0] <= grad_tol and loss_err <= loss_tol
+    detail = (f"losses {[f'{x:.5f}' for x in sharded]} vs {[f'{x:.5f}' for x in plain]} (worst {loss_err:.1e}); "
+              f"first-step gradients worst rel L2 {worst[0]:.2e} ({worst[1]}); aotriton calls fwd/bwd {calls}")
+    return ok, detail
+
+
 def rel_l2(a, b):
     """||a - b|| / ||b|| in float64; inf when a holds a non-finite value."""
     a, b = a.double(), b.double()

@@ -32,8 +32,8 @@ from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.experimental import _attention as cp_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness import (Runner, attention_ref, count_ops, cp_cases, cp_configure, cp_forward_backward, max_err,
-                     rel_l2, visible)
+from harness import (Runner, attention_ref, count_ops, cp_cases, cp_configure, cp_forward_backward,
+                     cp_llama_training, max_err, visible)
 
 import aotriton.torch as A
 
@@ -80,65 +80,18 @@ def test_correctness(mesh, world):
 
 def test_training(mesh, world, steps=3):
     """A transformers Llama (random init; 2 layers, hidden 512, 8 heads over 2 KV heads of dim 64,
-    bf16) trained `steps` SGD steps on the same token stream with torch's context_parallel over the
-    mesh (input ids, labels and position ids sharded along the sequence; every attention call goes
-    to aotriton's registered flash ops through the ring) and without it (the whole sequence on this
-    GPU, aotriton as well): the first step's loss and gradients and every step's loss agree within
-    bf16's spread. Under context parallelism each rank's loss is its tokens' sum over the global
-    token count, and the gradients are summed over the ranks, so the update is the same."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    bf16) trained `steps` SGD steps with torch's context_parallel over the mesh and as one model of
+    the whole sequence on this GPU, aotriton's kernels in both (harness.cp_llama_training): every
+    step's loss and the first step's gradients agree within bf16's spread."""
+    from transformers import LlamaConfig
     batch, seq = 2, 1024 * world
     cfg = LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=seq,
                       attention_dropout=0.0, tie_word_embeddings=False, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    init = {k: v.detach().clone() for k, v in LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).state_dict().items()}
-    gen = torch.Generator(device="cuda").manual_seed(7)  # the same tokens on every rank
-    data = [torch.randint(0, cfg.vocab_size, (batch, seq + 1), device="cuda", generator=gen) for _ in range(steps)]
-
-    def train(cp):
-        model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
-        model.load_state_dict(init)
-        model.train()
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        losses, first_grads, calls = [], None, (0, 0)
-        for tokens in data:
-            ids, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-            pos = torch.arange(seq, device="cuda").expand(batch, seq).contiguous()
-            opt.zero_grad(set_to_none=True)
-            mark = COUNT.mark()
-            with sdpa_kernel(FLASH):
-                if cp:
-                    with context_parallel(mesh, buffers=[ids, labels, pos], buffer_seq_dims=[1, 1, 1]):
-                        logits = model(input_ids=ids, position_ids=pos).logits
-                        local = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="sum")
-                        (local / (batch * seq)).backward()
-                    total = local.detach().clone()
-                    dist.all_reduce(total)
-                    for p in model.parameters():
-                        dist.all_reduce(p.grad)
-                    loss = total / (batch * seq)
-                else:
-                    logits = model(input_ids=ids, position_ids=pos).logits
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-                    loss.backward()
-            calls = tuple(a + b for a, b in zip(calls, COUNT.since(mark)))
-            if first_grads is None:
-                first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-            losses.append(loss.item())
-            opt.step()
-        return losses, first_grads, calls
-
-    plain, plain_grads, _ = train(False)
-    sharded, sharded_grads, calls = train(True)
-    worst = max(((rel_l2(sharded_grads[n], plain_grads[n]), n) for n in plain_grads), default=(float("inf"), ""))
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(sharded, plain))
-    ok = calls[0] >= steps * cfg.num_hidden_layers and calls[1] >= steps * cfg.num_hidden_layers \
-        and worst[0] <= 3e-2 and loss_err <= 1e-2
+    ok, detail = cp_llama_training(mesh, cfg, batch, steps, COUNT, "cuda", torch.bfloat16,
+                                   step_context=lambda: sdpa_kernel(FLASH))
     R.check(f"world {world} Llama training, {steps} steps, B{batch} S{seq}: context parallel vs one GPU", all_ranks(ok),
-            f"rank {dist.get_rank()}: losses {[f'{x:.4f}' for x in sharded]} vs {[f'{x:.4f}' for x in plain]} "
-            f"(worst {loss_err:.1e}); first-step gradients worst rel L2 {worst[0]:.2e} ({worst[1]}); "
-            f"aotriton calls fwd/bwd {calls}")
+            f"rank {dist.get_rank()}: {detail}")
 
 
 def median_ms(fn, reps=10):

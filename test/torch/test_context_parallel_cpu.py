@@ -13,14 +13,17 @@ per step -- aotriton's registered functions, installed here at the CPU key over
 test_flash_impl_plumbing's float64 ``StandIn``. So this proves the glue between the two: what the
 registered functions hand torch's merge (LSE units and shape, the layout of a shard's outputs) and
 what they take back from it (the merged out and LSE, each step's causal flag, GQA's heads), against
-a float64 reference of the whole sequence. It proves no kernel: test_context_parallel.py runs the
-same cases (``harness.cp_cases``) on two GPUs over NCCL.
+a float64 reference of the whole sequence. Then a transformers Llama trained a few steps with and
+without context parallelism (``harness.cp_llama_training``), SDPA routed to that flash op (on
+CUDA tensors torch's own choice). It proves no kernel: test_context_parallel.py runs the same
+cases and training on two GPUs over NCCL.
 
     PYTHONPATH=bindings/torch/python:test/torch python test/torch/test_context_parallel_cpu.py
 
 Last line (rank 0): ``torch-context_parallel_cpu: N passed, M failed``.
 """
 import datetime
+import importlib.util
 import os
 import sys
 import tempfile
@@ -28,6 +31,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
 WORLD = 2
 # (dtype, Hq, Hk, S, D) of each case: the sequence a multiple of 2 * WORLD (the load balancer's
@@ -68,12 +72,53 @@ def run_case(mesh, stand_in, dtype, hq, hk, s, d, causal):
     return got, want, kinds, flags
 
 
+def sdpa_as_flash_op(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """SDPA as CUDA tensors would run it under torch's flash backend: the flash op (which takes GQA
+    as it comes). context_parallel patches ``F`` by the function's name, hence the rename below."""
+    assert attn_mask is None, "the flash op takes no mask"
+    return torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
+                                                              scale=scale)[0]
+
+
+sdpa_as_flash_op.__name__ = "scaled_dot_product_attention"
+
+
+def test_training(mesh, count, R, rank, all_ranks):
+    """A small transformers Llama (fp32; 2 layers, 4 heads over 2 KV heads of dim 16, 2 x 128 tokens)
+    trained 3 SGD steps with context parallelism over the two ranks and as one model, per rotate
+    method (all-gather with the load balancer, all-to-all without): the same losses and gradients
+    to fp32 rounding."""
+    from transformers import LlamaConfig
+
+    from harness import cp_configure, cp_llama_training
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=128, attention_dropout=0.0,
+                      tie_word_embeddings=False, attn_implementation="sdpa")
+    sdpa = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = sdpa_as_flash_op
+    try:
+        for rotate, balance in (("allgather", True), ("alltoall", False)):
+            cp_configure(rotate, balance)
+            case = f"world {WORLD} rotate {rotate} load-balance {balance} Llama training, 3 steps, B2 S128, fp32"
+            try:
+                ok, detail = cp_llama_training(mesh, cfg, 2, 3, count, "cpu", torch.float32)
+            except Exception as e:  # noqa: BLE001 -- fails the case on every rank
+                ok, detail = False, f"raised {type(e).__name__}: {str(e)[:300]}"
+            ok = all_ranks(ok)
+            if rank == 0:
+                R.check(case, ok, f"rank {rank}: {detail}")
+    finally:
+        F.scaled_dot_product_attention = sdpa
+
+
 def worker(rank, store_path):
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120))
     from torch.distributed.device_mesh import init_device_mesh
 
-    from harness import Runner, cp_cases, cp_configure, max_err
+    from harness import Runner, count_ops, cp_cases, cp_configure, max_err
     from test_flash_impl_plumbing import StandIn
 
     import aotriton.torch as aot
@@ -81,6 +126,7 @@ def worker(rank, store_path):
 
     stand_in = StandIn()
     aot._ops = lambda: stand_in  # the extension ops -> the float64 stand-in (this process only)
+    count = count_ops(aot)
     handle = flash_impl.install("CPU")  # held to the end: dropping it takes the kernels out
     mesh = init_device_mesh("cpu", (WORLD,))
     R = Runner("context_parallel_cpu")
@@ -90,7 +136,6 @@ def worker(rank, store_path):
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return bool(t.item())
 
-    failed = False
     for rotate, balance, causal in cp_cases():
         cp_configure(rotate, balance)
         for dtype, hq, hk, s, d in SHAPES:
@@ -111,12 +156,24 @@ def worker(rank, store_path):
             ok = all_ranks(ok)
             if rank == 0:
                 R.check(case, ok, detail)
-            failed |= not ok
+    if importlib.util.find_spec("transformers") is not None:
+        test_training(mesh, count, R, rank, all_ranks)
+    elif rank == 0:
+        print("skipped: test_training (no transformers)", flush=True)
+    failed = not all_ranks(rank != 0 or (R.passed > 0 and R.failed == 0))  # rank 0 holds the checks
+    dist.barrier()
     dist.destroy_process_group()
     handle.remove()
     if rank == 0:
-        R.finish()  # the summary line; exits 1 on a failure
-    sys.exit(1 if failed else 0)
+        try:
+            R.finish()  # the summary line
+        except SystemExit:  # its exit status is the one below
+            pass
+    # os._exit: gloo's threads can abort a normal interpreter exit ("terminate called without an
+    # active exception") once in a while; the outcome is settled here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if failed else 0)
 
 
 def main():
