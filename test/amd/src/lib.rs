@@ -110,6 +110,28 @@ pub mod hip_double {
         exe.ancestors().nth(3).expect("the test runs from a cargo target directory").join(name)
     }
 
+    /// Builds the double into `<target>/hip-double` and makes it this process's HIP runtime
+    /// (`AOTRITON_HIP_LIBRARY`), reporting `devices` devices and recording into
+    /// `<target>/hip-double/logs/<name>-<pid>.jsonl`. Returns the library and its log.
+    ///
+    /// # Safety
+    /// Call it before the runtime's first HIP call (it resolves the library once per process),
+    /// while no other thread reads or writes the environment.
+    pub unsafe fn attach(name: &str, devices: u32) -> (PathBuf, Log) {
+        let work = target_subdir("hip-double");
+        let double = build(&work);
+        std::fs::create_dir_all(work.join("logs")).unwrap();
+        let path = work.join(format!("logs/{name}-{}.jsonl", std::process::id()));
+        let log = Log::new(path.clone());
+        // SAFETY: the caller's contract.
+        unsafe {
+            std::env::set_var("AOTRITON_HIP_LIBRARY", &double);
+            std::env::set_var("AOTRITON_HIP_DOUBLE_LOG", &path);
+            std::env::set_var("AOTRITON_HIP_DOUBLE_DEVICES", devices.to_string());
+        }
+        (double, log)
+    }
+
     /// Reads the double's log (`AOTRITON_HIP_DOUBLE_LOG`) incrementally.
     pub struct Log {
         path: PathBuf,

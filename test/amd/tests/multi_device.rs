@@ -23,7 +23,7 @@ use std::sync::{Arc, Barrier};
 use aotriton::flash::{self, BwdParams, FwdParams, Mask, MaskAlign};
 use aotriton::{DType, Stream, TensorView};
 use aotriton_amd_tests::comgr::Comgr;
-use aotriton_amd_tests::hip_double::{self, Log, call};
+use aotriton_amd_tests::hip_double::{self, call};
 use aotriton_amd_tests::skip_or_fail;
 use serde_json::Value;
 
@@ -108,18 +108,8 @@ fn two_devices_from_one_process() {
     if !aotriton::built_archs().contains(&"gfx942") {
         return skip_or_fail("the build carries no gfx942 kernels (AOTRITON_TARGET_ARCH)");
     }
-    let work = hip_double::target_subdir("hip-double");
-    let double = hip_double::build(&work);
-    std::fs::create_dir_all(work.join("logs")).unwrap();
-    let log_path = work.join(format!("logs/multi-device-{}.jsonl", std::process::id()));
-    let mut log = Log::new(log_path.clone());
-    // SAFETY: set before the runtime's first HIP call (it resolves the library once per process);
-    // this file's one test is the only thread touching the environment.
-    unsafe {
-        std::env::set_var("AOTRITON_HIP_LIBRARY", &double);
-        std::env::set_var("AOTRITON_HIP_DOUBLE_LOG", &log_path);
-        std::env::set_var("AOTRITON_HIP_DOUBLE_DEVICES", DEVICES.to_string());
-    }
+    // SAFETY: before the runtime's first HIP call; this file's one test is the only thread.
+    let (double, mut log) = unsafe { hip_double::attach("multi-device", DEVICES as u32) };
     let (fwd, bwd) = params();
 
     // 1. Every thread's first call comes at once, half of them on each device.

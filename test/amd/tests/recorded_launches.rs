@@ -1034,18 +1034,9 @@ fn recorded_launches() {
         Err(e) => return skip_or_fail(&format!("the gfx942 archive file (AOTRITON_ARCHIVE_DIR): {e}")),
     };
 
-    // <target>/<profile>/deps/<this test>: the double goes to <target>/hip-double.
-    let work = hip_double::target_subdir("hip-double");
-    let double = hip_double::build(&work);
-    std::fs::create_dir_all(work.join("logs")).unwrap();
-    let rust_log = work.join(format!("logs/rust-{}.jsonl", std::process::id()));
-    let mut log = Log::new(rust_log.clone());
-    // SAFETY: set before the runtime's first HIP call (it resolves the library once per
-    // process), while this test is the only thread of this file touching the environment.
-    unsafe {
-        std::env::set_var("AOTRITON_HIP_LIBRARY", &double);
-        std::env::set_var("AOTRITON_HIP_DOUBLE_LOG", &rust_log);
-    }
+    // SAFETY: before the runtime's first HIP call, while this test is the only thread of this
+    // file touching the environment.
+    let (double, mut log) = unsafe { hip_double::attach("rust", 1) };
 
     let mut checker =
         Checker { archive: &archive, comgr: &comgr, images: HashMap::new(), checked_images: HashSet::new(), args_checked: 0 };
@@ -1168,7 +1159,7 @@ fn recorded_launches() {
         assert!(checker.checked_images.contains(hash), "image {hash} was loaded but no checked launch ran it");
     }
 
-    let cpp_launches = cpp_half(&work, &double, &mut checker, &recorded);
+    let cpp_launches = cpp_half(&hip_double::target_subdir("hip-double"), &double, &mut checker, &recorded);
     println!(
         "recorded launches checked: {rust_launches} (Rust API), {} (C++ API); kernel arguments checked: {}",
         cpp_launches.map_or("skipped".to_string(), |n| n.to_string()),
