@@ -4,7 +4,8 @@
 #                the archive reader and the validation for a fixed time), the bridge,
 #                and the AMD checks (test/amd: the real HIP runtime without a device, every hsaco
 #                against the code-object manager's metadata, launches recorded by a HIP double,
-#                one process driving two of its devices)
+#                one process driving two of its devices), and the CUDA launch path against a
+#                recording CUDA driver double (test/cuda: two sm_90 devices, no GPU)
 #   cli          aotriton-info / aotriton-pack as a user runs them
 #   crates       the runtime and image crates packaged and built offline by a fresh consumer
 #   ctest        the out-of-tree C++ consumer (shared and static) against the installed tree, the

@@ -80,34 +80,18 @@ pub fn compile_cpp(source: &Path, out_dir: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
+#[path = "../../doubles/log.rs"]
+mod double_log;
+
 /// The recording HIP double (`hip-double/`): building it and reading what it recorded.
 pub mod hip_double {
-    use std::path::{Path, PathBuf};
-    use std::process::Command;
+    use std::path::PathBuf;
 
-    use serde_json::Value;
+    pub use super::double_log::{Log, call, target_subdir};
 
-    /// Builds the double with cargo into `dir` (its own target directory, so the nested build never
-    /// waits on the outer cargo's lock). Returns the library, for `AOTRITON_HIP_LIBRARY`.
-    pub fn build(dir: &Path) -> PathBuf {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let output = Command::new(&cargo)
-            .current_dir(super::repo_root())
-            .args(["build", "--quiet", "-p", "aotriton-hip-double", "--target-dir"])
-            .arg(dir)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.to_string_lossy()));
-        assert!(output.status.success(), "building the HIP double failed:\n{}", String::from_utf8_lossy(&output.stderr));
-        let library = dir.join("debug/libaotriton_hip_double.so");
-        assert!(library.is_file(), "{} was not built", library.display());
-        library
-    }
-
-    /// `<target>/<name>` of the cargo target directory the running test executable is in
-    /// (`<target>/<profile>/deps/<test>`).
-    pub fn target_subdir(name: &str) -> PathBuf {
-        let exe = std::env::current_exe().unwrap();
-        exe.ancestors().nth(3).expect("the test runs from a cargo target directory").join(name)
+    /// Builds the double with cargo into `dir`. Returns the library, for `AOTRITON_HIP_LIBRARY`.
+    pub fn build(dir: &std::path::Path) -> PathBuf {
+        super::double_log::build("aotriton-hip-double", dir)
     }
 
     /// Builds the double into `<target>/hip-double` and makes it this process's HIP runtime
@@ -130,34 +114,5 @@ pub mod hip_double {
             std::env::set_var("AOTRITON_HIP_DOUBLE_DEVICES", devices.to_string());
         }
         (double, log)
-    }
-
-    /// Reads the double's log (`AOTRITON_HIP_DOUBLE_LOG`) incrementally.
-    pub struct Log {
-        path: PathBuf,
-        consumed: usize,
-    }
-
-    impl Log {
-        /// A log at `path`, emptied first.
-        pub fn new(path: PathBuf) -> Log {
-            let _ = std::fs::remove_file(&path);
-            Log { path, consumed: 0 }
-        }
-
-        /// Records appended since the last call.
-        pub fn take(&mut self) -> Vec<Value> {
-            let text = std::fs::read_to_string(&self.path).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let parse = |l: &&str| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
-            let new = lines[self.consumed..].iter().map(parse).collect();
-            self.consumed = lines.len();
-            new
-        }
-    }
-
-    /// The HIP entry point a record is of.
-    pub fn call(r: &Value) -> &str {
-        r["call"].as_str().unwrap_or("")
     }
 }

@@ -1,0 +1,220 @@
+//! The CUDA launch path without an NVIDIA GPU: one process driving two sm_90 devices of the
+//! recording CUDA driver double (`cuda-double/`, `libcuda.so.1` on `LD_LIBRARY_PATH` of a child
+//! process, so the test runs itself again as that child).
+//!
+//! Threads issue forward and backward calls (the Gluon kernels, with their TMA descriptors, and the
+//! portable ones) on streams of both devices at once, so the first loads of every kernel race on
+//! both. Then the double's records must show:
+//! - one `cuModuleLoadData` per (image, device), the same images on both devices;
+//! - every launch on its stream's device with its context current and a function loaded there,
+//!   its dynamic shared memory above 48 KiB opted in, its parameters laid out from the cubin's own
+//!   parameter table (the double refuses any other launch, and a descriptor the driver would
+//!   refuse);
+//! - the same launches (kernel, grid, block, shared memory, parameter bytes, descriptors included)
+//!   on either device for the same call;
+//! - the calling thread's context stack as it was after each call, the null stream on the current
+//!   context, and a stream of no device refused before anything is loaded or launched.
+//!
+//! This proves what the runtime sends to the driver; it does not prove the kernels run (the GPU
+//! suites do, and `aotriton-gpu-tests --stress multi-device` on two GPUs).
+use std::collections::HashMap;
+use std::sync::{Arc, Barrier};
+
+use aotriton::flash::{self, Backend, BwdParams, FwdParams, Mask, MaskAlign, Workspace};
+use aotriton::{DType, Stream, TensorView};
+use aotriton_cuda_tests::{call, child_log, run_child};
+use serde_json::Value;
+
+const DEVICES: usize = 2;
+const THREADS: usize = 8;
+/// Calls per thread, alternating devices (even: as many calls on either device).
+const ROUNDS: usize = 4;
+/// Where a stream handle's device sits (the double's convention).
+const DEVICE_SHIFT: u32 = 28;
+
+/// A stream of `device`, distinct per `tag`.
+fn stream_of(device: usize, tag: usize) -> Stream {
+    Stream::cuda((device << DEVICE_SHIFT) | 0x5000 | (tag << 4))
+}
+
+/// Forward and backward parameters of one causal fp16 problem (B2 H4/2 S200 D64) at fake device
+/// addresses (never dereferenced: the double runs nothing).
+fn params() -> (FwdParams<'static>, BwdParams<'static>) {
+    let (b, hq, hk, s, d) = (2, 4, 2, 200, 64);
+    let view = |base: u64, h: u64| TensorView::contiguous(base, [b, h, s, d], DType::F16);
+    let rows = |base: u64| TensorView::contiguous(base, [b, hq, s], DType::F32);
+    let (q, k, v, o) = (view(0x1000_0000, hq), view(0x2000_0000, hk), view(0x3000_0000, hk), view(0x4000_0000, hq));
+    let mut fwd = FwdParams::new(q, k, v, o, Some(rows(0x5000_0000)));
+    fwd.mask = Mask::causal(MaskAlign::BottomRight);
+    let (d_o, dq, dk, dv) = (view(0x6000_0000, hq), view(0x8000_0000, hq), view(0x9000_0000, hk), view(0xa000_0000, hk));
+    let mut bwd = BwdParams::new(q, k, v, o, d_o, rows(0x5000_0000), rows(0x7000_0000), dq, dk, dv);
+    bwd.mask = fwd.mask;
+    (fwd, bwd)
+}
+
+/// One round of calls on `stream`: the forward (Gluon, the default on sm_90), the backward with a
+/// workspace (Gluon) and the forward on the portable kernels.
+fn calls(fwd: &FwdParams, bwd: &BwdParams, stream: Stream) -> aotriton::Result<()> {
+    flash::attn_fwd(fwd, stream)?;
+    let mut bwd = *bwd;
+    let bytes = flash::attn_bwd_workspace_bytes(&bwd, stream)?;
+    bwd.workspace = Some(Workspace { ptr: 0xb000_0000, bytes });
+    flash::attn_bwd(&bwd, stream)?;
+    let mut portable = *fwd;
+    portable.backend = Backend::Portable;
+    flash::attn_fwd(&portable, stream)
+}
+
+fn device_of(r: &Value) -> usize {
+    r["device"].as_u64().unwrap_or_else(|| panic!("record without a device: {r}")) as usize
+}
+
+/// A launch without what depends on load order or placement (function handle, stream, device).
+fn launch_content(r: &Value) -> String {
+    let mut r = r.clone();
+    let object = r.as_object_mut().unwrap();
+    for key in ["function", "stream", "device"] {
+        object.remove(key);
+    }
+    r.to_string()
+}
+
+/// The double's own entry points this test calls: the thread's context stack.
+struct Contexts {
+    _library: libloading::Library,
+    current: unsafe extern "C" fn() -> i32,
+    stream_ctx: unsafe extern "C" fn(*mut std::ffi::c_void, *mut *mut std::ffi::c_void) -> u32,
+    push: unsafe extern "C" fn(*mut std::ffi::c_void) -> u32,
+    pop: unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> u32,
+}
+
+impl Contexts {
+    fn open() -> Contexts {
+        // SAFETY: the double (found on LD_LIBRARY_PATH) has no initialisers with preconditions;
+        // the symbols have the driver's types.
+        unsafe {
+            let library = libloading::Library::new("libcuda.so.1").expect("the double as libcuda.so.1");
+            Contexts {
+                current: *library.get(b"aotriton_cuda_double_current_device").unwrap(),
+                stream_ctx: *library.get(b"cuStreamGetCtx").unwrap(),
+                push: *library.get(b"cuCtxPushCurrent_v2").unwrap(),
+                pop: *library.get(b"cuCtxPopCurrent_v2").unwrap(),
+                _library: library,
+            }
+        }
+    }
+    fn current(&self) -> i32 {
+        // SAFETY: no arguments.
+        unsafe { (self.current)() }
+    }
+    /// Makes `device`'s context current (pushes it).
+    fn push(&self, device: usize) {
+        let mut context = std::ptr::null_mut();
+        // SAFETY: a stream handle of the double's convention and valid out-pointers.
+        unsafe {
+            assert_eq!((self.stream_ctx)((device << DEVICE_SHIFT | 0x5000) as *mut _, &mut context), 0);
+            assert_eq!((self.push)(context), 0);
+        }
+    }
+    fn pop(&self) {
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { (self.pop)(&mut std::ptr::null_mut()) }, 0);
+    }
+}
+
+#[test]
+fn two_devices_from_one_process() {
+    let Some(mut log) = child_log() else {
+        return run_child("two_devices_from_one_process", DEVICES as u32);
+    };
+    if !aotriton::built_archs().contains(&"sm_90") {
+        println!("skipped: the build carries no sm_90 kernels (AOTRITON_TARGET_ARCH)");
+        return;
+    }
+    let (fwd, bwd) = params();
+
+    // 1. Every thread's first call comes at once, half of them on each device.
+    let start = Arc::new(Barrier::new(THREADS));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                start.wait();
+                for round in 0..ROUNDS {
+                    calls(&fwd, &bwd, stream_of((t + round) % DEVICES, t)).map_err(|e| format!("thread {t} round {round}: {e}"))?;
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker panicked").unwrap_or_else(|e| panic!("{e}"));
+    }
+    let records = log.take();
+    let failed: Vec<&Value> = records.iter().filter(|r| r["rc"] != 0).collect();
+    assert!(failed.is_empty(), "driver calls failed: {failed:?}");
+
+    let mut loads: HashMap<(String, usize), usize> = HashMap::new();
+    for r in records.iter().filter(|r| call(r) == "cuModuleLoadData") {
+        *loads.entry((r["image_fnv1a"].as_str().unwrap().to_string(), device_of(r))).or_default() += 1;
+    }
+    let twice: Vec<_> = loads.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "images loaded more than once on a device: {twice:?}");
+    let images = |device: usize| {
+        let mut v: Vec<&str> = loads.keys().filter(|(_, d)| *d == device).map(|(h, _)| h.as_str()).collect();
+        v.sort();
+        v
+    };
+    assert!(!images(0).is_empty(), "nothing was loaded");
+    assert_eq!(images(0), images(1), "the two devices loaded different images");
+
+    let launches: Vec<&Value> = records.iter().filter(|r| call(r) == "cuLaunchKernel").collect();
+    let mut per_device: [Vec<String>; DEVICES] = Default::default();
+    for r in &launches {
+        let stream = r["stream"].as_u64().unwrap() as usize;
+        assert_eq!(device_of(r), stream >> DEVICE_SHIFT, "a launch off its stream's device: {r}");
+        per_device[device_of(r)].push(launch_content(r));
+    }
+    for list in per_device.iter_mut() {
+        list.sort();
+    }
+    assert!(per_device[0] == per_device[1], "the same calls launched differently on the two devices");
+    assert!(!launches.is_empty() && launches.len().is_multiple_of(THREADS * ROUNDS), "{} launches", launches.len());
+    let symbols: std::collections::BTreeSet<&str> = launches.iter().map(|r| r["symbol"].as_str().unwrap()).collect();
+    let descriptors = records.iter().filter(|r| call(r) == "cuTensorMapEncodeTiled").count();
+    assert!(descriptors > 0, "no TMA descriptor encoded: the Gluon kernels did not run");
+    let opted_in = records.iter().filter(|r| call(r) == "cuFuncSetAttribute").count();
+    println!(
+        "{THREADS} threads x {ROUNDS} rounds over {DEVICES} devices: {} launches of {symbols:?}, {} images loaded once per \
+         device, {descriptors} TMA descriptors encoded, {opted_in} functions opted in to more shared memory",
+        launches.len(),
+        images(0).len()
+    );
+
+    // 2. The thread's context stack: what the call pushed, it popped.
+    let contexts = Contexts::open();
+    assert_eq!(contexts.current(), -1, "a context left current on this thread");
+    contexts.push(1);
+    log.take(); // the test's own push
+    calls(&fwd, &bwd, stream_of(0, 99)).expect("calls on device 0 with device 1's context current");
+    assert_eq!(contexts.current(), 1, "the calls did not restore the thread's context");
+    let records = log.take();
+    assert!(!records.iter().any(|r| call(r) == "cuModuleLoadData"), "modules loaded again");
+    let pushes = records.iter().filter(|r| call(r) == "cuCtxPushCurrent").count();
+    let pops = records.iter().filter(|r| call(r) == "cuCtxPopCurrent").count();
+    assert!(pushes > 0 && pushes == pops, "{pushes} pushes, {pops} pops");
+
+    // 3. The null stream runs in the current context (device 1 here), with that device's modules.
+    flash::attn_fwd(&fwd, Stream::cuda(0)).expect("attn_fwd on the null stream");
+    let records = log.take();
+    let on: Vec<usize> = records.iter().filter(|r| call(r) == "cuLaunchKernel").map(device_of).collect();
+    assert!(!on.is_empty() && on.iter().all(|&d| d == 1), "null-stream launches on devices {on:?}");
+    assert!(!records.iter().any(|r| call(r) == "cuModuleLoadData"), "modules loaded again");
+    contexts.pop();
+
+    // 4. A stream of a device the process does not have: an error, nothing loaded or launched.
+    let e = flash::attn_fwd(&fwd, stream_of(DEVICES, 1)).expect_err("a stream of no device");
+    assert!(e.message().contains("cuStreamGetCtx"), "{e}");
+    let records = log.take();
+    assert!(!records.iter().any(|r| matches!(call(r), "cuModuleLoadData" | "cuLaunchKernel")), "{records:?}");
+}
