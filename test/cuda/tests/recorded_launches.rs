@@ -79,6 +79,103 @@ fn launch_content(r: &Value) -> String {
     r.to_string()
 }
 
+/// Where each tensor of [`params`] lies (the workspace: from 0xb000_0000).
+const ADDRESSES: [(&str, u64); 10] = [
+    ("Q", 0x1000_0000),
+    ("K", 0x2000_0000),
+    ("V", 0x3000_0000),
+    ("O", 0x4000_0000),
+    ("LSE", 0x5000_0000),
+    ("DO", 0x6000_0000),
+    ("DELTA", 0x7000_0000),
+    ("DQ", 0x8000_0000),
+    ("DK", 0x9000_0000),
+    ("DV", 0xa000_0000),
+];
+
+/// Bytes of a kernel parameter of Triton type `ty`, where it has a fixed size.
+fn type_bytes(ty: &str) -> Option<usize> {
+    Some(match ty {
+        t if t.starts_with('*') => 8,
+        "i1" | "i8" | "u8" => 1,
+        "fp16" | "bf16" | "i16" => 2,
+        "i32" | "u32" | "fp32" => 4,
+        "i64" | "u64" | "fp64" => 8,
+        _ => return None,
+    })
+}
+
+/// Each kernel launched, checked against the archive's metadata: the cubin's parameters are the
+/// metadata's arguments, each of its type's size (a TMA descriptor: the 128-byte map, then its
+/// rank's 4-byte sizes and 8-byte strides, as Triton lowers it), then Triton's two scratch
+/// pointers; the tensors' pointers and descriptors hold those tensors' addresses (a descriptor of
+/// the double starts with its address), `sm_scale` 1/8. Returns the kernels checked.
+fn check_arguments(launches: &[&Value]) -> usize {
+    let dir = std::env::var_os("AOTRITON_ARCHIVE_DIR").map(std::path::PathBuf::from);
+    let path = dir.unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../build/images"));
+    let archive = aotriton::archive::Archive::open(&path.join("aotriton-sm_90.images"))
+        .unwrap_or_else(|e| panic!("the sm_90 archive in {} (AOTRITON_ARCHIVE_DIR): {e}", path.display()));
+    let launched: std::collections::BTreeSet<&str> = launches.iter().map(|r| r["image_fnv1a"].as_str().unwrap()).collect();
+    let mut metas = HashMap::new();
+    for (index, f) in archive.functionals().iter().enumerate() {
+        let ours = f.axes.get("dtype").is_some_and(|d| d == "fp16") && f.axes.get("head_dim").is_some_and(|d| d == "64");
+        if !ours || !launches.iter().any(|r| r["symbol"] == f.family.as_str()) {
+            continue;
+        }
+        for (image, meta) in archive.load_images(index).unwrap().iter().zip(&f.kernels) {
+            let hash = format!("{:016x}", image.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3)));
+            if launched.contains(hash.as_str()) {
+                metas.insert(hash, meta.clone());
+            }
+        }
+    }
+    let mut checked = std::collections::BTreeSet::new();
+    for r in launches {
+        let hash = r["image_fnv1a"].as_str().unwrap();
+        let meta = metas.get(hash).unwrap_or_else(|| panic!("launched image {hash} is in no fp16 hd64 functional: {r}"));
+        let layout: Vec<(usize, usize)> =
+            r["param_layout"].as_array().unwrap().iter().map(|p| (p[0].as_u64().unwrap() as usize, p[1].as_u64().unwrap() as usize)).collect();
+        let params = r["params"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..params.len()).step_by(2).map(|i| u8::from_str_radix(&params[i..i + 2], 16).unwrap()).collect();
+        let id = &meta.id;
+        // The parameter sizes the metadata implies, argument by argument (None: not fixed).
+        let mut sizes: Vec<(&str, Option<usize>)> = Vec::new();
+        for arg in &meta.args {
+            match &arg.tensordesc {
+                Some(desc) => {
+                    sizes.push((&arg.name, Some(128)));
+                    sizes.extend(std::iter::repeat_n((arg.name.as_str(), Some(4)), desc.rank()));
+                    sizes.extend(std::iter::repeat_n((arg.name.as_str(), Some(8)), desc.rank()));
+                }
+                None => sizes.push((&arg.name, type_bytes(&arg.ty))),
+            }
+        }
+        sizes.extend([("global scratch", Some(8)), ("profile scratch", Some(8))]);
+        let got: Vec<usize> = layout.iter().map(|&(_, size)| size).collect();
+        assert_eq!(got.len(), sizes.len(), "{id}: cubin parameters {got:?} vs the metadata's {sizes:?}");
+        for (&(name, want), size) in sizes.iter().zip(&got) {
+            assert!(want.is_none_or(|w| w == *size), "{id}: a parameter of {name} is {size} bytes, expected {want:?}");
+        }
+        let mut at = 0;
+        for arg in &meta.args {
+            let (offset, size) = layout[at];
+            at += arg.tensordesc.as_ref().map_or(1, |d| 1 + 2 * d.rank());
+            let value = &bytes[offset..offset + size];
+            let name = arg.name.strip_prefix("desc_").map(str::to_uppercase).unwrap_or_else(|| arg.name.clone());
+            let name = if name == "D_O" { "DO".to_string() } else { name };
+            if let Some((_, address)) = ADDRESSES.iter().find(|(n, _)| *n == name) {
+                let got = u64::from_le_bytes(value[..8].try_into().unwrap());
+                assert_eq!(got, *address, "{id}: {} holds {got:#x}, the tensor is at {address:#x}", arg.name);
+            }
+            if arg.name == "sm_scale" {
+                assert_eq!(f32::from_le_bytes(value.try_into().unwrap()), 0.125, "{id}: sm_scale");
+            }
+        }
+        checked.insert(id.clone());
+    }
+    checked.len()
+}
+
 /// The double's own entry points this test calls: the thread's context stack.
 struct Contexts {
     _library: libloading::Library,
@@ -184,9 +281,11 @@ fn two_devices_from_one_process() {
     let descriptors = records.iter().filter(|r| call(r) == "cuTensorMapEncodeTiled").count();
     assert!(descriptors > 0, "no TMA descriptor encoded: the Gluon kernels did not run");
     let opted_in = records.iter().filter(|r| call(r) == "cuFuncSetAttribute").count();
+    let kernels = check_arguments(&launches);
     println!(
         "{THREADS} threads x {ROUNDS} rounds over {DEVICES} devices: {} launches of {symbols:?}, {} images loaded once per \
-         device, {descriptors} TMA descriptors encoded, {opted_in} functions opted in to more shared memory",
+         device, {descriptors} TMA descriptors encoded, {opted_in} functions opted in to more shared memory, the \
+         arguments of {kernels} kernels checked against the archive",
         launches.len(),
         images(0).len()
     );

@@ -18,7 +18,7 @@
 //! validates the launch as the driver does (grid and block limits; dynamic shared memory above 48
 //! KiB only after `cuFuncSetAttribute` opted the function in; the stream's context current; the
 //! function loaded on the stream's device) and lays the parameters out from `kernelParams` the way
-//! the driver builds the parameter buffer. `cuTensorMapEncodeTiled` checks what the driver checks
+//! the driver builds the parameter buffer (recorded with each parameter's offset and size). `cuTensorMapEncodeTiled` checks what the driver checks
 //! of a tiled descriptor (rank, alignment, strides, box) and writes a descriptor that names its
 //! inputs (the address, then a hash of every argument). Nothing runs: the records (grid, block,
 //! shared memory, stream, device, symbol, the image's FNV-1a 64 hash, the parameter bytes in hex)
@@ -582,6 +582,8 @@ pub unsafe extern "C" fn cuLaunchKernel(
         if !extra.is_null() || (kernel_params.is_null() && !kernel.params.is_empty()) {
             return refuse(CUDA_ERROR_INVALID_VALUE, "the parameters must come as kernelParams");
         }
+        let layout: Vec<[usize; 2]> = kernel.params.iter().map(|p| [p.offset, p.size]).collect();
+        fields.as_object_mut().unwrap().insert("param_layout".into(), json!(layout));
         let mut buffer = vec![0u8; kernel.params.iter().map(|p| p.offset + p.size).max().unwrap_or(0)];
         for p in &kernel.params {
             // SAFETY: kernelParams has one entry per parameter (the caller's contract).
