@@ -13,7 +13,9 @@
 //! - the same launches (kernel, grid, block, shared memory, parameter bytes, descriptors included)
 //!   on either device for the same call;
 //! - the calling thread's context stack as it was after each call, the null stream on the current
-//!   context, and a stream of no device refused before anything is loaded or launched.
+//!   context, and a stream of no device refused before anything is loaded or launched;
+//! - a driver call made to fail (module load, function lookup, shared-memory opt-in, descriptor
+//!   encode, launch) returned as a Driver error naming it, nothing launched, the next call fine.
 //!
 //! This proves what the runtime sends to the driver; it does not prove the kernels run (the GPU
 //! suites do, and `aotriton-gpu-tests --stress multi-device` on two GPUs).
@@ -316,4 +318,36 @@ fn two_devices_from_one_process() {
     assert!(e.message().contains("cuStreamGetCtx"), "{e}");
     let records = log.take();
     assert!(!records.iter().any(|r| matches!(call(r), "cuModuleLoadData" | "cuLaunchKernel")), "{records:?}");
+
+    // 5. A driver call that fails: the call returns a Driver error naming it (none swallowed,
+    //    no panic), and the next call succeeds (a failed load is not cached). Head dim 128: kernels
+    //    not loaded yet (the Gluon forward on device 0, then on device 1 for the opt-in; the
+    //    portable forward on device 1 for the lookup).
+    let (mut fwd128, _) = params();
+    for t in [&mut fwd128.q, &mut fwd128.k, &mut fwd128.v, &mut fwd128.o] {
+        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 128], DType::F16);
+    }
+    fwd128.sm_scale = 0.125;
+    let cases = [
+        ("cuModuleLoadData", 0, Backend::Gluon),
+        ("cuTensorMapEncodeTiled", 0, Backend::Gluon),
+        ("cuLaunchKernel", 0, Backend::Gluon),
+        ("cuFuncSetAttribute", 1, Backend::Gluon),
+        ("cuModuleGetFunction", 1, Backend::Portable),
+    ];
+    for (entry, device, backend) in cases {
+        fwd128.backend = backend;
+        // SAFETY: this test's threads have ended; the double reads the variable at each call.
+        unsafe { std::env::set_var("AOTRITON_CUDA_DOUBLE_FAIL", entry) };
+        let e = flash::attn_fwd(&fwd128, stream_of(device, 7)).expect_err(entry);
+        assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
+        assert!(e.message().contains("CUDA_ERROR_INVALID_VALUE"), "{entry}: the driver's status is not named: {e}");
+        let records = log.take();
+        assert!(records.iter().any(|r| call(r) == entry && r["injected"] == true), "{entry} was not called: {records:?}");
+        assert!(!records.iter().any(|r| call(r) == "cuLaunchKernel" && r["rc"] == 0), "{entry}: a launch went ahead");
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("AOTRITON_CUDA_DOUBLE_FAIL") };
+        flash::attn_fwd(&fwd128, stream_of(device, 7)).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
+        log.take();
+    }
 }

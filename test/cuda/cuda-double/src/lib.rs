@@ -23,6 +23,11 @@
 //! inputs (the address, then a hash of every argument). Nothing runs: the records (grid, block,
 //! shared memory, stream, device, symbol, the image's FNV-1a 64 hash, the parameter bytes in hex)
 //! are the whole effect.
+//!
+//! Fault injection: while `AOTRITON_CUDA_DOUBLE_FAIL` names one of `cuModuleLoadData`,
+//! `cuModuleGetFunction`, `cuFuncSetAttribute`, `cuLaunchKernel` or `cuTensorMapEncodeTiled`
+//! (read at each call), that entry point fails with `CUDA_ERROR_INVALID_VALUE` and does nothing
+//! else; its record says `"injected": true`.
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::io::Write;
@@ -171,6 +176,12 @@ fn record(call: &str, rc: CuResult, mut fields: Value) -> CuResult {
         eprintln!("aotriton CUDA double: cannot write {}: {e}", path.to_string_lossy());
     }
     rc
+}
+
+/// Whether the test asked this entry point to fail (module docs); records the failure.
+fn injected(call: &str) -> Option<CuResult> {
+    let asked = std::env::var("AOTRITON_CUDA_DOUBLE_FAIL").is_ok_and(|v| v == call);
+    asked.then(|| record(call, CUDA_ERROR_INVALID_VALUE, json!({"injected": true})))
 }
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -440,6 +451,9 @@ fn kernels(elf: &[u8]) -> Result<Vec<Kernel>, String> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> CuResult {
     let call = "cuModuleLoadData";
+    if let Some(rc) = injected(call) {
+        return rc;
+    }
     if module.is_null() || image.is_null() {
         return record(call, CUDA_ERROR_INVALID_VALUE, json!({"error": "null module or image pointer"}));
     }
@@ -474,6 +488,9 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *cons
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunction(function: *mut *mut c_void, module: *mut c_void, name: *const c_char) -> CuResult {
     let call = "cuModuleGetFunction";
+    if let Some(rc) = injected(call) {
+        return rc;
+    }
     if function.is_null() || name.is_null() {
         return record(call, CUDA_ERROR_INVALID_VALUE, json!({"module": module as usize, "error": "null function or name"}));
     }
@@ -496,6 +513,9 @@ pub unsafe extern "C" fn cuModuleGetFunction(function: *mut *mut c_void, module:
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuFuncSetAttribute(function: *mut c_void, attribute: c_int, value: c_int) -> CuResult {
+    if let Some(rc) = injected("cuFuncSetAttribute") {
+        return rc;
+    }
     let fields = json!({"function": function as usize, "attribute": attribute, "value": value});
     let mut state = state();
     let index = (function as usize).wrapping_sub(FUNCTION_TAG).wrapping_sub(1);
@@ -540,6 +560,9 @@ pub unsafe extern "C" fn cuLaunchKernel(
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CuResult {
+    if let Some(rc) = injected("cuLaunchKernel") {
+        return rc;
+    }
     let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     let mut fields = json!({"function": function as usize, "grid": grid, "block": block, "shared": shared,
                             "stream": stream as usize});
@@ -644,6 +667,9 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
     oob_fill: c_uint,
 ) -> CuResult {
     let call = "cuTensorMapEncodeTiled";
+    if let Some(rc) = injected(call) {
+        return rc;
+    }
     if map.is_null() || dims.is_null() || box_dims.is_null() || element_strides.is_null() || !(1..=5).contains(&rank) {
         return record(call, CUDA_ERROR_INVALID_VALUE, json!({"rank": rank, "error": "null pointer or rank outside 1..5"}));
     }
