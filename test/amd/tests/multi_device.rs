@@ -10,7 +10,9 @@
 //!   other launch, so a module cached for the wrong device fails the call);
 //! - the same launches (kernel, grid, block, LDS, argument bytes) on either device for the same call;
 //! - each call leaving the thread's current device as it found it, the null stream running on the
-//!   current device, and a stream of no device refused before anything is loaded or launched.
+//!   current device, and a stream of no device refused before anything is loaded or launched;
+//! - a HIP call made to fail (module load, function lookup, launch) returned as a Driver error
+//!   naming it, nothing launched, the next call fine.
 //!
 //! This proves the runtime's multi-device bookkeeping on HIP without an AMD GPU; it does not prove
 //! the kernels run. On NVIDIA, `aotriton-gpu-tests --stress multi-device` does the same on two GPUs.
@@ -198,4 +200,27 @@ fn two_devices_from_one_process() {
         !records.iter().any(|r| matches!(call(r), "hipModuleLoadData" | "hipModuleLaunchKernel")),
         "{records:?}"
     );
+
+    // 5. A HIP call that fails: the call returns a Driver error naming it (none swallowed, no
+    //    panic), nothing is launched, and the next call succeeds (a failed load is not cached).
+    //    Head dim 128: kernels not loaded yet (device 0, then device 1 for the lookup).
+    let mut fwd128 = fwd;
+    for t in [&mut fwd128.q, &mut fwd128.k, &mut fwd128.v, &mut fwd128.o] {
+        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 128], DType::F16);
+    }
+    fwd128.sm_scale = 0.125;
+    for (entry, device) in [("hipModuleLoadData", 0), ("hipModuleLaunchKernel", 0), ("hipModuleGetFunction", 1)] {
+        // SAFETY: this test's threads have ended; the double reads the variable at each call.
+        unsafe { std::env::set_var("AOTRITON_HIP_DOUBLE_FAIL", entry) };
+        let e = flash::attn_fwd(&fwd128, Stream::hip(stream_of(device, 7))).expect_err(entry);
+        assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
+        assert!(e.message().contains("hipErrorInvalidValue"), "{entry}: HIP's status is not named: {e}");
+        let records = log.take();
+        assert!(records.iter().any(|r| call(r) == entry && r["injected"] == true), "{entry} was not called: {records:?}");
+        assert!(!records.iter().any(|r| call(r) == "hipModuleLaunchKernel" && r["rc"] == 0), "{entry}: a launch went ahead");
+        // SAFETY: as above.
+        unsafe { std::env::remove_var("AOTRITON_HIP_DOUBLE_FAIL") };
+        flash::attn_fwd(&fwd128, Stream::hip(stream_of(device, 7))).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
+        log.take();
+    }
 }

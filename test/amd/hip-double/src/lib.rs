@@ -11,6 +11,10 @@
 //! belongs to the device current when it was loaded, and a launch of one of its functions on a
 //! stream of another device is refused (`hipErrorInvalidHandle`), as HIP refuses it.
 //!
+//! Fault injection: while `AOTRITON_HIP_DOUBLE_FAIL` names `hipModuleLoadData`,
+//! `hipModuleGetFunction` or `hipModuleLaunchKernel` (read at each call), that entry point fails
+//! with `hipErrorInvalidValue` and does nothing else; its record says `"injected": true`.
+//!
 //! Modules are real code objects: `hipModuleLoadData` copies the image (its length read from the
 //! ELF headers, as HIP does), checks it is an AMDGPU code object for gfx942 with compatible
 //! xnack/sramecc settings, and reads its kernels' metadata with the ROCm code-object manager
@@ -132,6 +136,12 @@ fn record(call: &str, rc: HipError, mut fields: Value) -> HipError {
         eprintln!("aotriton HIP double: cannot write {}: {e}", path.to_string_lossy());
     }
     rc
+}
+
+/// Whether the test asked this entry point to fail (module docs); records the failure.
+fn injected(call: &str) -> Option<HipError> {
+    let asked = std::env::var("AOTRITON_HIP_DOUBLE_FAIL").is_ok_and(|v| v == call);
+    asked.then(|| record(call, HIP_ERROR_INVALID_VALUE, json!({"injected": true})))
 }
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
@@ -376,6 +386,9 @@ unsafe fn code_object<'a>(image: *const u8) -> Result<&'a [u8], (HipError, Strin
 /// `module` is null or valid for a write; `image` is null or a complete code object.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> HipError {
+    if let Some(rc) = injected("hipModuleLoadData") {
+        return rc;
+    }
     if module.is_null() || image.is_null() {
         return record("hipModuleLoadData", HIP_ERROR_INVALID_VALUE, json!({"error": "null module or image pointer"}));
     }
@@ -415,6 +428,9 @@ pub unsafe extern "C" fn hipModuleGetFunction(
     name: *const c_char,
 ) -> HipError {
     let call = "hipModuleGetFunction";
+    if let Some(rc) = injected(call) {
+        return rc;
+    }
     if function.is_null() || name.is_null() {
         let fields = json!({"module": module as usize, "error": "null function or name"});
         return record(call, HIP_ERROR_INVALID_VALUE, fields);
@@ -569,6 +585,9 @@ pub unsafe extern "C" fn hipModuleLaunchKernel(
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> HipError {
+    if let Some(rc) = injected("hipModuleLaunchKernel") {
+        return rc;
+    }
     let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     let mut fields = json!({
         "function": function as usize,
