@@ -80,14 +80,14 @@ pub fn compile_cpp(source: &Path, out_dir: &Path) -> Result<PathBuf, String> {
     Ok(exe)
 }
 
-#[path = "../../doubles/log.rs"]
+#[path = "../../doubles/harness.rs"]
 mod double_log;
 
 /// The recording HIP double (`hip-double/`): building it and reading what it recorded.
 pub mod hip_double {
     use std::path::PathBuf;
 
-    pub use super::double_log::{Log, call, target_subdir};
+    pub use super::double_log::{Log, call, check_two_devices, device_of, params, race_on_two_devices, stream_handle, target_subdir};
 
     /// Builds the double with cargo into `dir`. Returns the library, for `AOTRITON_HIP_LIBRARY`.
     pub fn build(dir: &std::path::Path) -> PathBuf {

@@ -19,43 +19,17 @@
 //!
 //! Needs `libamd_comgr` (the double reads the code objects with it) and the gfx942 kernels
 //! embedded in `aotriton` (`AOTRITON_TARGET_ARCH` including gfx942); `./test.sh` sets both.
-use std::collections::HashMap;
-use std::sync::{Arc, Barrier};
 
-use aotriton::flash::{self, BwdParams, FwdParams, Mask, MaskAlign};
+use aotriton::flash;
 use aotriton::{DType, Stream, TensorView};
 use aotriton_amd_tests::comgr::Comgr;
-use aotriton_amd_tests::hip_double::{self, call};
+use aotriton_amd_tests::hip_double::{self, call, check_two_devices, device_of, params, race_on_two_devices, stream_handle};
 use aotriton_amd_tests::skip_or_fail;
-use serde_json::Value;
 
 const DEVICES: usize = 2;
 const THREADS: usize = 8;
 /// Calls per thread, alternating devices (even: as many calls on either device).
 const ROUNDS: usize = 4;
-/// Where a stream handle's device sits (the double's convention).
-const DEVICE_SHIFT: u32 = 28;
-
-/// A stream of `device`, distinct per `tag`.
-fn stream_of(device: usize, tag: usize) -> usize {
-    (device << DEVICE_SHIFT) | 0x5000 | (tag << 4)
-}
-
-/// Forward and backward parameters of one causal fp16 problem (B2 H4/2 S200 D64) at fake device
-/// addresses (never dereferenced: the double runs nothing).
-fn params() -> (FwdParams<'static>, BwdParams<'static>) {
-    let (b, hq, hk, s, d) = (2, 4, 2, 200, 64);
-    let view = |base: u64, h: u64| TensorView::contiguous(base, [b, h, s, d], DType::F16);
-    let rows = |base: u64| TensorView::contiguous(base, [b, hq, s], DType::F32);
-    let (q, k, v, o) = (view(0x1000_0000, hq), view(0x2000_0000, hk), view(0x3000_0000, hk), view(0x4000_0000, hq));
-    let mut fwd = FwdParams::new(q, k, v, o, Some(rows(0x5000_0000)));
-    fwd.mask = Mask::causal(MaskAlign::BottomRight);
-    let (d_o, dq, dk, dv) = (view(0x6000_0000, hq), view(0x8000_0000, hq), view(0x9000_0000, hk), view(0xa000_0000, hk));
-    let mut bwd = BwdParams::new(q, k, v, o, d_o, rows(0x5000_0000), rows(0x7000_0000), dq, dk, dv);
-    bwd.mask = fwd.mask;
-    (fwd, bwd)
-}
-
 /// The HIP entry points of the double this test calls itself: the calling thread's current device.
 struct CurrentDevice {
     _library: libloading::Library,
@@ -85,21 +59,6 @@ impl CurrentDevice {
     }
 }
 
-fn device_of(r: &Value) -> usize {
-    r["device"].as_u64().unwrap_or_else(|| panic!("record without a device: {r}")) as usize
-}
-
-/// A launch without what depends on load order or placement (function handle, stream, device):
-/// what must be the same for the same call on either device.
-fn launch_content(r: &Value) -> String {
-    let mut r = r.clone();
-    let object = r.as_object_mut().unwrap();
-    for key in ["function", "stream", "device"] {
-        object.remove(key);
-    }
-    r.to_string()
-}
-
 #[test]
 fn two_devices_from_one_process() {
     // Kept loaded: the double loads the same library, and LLVM inside it cannot be loaded twice.
@@ -115,67 +74,27 @@ fn two_devices_from_one_process() {
     let (fwd, bwd) = params();
 
     // 1. Every thread's first call comes at once, half of them on each device.
-    let start = Arc::new(Barrier::new(THREADS));
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let start = Arc::clone(&start);
-            std::thread::spawn(move || {
-                start.wait();
-                for round in 0..ROUNDS {
-                    let stream = Stream::hip(stream_of((t + round) % DEVICES, t));
-                    flash::attn_fwd(&fwd, stream).map_err(|e| format!("thread {t} round {round} attn_fwd: {e}"))?;
-                    flash::attn_bwd(&bwd, stream).map_err(|e| format!("thread {t} round {round} attn_bwd: {e}"))?;
-                }
-                Ok::<(), String>(())
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("a worker panicked").unwrap_or_else(|e| panic!("{e}"));
-    }
+    race_on_two_devices(THREADS, ROUNDS, move |device, tag| {
+        let stream = Stream::hip(stream_handle(device, tag));
+        flash::attn_fwd(&fwd, stream).map_err(|e| format!("attn_fwd: {e}"))?;
+        flash::attn_bwd(&bwd, stream).map_err(|e| format!("attn_bwd: {e}"))
+    });
     let records = log.take();
-    let failed: Vec<&Value> = records.iter().filter(|r| r["rc"] != 0).collect();
-    assert!(failed.is_empty(), "HIP calls failed: {failed:?}");
-
-    let mut loads: HashMap<(String, usize), usize> = HashMap::new();
-    for r in records.iter().filter(|r| call(r) == "hipModuleLoadData") {
-        *loads.entry((r["image_fnv1a"].as_str().unwrap().to_string(), device_of(r))).or_default() += 1;
-    }
-    let twice: Vec<_> = loads.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "images loaded more than once on a device: {twice:?}");
-    let images = |device: usize| {
-        let mut v: Vec<&str> = loads.keys().filter(|(_, d)| *d == device).map(|(h, _)| h.as_str()).collect();
-        v.sort();
-        v
-    };
-    assert!(!images(0).is_empty(), "nothing was loaded");
-    assert_eq!(images(0), images(1), "the two devices loaded different images");
-
-    let launches: Vec<&Value> = records.iter().filter(|r| call(r) == "hipModuleLaunchKernel").collect();
-    let mut per_device: [Vec<String>; DEVICES] = Default::default();
-    for r in &launches {
-        let stream = r["stream"].as_u64().unwrap() as usize;
-        assert_eq!(device_of(r), stream >> DEVICE_SHIFT, "a launch off its stream's device: {r}");
-        per_device[device_of(r)].push(launch_content(r));
-    }
-    for list in per_device.iter_mut() {
-        list.sort();
-    }
-    assert!(per_device[0] == per_device[1], "the same calls launched differently on the two devices");
+    let (launches, images) = check_two_devices(&records, "hipModuleLoadData", "hipModuleLaunchKernel");
     assert!(!launches.is_empty() && launches.len().is_multiple_of(THREADS * ROUNDS), "{} launches", launches.len());
     let per_call = launches.len() / (THREADS * ROUNDS);
     println!(
         "{THREADS} threads x {ROUNDS} rounds over {DEVICES} devices: {} launches ({per_call} per forward + backward), \
          {} images loaded once per device",
         launches.len(),
-        images(0).len()
+        images
     );
 
     // 2. The calling thread's current device: switched for the call, then restored.
     let current = CurrentDevice::open(&double);
     current.set(1);
     log.take(); // the test's own hipSetDevice
-    flash::attn_fwd(&fwd, Stream::hip(stream_of(0, 99))).expect("attn_fwd on device 0 from device 1");
+    flash::attn_fwd(&fwd, Stream::hip(stream_handle(0, 99))).expect("attn_fwd on device 0 from device 1");
     assert_eq!(current.get(), 1, "the call did not restore the thread's current device");
     let records = log.take();
     let switches: Vec<i64> =
@@ -193,7 +112,7 @@ fn two_devices_from_one_process() {
     current.set(0);
 
     // 4. A stream of a device the process does not have: an error, nothing loaded or launched.
-    let e = flash::attn_fwd(&fwd, Stream::hip(stream_of(DEVICES, 1))).expect_err("a stream of no device");
+    let e = flash::attn_fwd(&fwd, Stream::hip(stream_handle(DEVICES, 1))).expect_err("a stream of no device");
     assert!(e.message().contains("hipStreamGetDevice"), "{e}");
     let records = log.take();
     assert!(
@@ -212,7 +131,7 @@ fn two_devices_from_one_process() {
     for (entry, device) in [("hipModuleLoadData", 0), ("hipModuleLaunchKernel", 0), ("hipModuleGetFunction", 1)] {
         // SAFETY: this test's threads have ended; the double reads the variable at each call.
         unsafe { std::env::set_var("AOTRITON_HIP_DOUBLE_FAIL", entry) };
-        let e = flash::attn_fwd(&fwd128, Stream::hip(stream_of(device, 7))).expect_err(entry);
+        let e = flash::attn_fwd(&fwd128, Stream::hip(stream_handle(device, 7))).expect_err(entry);
         assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
         assert!(e.message().contains("hipErrorInvalidValue"), "{entry}: HIP's status is not named: {e}");
         let records = log.take();
@@ -220,7 +139,7 @@ fn two_devices_from_one_process() {
         assert!(!records.iter().any(|r| call(r) == "hipModuleLaunchKernel" && r["rc"] == 0), "{entry}: a launch went ahead");
         // SAFETY: as above.
         unsafe { std::env::remove_var("AOTRITON_HIP_DOUBLE_FAIL") };
-        flash::attn_fwd(&fwd128, Stream::hip(stream_of(device, 7))).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
+        flash::attn_fwd(&fwd128, Stream::hip(stream_handle(device, 7))).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
         log.take();
     }
 }

@@ -4,15 +4,15 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[path = "../../doubles/log.rs"]
-mod log;
-pub use log::{Log, call, target_subdir};
+#[path = "../../doubles/harness.rs"]
+mod harness;
+pub use harness::{Log, call, check_two_devices, device_of, params, race_on_two_devices, stream_handle, target_subdir};
 
 /// Builds the double into `<target>/cuda-double` and lays it out as the driver library,
 /// `<target>/cuda-double/driver/libcuda.so.1`. Returns that folder (for `LD_LIBRARY_PATH`).
 pub fn driver_folder() -> PathBuf {
     let work = target_subdir("cuda-double");
-    let library = log::build("aotriton-cuda-double", &work);
+    let library = harness::build("aotriton-cuda-double", &work);
     let folder = work.join("driver");
     std::fs::create_dir_all(&folder).unwrap();
     std::fs::copy(&library, folder.join("libcuda.so.1")).expect("copy the double as libcuda.so.1");

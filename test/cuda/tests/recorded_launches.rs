@@ -20,38 +20,19 @@
 //! This proves what the runtime sends to the driver; it does not prove the kernels run (the GPU
 //! suites do, and `aotriton-gpu-tests --stress multi-device` on two GPUs).
 use std::collections::HashMap;
-use std::sync::{Arc, Barrier};
 
-use aotriton::flash::{self, Backend, BwdParams, FwdParams, Mask, MaskAlign, Workspace};
+use aotriton::flash::{self, Backend, BwdParams, FwdParams, Workspace};
 use aotriton::{DType, Stream, TensorView};
-use aotriton_cuda_tests::{call, child_log, run_child};
+use aotriton_cuda_tests::{call, check_two_devices, child_log, device_of, params, race_on_two_devices, run_child, stream_handle};
 use serde_json::Value;
 
 const DEVICES: usize = 2;
 const THREADS: usize = 8;
 /// Calls per thread, alternating devices (even: as many calls on either device).
 const ROUNDS: usize = 4;
-/// Where a stream handle's device sits (the double's convention).
-const DEVICE_SHIFT: u32 = 28;
-
 /// A stream of `device`, distinct per `tag`.
 fn stream_of(device: usize, tag: usize) -> Stream {
-    Stream::cuda((device << DEVICE_SHIFT) | 0x5000 | (tag << 4))
-}
-
-/// Forward and backward parameters of one causal fp16 problem (B2 H4/2 S200 D64) at fake device
-/// addresses (never dereferenced: the double runs nothing).
-fn params() -> (FwdParams<'static>, BwdParams<'static>) {
-    let (b, hq, hk, s, d) = (2, 4, 2, 200, 64);
-    let view = |base: u64, h: u64| TensorView::contiguous(base, [b, h, s, d], DType::F16);
-    let rows = |base: u64| TensorView::contiguous(base, [b, hq, s], DType::F32);
-    let (q, k, v, o) = (view(0x1000_0000, hq), view(0x2000_0000, hk), view(0x3000_0000, hk), view(0x4000_0000, hq));
-    let mut fwd = FwdParams::new(q, k, v, o, Some(rows(0x5000_0000)));
-    fwd.mask = Mask::causal(MaskAlign::BottomRight);
-    let (d_o, dq, dk, dv) = (view(0x6000_0000, hq), view(0x8000_0000, hq), view(0x9000_0000, hk), view(0xa000_0000, hk));
-    let mut bwd = BwdParams::new(q, k, v, o, d_o, rows(0x5000_0000), rows(0x7000_0000), dq, dk, dv);
-    bwd.mask = fwd.mask;
-    (fwd, bwd)
+    Stream::cuda(stream_handle(device, tag))
 }
 
 /// One round of calls on `stream`: the forward (Gluon, the default on sm_90), the backward with a
@@ -65,20 +46,6 @@ fn calls(fwd: &FwdParams, bwd: &BwdParams, stream: Stream) -> aotriton::Result<(
     let mut portable = *fwd;
     portable.backend = Backend::Portable;
     flash::attn_fwd(&portable, stream)
-}
-
-fn device_of(r: &Value) -> usize {
-    r["device"].as_u64().unwrap_or_else(|| panic!("record without a device: {r}")) as usize
-}
-
-/// A launch without what depends on load order or placement (function handle, stream, device).
-fn launch_content(r: &Value) -> String {
-    let mut r = r.clone();
-    let object = r.as_object_mut().unwrap();
-    for key in ["function", "stream", "device"] {
-        object.remove(key);
-    }
-    r.to_string()
 }
 
 /// Where each tensor of [`params`] lies (the workspace: from 0xb000_0000).
@@ -211,7 +178,7 @@ impl Contexts {
         let mut context = std::ptr::null_mut();
         // SAFETY: a stream handle of the double's convention and valid out-pointers.
         unsafe {
-            assert_eq!((self.stream_ctx)((device << DEVICE_SHIFT | 0x5000) as *mut _, &mut context), 0);
+            assert_eq!((self.stream_ctx)(stream_handle(device, 0) as *mut _, &mut context), 0);
             assert_eq!((self.push)(context), 0);
         }
     }
@@ -233,51 +200,9 @@ fn two_devices_from_one_process() {
     let (fwd, bwd) = params();
 
     // 1. Every thread's first call comes at once, half of them on each device.
-    let start = Arc::new(Barrier::new(THREADS));
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let start = Arc::clone(&start);
-            std::thread::spawn(move || {
-                start.wait();
-                for round in 0..ROUNDS {
-                    calls(&fwd, &bwd, stream_of((t + round) % DEVICES, t)).map_err(|e| format!("thread {t} round {round}: {e}"))?;
-                }
-                Ok::<(), String>(())
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("a worker panicked").unwrap_or_else(|e| panic!("{e}"));
-    }
+    race_on_two_devices(THREADS, ROUNDS, move |device, tag| calls(&fwd, &bwd, stream_of(device, tag)).map_err(|e| e.to_string()));
     let records = log.take();
-    let failed: Vec<&Value> = records.iter().filter(|r| r["rc"] != 0).collect();
-    assert!(failed.is_empty(), "driver calls failed: {failed:?}");
-
-    let mut loads: HashMap<(String, usize), usize> = HashMap::new();
-    for r in records.iter().filter(|r| call(r) == "cuModuleLoadData") {
-        *loads.entry((r["image_fnv1a"].as_str().unwrap().to_string(), device_of(r))).or_default() += 1;
-    }
-    let twice: Vec<_> = loads.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(twice.is_empty(), "images loaded more than once on a device: {twice:?}");
-    let images = |device: usize| {
-        let mut v: Vec<&str> = loads.keys().filter(|(_, d)| *d == device).map(|(h, _)| h.as_str()).collect();
-        v.sort();
-        v
-    };
-    assert!(!images(0).is_empty(), "nothing was loaded");
-    assert_eq!(images(0), images(1), "the two devices loaded different images");
-
-    let launches: Vec<&Value> = records.iter().filter(|r| call(r) == "cuLaunchKernel").collect();
-    let mut per_device: [Vec<String>; DEVICES] = Default::default();
-    for r in &launches {
-        let stream = r["stream"].as_u64().unwrap() as usize;
-        assert_eq!(device_of(r), stream >> DEVICE_SHIFT, "a launch off its stream's device: {r}");
-        per_device[device_of(r)].push(launch_content(r));
-    }
-    for list in per_device.iter_mut() {
-        list.sort();
-    }
-    assert!(per_device[0] == per_device[1], "the same calls launched differently on the two devices");
+    let (launches, images) = check_two_devices(&records, "cuModuleLoadData", "cuLaunchKernel");
     assert!(!launches.is_empty() && launches.len().is_multiple_of(THREADS * ROUNDS), "{} launches", launches.len());
     let symbols: std::collections::BTreeSet<&str> = launches.iter().map(|r| r["symbol"].as_str().unwrap()).collect();
     let descriptors = records.iter().filter(|r| call(r) == "cuTensorMapEncodeTiled").count();
@@ -289,7 +214,7 @@ fn two_devices_from_one_process() {
          device, {descriptors} TMA descriptors encoded, {opted_in} functions opted in to more shared memory, the \
          arguments of {kernels} kernels checked against the archive",
         launches.len(),
-        images(0).len()
+        images
     );
 
     // 2. The thread's context stack: what the call pushed, it popped.

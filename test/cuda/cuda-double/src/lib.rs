@@ -30,10 +30,13 @@
 //! else; its record says `"injected": true`.
 use std::cell::RefCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
-use std::io::Write;
 use std::sync::{Mutex, OnceLock};
 
 use serde_json::{Value, json};
+
+#[path = "../../../doubles/recording.rs"]
+mod recording;
+use recording::{fnv1a64, hex, put, u16_at, u32_at, u64_at};
 
 type CuResult = c_uint;
 
@@ -78,8 +81,6 @@ const MAX_IMAGE_BYTES: u64 = 1 << 30;
 const CONTEXT_TAG: usize = 0x0c0c_7000_0000;
 const MODULE_TAG: usize = 0x0d0b_1e00_0000;
 const FUNCTION_TAG: usize = 0x0f00_c000_0000;
-/// Where a stream handle's device sits.
-const STREAM_DEVICE_SHIFT: u32 = 28;
 
 /// One parameter of a kernel, from `EIATTR_KPARAM_INFO`.
 #[derive(Clone, Copy)]
@@ -126,13 +127,22 @@ thread_local! {
     static CONTEXTS: RefCell<Vec<c_int>> = const { RefCell::new(Vec::new()) };
 }
 
-/// How many devices the double reports: `AOTRITON_CUDA_DOUBLE_DEVICES` (1 to 8), else 1.
+/// The environment variables' prefix (`_LOG`, `_DEVICES`, `_FAIL`: ../../../doubles/recording.rs).
+const PREFIX: &str = "AOTRITON_CUDA_DOUBLE";
+
+/// Appends one record (with the call's name and status) to the log and returns the status.
+fn record(call: &str, rc: CuResult, fields: Value) -> CuResult {
+    recording::record(PREFIX, call, rc as i64, fields);
+    rc
+}
+
+/// Whether the test asked this entry point to fail (module docs); records the failure.
+fn injected(call: &str) -> Option<CuResult> {
+    recording::fail_asked(PREFIX, call).then(|| record(call, CUDA_ERROR_INVALID_VALUE, json!({"injected": true})))
+}
+
 fn devices() -> c_int {
-    static DEVICES: OnceLock<c_int> = OnceLock::new();
-    *DEVICES.get_or_init(|| {
-        let asked = std::env::var("AOTRITON_CUDA_DOUBLE_DEVICES").ok();
-        asked.and_then(|n| n.trim().parse().ok()).filter(|n| (1..=8).contains(n)).unwrap_or(1)
-    })
+    recording::devices(PREFIX)
 }
 
 fn context_of(device: c_int) -> usize {
@@ -154,55 +164,8 @@ fn stream_device(stream: *mut c_void) -> Option<c_int> {
     if stream.is_null() {
         return current_device();
     }
-    let device = ((stream as usize >> STREAM_DEVICE_SHIFT) & 0xf) as c_int;
+    let device = recording::stream_handle_device(stream as usize);
     (device < devices()).then_some(device)
-}
-
-/// Appends one record (with the call's name and status) to the log and returns the status.
-fn record(call: &str, rc: CuResult, mut fields: Value) -> CuResult {
-    static LOG: Mutex<()> = Mutex::new(());
-    let Some(path) = std::env::var_os("AOTRITON_CUDA_DOUBLE_LOG").filter(|p| !p.is_empty()) else { return rc };
-    let object = fields.as_object_mut().expect("records are JSON objects");
-    object.insert("call".into(), call.into());
-    object.insert("rc".into(), rc.into());
-    let line = format!("{fields}\n");
-    let _serialised = LOG.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(line.as_bytes()).and_then(|()| file.flush()));
-    if let Err(e) = written {
-        eprintln!("aotriton CUDA double: cannot write {}: {e}", path.to_string_lossy());
-    }
-    rc
-}
-
-/// Whether the test asked this entry point to fail (module docs); records the failure.
-fn injected(call: &str) -> Option<CuResult> {
-    let asked = std::env::var("AOTRITON_CUDA_DOUBLE_FAIL").is_ok_and(|v| v == call);
-    asked.then(|| record(call, CUDA_ERROR_INVALID_VALUE, json!({"injected": true})))
-}
-
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Writes `value` through an out-pointer the caller gave; false if it is null.
-///
-/// # Safety
-/// `out` is null or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, value: T) -> bool {
-    if out.is_null() {
-        return false;
-    }
-    // SAFETY: non-null, and valid by the caller's contract.
-    unsafe { out.write(value) };
-    true
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -339,16 +302,6 @@ pub extern "C" fn aotriton_cuda_double_current_device() -> c_int {
 // ---------------------------------------------------------------------------------------------
 // Modules
 // ---------------------------------------------------------------------------------------------
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
-}
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
-}
 
 /// The cubin at `image`: its bytes (the length from its ELF headers: the end of the furthest
 /// header table or section), after checking it is a CUDA ELF for this device's arch.
