@@ -153,3 +153,43 @@ where
         w.join().expect("a worker panicked").unwrap_or_else(|e| panic!("{e}"));
     }
 }
+
+/// The head-dim-128 variant of [`params`]'s forward (kernels the head-dim-64 calls did not load).
+pub fn fwd_hd128() -> FwdParams<'static> {
+    let (mut fwd, _) = params();
+    for t in [&mut fwd.q, &mut fwd.k, &mut fwd.v, &mut fwd.o] {
+        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 128], DType::F16);
+    }
+    fwd.sm_scale = 0.125;
+    fwd
+}
+
+/// Makes each entry point of `entries` fail in turn (the double's `<prefix>_FAIL`) under
+/// `call(i)`: the call must return a Driver error naming the entry point and the driver's `status`
+/// name, the double must have recorded the injected failure and no successful `launch`; with the
+/// failure lifted, the same call must succeed (a failed load is not cached). Call it when no other
+/// thread of the test runs (it sets the environment).
+pub fn check_injected_failures(
+    prefix: &str,
+    entries: &[&str],
+    status: &str,
+    launch: &str,
+    log: &mut Log,
+    call_with: impl Fn(usize) -> aotriton::Result<()>,
+) {
+    let variable = format!("{prefix}_FAIL");
+    for (i, entry) in entries.iter().enumerate() {
+        // SAFETY: the caller's contract: no other thread reads or writes the environment.
+        unsafe { std::env::set_var(&variable, entry) };
+        let e = call_with(i).expect_err(entry);
+        assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
+        assert!(e.message().contains(status), "{entry}: the driver's status {status} is not named: {e}");
+        let records = log.take();
+        assert!(records.iter().any(|r| call(r) == *entry && r["injected"] == true), "{entry} was not called: {records:?}");
+        assert!(!records.iter().any(|r| call(r) == launch && r["rc"] == 0), "{entry}: a launch went ahead");
+        // SAFETY: as above.
+        unsafe { std::env::remove_var(&variable) };
+        call_with(i).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
+        log.take();
+    }
+}

@@ -87,7 +87,10 @@ mod double_log;
 pub mod hip_double {
     use std::path::PathBuf;
 
-    pub use super::double_log::{Log, call, check_two_devices, device_of, params, race_on_two_devices, stream_handle, target_subdir};
+    pub use super::double_log::{
+        Log, call, check_injected_failures, check_two_devices, device_of, fwd_hd128, params, race_on_two_devices, stream_handle,
+        target_subdir,
+    };
 
     /// Builds the double with cargo into `dir`. Returns the library, for `AOTRITON_HIP_LIBRARY`.
     pub fn build(dir: &std::path::Path) -> PathBuf {

@@ -21,9 +21,11 @@
 //! embedded in `aotriton` (`AOTRITON_TARGET_ARCH` including gfx942); `./test.sh` sets both.
 
 use aotriton::flash;
-use aotriton::{DType, Stream, TensorView};
+use aotriton::Stream;
 use aotriton_amd_tests::comgr::Comgr;
-use aotriton_amd_tests::hip_double::{self, call, check_two_devices, device_of, params, race_on_two_devices, stream_handle};
+use aotriton_amd_tests::hip_double::{
+    self, call, check_injected_failures, check_two_devices, device_of, fwd_hd128, params, race_on_two_devices, stream_handle,
+};
 use aotriton_amd_tests::skip_or_fail;
 
 const DEVICES: usize = 2;
@@ -123,23 +125,10 @@ fn two_devices_from_one_process() {
     // 5. A HIP call that fails: the call returns a Driver error naming it (none swallowed, no
     //    panic), nothing is launched, and the next call succeeds (a failed load is not cached).
     //    Head dim 128: kernels not loaded yet (device 0, then device 1 for the lookup).
-    let mut fwd128 = fwd;
-    for t in [&mut fwd128.q, &mut fwd128.k, &mut fwd128.v, &mut fwd128.o] {
-        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 128], DType::F16);
-    }
-    fwd128.sm_scale = 0.125;
-    for (entry, device) in [("hipModuleLoadData", 0), ("hipModuleLaunchKernel", 0), ("hipModuleGetFunction", 1)] {
-        // SAFETY: this test's threads have ended; the double reads the variable at each call.
-        unsafe { std::env::set_var("AOTRITON_HIP_DOUBLE_FAIL", entry) };
-        let e = flash::attn_fwd(&fwd128, Stream::hip(stream_handle(device, 7))).expect_err(entry);
-        assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
-        assert!(e.message().contains("hipErrorInvalidValue"), "{entry}: HIP's status is not named: {e}");
-        let records = log.take();
-        assert!(records.iter().any(|r| call(r) == entry && r["injected"] == true), "{entry} was not called: {records:?}");
-        assert!(!records.iter().any(|r| call(r) == "hipModuleLaunchKernel" && r["rc"] == 0), "{entry}: a launch went ahead");
-        // SAFETY: as above.
-        unsafe { std::env::remove_var("AOTRITON_HIP_DOUBLE_FAIL") };
-        flash::attn_fwd(&fwd128, Stream::hip(stream_handle(device, 7))).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
-        log.take();
-    }
+    let fwd128 = fwd_hd128();
+    let entries = [("hipModuleLoadData", 0), ("hipModuleLaunchKernel", 0), ("hipModuleGetFunction", 1)];
+    let names = entries.map(|(entry, _)| entry);
+    check_injected_failures("AOTRITON_HIP_DOUBLE", &names, "hipErrorInvalidValue", "hipModuleLaunchKernel", &mut log, |i| {
+        flash::attn_fwd(&fwd128, Stream::hip(stream_handle(entries[i].1, 7)))
+    });
 }

@@ -26,7 +26,10 @@ use std::collections::HashMap;
 
 use aotriton::flash::{self, Backend, BwdParams, Dropout, FwdParams, Mask, MaskAlign, Varlen, Workspace};
 use aotriton::{DType, Stream, TensorView};
-use aotriton_cuda_tests::{call, check_two_devices, child_log, device_of, params, race_on_two_devices, run_child, stream_handle};
+use aotriton_cuda_tests::{
+    call, check_injected_failures, check_two_devices, child_log, device_of, fwd_hd128, params, race_on_two_devices, run_child,
+    stream_handle,
+};
 use serde_json::Value;
 
 const DEVICES: usize = 2;
@@ -252,33 +255,20 @@ fn two_devices_from_one_process() {
     //    no panic), and the next call succeeds (a failed load is not cached). Head dim 128: kernels
     //    not loaded yet (the Gluon forward on device 0, then on device 1 for the opt-in; the
     //    portable forward on device 1 for the lookup).
-    let (mut fwd128, _) = params();
-    for t in [&mut fwd128.q, &mut fwd128.k, &mut fwd128.v, &mut fwd128.o] {
-        *t = TensorView::contiguous(t.ptr, [t.sizes[0], t.sizes[1], t.sizes[2], 128], DType::F16);
-    }
-    fwd128.sm_scale = 0.125;
-    let cases = [
+    let entries = [
         ("cuModuleLoadData", 0, Backend::Gluon),
         ("cuTensorMapEncodeTiled", 0, Backend::Gluon),
         ("cuLaunchKernel", 0, Backend::Gluon),
         ("cuFuncSetAttribute", 1, Backend::Gluon),
         ("cuModuleGetFunction", 1, Backend::Portable),
     ];
-    for (entry, device, backend) in cases {
-        fwd128.backend = backend;
-        // SAFETY: this test's threads have ended; the double reads the variable at each call.
-        unsafe { std::env::set_var("AOTRITON_CUDA_DOUBLE_FAIL", entry) };
-        let e = flash::attn_fwd(&fwd128, stream_of(device, 7)).expect_err(entry);
-        assert!(e.kind() == aotriton::ErrorKind::Driver && e.message().contains(entry), "{entry}: {e}");
-        assert!(e.message().contains("CUDA_ERROR_INVALID_VALUE"), "{entry}: the driver's status is not named: {e}");
-        let records = log.take();
-        assert!(records.iter().any(|r| call(r) == entry && r["injected"] == true), "{entry} was not called: {records:?}");
-        assert!(!records.iter().any(|r| call(r) == "cuLaunchKernel" && r["rc"] == 0), "{entry}: a launch went ahead");
-        // SAFETY: as above.
-        unsafe { std::env::remove_var("AOTRITON_CUDA_DOUBLE_FAIL") };
-        flash::attn_fwd(&fwd128, stream_of(device, 7)).unwrap_or_else(|e| panic!("after a failed {entry}: {e}"));
-        log.take();
-    }
+    let names = entries.map(|(entry, _, _)| entry);
+    check_injected_failures("AOTRITON_CUDA_DOUBLE", &names, "CUDA_ERROR_INVALID_VALUE", "cuLaunchKernel", &mut log, |i| {
+        let (_, device, backend) = entries[i];
+        let mut fwd = fwd_hd128();
+        fwd.backend = backend;
+        flash::attn_fwd(&fwd, stream_of(device, 7))
+    });
 }
 
 /// The features beside the base case, on one device: dropout, packed batches and their host
