@@ -114,21 +114,50 @@ pub fn check_two_devices<'a>(records: &'a [Value], load: &str, launch: &str) -> 
     (launches, images(0).len())
 }
 
-/// Forward and backward parameters of one causal fp16 problem (B2 H4/2 S200 D64) at fake device
-/// addresses (never dereferenced: the doubles run nothing): q 0x1000_0000, k 0x2000_0000, v
-/// 0x3000_0000, o 0x4000_0000, the LSE 0x5000_0000, dO 0x6000_0000, delta 0x7000_0000, dQ
-/// 0x8000_0000, dK 0x9000_0000, dV 0xa000_0000.
+/// Where the tests' tensors lie, by the kernels' argument names: fake device addresses, never
+/// dereferenced (the doubles run nothing).
+pub const ADDRESSES: [(&str, u64); 10] = [
+    ("Q", 0x1000_0000),
+    ("K", 0x2000_0000),
+    ("V", 0x3000_0000),
+    ("O", 0x4000_0000),
+    ("LSE", 0x5000_0000),
+    ("DO", 0x6000_0000),
+    ("DELTA", 0x7000_0000),
+    ("DQ", 0x8000_0000),
+    ("DK", 0x9000_0000),
+    ("DV", 0xa000_0000),
+];
+
+/// The address of tensor `name` ([`ADDRESSES`]).
+pub fn address(name: &str) -> u64 {
+    ADDRESSES.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no address for {name}")).1
+}
+
+/// Forward and backward parameters of `[b, h, s, d]` views made by `view(address, heads)` and
+/// `[b, hq, s]` fp32 rows made by `rows(address)`, at [`ADDRESSES`], causal aligned bottom-right.
+pub fn params_of(
+    view: impl Fn(u64, u64) -> TensorView<4>,
+    rows: impl Fn(u64) -> TensorView<3>,
+    hq: u64,
+    hk: u64,
+) -> (FwdParams<'static>, BwdParams<'static>) {
+    let t = |name: &str, h: u64| view(address(name), h);
+    let (q, k, v, o) = (t("Q", hq), t("K", hk), t("V", hk), t("O", hq));
+    let mut fwd = FwdParams::new(q, k, v, o, Some(rows(address("LSE"))));
+    fwd.mask = Mask::causal(MaskAlign::BottomRight);
+    let (d_o, dq, dk, dv) = (t("DO", hq), t("DQ", hq), t("DK", hk), t("DV", hk));
+    let mut bwd = BwdParams::new(q, k, v, o, d_o, rows(address("LSE")), rows(address("DELTA")), dq, dk, dv);
+    bwd.mask = fwd.mask;
+    (fwd, bwd)
+}
+
+/// Forward and backward parameters of one causal fp16 problem (B2 H4/2 S200 D64), contiguous
+/// (B, H, S, D) tensors at [`ADDRESSES`].
 pub fn params() -> (FwdParams<'static>, BwdParams<'static>) {
     let (b, hq, hk, s, d) = (2, 4, 2, 200, 64);
     let view = |base: u64, h: u64| TensorView::contiguous(base, [b, h, s, d], DType::F16);
-    let rows = |base: u64| TensorView::contiguous(base, [b, hq, s], DType::F32);
-    let (q, k, v, o) = (view(0x1000_0000, hq), view(0x2000_0000, hk), view(0x3000_0000, hk), view(0x4000_0000, hq));
-    let mut fwd = FwdParams::new(q, k, v, o, Some(rows(0x5000_0000)));
-    fwd.mask = Mask::causal(MaskAlign::BottomRight);
-    let (d_o, dq, dk, dv) = (view(0x6000_0000, hq), view(0x8000_0000, hq), view(0x9000_0000, hk), view(0xa000_0000, hk));
-    let mut bwd = BwdParams::new(q, k, v, o, d_o, rows(0x5000_0000), rows(0x7000_0000), dq, dk, dv);
-    bwd.mask = fwd.mask;
-    (fwd, bwd)
+    params_of(view, |base| TensorView::contiguous(base, [b, hq, s], DType::F32), hq, hk)
 }
 
 /// Runs `calls(device, tag)` from `threads` threads that start together, `rounds` times each,

@@ -7,13 +7,13 @@ use std::process::Command;
 #[path = "../../doubles/harness.rs"]
 mod harness;
 pub use harness::{
-    Log, call, check_injected_failures, check_two_devices, device_of, fwd_hd128, params, race_on_two_devices, stream_handle,
-    target_subdir,
+    ADDRESSES, Log, call, check_injected_failures, check_two_devices, device_of, fwd_hd128, params, params_of,
+    race_on_two_devices, stream_handle, target_subdir,
 };
 
 /// Builds the double into `<target>/cuda-double` and lays it out as the driver library,
 /// `<target>/cuda-double/driver/libcuda.so.1`. Returns that folder (for `LD_LIBRARY_PATH`).
-pub fn driver_folder() -> PathBuf {
+fn driver_folder() -> PathBuf {
     let work = target_subdir("cuda-double");
     let library = harness::build("aotriton-cuda-double", &work);
     let folder = work.join("driver");

@@ -24,11 +24,11 @@
 //! suites do, and `aotriton-gpu-tests --stress multi-device` on two GPUs).
 use std::collections::HashMap;
 
-use aotriton::flash::{self, Backend, BwdParams, Dropout, FwdParams, Mask, MaskAlign, Varlen, Workspace};
+use aotriton::flash::{self, Backend, BwdParams, Dropout, FwdParams, Varlen, Workspace};
 use aotriton::{DType, Stream, TensorView};
 use aotriton_cuda_tests::{
-    call, check_injected_failures, check_two_devices, child_log, device_of, fwd_hd128, params, race_on_two_devices, run_child,
-    stream_handle,
+    ADDRESSES, call, check_injected_failures, check_two_devices, child_log, device_of, fwd_hd128, params, params_of,
+    race_on_two_devices, run_child, stream_handle,
 };
 use serde_json::Value;
 
@@ -53,20 +53,6 @@ fn calls(fwd: &FwdParams, bwd: &BwdParams, stream: Stream) -> aotriton::Result<(
     portable.backend = Backend::Portable;
     flash::attn_fwd(&portable, stream)
 }
-
-/// Where each tensor of [`params`] lies (the workspace: from 0xb000_0000).
-const ADDRESSES: [(&str, u64); 10] = [
-    ("Q", 0x1000_0000),
-    ("K", 0x2000_0000),
-    ("V", 0x3000_0000),
-    ("O", 0x4000_0000),
-    ("LSE", 0x5000_0000),
-    ("DO", 0x6000_0000),
-    ("DELTA", 0x7000_0000),
-    ("DQ", 0x8000_0000),
-    ("DK", 0x9000_0000),
-    ("DV", 0xa000_0000),
-];
 
 /// Bytes of a kernel parameter of Triton type `ty`, where it has a fixed size.
 fn type_bytes(ty: &str) -> Option<usize> {
@@ -309,13 +295,8 @@ fn features_on_one_device() {
     let rows = |base: u64| TensorView::contiguous(base, [1, hq, total], DType::F32);
     let cu = |base: u64| TensorView::contiguous(base, [4], DType::I32);
     let varlen = Varlen { host_cu_seqlens: Some((&CU, &CU)), ..Varlen::new(cu(0xe000_0000), cu(0xe000_1000), 133, 133) };
-    let (q, k, v, o) = (packed(0x1000_0000, hq), packed(0x2000_0000, hk), packed(0x3000_0000, hk), packed(0x4000_0000, hq));
-    let mut f = FwdParams::new(q, k, v, o, Some(rows(0x5000_0000)));
-    f.mask = Mask::causal(MaskAlign::BottomRight);
+    let (mut f, mut b) = params_of(packed, rows, hq, hk);
     f.varlen = Some(varlen);
-    let (d_o, dq, dk, dv) = (packed(0x6000_0000, hq), packed(0x8000_0000, hq), packed(0x9000_0000, hk), packed(0xa000_0000, hk));
-    let mut b = BwdParams::new(q, k, v, o, d_o, rows(0x5000_0000), rows(0x7000_0000), dq, dk, dv);
-    b.mask = f.mask;
     b.varlen = Some(varlen);
     run("varlen attn_fwd", &|| flash::attn_fwd(&f, stream));
     run("varlen attn_bwd", &|| flash::attn_bwd(&with_workspace(&b)?, stream));
