@@ -3,6 +3,7 @@
 //! `LD_LIBRARY_PATH`): `tests/recorded_launches.rs`.
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 #[path = "../../doubles/harness.rs"]
 mod harness;
@@ -12,14 +13,23 @@ pub use harness::{
 };
 
 /// Builds the double into `<target>/cuda-double` and lays it out as the driver library,
-/// `<target>/cuda-double/driver/libcuda.so.1`. Returns that folder (for `LD_LIBRARY_PATH`).
+/// `<target>/cuda-double/driver/libcuda.so.1`, once per process (tests run in parallel, and a child
+/// may have the library mapped: it is replaced by a rename, never rewritten in place). Returns that
+/// folder (for `LD_LIBRARY_PATH`).
 fn driver_folder() -> PathBuf {
-    let work = target_subdir("cuda-double");
-    let library = harness::build("aotriton-cuda-double", &work);
-    let folder = work.join("driver");
-    std::fs::create_dir_all(&folder).unwrap();
-    std::fs::copy(&library, folder.join("libcuda.so.1")).expect("copy the double as libcuda.so.1");
-    folder
+    static FOLDER: OnceLock<PathBuf> = OnceLock::new();
+    FOLDER
+        .get_or_init(|| {
+            let work = target_subdir("cuda-double");
+            let library = harness::build("aotriton-cuda-double", &work);
+            let folder = work.join("driver");
+            std::fs::create_dir_all(&folder).unwrap();
+            let staged = folder.join(format!("libcuda.so.1.{}", std::process::id()));
+            std::fs::copy(&library, &staged).expect("copy the double");
+            std::fs::rename(&staged, folder.join("libcuda.so.1")).expect("install the double as libcuda.so.1");
+            folder
+        })
+        .clone()
 }
 
 /// Runs the test `name` of the running test executable again in a child process whose driver is
