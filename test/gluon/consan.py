@@ -6,14 +6,14 @@ import sys
 import time
 
 
-def run_children(script, child_args, names, title, budget_s=500):
-    """Runs ``script --consan-child ARG`` for every ``ARG`` with ``TRITON_INSTRUMENTATION_MODE=consan``,
+def run_children(script, child_args, names, title, budget_s=500, switches=()):
+    """Runs ``script --consan-child ARG [switches]`` for every ``ARG`` with ``TRITON_INSTRUMENTATION_MODE=consan``,
     all at once (the instrumented compiles dominate and run in parallel). A child passes when it
     exits 0 and its last ``PASS``/``FAIL`` line is a ``PASS``. Prints a line per case and
     ``<title>: N clean, M flagged``; returns whether every case was clean."""
     env = dict(os.environ, TRITON_INSTRUMENTATION_MODE="consan")
     t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--consan-child", arg], env=env,
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(script), "--consan-child", arg, *switches], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for arg in child_args]
     clean = flagged = 0
     for name, proc in zip(names, procs):

@@ -124,9 +124,10 @@ def check_main(script, doc, title, case_type, cases, consan_cases, run_case):
     return 0 if run_check(script, title, ap.parse_args(), case_type, cases, consan_cases, run_case) else 1
 
 
-def run_check(script, title, args, case_type, cases, consan_cases, run_case):
+def run_check(script, title, args, case_type, cases, consan_cases, run_case, switches=()):
     """A varlen check script's modes: one case in this process (``--consan-child``, under the
-    sanitizer), ``consan_cases()`` each in a sanitized child (``--consan``), else every case of
+    sanitizer), ``consan_cases()`` each in a sanitized child (``--consan``; ``switches``: the
+    command-line options the children get too), else every case of
     ``cases()`` whose name contains ``--filter``, one line each (``run_case(case)`` returns ``(ok,
     line)``; an exception is a failure), then ``<title>: N passed, M failed``. Returns success."""
     import consan
@@ -138,7 +139,7 @@ def run_check(script, title, args, case_type, cases, consan_cases, run_case):
     if args.consan:
         cs = consan_cases()
         return consan.run_children(script, [json.dumps(asdict(c)) for c in cs], [c.name() for c in cs],
-                                   f"{title} --consan")
+                                   f"{title} --consan", switches=switches)
     passed = failed = 0
     t0 = time.time()
     for case in cases():
