@@ -26,7 +26,10 @@ Warp specialization (FA3 style; 4 partitions, 10 warps padded to 12 = 384 thread
 
 * loader (1 warp): TMA of Q, dO (rank-4 ``[1, 1, 64, HEAD_DIM]`` boxes) and the 64-element
   lse2 and delta2 rows into a ``STAGES``-deep ring;
-* dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``.
+* dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``;
+* dropout signer (2 warps, with ``dropout.SIGN_WARPS`` 2 only, in the loader's warpgroup at ``SIGN_REGS``):
+  each step's drop bits into a two-slot shared ring, one word per compute thread (``sign_ready`` /
+  ``sign_empty``), which the compute warpgroups turn into P^T's signs instead of drawing them.
 
 The fp32 dQ tile is kept in shared memory as ``HEAD_DIM / 8`` column strips of ``[64, 8]`` (32 bytes
 per row, unswizzled, one under the other; ``desc_dq_acc``'s block is one strip, the reducer issues one
@@ -789,16 +792,17 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
 
         # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6); each
         # compute warpgroup's first argument is its id, a literal, so it stays a constexpr.
-        # Dropout with the keep bits drawn by a signer partition (dropout.SIGN_WARPS; fused dQ only).
-        SIGNW: gl.constexpr = SIGN_WARPS if (DROP != 0) and (COMPUTE_DQ != 0) else 0
+        # Dropout with the keep bits drawn by a signer partition (dropout.SIGN_WARPS).
+        SIGNW: gl.constexpr = SIGN_WARPS if DROP != 0 else 0
         if SIGNW:
-            gl.static_assert((SIGNW == 2) or (SIGNW == 4), "SIGN_WARPS: 0, 2 or 4 warps")
+            gl.static_assert(SIGNW == 2, "SIGN_WARPS: 0 or 2 warps (they pad the loader's warpgroup)")
             sign_bufs = gl.allocate_shared_memory(gl.int32, [2, 256], SIGN_RING_LAYOUT)
             sign_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             sign_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
             for i in gl.static_range(2):
                 mbarrier.init(sign_ready.index(i), count=1)
                 mbarrier.init(sign_empty.index(i), count=2)  # both compute warpgroups read a slot
+        if SIGNW and COMPUTE_DQ:
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
@@ -825,6 +829,31 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
                            DROPOUT_THRESHOLD, b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, start_n, start,
                            n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, BLOCK_M, WLK, SIGNW)),
             ], [4, 1, 1, SIGNW], [CREGS, LOAD_REGS, LOAD_REGS, SIGN_REGS])
+        elif SIGNW:
+            gl.warp_specialize([
+                (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
+                (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
+                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
+                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
+                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
+                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
+                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
+                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
+                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
+                (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
+                           b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
+                           n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
+                (_signer, (sign_bufs, sign_ready, sign_empty, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
+                           DROPOUT_THRESHOLD, b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, start_n, start,
+                           n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, BLOCK_M, WLK, SIGNW)),
+            ], [4, 1, SIGNW], [CREGS, LOAD_REGS, SIGN_REGS])
         elif COMPUTE_DQ:
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
