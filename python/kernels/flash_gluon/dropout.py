@@ -53,7 +53,10 @@ SIGNS_FROM_WORDS: gl.constexpr = gl.constexpr(1)
 #: writes each step's drop bits into a shared-memory ring as one word per compute thread
 #: (``step_sign_words``) that the thread turns into P^T's sign bits (``signs_of_word``): the Philox
 #: rounds leave the compute warpgroups' critical path and registers.  The same bits either way
-#: (test/gluon/check_bwd_dropout.py [--sign-warps 0|2] holds both to the portable rule).
+#: (test/gluon/check_bwd_dropout.py [--sign-warps 0|2] holds both to the portable rule).  Measured on
+#: an H100 (check_bwd_dropout.py --bench, cuDNN beside it): the same time as 0 (geomean 0.894 vs 0.896)
+#: although the compute step lost a third of its instructions (hd128: 1,270 -> 841), so 0 ships until
+#: a profile says what paces the dropout backward (bench/results/h200_gluon_dropout_varlen_issue17.md).
 SIGN_WARPS: gl.constexpr = gl.constexpr(0)
 
 @gluon.jit
