@@ -18,11 +18,10 @@ cuDNN's dropout backward through SDPA (its own mask), ``do_bench`` medians.
 ``--rounds-loop 1``: the backward draws its keep tiles with Philox's rounds as a loop
 (``kernels/flash_gluon/dropout.py``'s ``ROUNDS_LOOP``; sm_90 bf16 hd128 fused-dQ kernel: 153 -> 99
 spill instructions, 43 -> 22 in a compute warpgroup's loop), patched before anything compiles (and
-passed on to the consan children).  ``--sign-warps 2``: the fused-dQ backward (hd 64/128) draws them in a
-signer partition of two warps (``dropout.py``'s ``SIGN_WARPS``); ``--signs-from-words 0|1`` likewise.
+passed on to the consan children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``).
 
 usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
-       [--sign-warps 0|2] [--signs-from-words 0|1]
+       [--signs-from-words 0|1]
 """
 import os
 import sys
@@ -176,7 +175,7 @@ def bench():
         print(f"bench bf16 d{d} b{c.b} h{c.h} s{s} {'causal' if causal else 'none'} p{p}: gluon {ours:6.1f} TFLOP/s  "
               f"cudnn {ref:6.1f}  ratio {ours / ref:.3f}{split}", flush=True)
         del shipped, c
-    print(f"check_bwd_dropout bench (SIGN_WARPS {int(check_fwd_dropout.dropout_gluon.SIGN_WARPS)}): /cuDNN geomean {cb.geomean(ratios):.3f}, worst {min(ratios):.3f}; split (hd64/128 "
+    print(f"check_bwd_dropout bench: /cuDNN geomean {cb.geomean(ratios):.3f}, worst {min(ratios):.3f}; split (hd64/128 "
           f"rows) geomean {cb.geomean(split_ratios):.3f}, worst {min(split_ratios):.3f}")
     return True
 

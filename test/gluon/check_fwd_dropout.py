@@ -208,14 +208,12 @@ def bench():
     return True
 
 
-def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None, sign_warps=None):
-    """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` / ``--sign-warps`` (None: the modules'
-    values), before anything compiles."""
+def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None):
+    """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` (None: the modules' values), before
+    anything compiles."""
     from triton.experimental.gluon import language as gl
     if signs_from_words is not None:
         dropout_gluon.SIGNS_FROM_WORDS = gl.constexpr(signs_from_words)
-    if sign_warps is not None:
-        dropout_gluon.SIGN_WARPS = gl.constexpr(sign_warps)
     if rounds_loop is not None:
         dropout_gluon.ROUNDS_LOOP = gl.constexpr(rounds_loop)
         if rounds_loop == 0:
@@ -238,9 +236,6 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
         ap.add_argument("--signs-from-words", type=int, choices=(0, 1), default=None,
                         help="the backward's keep bits into P^T's signs on the Philox words (1) or through a bool "
                              "tile (0) (default: dropout.py's SIGNS_FROM_WORDS)")
-        ap.add_argument("--sign-warps", type=int, choices=(0, 2), default=None,
-                        help="the backward's keep bits drawn by the compute warpgroups (0) or a signer partition of "
-                             "2 warps (2) (default: dropout.py's SIGN_WARPS)")
     else:
         ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
                         help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
@@ -248,7 +243,7 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
                              "walks a boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
     switches = {"rounds_loop": args.rounds_loop, "one_loop": getattr(args, "one_loop", None),
-                "signs_from_words": getattr(args, "signs_from_words", None), "sign_warps": getattr(args, "sign_warps", None)}
+                "signs_from_words": getattr(args, "signs_from_words", None)}
     patch_switches(**switches)
     if args.bench:
         return 0 if bench() else 1

@@ -26,10 +26,7 @@ Warp specialization (FA3 style; 4 partitions, 10 warps padded to 12 = 384 thread
 
 * loader (1 warp): TMA of Q, dO (rank-4 ``[1, 1, 64, HEAD_DIM]`` boxes) and the 64-element
   lse2 and delta2 rows into a ``STAGES``-deep ring;
-* dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``;
-* dropout signer (2 warps, with ``dropout.SIGN_WARPS`` 2 only, in the loader's warpgroup at ``SIGN_REGS``):
-  each step's drop bits into a two-slot shared ring, one word per compute thread (``sign_ready`` /
-  ``sign_empty``), which the compute warpgroups turn into P^T's signs instead of drawing them.
+* dQ reducer (1 warp, ``COMPUTE_DQ`` only): TMA reduce-add of the fp32 dQ tile into ``dq_acc``.
 
 The fp32 dQ tile is kept in shared memory as ``HEAD_DIM / 8`` column strips of ``[64, 8]`` (32 bytes
 per row, unswizzled, one under the other; ``desc_dq_acc``'s block is one strip, the reducer issues one
@@ -141,8 +138,7 @@ from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, store_partials
 from .bwd_wide import compute_wide, ring_like
-from .dropout import (SIGN_RING_LAYOUT, SIGN_WARPS, dropout_ds, dropout_state_bwd, dropped_probs, load_sign_words,
-                      sign_dropped, sign_from_ring, step_sign_words)
+from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
 
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
@@ -150,9 +146,6 @@ from .private_api import tma_reduce_add
 LOAD_REGS: gl.constexpr = gl.constexpr(24)
 #: The same for the persistent kernel (its loader and reducer walk the tile schedule themselves).
 PERS_LOAD_REGS: gl.constexpr = gl.constexpr(24)
-#: Registers per thread of the dropout signer's warps (``dropout.SIGN_WARPS``), which share the loader's
-#: warpgroup: the default partition gets 8 fewer than with ``LOAD_REGS`` alone.
-SIGN_REGS: gl.constexpr = gl.constexpr(32)
 
 
 @gluon.jit
@@ -242,43 +235,14 @@ def _dq_reducer(desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, 
 
 
 @gluon.jit
-def _sign_step(j, h_off, start_m, start_n, drop, sign_bufs, sign_ready, sign_empty, SIGNW: gl.constexpr):
-    s = j % 2
-    mbarrier.wait(sign_empty.index(s), ((j // 2) & 1) ^ 1)  # both compute warpgroups have read the slot
-    slot = sign_bufs.index(s)
-    slot.slice(0, 128).store(step_sign_words(drop, h_off, start_m, start_n, 0, SIGNW))
-    slot.slice(128, 128).store(step_sign_words(drop, h_off, start_m, start_n, 1, SIGNW))
-    gl.thread_barrier()  # every signer warp's stores precede the arrive (generic-proxy readers: no fence)
-    mbarrier.arrive(sign_ready.index(s), count=1)
-
-
-@gluon.jit
-def _signer(sign_bufs, sign_ready, sign_empty, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD,
-            b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, start_n, start, n_mask_steps, n_mblk, n_lead, f_gap,
-            f_lo, n_fblk, n_steps, BLOCK_M: gl.constexpr, WALK: gl.constexpr, SIGNW: gl.constexpr):
-    """The dropout signer (``dropout.SIGN_WARPS`` warps): walks the compute warpgroups' steps and writes
-    each step's drop bits into a two-slot ring, one word per compute thread (``dropout.step_sign_words``)."""
-    drop = dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, 1.0, b, h_first,
-                             N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX)
-    for j in range(n_mask_steps):
-        h_off, start_m = masked_coords(j, n_mblk, n_lead, start, f_gap, BLOCK_M)
-        _sign_step(j, h_off, start_m, start_n, drop, sign_bufs, sign_ready, sign_empty, SIGNW)
-    for j in range(n_mask_steps, n_steps):
-        h_off, start_m = full_coords(j, n_mask_steps, n_fblk, f_lo, n_steps, BLOCK_M, WALK)
-        _sign_step(j, h_off, start_m, start_n, drop, sign_bufs, sign_ready, sign_empty, SIGNW)
-
-
-@gluon.jit
 def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                   ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key_lo, key_hi,
                   qk_scale, MASK: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, COMPUTE_DQ: gl.constexpr, DK_SS: gl.constexpr,
-                  h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0, sign_bufs=None, sign_ready=None,
-                  sign_empty=None, SIGNW: gl.constexpr = 0):
+                  h_off=0, k0=0, drop=None, DROPOUT: gl.constexpr = 0):
     """One step of ``BLOCK_M`` queries; ``MASK``: 0 none, 1 always, 2 when the runtime ``masked`` is true.
     Dropout (``DROPOUT``): query head ``h_off`` of the group, this warpgroup's keys from ``k0``, ``drop``
-    from ``dropout.dropout_state_bwd``; dV is left unscaled (the caller scales it once).  ``SIGNW`` > 0: the
-    keep bits come from the signer's ring (``sign_bufs``, ``sign_ready``, ``sign_empty``) instead."""
+    from ``dropout.dropout_state_bwd``; dV is left unscaled (the caller scales it once)."""
     KB: gl.constexpr = BLOCK_N // 2  # keys of this warpgroup
     DH: gl.constexpr = HEAD_DIM // 2  # dQ columns of this warpgroup
     dtype: gl.constexpr = k_wg.dtype
@@ -304,8 +268,6 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
     lse2 = _row_vector(lse_bufs, idx, BLOCK_M, col_layout)
     dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0 - gl.expand_dims(delta, 0), is_async=True)
-    if DROPOUT and SIGNW:
-        words = load_sign_words(sign_bufs, sign_ready, j, cid)  # while the wgmmas run
     st = warpgroup_mma_wait(1, deps=(st, ))
     # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
@@ -315,10 +277,7 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
         if masked:
             pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     if DROPOUT:
-        if SIGNW:
-            pt = sign_from_ring(pt, words)
-        else:
-            pt = sign_dropped(pt, drop, h_off, start_m, k0)
+        pt = sign_dropped(pt, drop, h_off, start_m, k0)
         pt_a = gl.convert_layout(dropped_probs(pt, dtype), a_layout)
     else:
         pt_a = gl.convert_layout(pt.to(dtype), a_layout)
@@ -356,8 +315,6 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
         gl.thread_barrier()  # every warp's wgmmas on slot idx and ds_buf are complete
         mbarrier.arrive(q_empty.index(idx), count=1)
         mbarrier.arrive(ds_empty.index(dsb), count=1)
-        if DROPOUT and SIGNW:
-            mbarrier.arrive(sign_empty.index(j % 2), count=1)  # every warp has read its word
         mbarrier.wait(dq_empty, (j & 1) ^ 1)  # the reducer has read the previous tile
         # Into this warpgroup's DH / 8 column strips: [64, DH] -> [DH / 8 * 64, 8] relabels registers only.
         W: gl.constexpr = dq_smem.shape[1]
@@ -372,8 +329,6 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
         dv, dk, pt_a, dst_a = warpgroup_mma_wait(0, deps=(dv, dk, pt_a, dst_a))
         gl.thread_barrier()
         mbarrier.arrive(q_empty.index(idx), count=1)
-        if DROPOUT and SIGNW:
-            mbarrier.arrive(sign_empty.index(j % 2), count=1)
     return dk, dv
 
 
@@ -386,7 +341,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
              N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
              COMPUTE_DQ: gl.constexpr, MASK_MODE: gl.constexpr, DK_SS: gl.constexpr, WALK: gl.constexpr,
-             DROPOUT: gl.constexpr = 0, sign_bufs=None, sign_ready=None, sign_empty=None, SIGNW: gl.constexpr = 0):
+             DROPOUT: gl.constexpr = 0):
     """One compute warpgroup: keys ``start_n + cid * 64 ..+64`` (dK/dV), dQ columns ``cid * HEAD_DIM / 2 ..``.
     ``N_CTX_Q``/``N_CTX_K``: the lengths of sequence ``b``; ``k_end``: where its keys end among a packed
     batch's rows (ragged descriptors only).  Dropout (``DROPOUT``): the dropout group, the group's first
@@ -429,7 +384,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
         dk, dv = _compute_step(j, start_m, True, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
                                key_lo, key_hi, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, DK_SS,
-                               h_off, start_n_wg, drop, DROPOUT, sign_bufs, sign_ready, sign_empty, SIGNW)
+                               h_off, start_n_wg, drop, DROPOUT)
     # The contiguous walk: MASK_MODE 0 masks per step (branch), 1 every step, 2 none (interior steps only).
     STEP_MASK: gl.constexpr = 2 if MASK_MODE == 0 else (1 if MASK_MODE == 1 else 0)
     for j in range(n_mask_steps, n_steps):
@@ -438,7 +393,7 @@ def _compute(cid: gl.constexpr, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_buf
         dk, dv = _compute_step(j, start_m, masked, cid, k_wg, v_wg, k_dh, q_bufs, do_bufs, lse_bufs, dlt_bufs,
                                ds_bufs, dq_smem, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, dk, dv,
                                key_lo, key_hi, qk_scale, STEP_MASK, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ,
-                               DK_SS, h_off, start_n_wg, drop, DROPOUT, sign_bufs, sign_ready, sign_empty, SIGNW)
+                               DK_SS, h_off, start_n_wg, drop, DROPOUT)
     if DROPOUT:
         dv = dv * dropout_scale
 
@@ -792,69 +747,7 @@ def _attn_bwd_narrow(desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv, desc_dq_
 
         # The argument tuples must be written inline in the warp_specialize call (Gluon 3.6); each
         # compute warpgroup's first argument is its id, a literal, so it stays a constexpr.
-        # Dropout with the keep bits drawn by a signer partition (dropout.SIGN_WARPS).
-        SIGNW: gl.constexpr = SIGN_WARPS if DROP != 0 else 0
-        if SIGNW:
-            gl.static_assert(SIGNW == 2, "SIGN_WARPS: 0 or 2 warps (they pad the loader's warpgroup)")
-            sign_bufs = gl.allocate_shared_memory(gl.int32, [2, 256], SIGN_RING_LAYOUT)
-            sign_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            sign_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(2):
-                mbarrier.init(sign_ready.index(i), count=1)
-                mbarrier.init(sign_empty.index(i), count=2)  # both compute warpgroups read a slot
-        if SIGNW and COMPUTE_DQ:
-            gl.warp_specialize([
-                (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
-                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
-                (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
-                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
-                (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                           b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
-                           n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
-                (_dq_reducer, (desc_dq_acc, dq_smem, dq_full, dq_empty, h_first, b_row, start, n_mask_steps, n_mblk,
-                               n_lead, f_gap, f_lo, n_fblk, n_steps, SQ_PAD, BLOCK_M, WLK)),
-                (_signer, (sign_bufs, sign_ready, sign_empty, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
-                           DROPOUT_THRESHOLD, b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, start_n, start,
-                           n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, BLOCK_M, WLK, SIGNW)),
-            ], [4, 1, 1, SIGNW], [CREGS, LOAD_REGS, LOAD_REGS, SIGN_REGS])
-        elif SIGNW:
-            gl.warp_specialize([
-                (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
-                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
-                (_compute, (1, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
-                             kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,
-                             N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, k_end, b, hk, start_n, start, full_lo,
-                             full_hi, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, PHILOX_SEED,
-                             PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale, h_first, N_HEADS_Q,
-                             N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_SPLIT, DKV_PARTIALS,
-                             HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, COMPUTE_DQ, MMODE, DKSS,
-                             WLK, DROP, sign_bufs, sign_ready, sign_empty, SIGNW)),
-                (_loader, (desc_q, desc_do, desc_lse2, desc_delta2, q_bufs, do_bufs, lse_bufs, dlt_bufs, q_ready, q_empty,
-                           b, q_end, N_CTX_Q, h_first, b_row, start, n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk,
-                           n_steps, SQ_PAD, BLOCK_M, STAGES, WLK)),
-                (_signer, (sign_bufs, sign_ready, sign_empty, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
-                           DROPOUT_THRESHOLD, b, h_first, N_HEADS_Q, N_CTX_Q_MAX, N_CTX_K_MAX, start_n, start,
-                           n_mask_steps, n_mblk, n_lead, f_gap, f_lo, n_fblk, n_steps, BLOCK_M, WLK, SIGNW)),
-            ], [4, 1, SIGNW], [CREGS, LOAD_REGS, SIGN_REGS])
-        elif COMPUTE_DQ:
+        if COMPUTE_DQ:
             gl.warp_specialize([
                 (_compute, (0, desc_dk, desc_dv, k_smem, v_smem, q_bufs, do_bufs, lse_bufs, dlt_bufs, ds_bufs, dq_smem,
                              kv_bar, done_bar, q_ready, q_empty, ds_full, ds_empty, dq_full, dq_empty, sm_scale, N_CTX_Q,

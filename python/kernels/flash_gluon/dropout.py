@@ -17,7 +17,6 @@ memory added).  With ``SIGNS_FROM_WORDS`` they swap the 16-bit halves instead (t
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_unit_keep, dropout_unit_words,
                              philox_state, quad_index, quad_view, tile_of_quads, tile_of_units, unit_view)
@@ -47,17 +46,6 @@ ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
 #: runs against one): /cuDNN geomean 0.801 -> 0.881 / 0.865, hd128 rows +6-10 %, hd64 +18 %, hd256 +5 %.
 SIGNS_FROM_WORDS: gl.constexpr = gl.constexpr(1)
 
-
-#: Who draws the backward's keep bits (hd 64/128, ``bwd.py``): 0 each compute warpgroup, in the registers
-#: that hold P^T (``sign_dropped``); 2 a partition of two warps of its own (``bwd._signer``), which
-#: writes each step's drop bits into a shared-memory ring as one word per compute thread
-#: (``step_sign_words``) that the thread turns into P^T's sign bits (``signs_of_word``): the Philox
-#: rounds leave the compute warpgroups' critical path and registers.  The same bits either way
-#: (test/gluon/check_bwd_dropout.py [--sign-warps 0|2] holds both to the portable rule).  Measured on
-#: an H100 (check_bwd_dropout.py --bench, cuDNN beside it): the same time as 0 (geomean 0.894 vs 0.896)
-#: although the compute step lost a third of its instructions (hd128: 1,270 -> 841), so 0 ships until
-#: a profile says what paces the dropout backward (bench/results/h200_gluon_dropout_varlen_issue17.md).
-SIGN_WARPS: gl.constexpr = gl.constexpr(0)
 
 @gluon.jit
 def _per_call(seed, dep):
@@ -315,90 +303,3 @@ def dropout_ds(pt_signed, dpt_minus_delta, delta, drop):
     d = gl.expand_dims(delta, 0)
     dp_term = gl.where(pt_signed >= 0.0, (dpt_minus_delta + d) * dropout_scale - d, d)
     return pt_signed * dp_term
-
-
-# ----------------------------------------------------------------------------
-# The backward's keep bits drawn by a partition of their own (``SIGN_WARPS``)
-# ----------------------------------------------------------------------------
-#: Philox's rounds in the signer: unrolled (0) or as a loop (1) (``ROUNDS_LOOP``'s meaning).
-SIGNER_ROUNDS_LOOP: gl.constexpr = gl.constexpr(1)
-#: A compute thread's word as a [128 threads, 32 bits] tile, each thread one row (``signs_of_word``).
-_WORD_BITS: gl.constexpr = gl.BlockedLayout([1, 32], [32, 1], [4, 1], [1, 0])
-#: The signer's ring: one i32 per compute thread of both warpgroups per step (``sign_ring``).
-SIGN_RING_LAYOUT: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-
-@gluon.jit
-def step_sign_words(drop, h_off, q0, k0, cid: gl.constexpr, N_WARPS: gl.constexpr):
-    """I32 ``[128]``: the drop bits of compute warpgroup ``cid``'s tile (keys ``k0 + 64 cid ..+64``) of one backward
-    step (query head ``h_first + h_off``, queries from ``q0``; ``drop``: ``dropout_state_bwd``), one word per
-    thread of the warpgroup, drawn by ``N_WARPS`` warps.
-
-    Thread ``t = 32 w + 4 lr + lc`` of a warpgroup holds the elements ``(16 w + 8 a + lr, 8 n + 2 lc + e)``
-    of its ``[64 keys, 64 queries]`` accumulator tile (``a, e < 2``, ``n < 8``); its word has bit
-    ``16 a + 2 n + e`` set where that element is dropped.  Threads ``t`` and ``t + 4`` (key rows ``lr``
-    and ``lr + 1``, ``lr`` even) share a unit of every Philox call (the low and the high 16 bits), so
-    one pair's eight calls give both their words: each of the ``32 N_WARPS`` threads here draws
-    ``64 / (32 N_WARPS)`` pairs, one call at a time (few registers live)."""
-    seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _ = drop
-    layout: gl.constexpr = gl.BlockedLayout([64 // (32 * N_WARPS)], [32], [N_WARPS], [0])
-    pair = gl.arange(0, 64, layout=layout)  # (warp w, key-row pair lr // 2, lc)
-    unit = 4 * (pair >> 4) + ((pair >> 2) & 3)  # key unit 4 w + lr // 2 of the warpgroup's keys
-    lc = pair & 3
-    head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
-    base = dropout_rows_offset(head, q0, n_ctx_k_max) + (k0 + 64 * cid) // 4
-    t = threshold.to(gl.int32)
-    even = gl.zeros([64], gl.int32, layout)  # the words of threads t (lr even) ...
-    odd = gl.zeros([64], gl.int32, layout)  # ... and t + 4
-    for m in gl.static_range(4):
-        for e in gl.static_range(2):
-            # Query quad 8 m + 2 lc + e: columns 16 m + 2 lc + e (word y = 0) and + 8 (y = 1).  The round
-            # keys from an opaque copy of the seed per call: left to the compiler, all twenty are computed
-            # once and stay live through the walk (the signer has few registers).
-            call_seed, zero = _per_call(seed, n_ctx_k_max)
-            r0, r1, r2, r3 = dropout_unit_words(call_seed, base, 8 * m + 2 * lc + e + zero, unit, n_ctx_k_max,
-                                                SIGNER_ROUNDS_LOOP)
-            # Word 2 y + a: the element 8 y queries and 8 a keys from the unit's first.
-            for y in gl.static_range(2):
-                for a in gl.static_range(2):
-                    word = r0
-                    if 2 * y + a == 1:
-                        word = r1
-                    elif 2 * y + a == 2:
-                        word = r2
-                    elif 2 * y + a == 3:
-                        word = r3
-                    word = word.to(gl.int32, bitcast=True)
-                    even |= ((((word & 0xFFFF) - t) >> 31) & 1) << (16 * a + 4 * m + 2 * y + e)
-                    odd |= (((((word >> 16) & 0xFFFF) - t) >> 31) & 1) << (16 * a + 4 * m + 2 * y + e)
-    # [pair, parity] -> [w, lr // 2, lc, parity] -> thread order [w, lr // 2, parity, lc].
-    return gl.join(even, odd).reshape([4, 4, 4, 2]).permute((0, 1, 3, 2)).reshape([128])
-
-
-@gluon.jit
-def signs_of_word(words, layout: gl.constexpr):
-    """``step_sign_words``' words of one warpgroup (``[128]`` in ``SliceLayout(1, _WORD_BITS)``: thread ``t``
-    holds its own) as a ``[64, 64]`` i32 tile in ``layout`` (the warpgroup's wgmma accumulator layout):
-    ``0x80000000`` where the element is dropped.  The reshapes relabel each thread's registers only."""
-    bit = gl.arange(0, 32, layout=gl.SliceLayout(0, _WORD_BITS))
-    signs = (gl.expand_dims(words, 1) << (31 - gl.expand_dims(bit, 0))) & -0x80000000  # [thread, bit]
-    # [w, lr, lc, a, n, e] -> row 16 w + 8 a + lr, column 8 n + 2 lc + e.
-    signs = signs.reshape([4, 8, 4, 2, 8, 2]).permute((0, 3, 1, 4, 2, 5)).reshape([64, 64])
-    return gl.convert_layout(signs, layout)
-
-
-@gluon.jit
-def sign_from_ring(pt, words):
-    """``P^T`` with its dropped elements negated (as ``sign_dropped``), from this thread's word of the signer's
-    ring (``words``: ``load_sign_words``)."""
-    layout: gl.constexpr = pt.type.layout
-    signs = signs_of_word(words, layout)
-    return (pt.to(gl.int32, bitcast=True) ^ signs).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def load_sign_words(sign_bufs, sign_ready, j, cid: gl.constexpr):
-    """Compute warpgroup ``cid``'s words of step ``j`` from the signer's ring (two slots), once written."""
-    s = j % 2
-    mbarrier.wait(sign_ready.index(s), (j // 2) & 1)
-    return sign_bufs.index(s).slice(cid * 128, 128).load(gl.SliceLayout(1, _WORD_BITS))
