@@ -42,9 +42,10 @@ pub fn devices(prefix: &str) -> c_int {
 }
 
 /// The device a non-null stream handle belongs to: its bits 28-31 (the doubles' convention; the
-/// tests' `stream_handle` makes such handles).
-pub fn stream_handle_device(stream: usize) -> c_int {
-    ((stream >> 28) & 0xf) as c_int
+/// tests' `stream_handle` makes such handles), or None when the double has no such device.
+pub fn stream_handle_device(prefix: &str, stream: usize) -> Option<c_int> {
+    let device = ((stream >> 28) & 0xf) as c_int;
+    (device < devices(prefix)).then_some(device)
 }
 
 pub fn fnv1a64(bytes: &[u8]) -> u64 {

@@ -81,20 +81,20 @@ pub fn compile_cpp(source: &Path, out_dir: &Path) -> Result<PathBuf, String> {
 }
 
 #[path = "../../doubles/harness.rs"]
-mod double_log;
+mod harness;
 
 /// The recording HIP double (`hip-double/`): building it and reading what it recorded.
 pub mod hip_double {
     use std::path::PathBuf;
 
-    pub use super::double_log::{
+    pub use super::harness::{
         Log, call, check_injected_failures, check_two_devices, device_of, fwd_hd128, params, race_on_two_devices, stream_handle,
         target_subdir,
     };
 
     /// Builds the double with cargo into `dir`. Returns the library, for `AOTRITON_HIP_LIBRARY`.
     pub fn build(dir: &std::path::Path) -> PathBuf {
-        super::double_log::build("aotriton-hip-double", dir)
+        super::harness::build("aotriton-hip-double", dir)
     }
 
     /// Builds the double into `<target>/hip-double` and makes it this process's HIP runtime

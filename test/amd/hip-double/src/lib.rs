@@ -147,8 +147,7 @@ fn stream_device(stream: *mut c_void) -> Option<c_int> {
     if stream.is_null() {
         return Some(CURRENT_DEVICE.get());
     }
-    let device = recording::stream_handle_device(stream as usize);
-    (device < devices()).then_some(device)
+    recording::stream_handle_device(PREFIX, stream as usize)
 }
 
 // ---------------------------------------------------------------------------------------------
