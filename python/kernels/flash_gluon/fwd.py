@@ -91,7 +91,7 @@ from ..flash import mask
 from ..flash.dropout import philox_state
 from .dropout import dropout_state_fwd, drop_probs
 from .ragged import is_ragged, query_block_sequence, row_coords, row_offset
-from .softmax import online_softmax_step, softmax_epilogue
+from .softmax import online_softmax_probs, online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: How the dropout forward walks the key blocks after the peeled first one.  0: a loop over the
@@ -114,6 +114,15 @@ DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: keeps 128 bytes of stack (119 spill instructions; unrolled rounds: none, 2 % more SASS); timed only
 #: with the rounds loop so far (run_all.sh GLUON_CHECKS=dropout-bench times both).
 DROPOUT_ROUNDS_LOOP_HEAD_DIM: gl.constexpr = gl.constexpr(128)
+#: fp8, serial order: each row's softmax normaliser ``l`` summed by the tensor cores, not by FADDs.  P
+#: (e4m3) times a ``[BLOCK_N, 8]`` tile of ones is a second, small wgmma beside ``P V`` (m64n8k32, 1/16
+#: of its width); its ``[64, 8]`` accumulator (4 registers a thread) is rescaled with O's, and any of
+#: its columns is ``l``.  Why: at hd128 the FP32 pipes, not MUFU or the tensor cores, bound the fp8
+#: forward (bench/results/h200_fp8_fwd_issue19.md): per score one FFMA, one MUFU, the row max and the
+#: row sum; this takes the row sum (~1 FADD a score) off them.  The normaliser is then the sum of the
+#: e4m3-rounded probabilities the PV product weights V with.  test/gluon/check_fwd_fp8.py --row-sum-mma
+#: patches it.
+ROW_SUM_MMA_FP8: gl.constexpr = gl.constexpr(0)
 
 
 @gluon.constexpr_function
@@ -404,10 +413,11 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
-                 DROPOUT: gl.constexpr = 0):
+                 DROPOUT: gl.constexpr = 0, ones_t=None):
     """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``.
     ``TURN``: the consumer holds the tensor cores from ``PV_{j-1}`` through ``S_j`` (``_take_turn``;
-    the caller takes the first turn before the walk and hands the last one over after it)."""
+    the caller takes the first turn before the walk and hands the last one over after it).
+    ``ones_t`` (``ROW_SUM_MMA_FP8``): ``l_i`` is then a ``[64, 8]`` accumulator, ``l_i += P ones_t``."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
 
@@ -418,14 +428,22 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    if ones_t is None:
+        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    else:
+        p, alpha, m_i = online_softmax_probs(s, m_i, qk_scale)
+        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
     p = drop_probs(p, col, drop, DROPOUT)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
     _take_turn(TURN, j)
     acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)
-    acc = _wait_pv(acc, p16)
+    if ones_t is None:
+        acc = _wait_pv(acc, p16)
+    else:
+        l_i = warpgroup_mma(p16, ones_t, l_i, is_async=True)
+        acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
 
@@ -515,6 +533,17 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
+    ones_t = None
+    if ROW_SUM_MMA_FP8 and v_bufs.dtype.is_fp8() and not OVERLAP:
+        # The row sums' B operand: a [BLOCK_N, 8] tile of ones, K-major as wgmma reads 8-bit B (stored
+        # [8, BLOCK_N], viewed transposed), and l_i becomes its [QB, 8] accumulator.
+        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], v_bufs.dtype)
+        fill_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        ones_t = gl.allocate_shared_memory(v_bufs.dtype, [8, BLOCK_N], ones_layout,
+                                           gl.full([8, BLOCK_N], 1.0, gl.float32, fill_layout).to(v_bufs.dtype))
+        ones_t = ones_t.permute((1, 0))
+        fence_async_shared()  # the generic-proxy writes before the async proxy (wgmma) reads
+        l_i = gl.zeros([QB, 8], gl.float32, _wgmma_layout(8, v_bufs.dtype))
     drop = None
     if DROPOUT:
         drop = dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, off_z, off_h, row0,
@@ -586,14 +615,16 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 acc, m_i, l_i = _serial_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                              k_empty, v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                              WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout, TURN,
-                                             drop, DROP)
+                                             drop, DROP, ones_t)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP, ones_t)
             _hand_turn(TURN, n_blocks)
 
+    if ones_t is not None:
+        l_i = gl.convert_layout(gl.max(l_i, axis=1), gl.SliceLayout(1, s_layout))  # every column is l
     o, lse = softmax_epilogue(acc, m_i, l_i)
     if DROPOUT:
         o = o * dropout_scale
