@@ -114,15 +114,18 @@ DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: keeps 128 bytes of stack (119 spill instructions; unrolled rounds: none, 2 % more SASS); timed only
 #: with the rounds loop so far (run_all.sh GLUON_CHECKS=dropout-bench times both).
 DROPOUT_ROUNDS_LOOP_HEAD_DIM: gl.constexpr = gl.constexpr(128)
-#: fp8, serial order: each row's softmax normaliser ``l`` summed by the tensor cores, not by FADDs.  P
-#: (e4m3) times a ``[BLOCK_N, 8]`` tile of ones is a second, small wgmma beside ``P V`` (m64n8k32, 1/16
-#: of its width); its ``[64, 8]`` accumulator (4 registers a thread) is rescaled with O's, and any of
-#: its columns is ``l``.  Why: at hd128 the FP32 pipes, not MUFU or the tensor cores, bound the fp8
-#: forward (bench/results/h200_fp8_fwd_issue19.md): per score one FFMA, one MUFU, the row max and the
-#: row sum; this takes the row sum (~1 FADD a score) off them.  The normaliser is then the sum of the
-#: e4m3-rounded probabilities the PV product weights V with.  test/gluon/check_fwd_fp8.py --row-sum-mma
-#: patches it.
+#: Each row's softmax normaliser ``l`` summed by the tensor cores, not by FADDs: P times a
+#: ``[BLOCK_N, 8]`` tile of ones is a second, small wgmma beside ``P V`` (1/16 of its width); its
+#: ``[64, 8]`` accumulator (4 registers a thread) is rescaled with O's, and any of its columns is ``l``
+#: (``_row_sums``).  Why: the softmax, not the tensor cores, bounds the forward on Hopper; at fp8 hd128
+#: the FP32 pipes, not MUFU (bench/results/h200_fp8_fwd_issue19.md): per score one FFMA, one MUFU, the
+#: row max and the row sum; this takes the row sum (~1 FADD a score) off them.  The normaliser is then
+#: the sum of the rounded probabilities the PV product weights V with.  Not with dropout (its
+#: normaliser is that of the probabilities before the drop).  ``ROW_SUM_MMA_FP8``: the fp8 kernel
+#: (serial order); ``ROW_SUM_MMA_16BIT``: the fp16/bf16 kernels (both orders, persistent or not).
+#: test/gluon/check_fwd_fp8.py / check_fwd.py --row-sum-mma patch them.
 ROW_SUM_MMA_FP8: gl.constexpr = gl.constexpr(0)
+ROW_SUM_MMA_16BIT: gl.constexpr = gl.constexpr(0)
 
 
 @gluon.constexpr_function
@@ -248,6 +251,83 @@ def _wait_pv(acc, p):
     return acc
 
 
+@gluon.constexpr_function
+def _row_sum_mma(v_dtype, overlap, dropout):
+    """Whether the kernel sums the softmax rows on the tensor cores (``ROW_SUM_MMA_*``)."""
+    if dropout:
+        return False
+    if v_dtype.is_fp8():
+        return bool(ROW_SUM_MMA_FP8) and not overlap
+    return bool(ROW_SUM_MMA_16BIT)
+
+
+@gluon.jit
+def _row_sums(v_bufs, QB: gl.constexpr, BLOCK_N: gl.constexpr):
+    """``(ones_t, l)`` for ``ROW_SUM_MMA``: the B operand, a ``[BLOCK_N, 8]`` tile of ones (stored
+    ``[8, BLOCK_N]``, viewed transposed: K-major, as wgmma reads an 8-bit B), and the zeroed
+    ``[QB, 8]`` accumulator that stands for ``l_i`` (``_row_sum_issue``, ``_row_sum_final``)."""
+    ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], v_bufs.dtype)
+    fill_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    ones = gl.allocate_shared_memory(v_bufs.dtype, [8, BLOCK_N], ones_layout,
+                                     gl.full([8, BLOCK_N], 1.0, gl.float32, fill_layout).to(v_bufs.dtype))
+    fence_async_shared()  # the generic-proxy writes before the async proxy (wgmma) reads them
+    return ones.permute((1, 0)), gl.zeros([QB, 8], gl.float32, _wgmma_layout(8, v_bufs.dtype))
+
+
+@gluon.jit
+def _row_sum_issue(p_op, ones_t, l_i):
+    """``l_i += P ones_t`` on the tensor cores (async) with ``ROW_SUM_MMA``; else ``l_i`` as it is."""
+    if ones_t is not None:
+        l_i = warpgroup_mma(p_op, ones_t, l_i, is_async=True)
+    return l_i
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, qk_scale, ones_t):
+    """``online_softmax_step``; with ``ROW_SUM_MMA`` (``ones_t``) the probabilities only, and the
+    row-sum accumulator ``l_i`` rescaled to the new max (``alpha``)."""
+    if ones_t is None:
+        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    else:
+        p, alpha, m_i = online_softmax_probs(s, m_i, qk_scale)
+    return p, alpha, m_i, l_i
+
+
+@gluon.jit
+def _rescale(acc, alpha):
+    """``acc * alpha`` row by row (``alpha`` in the score tile's row layout)."""
+    return acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+
+
+@gluon.jit
+def _wait_pv_sums(acc, l_i, p, ones_t):
+    """``_wait_pv``, and with ``ROW_SUM_MMA`` (``ones_t``) the row sums' product too."""
+    if ones_t is None:
+        acc = _wait_pv(acc, p)
+    elif p.dtype.is_fp8():  # 8-bit registers cannot be listed (_wait_pv)
+        acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
+    else:
+        acc, l_i, p = warpgroup_mma_wait(0, deps=(acc, l_i, p))
+    return acc, l_i
+
+
+@gluon.jit
+def _pv(p_op, v_tile, acc, l_i, ones_t):
+    """``O += P V`` (and ``l_i += P ones`` with ``ROW_SUM_MMA``) on the tensor cores, waited for."""
+    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+    l_i = _row_sum_issue(p_op, ones_t, l_i)
+    return _wait_pv_sums(acc, l_i, p_op, ones_t)
+
+
+@gluon.jit
+def _row_sum_final(l_i, ones_t, s_layout: gl.constexpr):
+    """``l`` per row in the score tile's row layout: ``l_i`` itself, or (``ROW_SUM_MMA``) any column of
+    its accumulator."""
+    if ones_t is not None:
+        l_i = gl.convert_layout(gl.max(l_i, axis=1), gl.SliceLayout(1, s_layout))
+    return l_i
+
+
 @gluon.jit
 def _v_operand(v_bufs, slot):
     """Ring slot ``slot`` as the PV product's ``[BLOCK_N, HEAD_DIM]`` B operand."""
@@ -318,9 +398,9 @@ def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
 @gluon.jit
 def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                 WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None, DROPOUT: gl.constexpr = 0):
+                p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None, DROPOUT: gl.constexpr = 0, ones_t=None):
     """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``.
-    ``drop``: ``dropout.dropout_state_fwd`` (with ``DROPOUT``)."""
+    ``drop``: ``dropout.dropout_state_fwd`` (with ``DROPOUT``); ``ones_t``: ``ROW_SUM_MMA`` (``_row_sums``)."""
     mbarrier.wait(k_ready.index(0), 0)
     _take_turn(TURN, col)
     s = _issue_qk(q_smem, k_bufs, 0, s_layout)
@@ -329,7 +409,7 @@ def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scal
     mbarrier.arrive(k_empty.index(0), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
     p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
@@ -371,13 +451,13 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
-                  DROPOUT: gl.constexpr = 0, n_full=0):
+                  DROPOUT: gl.constexpr = 0, n_full=0, ones_t=None):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
     softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
     ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``).
     ``col``: the key block's first column (read by the mask and by dropout: ``dropout.drop_probs``).
     ``MASKED``: 0 no mask, 1 the mask, 2 the mask at run time from step ``n_full`` on (``_key_block_col``'s
-    order: the full blocks first)."""
+    order: the full blocks first).  ``ones_t``: ``ROW_SUM_MMA``, ``l_i += P_{j-1} ones`` beside the PV product."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
@@ -389,23 +469,30 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
     mbarrier.wait(v_ready.index(prev_slot), prev_phase)
     p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
     acc = warpgroup_mma(p_op, _v_operand(v_bufs, prev_slot), acc, is_async=True)
+    l_i = _row_sum_issue(p_op, ones_t, l_i)
     _hand_turn(TURN, j)
-    # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
-    s = warpgroup_mma_wait(1, deps=(s, ))
+    # wgmmas retire in order: waiting until one (two: the row sums') is outstanding means S_j is done,
+    # PV_{j-1} may not be.
+    if ones_t is None:
+        s = warpgroup_mma_wait(1, deps=(s, ))
+    else:
+        s = warpgroup_mma_wait(2, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED == 1:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     elif MASKED == 2:
         if j >= n_full:
             s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p, alpha, m_new, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
     p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
-    acc = _wait_pv(acc, p_op)
+    acc, l_i = _wait_pv_sums(acc, l_i, p_op, ones_t)
+    if ones_t is not None:
+        l_i = _rescale(l_i, alpha)  # like acc, the sum over blocks < j at the running max m_{j-1}
     mbarrier.arrive(v_empty.index(prev_slot), count=1)
     # acc now holds sum over blocks < j at the running max m_{j-1}: rescale to m_j.
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-    return acc, m_i, l_i, p_next
+    acc = _rescale(acc, alpha)
+    return acc, m_new, l_i, p_next
 
 
 @gluon.jit
@@ -428,22 +515,15 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    if ones_t is None:
-        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    else:
-        p, alpha, m_i = online_softmax_probs(s, m_i, qk_scale)
-        l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
     p = drop_probs(p, col, drop, DROPOUT)
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    acc = _rescale(acc, alpha)
+    if ones_t is not None:
+        l_i = _rescale(l_i, alpha)
     p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
     _take_turn(TURN, j)
-    acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)
-    if ones_t is None:
-        acc = _wait_pv(acc, p16)
-    else:
-        l_i = warpgroup_mma(p16, ones_t, l_i, is_async=True)
-        acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
+    acc, l_i = _pv(p16, _v_operand(v_bufs, slot), acc, l_i, ones_t)
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
 
@@ -484,19 +564,20 @@ def _walk_one_loop(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_
 def _walk_two_loops(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                     k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                    TURN: gl.constexpr, drop, DROPOUT: gl.constexpr):
+                    TURN: gl.constexpr, drop, DROPOUT: gl.constexpr, ones_t=None):
     """Steps ``1 .. n_blocks`` after the peeled one: the key blocks visible in full to all the CTA's rows
     (no mask code), then the boundary blocks (leading, then trailing), masked."""
     for j in range(1, n_full):
         acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                               WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout,
-                                              p_layout, TURN, drop, DROPOUT)
+                                              p_layout, TURN, drop, DROPOUT, ones_t=ones_t)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
         acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                               m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                                              diag, True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
+                                              diag, True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT,
+                                              ones_t=ones_t)
     return acc, m_i, l_i, p_prev
 
 
@@ -534,16 +615,8 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
     ones_t = None
-    if ROW_SUM_MMA_FP8 and v_bufs.dtype.is_fp8() and not OVERLAP:
-        # The row sums' B operand: a [BLOCK_N, 8] tile of ones, K-major as wgmma reads 8-bit B (stored
-        # [8, BLOCK_N], viewed transposed), and l_i becomes its [QB, 8] accumulator.
-        ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], v_bufs.dtype)
-        fill_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-        ones_t = gl.allocate_shared_memory(v_bufs.dtype, [8, BLOCK_N], ones_layout,
-                                           gl.full([8, BLOCK_N], 1.0, gl.float32, fill_layout).to(v_bufs.dtype))
-        ones_t = ones_t.permute((1, 0))
-        fence_async_shared()  # the generic-proxy writes before the async proxy (wgmma) reads
-        l_i = gl.zeros([QB, 8], gl.float32, _wgmma_layout(8, v_bufs.dtype))
+    if _row_sum_mma(v_bufs.dtype, OVERLAP, DROPOUT):
+        ones_t, l_i = _row_sums(v_bufs, QB, BLOCK_N)
     drop = None
     if DROPOUT:
         drop = dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, off_z, off_h, row0,
@@ -560,18 +633,18 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP, ones_t)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP, ones_t)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout, TURN, drop, DROP)
+                                               s_layout, p_layout, TURN, drop, DROP, ones_t)
 
             if DROPOUT and (DROPOUT_ONE_LOOP == 3):
                 # One loop in a CTA that walks a boundary block (a causal or windowed call, a key
@@ -599,15 +672,14 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                                         k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i,
                                                         l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                         WINDOW_RIGHT, diag, BLOCK_N, STAGES, s_layout, p_layout, TURN,
-                                                        drop, DROP)
+                                                        drop, DROP, ones_t)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
             last_slot = last % STAGES
             mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
             p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
-            acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
-            acc = _wait_pv(acc, p_op)
+            acc, l_i = _pv(p_op, _v_operand(v_bufs, last_slot), acc, l_i, ones_t)
             mbarrier.arrive(v_empty.index(last_slot), count=1)
         else:
             _take_turn(TURN, n_blocks)
@@ -623,9 +695,7 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                              True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP, ones_t)
             _hand_turn(TURN, n_blocks)
 
-    if ones_t is not None:
-        l_i = gl.convert_layout(gl.max(l_i, axis=1), gl.SliceLayout(1, s_layout))  # every column is l
-    o, lse = softmax_epilogue(acc, m_i, l_i)
+    o, lse = softmax_epilogue(acc, m_i, _row_sum_final(l_i, ones_t, s_layout))
     if DROPOUT:
         o = o * dropout_scale
     if q_bufs.dtype.is_fp8():
@@ -775,7 +845,8 @@ def _release_q(bar):
 @gluon.jit
 def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                    WINDOW_RIGHT, diag, release, rel_bar, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, RELEASE: gl.constexpr):
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, RELEASE: gl.constexpr,
+                   ones_t=None):
     """``_first_step`` at ring step ``g``; while ``S_0`` is on the tensor cores, the previous
     tile's Q buffer is released (``_release_q``) when ``RELEASE`` and ``release``."""
     slot = g % STAGES
@@ -788,7 +859,7 @@ def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, q
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
+    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
@@ -814,6 +885,9 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
     qk_scale = _opaque_f32(sm_scale) * LOG2E
     n_m, pair, n_per = _pers_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
+    ones_t = None
+    if _row_sum_mma(v_bufs.dtype, OVERLAP, 0):
+        ones_t, l_zero = _row_sums(v_bufs, QB, BLOCK_N)
     kv0 = 0
     i = 0
     # Units u = pid, pid + G, ... while u < n_per * Hq * B, tested as "batch of u < B" against the
@@ -837,6 +911,8 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
 
             m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
             l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+            if ones_t is not None:
+                l_i = gl.zeros_like(l_zero)
             acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
             mbarrier.wait(q_ready.index(qi), (i // Q_BUFS) & 1)
 
@@ -847,36 +923,35 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                             p_prev, m_i, l_i = _first_step_at(kv0, full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty,
                                                               m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                               WINDOW_RIGHT, diag, release, rel_bar, False, BLOCK_N,
-                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2, ones_t)
                         else:
                             col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                             p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty,
                                                               m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                               WINDOW_RIGHT, diag, release, rel_bar, True, BLOCK_N,
-                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2, ones_t)
                     else:
                         col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                         p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i,
                                                           l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
                                                           diag, release, rel_bar, True, BLOCK_N, STAGES, s_layout,
-                                                          p_layout, Q_BUFS == 2)
+                                                          p_layout, Q_BUFS == 2, ones_t)
                     for j in range(1, n_full):
                         acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
                                                               N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                              BLOCK_N, STAGES, s_layout, p_layout)
+                                                              BLOCK_N, STAGES, s_layout, p_layout, ones_t=ones_t)
                     for j in range(gl.maximum(n_full, 1), n_blocks):
                         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                         acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
                                                               N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                              BLOCK_N, STAGES, s_layout, p_layout)
+                                                              BLOCK_N, STAGES, s_layout, p_layout, ones_t=ones_t)
                     last = kv0 + n_blocks - 1
                     last_slot = last % STAGES
                     mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
                     p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
-                    acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
-                    acc = _wait_pv(acc, p_op)
+                    acc, l_i = _pv(p_op, _v_operand(v_bufs, last_slot), acc, l_i, ones_t)
                     mbarrier.arrive(v_empty.index(last_slot), count=1)
                 else:
                     if Q_BUFS == 2:
@@ -885,18 +960,20 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                     for j in range(0, n_full):
                         acc, m_i, l_i = _serial_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                      v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
-                                                     WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout)
+                                                     WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout,
+                                                     ones_t=ones_t)
                     for j in range(n_full, n_blocks):
                         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                         acc, m_i, l_i = _serial_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                      v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
-                                                     WINDOW_RIGHT, diag, True, BLOCK_N, STAGES, s_layout, p_layout)
+                                                     WINDOW_RIGHT, diag, True, BLOCK_N, STAGES, s_layout, p_layout,
+                                                     ones_t=ones_t)
             else:
                 if Q_BUFS == 2:
                     if release:
                         _release_q(rel_bar)
 
-            o, lse = softmax_epilogue(acc, m_i, l_i)
+            o, lse = softmax_epilogue(acc, m_i, _row_sum_final(l_i, ones_t, s_layout))
             q_smem.store(o.to(desc_o.dtype))
             fence_async_shared()
             gl.thread_barrier()  # every warp's O rows are in shared memory before the TMA store
