@@ -284,8 +284,8 @@ def _row_sum_issue(p_op, ones_t, l_i):
 
 @gluon.jit
 def _softmax(s, m_i, l_i, qk_scale, ones_t):
-    """``online_softmax_step``; with ``ROW_SUM_MMA`` (``ones_t``) the probabilities only, and the
-    row-sum accumulator ``l_i`` rescaled to the new max (``alpha``)."""
+    """``online_softmax_step``; with ``ROW_SUM_MMA`` (``ones_t``) the probabilities only: ``l_i``, the
+    row sums' accumulator, comes back as it went in (the caller rescales it with ``alpha``, as O)."""
     if ones_t is None:
         p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     else:
