@@ -1141,7 +1141,8 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    DROPOUT: gl.constexpr = 0, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                    LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
-                   SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2):
+                   SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2,
+                   PINGPONG: gl.constexpr = 0):
     # Options left out of an AOT compile arrive as None: the defaults above (= the original kernel).
     N_CONS: gl.constexpr = _opt(NUM_CONSUMERS, 2)
     C_REGS: gl.constexpr = _opt(CONSUMER_REGS, 240)
@@ -1152,6 +1153,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
     PERS: gl.constexpr = _opt(PERSISTENT, 0)
     QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
     DROP: gl.constexpr = _opt(DROPOUT, 0)
+    PP: gl.constexpr = _opt(PINGPONG, 0)
     gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
     # Blocks [1, 1, rows, HEAD_DIM] over [B, H, S, D], or ragged ones [1, 1, 1, rows, HEAD_DIM] (ragged.py).
@@ -1164,6 +1166,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
         gl.static_assert(not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: one CTA per tile")
         gl.static_assert(not DROP, "dropout: one CTA per tile")
         gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
+        gl.static_assert(not PP, "PINGPONG: one CTA per tile")
         # -- persistent: grid (G, 1, 1), G = num_programs(0); B and Hq from Q's/O's descriptor shape.
         # The partitions derive everything from kernel parameters themselves (no computed captures).
         q_bufs = gl.allocate_shared_memory(desc_q.dtype, [QBUFS * N_CONS] + desc_q.block_type.shape, desc_q.layout)
@@ -1222,4 +1225,4 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
                       DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                       PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
                       None, 0, 0, None, 0, 0, None, 0, 0,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE, 0, DROP)
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE, PP, DROP)
