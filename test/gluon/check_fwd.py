@@ -59,7 +59,6 @@ KERNEL = gluon.jit(do_not_specialize=SCALAR_ARGS)(gluon_fwd.attn_fwd_gluon.fn)
 
 # The configuration the checks run with: a name in fwd_variants.VARIANTS (--variant).
 VARIANT = "product"  # the configs python/rules.py ships
-SWITCHES = ()  # the module switches this process patched (--row-sum-mma), for the sanitizer's children
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 GL_DTYPES = {"fp16": gl.float16, "bf16": gl.bfloat16}
 UNBOUNDED = 2**30
@@ -393,7 +392,7 @@ def consan(filter_):
         cases = with_small_grids(cases, grids=(2,))
     cases = [c for c in cases if fwd_variants.config(VARIANT, head_dim_bucket(c.d)) is not None]
     return consan_runner.run_children(__file__, [json.dumps(asdict(c)) for c in cases], [c.name() for c in cases],
-                                      "check_fwd --consan", switches=SWITCHES)
+                                      "check_fwd --consan")
 
 
 def bench():
@@ -433,15 +432,10 @@ def main():
     ap.add_argument("--filter", default="", help="only cases whose name contains this")
     ap.add_argument("--variant", default="product", choices=sorted(fwd_variants.VARIANTS),
                     help="configuration from fwd_variants.py (default: base)")
-    ap.add_argument("--row-sum-mma", type=int, choices=(0, 1),
-                    help="patch fwd.ROW_SUM_MMA_16BIT (the row sums on the tensor cores) before compiling")
     ap.add_argument("--consan-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global VARIANT, SWITCHES
+    global VARIANT
     VARIANT = args.variant
-    if args.row_sum_mma is not None:
-        gluon_fwd.ROW_SUM_MMA_16BIT = gl.constexpr(args.row_sum_mma)
-        SWITCHES = ("--row-sum-mma", str(args.row_sum_mma))
     if args.consan_child is not None:
         return 0 if consan_child(args.consan_child) else 1
     ok = True

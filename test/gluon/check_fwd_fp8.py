@@ -13,7 +13,7 @@ host TMA descriptors over fp8 Q, K, Vᵀ and a bf16 O, and checks against float6
   LSE: +inf exactly on rows that see no key, elsewhere <= 3 * the naive LSE's error + 1e-3;
 * outputs poisoned with NaN first.
 
-usage: python test/gluon/check_fwd_fp8.py [--bench] [--config HD:BLOCK_N:STAGES:OVERLAP ...] [--row-sum-mma 0|1]
+usage: python test/gluon/check_fwd_fp8.py [--bench] [--config HD:BLOCK_N:STAGES:OVERLAP ...]
 """
 import argparse
 import math
@@ -256,12 +256,7 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--bench-head-dims", default="128,256", help="head dims the benchmark runs (comma-separated)")
     ap.add_argument("--config", action="append", default=[], help="HD:BLOCK_N:STAGES:OVERLAP[:PINGPONG[:NUM_CONSUMERS]]")
-    ap.add_argument("--row-sum-mma", type=int, choices=(0, 1),
-                    help="patch fwd.ROW_SUM_MMA_FP8 (the row sums on the tensor cores) before compiling")
     args = ap.parse_args()
-    if args.row_sum_mma is not None:
-        from kernels.flash_gluon import fwd as fwd_gluon
-        fwd_gluon.ROW_SUM_MMA_FP8 = gl.constexpr(args.row_sum_mma)
     configs = [tuple(int(x) for x in c.split(":")) for c in args.config]
     ok = True
     if not args.no_check:

@@ -17,7 +17,6 @@ applicable: does not fit shared memory / registers).  A config holds every const
     PEEL_FULL      0 | 1: walk step 0 unmasked when it is a full block
     OVERLAP        1 | 0: intra-warpgroup overlap of softmax and PV (FA3) or the serial order
     SCHED          0 | 1: heaviest-first per head (0) or over all heads (1, query block slowest)
-    PINGPONG       0 | 1 (one CTA per tile, two consumers): the consumers take turns on the tensor cores
     PERSISTENT     0 | 1: one CTA per tile (grid (cdiv(Sq, BLOCK_M), Hq, B)) or the persistent kernel
                    (grid (min(#tiles, #SMs * CTAS_PER_SM), 1, 1), #tiles = cdiv(Sq, BLOCK_M) * Hq * B)
     Q_BUFS         1 | 2 (PERSISTENT only): Q/O buffer sets; 2 lets the next tile's Q load overlap the
@@ -36,7 +35,7 @@ HEAD_DIMS = (64, 128, 256)
 
 
 def cfg(block_n, stages, consumers=2, consumer_regs=None, loader_regs=24, peel=0, overlap=1, sched=0, maxnreg=None,
-        ctas_per_sm=1, persistent=0, q_bufs=2, pingpong=0):
+        ctas_per_sm=1, persistent=0, q_bufs=2):
     threads = (4 * consumers + 4) * 32
     if maxnreg is None:
         maxnreg = (65536 // ctas_per_sm // threads) // 8 * 8
@@ -45,8 +44,7 @@ def cfg(block_n, stages, consumers=2, consumer_regs=None, loader_regs=24, peel=0
         consumer_regs = min(256, ((maxnreg * (consumers + 1) - loader_regs) // consumers) // 8 * 8)
     return dict(BLOCK_M=64 * consumers, BLOCK_N=block_n, STAGES=stages, NUM_CONSUMERS=consumers,
                 CONSUMER_REGS=consumer_regs, LOADER_REGS=loader_regs, PEEL_FULL=peel, OVERLAP=overlap, SCHED=sched,
-                PERSISTENT=persistent, Q_BUFS=q_bufs, PINGPONG=pingpong, num_warps=4, maxnreg=maxnreg,
-                CTAS_PER_SM=ctas_per_sm)
+                PERSISTENT=persistent, Q_BUFS=q_bufs, num_warps=4, maxnreg=maxnreg, CTAS_PER_SM=ctas_per_sm)
 
 
 def smem_bytes(head_dim, c, elem=2):
@@ -102,13 +100,6 @@ VARIANTS = {
     # Two CTAs per SM (hd64): serial order, as cta2_serial.
     "pers_cta2": _v(hd64=cfg(64, 2, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
     "pers_cta2_s3": _v(hd64=cfg(64, 3, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
-    # The two consumers take turns on the tensor cores (FA3's ping-pong; one CTA per tile): their
-    # pipeline fill and drain, which coincide in lockstep, interleave -- for short causal tiles.
-    "pingpong": _v(hd64=cfg(128, 2, peel=1, pingpong=1), hd128=cfg(128, 2, peel=1, pingpong=1),
-                   hd256=cfg(64, 2, peel=1, pingpong=1)),
-    "serial_pingpong": _v(hd64=cfg(128, 2, peel=1, overlap=0, pingpong=1),
-                          hd128=cfg(128, 2, peel=1, overlap=0, pingpong=1),
-                          hd256=cfg(64, 2, peel=1, overlap=0, pingpong=1)),
 }
 
 
@@ -125,7 +116,6 @@ def _product():
         c = dict(c)
         c.setdefault("PERSISTENT", 0)
         c.setdefault("Q_BUFS", 2)
-        c.setdefault("PINGPONG", 0)
         threads = (4 * c["NUM_CONSUMERS"] + 4) * 32
         c.setdefault("CTAS_PER_SM", max(1, 65536 // (threads * c["maxnreg"])))
         out[hd] = c
@@ -136,7 +126,7 @@ VARIANTS["product"] = _product()
 
 #: The constexprs after STAGES, in the kernel's order (what the build rules must pass).
 OPTION_CONSTEXPRS = ("NUM_CONSUMERS", "CONSUMER_REGS", "LOADER_REGS", "PEEL_FULL", "OVERLAP", "SCHED", "PERSISTENT",
-                     "Q_BUFS", "PINGPONG")
+                     "Q_BUFS")
 CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "STAGES") + OPTION_CONSTEXPRS
 
 
@@ -154,7 +144,7 @@ def describe(c):
         return "n/a"
     return (f"BM{c['BLOCK_M']} BN{c['BLOCK_N']} S{c['STAGES']} cons{c['NUM_CONSUMERS']} "
             f"regs{c['CONSUMER_REGS']}/{c['LOADER_REGS']} maxnreg{c['maxnreg']} peel{c['PEEL_FULL']} "
-            f"ovl{c['OVERLAP']} sched{c['SCHED']}" + (" PINGPONG" if c.get("PINGPONG") else "")
+            f"ovl{c['OVERLAP']} sched{c['SCHED']}"
             + (f" PERSISTENT qbufs{c['Q_BUFS']} ctas/SM{c['CTAS_PER_SM']}" if c["PERSISTENT"] else ""))
 
 

@@ -91,7 +91,7 @@ from ..flash import mask
 from ..flash.dropout import philox_state
 from .dropout import dropout_state_fwd, drop_probs
 from .ragged import is_ragged, query_block_sequence, row_coords, row_offset
-from .softmax import online_softmax_probs, online_softmax_step, softmax_epilogue
+from .softmax import online_softmax_step, softmax_epilogue
 
 LOG2E: gl.constexpr = gl.constexpr(1.4426950408889634)
 #: How the dropout forward walks the key blocks after the peeled first one.  0: a loop over the
@@ -114,18 +114,6 @@ DROPOUT_ONE_LOOP: gl.constexpr = gl.constexpr(3)
 #: keeps 128 bytes of stack (119 spill instructions; unrolled rounds: none, 2 % more SASS); timed only
 #: with the rounds loop so far (run_all.sh GLUON_CHECKS=dropout-bench times both).
 DROPOUT_ROUNDS_LOOP_HEAD_DIM: gl.constexpr = gl.constexpr(128)
-#: Each row's softmax normaliser ``l`` summed by the tensor cores, not by FADDs: P times a
-#: ``[BLOCK_N, 8]`` tile of ones is a second, small wgmma beside ``P V`` (1/16 of its width); its
-#: ``[64, 8]`` accumulator (4 registers a thread) is rescaled with O's, and any of its columns is ``l``
-#: (``_row_sums``).  Why: the softmax, not the tensor cores, bounds the forward on Hopper; at fp8 hd128
-#: the FP32 pipes, not MUFU (bench/results/h200_fp8_fwd_issue19.md): per score one FFMA, one MUFU, the
-#: row max and the row sum; this takes the row sum (~1 FADD a score) off them.  The normaliser is then
-#: the sum of the rounded probabilities the PV product weights V with.  Not with dropout (its
-#: normaliser is that of the probabilities before the drop).  ``ROW_SUM_MMA_FP8``: the fp8 kernel
-#: (serial order); ``ROW_SUM_MMA_16BIT``: the fp16/bf16 kernels (both orders, persistent or not).
-#: test/gluon/check_fwd_fp8.py / check_fwd.py --row-sum-mma patch them.
-ROW_SUM_MMA_FP8: gl.constexpr = gl.constexpr(0)
-ROW_SUM_MMA_16BIT: gl.constexpr = gl.constexpr(0)
 
 
 @gluon.constexpr_function
@@ -251,83 +239,6 @@ def _wait_pv(acc, p):
     return acc
 
 
-@gluon.constexpr_function
-def _row_sum_mma(v_dtype, overlap, dropout):
-    """Whether the kernel sums the softmax rows on the tensor cores (``ROW_SUM_MMA_*``)."""
-    if dropout:
-        return False
-    if v_dtype.is_fp8():
-        return bool(ROW_SUM_MMA_FP8) and not overlap
-    return bool(ROW_SUM_MMA_16BIT)
-
-
-@gluon.jit
-def _row_sums(v_bufs, QB: gl.constexpr, BLOCK_N: gl.constexpr):
-    """``(ones_t, l)`` for ``ROW_SUM_MMA``: the B operand, a ``[BLOCK_N, 8]`` tile of ones (stored
-    ``[8, BLOCK_N]``, viewed transposed: K-major, as wgmma reads an 8-bit B), and the zeroed
-    ``[QB, 8]`` accumulator that stands for ``l_i`` (``_row_sum_issue``, ``_row_sum_final``)."""
-    ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], v_bufs.dtype)
-    fill_layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(v_bufs.dtype, [8, BLOCK_N], ones_layout,
-                                     gl.full([8, BLOCK_N], 1.0, gl.float32, fill_layout).to(v_bufs.dtype))
-    fence_async_shared()  # the generic-proxy writes before the async proxy (wgmma) reads them
-    return ones.permute((1, 0)), gl.zeros([QB, 8], gl.float32, _wgmma_layout(8, v_bufs.dtype))
-
-
-@gluon.jit
-def _row_sum_issue(p_op, ones_t, l_i):
-    """``l_i += P ones_t`` on the tensor cores (async) with ``ROW_SUM_MMA``; else ``l_i`` as it is."""
-    if ones_t is not None:
-        l_i = warpgroup_mma(p_op, ones_t, l_i, is_async=True)
-    return l_i
-
-
-@gluon.jit
-def _softmax(s, m_i, l_i, qk_scale, ones_t):
-    """``online_softmax_step``; with ``ROW_SUM_MMA`` (``ones_t``) the probabilities only: ``l_i``, the
-    row sums' accumulator, comes back as it went in (the caller rescales it with ``alpha``, as O)."""
-    if ones_t is None:
-        p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
-    else:
-        p, alpha, m_i = online_softmax_probs(s, m_i, qk_scale)
-    return p, alpha, m_i, l_i
-
-
-@gluon.jit
-def _rescale(acc, alpha):
-    """``acc * alpha`` row by row (``alpha`` in the score tile's row layout)."""
-    return acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
-
-
-@gluon.jit
-def _wait_pv_sums(acc, l_i, p, ones_t):
-    """``_wait_pv``, and with ``ROW_SUM_MMA`` (``ones_t``) the row sums' product too."""
-    if ones_t is None:
-        acc = _wait_pv(acc, p)
-    elif p.dtype.is_fp8():  # 8-bit registers cannot be listed (_wait_pv)
-        acc, l_i = warpgroup_mma_wait(0, deps=(acc, l_i))
-    else:
-        acc, l_i, p = warpgroup_mma_wait(0, deps=(acc, l_i, p))
-    return acc, l_i
-
-
-@gluon.jit
-def _pv(p_op, v_tile, acc, l_i, ones_t):
-    """``O += P V`` (and ``l_i += P ones`` with ``ROW_SUM_MMA``) on the tensor cores, waited for."""
-    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-    l_i = _row_sum_issue(p_op, ones_t, l_i)
-    return _wait_pv_sums(acc, l_i, p_op, ones_t)
-
-
-@gluon.jit
-def _row_sum_final(l_i, ones_t, s_layout: gl.constexpr):
-    """``l`` per row in the score tile's row layout: ``l_i`` itself, or (``ROW_SUM_MMA``) any column of
-    its accumulator."""
-    if ones_t is not None:
-        l_i = gl.convert_layout(gl.max(l_i, axis=1), gl.SliceLayout(1, s_layout))
-    return l_i
-
-
 @gluon.jit
 def _v_operand(v_bufs, slot):
     """Ring slot ``slot`` as the PV product's ``[BLOCK_N, HEAD_DIM]`` B operand."""
@@ -398,9 +309,9 @@ def _issue_qk(q_smem, k_bufs, slot, s_layout: gl.constexpr):
 @gluon.jit
 def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                 WINDOW_RIGHT, diag, MASKED: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None, DROPOUT: gl.constexpr = 0, ones_t=None):
+                p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None, DROPOUT: gl.constexpr = 0):
     """Walk step 0 (overlapped order): ``S_0`` and softmax 0 only; its PV goes out with ``S_1``.
-    ``drop``: ``dropout.dropout_state_fwd`` (with ``DROPOUT``); ``ones_t``: ``ROW_SUM_MMA`` (``_row_sums``)."""
+    ``drop``: ``dropout.dropout_state_fwd`` (with ``DROPOUT``)."""
     mbarrier.wait(k_ready.index(0), 0)
     _take_turn(TURN, col)
     s = _issue_qk(q_smem, k_bufs, 0, s_layout)
@@ -409,7 +320,7 @@ def _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scal
     mbarrier.arrive(k_empty.index(0), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
@@ -451,13 +362,13 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
                   qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                   MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
-                  DROPOUT: gl.constexpr = 0, n_full=0, ones_t=None):
+                  DROPOUT: gl.constexpr = 0, n_full=0):
     """Walk step ``j``: ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` in flight together,
     softmax ``j`` overlapping the PV product.  Returns the state with ``P_j`` pending.
     ``TURN``: this consumer's turn on the tensor cores for both products (``_take_turn``).
     ``col``: the key block's first column (read by the mask and by dropout: ``dropout.drop_probs``).
     ``MASKED``: 0 no mask, 1 the mask, 2 the mask at run time from step ``n_full`` on (``_key_block_col``'s
-    order: the full blocks first).  ``ones_t``: ``ROW_SUM_MMA``, ``l_i += P_{j-1} ones`` beside the PV product."""
+    order: the full blocks first)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
     prev_slot = (j - 1) % STAGES
@@ -469,30 +380,23 @@ def _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
     mbarrier.wait(v_ready.index(prev_slot), prev_phase)
     p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
     acc = warpgroup_mma(p_op, _v_operand(v_bufs, prev_slot), acc, is_async=True)
-    l_i = _row_sum_issue(p_op, ones_t, l_i)
     _hand_turn(TURN, j)
-    # wgmmas retire in order: waiting until one (two: the row sums') is outstanding means S_j is done,
-    # PV_{j-1} may not be.
-    if ones_t is None:
-        s = warpgroup_mma_wait(1, deps=(s, ))
-    else:
-        s = warpgroup_mma_wait(2, deps=(s, ))
+    # wgmmas retire in order: waiting until one is outstanding means S_j is done, PV_{j-1} may not be.
+    s = warpgroup_mma_wait(1, deps=(s, ))
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED == 1:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
     elif MASKED == 2:
         if j >= n_full:
             s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_new, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     p = drop_probs(p, col, drop, DROPOUT)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
-    acc, l_i = _wait_pv_sums(acc, l_i, p_op, ones_t)
-    if ones_t is not None:
-        l_i = _rescale(l_i, alpha)  # like acc, the sum over blocks < j at the running max m_{j-1}
+    acc = _wait_pv(acc, p_op)
     mbarrier.arrive(v_empty.index(prev_slot), count=1)
     # acc now holds sum over blocks < j at the running max m_{j-1}: rescale to m_j.
-    acc = _rescale(acc, alpha)
-    return acc, m_new, l_i, p_next
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+    return acc, m_i, l_i, p_next
 
 
 @gluon.jit
@@ -500,11 +404,10 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
                  qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                  MASKED: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                  s_layout: gl.constexpr, p_layout: gl.constexpr, TURN: gl.constexpr = -1, drop=None,
-                 DROPOUT: gl.constexpr = 0, ones_t=None):
+                 DROPOUT: gl.constexpr = 0):
     """Walk step ``j`` in the serial order (``OVERLAP=0``): ``S_j``, softmax ``j``, ``O += P_j V_j``.
     ``TURN``: the consumer holds the tensor cores from ``PV_{j-1}`` through ``S_j`` (``_take_turn``;
-    the caller takes the first turn before the walk and hands the last one over after it).
-    ``ones_t`` (``ROW_SUM_MMA_FP8``): ``l_i`` is then a ``[64, 8]`` accumulator, ``l_i += P ones_t``."""
+    the caller takes the first turn before the walk and hands the last one over after it)."""
     slot = j % STAGES
     phase = (j // STAGES) & 1
 
@@ -515,15 +418,14 @@ def _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_em
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     p = drop_probs(p, col, drop, DROPOUT)
-    acc = _rescale(acc, alpha)
-    if ones_t is not None:
-        l_i = _rescale(l_i, alpha)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
     p16 = _p_to_operand(p, v_bufs.dtype, p_layout)
     mbarrier.wait(v_ready.index(slot), phase)
     _take_turn(TURN, j)
-    acc, l_i = _pv(p16, _v_operand(v_bufs, slot), acc, l_i, ones_t)
+    acc = warpgroup_mma(p16, _v_operand(v_bufs, slot), acc, is_async=True)
+    acc = _wait_pv(acc, p16)
     mbarrier.arrive(v_empty.index(slot), count=1)
     return acc, m_i, l_i
 
@@ -564,20 +466,19 @@ def _walk_one_loop(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_
 def _walk_two_loops(n_blocks, n_full, full_lo, start, n_lead, full_hi, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                     k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                    TURN: gl.constexpr, drop, DROPOUT: gl.constexpr, ones_t=None):
+                    TURN: gl.constexpr, drop, DROPOUT: gl.constexpr):
     """Steps ``1 .. n_blocks`` after the peeled one: the key blocks visible in full to all the CTA's rows
     (no mask code), then the boundary blocks (leading, then trailing), masked."""
     for j in range(1, n_full):
         acc, m_i, l_i, p_prev = _overlap_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows, N_CTX_K,
                                               WINDOW_LEFT, WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout,
-                                              p_layout, TURN, drop, DROPOUT, ones_t=ones_t)
+                                              p_layout, TURN, drop, DROPOUT)
     for j in range(gl.maximum(n_full, 1), n_blocks):
         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
         acc, m_i, l_i, p_prev = _overlap_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                               m_i, l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
-                                              diag, True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT,
-                                              ones_t=ones_t)
+                                              diag, True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROPOUT)
     return acc, m_i, l_i, p_prev
 
 
@@ -614,9 +515,6 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
     m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
     l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
     acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
-    ones_t = None
-    if _row_sum_mma(v_bufs.dtype, OVERLAP, DROPOUT):
-        ones_t, l_i = _row_sums(v_bufs, QB, BLOCK_N)
     drop = None
     if DROPOUT:
         drop = dropout_state_fwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, off_z, off_h, row0,
@@ -633,18 +531,18 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 if n_full > 0:  # step 0 is the first full block: no mask
                     p_prev, m_i, l_i = _first_step(full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP, ones_t)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
                 else:  # step 0 is the first boundary block
                     col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                     p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i,
                                                    qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP, ones_t)
+                                                   BLOCK_N, s_layout, p_layout, TURN, drop, DROP)
             else:
                 # Always masked: it may be a boundary block, and the mask is exact on a full one.
                 col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                 p_prev, m_i, l_i = _first_step(col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale,
                                                rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True, BLOCK_N,
-                                               s_layout, p_layout, TURN, drop, DROP, ones_t)
+                                               s_layout, p_layout, TURN, drop, DROP)
 
             if DROPOUT and (DROPOUT_ONE_LOOP == 3):
                 # One loop in a CTA that walks a boundary block (a causal or windowed call, a key
@@ -672,14 +570,15 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                                                         k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc, m_i,
                                                         l_i, p_prev, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                         WINDOW_RIGHT, diag, BLOCK_N, STAGES, s_layout, p_layout, TURN,
-                                                        drop, DROP, ones_t)
+                                                        drop, DROP)
 
             # The last PV product has no S partner.
             last = n_blocks - 1
             last_slot = last % STAGES
             mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
             p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
-            acc, l_i = _pv(p_op, _v_operand(v_bufs, last_slot), acc, l_i, ones_t)
+            acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+            acc = _wait_pv(acc, p_op)
             mbarrier.arrive(v_empty.index(last_slot), count=1)
         else:
             _take_turn(TURN, n_blocks)
@@ -687,15 +586,15 @@ def _consumer(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_LSE,
                 acc, m_i, l_i = _serial_step(j, full_lo + j * BLOCK_N, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                              k_empty, v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                              WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout, TURN,
-                                             drop, DROP, ones_t)
+                                             drop, DROP)
             for j in range(n_full, n_blocks):
                 col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                 acc, m_i, l_i = _serial_step(j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, acc,
                                              m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag,
-                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP, ones_t)
+                                             True, BLOCK_N, STAGES, s_layout, p_layout, TURN, drop, DROP)
             _hand_turn(TURN, n_blocks)
 
-    o, lse = softmax_epilogue(acc, m_i, _row_sum_final(l_i, ones_t, s_layout))
+    o, lse = softmax_epilogue(acc, m_i, l_i)
     if DROPOUT:
         o = o * dropout_scale
     if q_bufs.dtype.is_fp8():
@@ -845,8 +744,7 @@ def _release_q(bar):
 @gluon.jit
 def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                    WINDOW_RIGHT, diag, release, rel_bar, MASKED: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, RELEASE: gl.constexpr,
-                   ones_t=None):
+                   STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, RELEASE: gl.constexpr):
     """``_first_step`` at ring step ``g``; while ``S_0`` is on the tensor cores, the previous
     tile's Q buffer is released (``_release_q``) when ``RELEASE`` and ``release``."""
     slot = g % STAGES
@@ -859,7 +757,7 @@ def _first_step_at(g, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i, l_i, q
     mbarrier.arrive(k_empty.index(slot), count=1)
     if MASKED:
         s = _mask_scores(s, rows, col, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_N)
-    p, alpha, m_i, l_i = _softmax(s, m_i, l_i, qk_scale, ones_t)
+    p, alpha, m_i, l_i = online_softmax_step(s, m_i, l_i, qk_scale)
     p_next = _carry_p(p, v_bufs.dtype, p_layout)
     return p_next, m_i, l_i
 
@@ -885,9 +783,6 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
     diag = mask.diag_offset(N_CTX_Q, N_CTX_K, ALIGN_BOTTOM_RIGHT)
     qk_scale = _opaque_f32(sm_scale) * LOG2E
     n_m, pair, n_per = _pers_schedule(N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, BLOCK_M)
-    ones_t = None
-    if _row_sum_mma(v_bufs.dtype, OVERLAP, 0):
-        ones_t, l_zero = _row_sums(v_bufs, QB, BLOCK_N)
     kv0 = 0
     i = 0
     # Units u = pid, pid + G, ... while u < n_per * Hq * B, tested as "batch of u < B" against the
@@ -911,8 +806,6 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
 
             m_i = gl.full([QB], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
             l_i = gl.full([QB], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
-            if ones_t is not None:
-                l_i = gl.zeros_like(l_zero)
             acc = gl.zeros([QB, HEAD_DIM], gl.float32, o_layout)
             mbarrier.wait(q_ready.index(qi), (i // Q_BUFS) & 1)
 
@@ -923,35 +816,36 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                             p_prev, m_i, l_i = _first_step_at(kv0, full_lo, q_smem, k_bufs, v_bufs, k_ready, k_empty,
                                                               m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                               WINDOW_RIGHT, diag, release, rel_bar, False, BLOCK_N,
-                                                              STAGES, s_layout, p_layout, Q_BUFS == 2, ones_t)
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
                         else:
                             col = mask.block_walk_start(0, start, n_lead, full_hi, BLOCK_N)
                             p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty,
                                                               m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
                                                               WINDOW_RIGHT, diag, release, rel_bar, True, BLOCK_N,
-                                                              STAGES, s_layout, p_layout, Q_BUFS == 2, ones_t)
+                                                              STAGES, s_layout, p_layout, Q_BUFS == 2)
                     else:
                         col = _key_block_col(0, n_full, full_lo, start, n_lead, full_hi, BLOCK_N)
                         p_prev, m_i, l_i = _first_step_at(kv0, col, q_smem, k_bufs, v_bufs, k_ready, k_empty, m_i,
                                                           l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT,
                                                           diag, release, rel_bar, True, BLOCK_N, STAGES, s_layout,
-                                                          p_layout, Q_BUFS == 2, ones_t)
+                                                          p_layout, Q_BUFS == 2)
                     for j in range(1, n_full):
                         acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
                                                               N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, False,
-                                                              BLOCK_N, STAGES, s_layout, p_layout, ones_t=ones_t)
+                                                              BLOCK_N, STAGES, s_layout, p_layout)
                     for j in range(gl.maximum(n_full, 1), n_blocks):
                         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                         acc, m_i, l_i, p_prev = _overlap_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready,
                                                               k_empty, v_empty, acc, m_i, l_i, p_prev, qk_scale, rows,
                                                               N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, True,
-                                                              BLOCK_N, STAGES, s_layout, p_layout, ones_t=ones_t)
+                                                              BLOCK_N, STAGES, s_layout, p_layout)
                     last = kv0 + n_blocks - 1
                     last_slot = last % STAGES
                     mbarrier.wait(v_ready.index(last_slot), (last // STAGES) & 1)
                     p_op = _p_operand(p_prev, v_bufs.dtype, p_layout)
-                    acc, l_i = _pv(p_op, _v_operand(v_bufs, last_slot), acc, l_i, ones_t)
+                    acc = warpgroup_mma(p_op, _v_operand(v_bufs, last_slot), acc, is_async=True)
+                    acc = _wait_pv(acc, p_op)
                     mbarrier.arrive(v_empty.index(last_slot), count=1)
                 else:
                     if Q_BUFS == 2:
@@ -960,20 +854,18 @@ def _consumer_pers(cid: gl.constexpr, desc_o, LSE, stride_lz, stride_lh, STORE_L
                     for j in range(0, n_full):
                         acc, m_i, l_i = _serial_step(kv0 + j, 0, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                      v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
-                                                     WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout,
-                                                     ones_t=ones_t)
+                                                     WINDOW_RIGHT, diag, False, BLOCK_N, STAGES, s_layout, p_layout)
                     for j in range(n_full, n_blocks):
                         col = mask.block_walk_start(j - n_full, start, n_lead, full_hi, BLOCK_N)
                         acc, m_i, l_i = _serial_step(kv0 + j, col, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
                                                      v_empty, acc, m_i, l_i, qk_scale, rows, N_CTX_K, WINDOW_LEFT,
-                                                     WINDOW_RIGHT, diag, True, BLOCK_N, STAGES, s_layout, p_layout,
-                                                     ones_t=ones_t)
+                                                     WINDOW_RIGHT, diag, True, BLOCK_N, STAGES, s_layout, p_layout)
             else:
                 if Q_BUFS == 2:
                     if release:
                         _release_q(rel_bar)
 
-            o, lse = softmax_epilogue(acc, m_i, _row_sum_final(l_i, ones_t, s_layout))
+            o, lse = softmax_epilogue(acc, m_i, l_i)
             q_smem.store(o.to(desc_o.dtype))
             fence_async_shared()
             gl.thread_barrier()  # every warp's O rows are in shared memory before the TMA store
@@ -1141,8 +1033,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    DROPOUT: gl.constexpr = 0, NUM_CONSUMERS: gl.constexpr = 2, CONSUMER_REGS: gl.constexpr = 240,
                    LOADER_REGS: gl.constexpr = 24, PEEL_FULL: gl.constexpr = 0, OVERLAP: gl.constexpr = 1,
-                   SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2,
-                   PINGPONG: gl.constexpr = 0):
+                   SCHED: gl.constexpr = 0, PERSISTENT: gl.constexpr = 0, Q_BUFS: gl.constexpr = 2):
     # Options left out of an AOT compile arrive as None: the defaults above (= the original kernel).
     N_CONS: gl.constexpr = _opt(NUM_CONSUMERS, 2)
     C_REGS: gl.constexpr = _opt(CONSUMER_REGS, 240)
@@ -1153,7 +1044,6 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
     PERS: gl.constexpr = _opt(PERSISTENT, 0)
     QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
     DROP: gl.constexpr = _opt(DROPOUT, 0)
-    PP: gl.constexpr = _opt(PINGPONG, 0)
     gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
     # Blocks [1, 1, rows, HEAD_DIM] over [B, H, S, D], or ragged ones [1, 1, 1, rows, HEAD_DIM] (ragged.py).
@@ -1166,7 +1056,6 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
         gl.static_assert(not is_ragged(desc_q.block_type.shape), "packed (varlen) batches: one CTA per tile")
         gl.static_assert(not DROP, "dropout: one CTA per tile")
         gl.static_assert(QBUFS == 1 or QBUFS == 2, "one or two Q buffer sets")
-        gl.static_assert(not PP, "PINGPONG: one CTA per tile")
         # -- persistent: grid (G, 1, 1), G = num_programs(0); B and Hq from Q's/O's descriptor shape.
         # The partitions derive everything from kernel parameters themselves (no computed captures).
         q_bufs = gl.allocate_shared_memory(desc_q.dtype, [QBUFS * N_CONS] + desc_q.block_type.shape, desc_q.layout)
@@ -1225,4 +1114,4 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
                       DROPOUT_THRESHOLD, dropout_scale, PHILOX_SEED, PHILOX_OFFSET, philox_offset_base,
                       PHILOX_SEED_OUT, PHILOX_OFFSET_OUT, STORE_PHILOX,
                       None, 0, 0, None, 0, 0, None, 0, 0,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE, PP, DROP)
+                      HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, C_REGS, L_REGS, PEEL, OVL, SCHEDULE, 0, DROP)

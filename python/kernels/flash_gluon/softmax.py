@@ -19,26 +19,19 @@ LN2: gl.constexpr = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
-def online_softmax_probs(s, m_i, qk_scale):
-    """The probabilities of one block of raw scores ``s`` ([rows, BLOCK_N] fp32, -inf = masked)
-    against the running max ``m_i``: ``(p, alpha, m_new)`` with ``p = exp2(s * qk_scale - m_new)``
-    (unnormalised probabilities for the PV product) and ``alpha = exp2(m_i - m_new)``, the factor
-    the caller must rescale its accumulators by.  The row sum is the caller's
-    (``online_softmax_step``, or the tensor cores: ``fwd.ROW_SUM_MMA_FP8``)."""
+def online_softmax_step(s, m_i, l_i, qk_scale):
+    """Fold one block of raw scores ``s`` ([rows, BLOCK_N] fp32, -inf = masked) into ``(m_i, l_i)``.
+
+    Returns ``(p, alpha, m_new, l_new)``: ``p = exp2(s * qk_scale - m_new)`` (unnormalised
+    probabilities for the PV product), ``alpha = exp2(m_i - m_new)`` the factor the caller
+    must rescale its accumulator by, and the updated row state.
+    """
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     # A row with every score masked so far has m_new = -inf: subtract 0 instead, so
     # p = exp2(-inf) = 0 and alpha = 0 rather than exp2(-inf - -inf) = NaN.
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - gl.expand_dims(m_safe, 1))
     alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new
-
-
-@gluon.jit
-def online_softmax_step(s, m_i, l_i, qk_scale):
-    """Fold one block of raw scores ``s`` into ``(m_i, l_i)``: ``online_softmax_probs`` and the
-    row sum.  Returns ``(p, alpha, m_new, l_new)``."""
-    p, alpha, m_new = online_softmax_probs(s, m_i, qk_scale)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
 
