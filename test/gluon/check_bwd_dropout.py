@@ -15,10 +15,11 @@ Gluon dQ) and, at hd64/128, the same with dQ from ``attn_bwd_gluon_dq`` instead 
 reduce-adds ("split": the fused kernel spills with dropout at hd128, the dK/dV-only one less), beside
 cuDNN's dropout backward through SDPA (its own mask), ``do_bench`` medians.
 
-``--rounds-loop 1``: the backward draws its keep tiles with Philox's rounds as a loop
-(``kernels/flash_gluon/dropout.py``'s ``ROUNDS_LOOP``; sm_90 bf16 hd128 fused-dQ kernel: 153 -> 99
-spill instructions, 43 -> 22 in a compute warpgroup's loop), patched before anything compiles (and
-passed on to the consan children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``).
+``--rounds-loop 0|1``: the backward draws its keep tiles with Philox's rounds unrolled (0) or as a
+loop (1) at every head dim (default: a loop up to ``kernels/flash_gluon/bwd.py``'s
+``DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM``, ``dropout.py``'s ``ROUNDS_LOOP`` above; sm_90 bf16 hd128 fused-dQ
+kernel: 170 -> 98 spill instructions), patched before anything compiles (and passed on to the consan
+children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``).
 
 usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
        [--signs-from-words 0|1]

@@ -196,10 +196,11 @@ def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
 
 @gluon.jit
 def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
-                      COLS: gl.constexpr):
+                      COLS: gl.constexpr, ROUNDS: gl.constexpr = -1):
     """I32 ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout) of a keys-as-rows tile: the sign bit
     (``0x80000000``) where the element is dropped, 0 where it is kept (``dropout_keep_tile``'s
     arguments, its ``REFRESH`` on)."""
+    LOOP: gl.constexpr = ROUNDS_LOOP if ROUNDS < 0 else ROUNDS
     gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
@@ -207,7 +208,7 @@ def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
     rows += zero
     cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
-    d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS_LOOP)
+    d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, LOOP)
     # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
     d = tile_of_quads(d0, d2, d1, d3)
     return gl.convert_layout(d & -0x80000000, layout)
@@ -257,11 +258,12 @@ def dropout_state_bwd(PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_TH
 
 
 @gluon.jit
-def sign_dropped(pt, drop, h_off, q0, k0):
+def sign_dropped(pt, drop, h_off, q0, k0, ROUNDS: gl.constexpr = -1):
     """``P^T`` (``[keys, queries]``, an MMA accumulator, probabilities >= 0) with its dropped elements
     negated: the keep mask of query head ``h_first + h_off`` (``drop``: ``dropout_state_bwd``), queries
     from ``q0`` and keys from ``k0`` (multiples of 16), carried in the sign bit so that no mask
-    register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``)."""
+    register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``).  ``ROUNDS``:
+    as ``dropout_keep_tile``'s."""
     seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _ = drop
     head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
     base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 4
@@ -269,9 +271,9 @@ def sign_dropped(pt, drop, h_off, q0, k0):
     ROWS: gl.constexpr = pt.shape[0]
     COLS: gl.constexpr = pt.shape[1]
     if SIGNS_FROM_WORDS:
-        sign = dropout_sign_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS)
+        sign = dropout_sign_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, ROUNDS)
         return (pt.to(gl.int32, bitcast=True) ^ sign).to(gl.float32, bitcast=True)
-    keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, True)
+    keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, True, ROUNDS)
     return gl.where(keep, pt, -pt)
 
 
