@@ -139,7 +139,7 @@ from .fwd import LOG2E, _ctaid_x, _nctaid_x, _opaque_f32, _opaque_i32
 from .ragged import is_ragged, row_coords, row_dim, sequence_bounds
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, store_partials
 from .bwd_wide import compute_wide, ring_like
-from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
+from .dropout import dpt_init, dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
 
 #: The head dims up to which the dropout backward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``
@@ -274,13 +274,14 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
     do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
     s0 = gl.zeros([KB, BLOCK_M], gl.float32, st_layout)
     st = warpgroup_mma(k_wg, q.permute((1, 0)), s0, use_acc=False, is_async=True)
-    # dP^T - delta: the accumulator starts at -delta, so no delta vector is live where dS^T is formed
-    # (subtracting it after the wgmma made the worker spill on every step at hd128).  lse2 is read
+    # dP^T - delta: the accumulator starts at -delta (with dropout -delta (1 - p): dropout.dpt_init), so
+    # no delta vector is live where dS^T is formed (subtracting it after the wgmma made the worker
+    # spill on every step at hd128).  lse2 is read
     # here too, before the dP^T wgmmas are issued: read after them, it waited behind their operand
     # reads (sweep_bwd.py: hd128 0.963 -> 0.991 of cuDNN in one run).
     delta = _row_vector(dlt_bufs, idx, BLOCK_M, col_layout)
     lse2 = _row_vector(lse_bufs, idx, BLOCK_M, col_layout)
-    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), s0 - gl.expand_dims(delta, 0), is_async=True)
+    dpt = warpgroup_mma(v_wg, do.permute((1, 0)), dpt_init(s0, delta, drop, DROPOUT), is_async=True)
     st = warpgroup_mma_wait(1, deps=(st, ))
     # lse2 = +inf (pad rows, rows that see no key): P = exp2(finite - inf) = 0.
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))

@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, store_partials
 from .fwd import LOG2E, _opaque_i32
-from .dropout import dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
+from .dropout import dpt_init, dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .ragged import col_dim, row_coords
 
 
@@ -77,10 +77,10 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
     do = do_bufs.index(idx).reshape([BLOCK_M, HEAD_DIM])
     s0 = gl.zeros([BLOCK_N, QH], gl.float32, st_layout)
     st = warpgroup_mma(k_all, q.slice(cid * QH, QH, dim=0).permute((1, 0)), s0, use_acc=False, is_async=True)
-    # dP^T - delta with the accumulator started at -delta, as in bwd.py.
+    # dP^T - delta with the accumulator started at -delta (dropout: -delta (1 - p)), as in bwd.py.
     delta = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
     lse2 = lse_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
-    dpt = warpgroup_mma(v_all, do.slice(cid * QH, QH, dim=0).permute((1, 0)), s0 - gl.expand_dims(delta, 0),
+    dpt = warpgroup_mma(v_all, do.slice(cid * QH, QH, dim=0).permute((1, 0)), dpt_init(s0, delta, drop, DROPOUT),
                         is_async=True)
     st = warpgroup_mma_wait(1, deps=(st, ))
     pt = gl.exp2(st * qk_scale - gl.expand_dims(lse2, 0))
