@@ -16,8 +16,8 @@ reduce-adds ("split": the fused kernel spills with dropout at hd128, the dK/dV-o
 cuDNN's dropout backward through SDPA (its own mask), ``do_bench`` medians.
 
 ``--rounds-loop 0|1``: the backward draws its keep tiles with Philox's rounds unrolled (0) or as a
-loop (1) at every head dim (default: a loop up to ``kernels/flash_gluon/bwd.py``'s
-``DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM``, ``dropout.py``'s ``ROUNDS_LOOP`` above; sm_90 bf16 hd128 fused-dQ
+loop (1) at every head dim (default: a loop up to ``kernels/flash_gluon/dropout.py``'s
+``BWD_ROUNDS_LOOP_MAX_HEAD_DIM``, its ``ROUNDS_LOOP`` above; sm_90 bf16 hd128 fused-dQ
 kernel: 170 -> 98 spill instructions), patched before anything compiles (and passed on to the consan
 children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``).
 

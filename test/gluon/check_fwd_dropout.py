@@ -38,7 +38,6 @@ import packed  # noqa: E402  (run_check: the check scripts' modes)
 sys.path.insert(0, os.path.join(cf.ROOT, "python", "tests"))
 import philox_model  # noqa: E402
 import rules  # noqa: E402
-from kernels.flash_gluon import bwd as bwd_gluon  # noqa: E402
 from kernels.flash_gluon import dropout as dropout_gluon  # noqa: E402
 from kernels.flash_gluon import fwd as fwd_gluon  # noqa: E402
 import torch  # noqa: E402
@@ -219,7 +218,7 @@ def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None):
         dropout_gluon.ROUNDS_LOOP = gl.constexpr(rounds_loop)
         if rounds_loop == 0:
             fwd_gluon.DROPOUT_ROUNDS_LOOP_HEAD_DIM = gl.constexpr(0)
-            bwd_gluon.DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM = gl.constexpr(0)
+            dropout_gluon.BWD_ROUNDS_LOOP_MAX_HEAD_DIM = gl.constexpr(0)
     if one_loop is not None:
         fwd_gluon.DROPOUT_ONE_LOOP = gl.constexpr(one_loop)
 
@@ -234,7 +233,7 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
     ap.add_argument("--rounds-loop", type=int, choices=(0, 1), default=None,
                     help="Philox's rounds unrolled (0) or as a loop (1) in every kernel (default: dropout.py's "
                          "ROUNDS_LOOP, the forward's loop at fwd.py's DROPOUT_ROUNDS_LOOP_HEAD_DIM and the "
-                         "backward's up to bwd.py's DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM)")
+                         "backward's up to dropout.py's BWD_ROUNDS_LOOP_MAX_HEAD_DIM)")
     if not one_loop:
         ap.add_argument("--signs-from-words", type=int, choices=(0, 1), default=None,
                         help="the backward's keep bits into P^T's signs on the Philox words (1) or through a bool "

@@ -61,9 +61,9 @@ P^T; the bit rides in P^T's sign until dS^T is formed (no mask register live acr
 dV = (P^T * Z) dO is scaled by ``1 / (1 - p)`` once at the end, dS^T = P^T (Z dP^T / (1 - p) - delta)
 re-reads delta from the ring slot.  The keep bits go into P^T's sign bits straight from the Philox
 words (``dropout.SIGNS_FROM_WORDS``), Philox's rounds as a loop up to hd128
-(``DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM``).  SASS before that loop (sm_90, bf16, hd128, ``COMPUTE_DQ``): an
-interior step 1,090 instructions, 24 of them local loads/stores (418 without dropout), 171 spill
-instructions in the whole kernel; hd256 (dK/dV) 43; none at hd64.
+(``dropout.BWD_ROUNDS_LOOP_MAX_HEAD_DIM``).  SASS (sm_90, bf16, hd128, ``COMPUTE_DQ``, 2026-12-07):
+the step loop's code 1,120 instructions, 31 of them local loads/stores, 110 spill instructions in
+the whole kernel; none at hd64.
 
 Performance options (constexprs after ``COMPUTE_DQ`` and ``DROPOUT``, all with defaults; every value is fully general,
 the results differ only in fp32 summation order; ``test/gluon/sweep_bwd.py`` times them):
@@ -141,18 +141,6 @@ from .bwd_steps import full_coords, key_bounds, mask_boundary, masked_coords, st
 from .bwd_wide import compute_wide, ring_like
 from .dropout import dpt_init, dropout_ds, dropout_state_bwd, dropped_probs, sign_dropped
 from .private_api import tma_reduce_add
-
-#: The head dims up to which the dropout backward runs Philox's rounds as a loop (``dropout.ROUNDS_LOOP``
-#: elsewhere; 0: nowhere).  check_bwd_dropout.py --bench on an H100 (p 0.1, bf16, three alternating
-#: pairs in one process, medians, /cuDNN): hd128 S2k-8k full 0.868/0.847/0.856 -> 0.940/0.914/0.917,
-#: causal 0.802/0.810/0.848 -> 0.871/0.903/0.875; hd64 0.810/0.865 -> 0.858/0.909; hd256 (dK/dV
-#: kernel) full 334 -> 323 TFLOP/s, causal 296 -> 300 (so not there).  ptxas still unrolls most of the
-#: loop, but schedules it with fewer live registers: sm_90 bf16 with dQ, the step loop's code hd128
-#: 1,269 -> 1,150 SASS instructions and the kernel's spill instructions 170 -> 98; hd64 1,096 -> 1,022.
-#: (Each round's two products as one ``mul.wide.u32`` instead, unrolled or looped, cut the hd128 loop
-#: to 1,173 but spilled more and timed 3-5 % slower than without: H100, 2026-12-07.)
-#: test/gluon/check_bwd_dropout.py --rounds-loop patches it.
-DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM: gl.constexpr = gl.constexpr(128)
 
 #: Registers per thread of the loader/reducer warpgroup (setmaxnreg); the compute worker gets the
 #: constexpr ``CONS_REGS`` (default 240), the default partition (compute warpgroup 0) what remains.
@@ -291,8 +279,7 @@ def _compute_step(j, start_m, masked, cid: gl.constexpr, k_wg, v_wg, k_dh, q_buf
         if masked:
             pt = mask_boundary(pt, start_m, key_lo, key_hi, BLOCK_M, col_layout)
     if DROPOUT:
-        pt = sign_dropped(pt, drop, h_off, start_m, k0,
-                          1 if HEAD_DIM <= DROPOUT_ROUNDS_LOOP_MAX_HEAD_DIM else -1)
+        pt = sign_dropped(pt, drop, h_off, start_m, k0, HEAD_DIM)
         pt_a = gl.convert_layout(dropped_probs(pt, dtype), a_layout)
     else:
         pt_a = gl.convert_layout(pt.to(dtype), a_layout)

@@ -91,7 +91,7 @@ def _wide_step(j, start_m, masked, cid: gl.constexpr, k_all, v_all, k_cols, q_bu
             pt = mask_boundary(pt, start_m + cid * QH, key_lo, key_hi, QH, col_layout)
     dpt = warpgroup_mma_wait(0, deps=(dpt, ))
     if DROPOUT:
-        pt = sign_dropped(pt, drop, h_off, start_m + cid * QH, k0)
+        pt = sign_dropped(pt, drop, h_off, start_m + cid * QH, k0, HEAD_DIM)
         # delta read again from the ring slot (still held): not live across the wgmmas.
         delta_again = dlt_bufs.index(idx).reshape([BLOCK_M]).slice(cid * QH, QH).load(col_layout)
         dst = dropout_ds(pt, dpt, delta_again, drop)

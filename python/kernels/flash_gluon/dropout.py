@@ -30,9 +30,21 @@ from ..flash.dropout import (dropout_head_offset, dropout_rows_offset, dropout_u
 #: process per pair): the hd128 forward (S2k-8k, full and causal) gained 6-11 % in a first pair
 #: (0.831/0.485/0.901/0.700/0.936/0.877 -> 0.885/0.534/0.971/0.779/1.034/0.942); two alternating
 #: pairs on another machine gave -4..+5 % and +1..+5 % (run-to-run spread about 5 %); hd64 and hd256
-#: looked 1-3 % slower (within that spread).  So only the hd128 forward loops; the backward is untimed.
-#: (The forward's walk, one loop or two, is ``fwd.DROPOUT_ONE_LOOP``.)
+#: looked 1-3 % slower (within that spread).  So only the hd128 forward loops; the backward loops up
+#: to ``BWD_ROUNDS_LOOP_MAX_HEAD_DIM``.  (The forward's walk, one loop or two, is ``fwd.DROPOUT_ONE_LOOP``.)
 ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
+
+#: The head dims up to which the backward (``sign_dropped``) runs Philox's rounds as a loop
+#: (``ROUNDS_LOOP`` above them; 0: nowhere).  check_bwd_dropout.py --bench on an H100 (p 0.1, bf16,
+#: three alternating pairs in one process, medians, /cuDNN): hd128 S2k-8k full 0.868/0.847/0.856 -> 0.940/0.914/0.917,
+#: causal 0.802/0.810/0.848 -> 0.871/0.903/0.875; hd64 0.810/0.865 -> 0.858/0.909; hd256 (dK/dV
+#: kernel) full 334 -> 323 TFLOP/s, causal 296 -> 300 (so not there).  ptxas still unrolls most of the
+#: loop, but schedules it with fewer live registers: sm_90 bf16 with dQ, the step loop's code hd128
+#: 1,269 -> 1,150 SASS instructions and the kernel's spill instructions 170 -> 98; hd64 1,096 -> 1,022.
+#: (Each round's two products as one ``mul.wide.u32`` instead, unrolled or looped, cut the hd128 loop
+#: to 1,173 but spilled more and timed 3-5 % slower than without: H100, 2026-12-07.)
+#: test/gluon/check_bwd_dropout.py --rounds-loop patches it.
+BWD_ROUNDS_LOOP_MAX_HEAD_DIM: gl.constexpr = gl.constexpr(128)
 
 #: How the backward turns its keys-as-rows draws into ``P^T``'s signs (``sign_dropped``): 1 on the
 #: Philox words (each lane packs the 16-bit halves its partner needs with one ``prmt`` per word pair,
@@ -196,11 +208,10 @@ def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
 
 @gluon.jit
 def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
-                      COLS: gl.constexpr, ROUNDS: gl.constexpr = -1):
+                      COLS: gl.constexpr, ROUNDS: gl.constexpr):
     """I32 ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout) of a keys-as-rows tile: the sign bit
     (``0x80000000``) where the element is dropped, 0 where it is kept (``dropout_keep_tile``'s
-    arguments, its ``REFRESH`` on)."""
-    LOOP: gl.constexpr = ROUNDS_LOOP if ROUNDS < 0 else ROUNDS
+    arguments, its ``REFRESH`` on; ``ROUNDS`` 0 or 1)."""
     gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
@@ -208,7 +219,7 @@ def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constex
     rows += zero
     cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
-    d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, LOOP)
+    d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS)
     # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
     d = tile_of_quads(d0, d2, d1, d3)
     return gl.convert_layout(d & -0x80000000, layout)
@@ -275,12 +286,13 @@ def dpt_init(s0, delta, drop, DROPOUT: gl.constexpr):
 
 
 @gluon.jit
-def sign_dropped(pt, drop, h_off, q0, k0, ROUNDS: gl.constexpr = -1):
+def sign_dropped(pt, drop, h_off, q0, k0, HEAD_DIM: gl.constexpr):
     """``P^T`` (``[keys, queries]``, an MMA accumulator, probabilities >= 0) with its dropped elements
     negated: the keep mask of query head ``h_first + h_off`` (``drop``: ``dropout_state_bwd``), queries
     from ``q0`` and keys from ``k0`` (multiples of 16), carried in the sign bit so that no mask
-    register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``).  ``ROUNDS``:
-    as ``dropout_keep_tile``'s."""
+    register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``).  ``HEAD_DIM``
+    picks how Philox's rounds run (``BWD_ROUNDS_LOOP_MAX_HEAD_DIM``)."""
+    ROUNDS: gl.constexpr = 1 if HEAD_DIM <= BWD_ROUNDS_LOOP_MAX_HEAD_DIM else ROUNDS_LOOP
     seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _scale, _keep_prob = drop
     head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
     base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 4
