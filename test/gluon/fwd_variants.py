@@ -11,7 +11,7 @@ applicable: does not fit shared memory / registers).  A config holds every const
     BLOCK_M        64 * NUM_CONSUMERS
     BLOCK_N        keys per K/V stage (power of two; hd256: 64)
     STAGES         K/V ring depth
-    NUM_CONSUMERS  2 | 3 consumer warpgroups
+    NUM_CONSUMERS  1 | 2 | 3 consumer warpgroups
     CONSUMER_REGS  setmaxnreg of the consumer worker warpgroups (multiple of 8, 24..256)
     LOADER_REGS    setmaxnreg of the loader warpgroup
     PEEL_FULL      0 | 1: walk step 0 unmasked when it is a full block
@@ -100,6 +100,14 @@ VARIANTS = {
     # Two CTAs per SM (hd64): serial order, as cta2_serial.
     "pers_cta2": _v(hd64=cfg(64, 2, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
     "pers_cta2_s3": _v(hd64=cfg(64, 3, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
+    # One consumer (BLOCK_M 64) with two or three CTAs per SM, for short causal sequences: the SM's
+    # scheduler interleaves independent CTAs, so one tile's softmax, prologue and epilogue run under
+    # another's products (the lockstep of two consumers in one CTA cannot).  The default partition
+    # gets what the loader leaves: 232 registers.  (Three CTAs per SM, maxnreg 80: ptxas needs 90.)
+    "n1_cta2": _v(hd64=cfg(128, 2, consumers=1, peel=1, ctas_per_sm=2), hd128=cfg(64, 2, consumers=1, peel=1, ctas_per_sm=2)),
+    "n1_cta2_s3": _v(hd64=cfg(128, 3, consumers=1, peel=1, ctas_per_sm=2), hd128=cfg(64, 3, consumers=1, peel=1, ctas_per_sm=2)),
+    "n1_cta2_pers": _v(hd64=cfg(128, 2, consumers=1, peel=1, ctas_per_sm=2, persistent=1),
+                       hd128=cfg(64, 2, consumers=1, peel=1, ctas_per_sm=2, persistent=1)),
 }
 
 

@@ -12,8 +12,9 @@ Structure (FlashAttention-3's forward, warp-specialized with ``gl.warp_specializ
   ``STAGES``-deep ring.  Each ring slot has a ``ready`` barrier (TMA transaction count)
   and an ``empty`` barrier (count ``NUM_CONSUMERS``: one arrive per consumer once its
   wgmma has read the slot);
-* ``NUM_CONSUMERS`` (2 or 3) **consumers** (one warpgroup each, ``CONSUMER_REGS``
-  registers): consumer 0 is the default partition, the others workers.  Each owns 64 of
+* ``NUM_CONSUMERS`` (1, 2 or 3) **consumers** (one warpgroup each, ``CONSUMER_REGS``
+  registers): consumer 0 is the default partition (it gets the registers the workers leave),
+  the others workers.  Each owns 64 of
   the CTA's ``BLOCK_M = 64 * NUM_CONSUMERS`` query rows and walks *every* key block the
   loader loads, so the K/V traffic is shared by all the CTA's rows.  In the
   loop a consumer issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` as async wgmmas
@@ -42,7 +43,8 @@ A CTA whose rows see no key at all walks zero blocks and writes O = 0, LSE = +in
 
 Performance options (constexprs after ``STAGES``, defaults = the original kernel):
 
-* ``NUM_CONSUMERS`` 2 (default) or 3 consumer warpgroups, ``BLOCK_M = 64 * NUM_CONSUMERS``;
+* ``NUM_CONSUMERS`` 2 (default), 3, or 1 consumer warpgroups, ``BLOCK_M = 64 * NUM_CONSUMERS`` (1: two
+  CTAs per SM with 232 registers each, whose products and softmaxes the SM interleaves);
 * ``CONSUMER_REGS`` / ``LOADER_REGS`` (default 240 / 24): the ``setmaxnreg`` split; the
   compile option ``maxnreg`` must satisfy ``(4 * NUM_CONSUMERS + 4) * 32 * maxnreg <= 65536 /
   CTAs per SM`` (168 for 2 consumers, 128 for 3, 80 for two 2-consumer CTAs per SM);
@@ -982,7 +984,18 @@ def _tile_body(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm_sca
     # The argument tuples are written inline: in 3.6.0 a tuple bound to a name first turns
     # its constexpr members into tensors. Each consumer's first argument is its id, a literal,
     # so it stays a constexpr (it picks the Q buffer and barriers statically).
-    if N_CONS == 2:
+    if N_CONS == 1:
+        gl.warp_specialize([
+            (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
+                          v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
+                          n_blocks, qk_scale, v_descale, N_CTX_Q, N_CTX_K, WINDOW_LEFT, WINDOW_RIGHT, diag, q_end,
+                          PHILOX_SEED, PHILOX_OFFSET, philox_offset_base, DROPOUT_THRESHOLD, dropout_scale,
+                          N_CTX_Q_MAX, N_CTX_K_MAX, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, PEEL, OVL, PINGPONG, DROP)),
+            (_loader, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_bars, k_ready, v_ready, k_empty, v_empty,
+                       off_z, off_h, off_hk, start_m * BLOCK_M, q_end, N_CTX_Q, k_end, N_CTX_K, n_full, full_lo,
+                       start, n_lead, full_hi, n_blocks, BLOCK_N, STAGES, N_CONS)),
+        ], [1], [L_REGS])
+    elif N_CONS == 2:
         gl.warp_specialize([
             (_consumer, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, o_bufs, k_bufs, v_bufs, q_bars, k_ready,
                           v_ready, k_empty, v_empty, off_z, off_h, start_m, n_full, full_lo, start, n_lead, full_hi,
@@ -1044,7 +1057,7 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
     PERS: gl.constexpr = _opt(PERSISTENT, 0)
     QBUFS: gl.constexpr = _opt(Q_BUFS, 2)
     DROP: gl.constexpr = _opt(DROPOUT, 0)
-    gl.static_assert(N_CONS == 2 or N_CONS == 3, "two or three consumer warpgroups")
+    gl.static_assert(N_CONS >= 1 and N_CONS <= 3, "one to three consumer warpgroups")
     gl.static_assert(BLOCK_M == 64 * N_CONS, "BLOCK_M = 64 query rows per consumer warpgroup")
     # Blocks [1, 1, rows, HEAD_DIM] over [B, H, S, D], or ragged ones [1, 1, 1, rows, HEAD_DIM] (ragged.py).
     gl.static_assert(desc_q.block_type.shape[-2] == 64, "Q/O descriptor block: [.., 64, HEAD_DIM]")
@@ -1075,7 +1088,17 @@ def attn_fwd_gluon(desc_q, desc_k, desc_v, desc_o, LSE, stride_lz, stride_lh, sm
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(k_empty.index(i), count=N_CONS)
             mbarrier.init(v_empty.index(i), count=N_CONS)
-        if N_CONS == 2:
+        if N_CONS == 1:
+            gl.warp_specialize([
+                (_consumer_pers, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
+                               k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
+                               WINDOW_LEFT, WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, N_CONS, PEEL, OVL,
+                               QBUFS)),
+                (_loader_pers, (desc_q, desc_k, desc_v, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready,
+                                k_empty, v_empty, N_CTX_Q, N_CTX_K, GQA_GROUP, WINDOW_LEFT,
+                                WINDOW_RIGHT, ALIGN_BOTTOM_RIGHT, BLOCK_M, BLOCK_N, STAGES, N_CONS, QBUFS)),
+            ], [1], [L_REGS])
+        elif N_CONS == 2:
             gl.warp_specialize([
                 (_consumer_pers, (0, desc_o, LSE, stride_lz, stride_lh, STORE_LSE, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
                                k_ready, v_ready, k_empty, v_empty, sm_scale, N_CTX_Q, N_CTX_K,
