@@ -835,6 +835,11 @@ def _gluon_cfg(bm, bn, stages, maxnreg=168, **knobs):
     return c
 
 
+#: The longest key sequence of a causal (or windowed) call that the Gluon forward's short causal
+#: kernel serves (``_attn_fwd_gluon_configs``); dispatch reads it from the kernel's config.
+SHORT_CAUSAL_MAX_SEQLEN_K = 1024
+
+
 def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[str, int]]:
     """One config per head dim, the best of the variant sweep on the H200 (test/gluon/sweep_fwd.py,
     bf16, B·S = 16k, H·D = 2048, S 1k..16k, causal and not; ratio to cuDNN, geomean non-causal / causal):
@@ -847,6 +852,14 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
       tiles paired heavy with light), step 0 unmasked when full -- 0.930 / 0.983 (one CTA per
       tile: 0.885 / 0.937);
     * hd256: the same with BLOCK_N 64 (shared memory) -- 0.976 / 1.041.
+
+    hd128 (fixed lengths, no dropout) also compiles the short causal kernel: one consumer warpgroup
+    (BLOCK_M 64, BLOCK_N 64), two CTAs per SM (232 registers each), persistent.  Dispatch takes it
+    for a causal or windowed call whose keys are at most ``SHORT_CAUSAL_MAX_SEQLEN_K`` (the config
+    key says so; 0 or absent: a kernel for every call).  H100, bf16, B*S = 16k, H*D = 2048,
+    sweep_fwd.py, ratio to cuDNN, short / shipped: causal S512 0.98 / 0.75, S1k 0.99 / 0.92, S2k
+    0.98 / 1.06, S4k 1.00 / 1.12; non-causal 0.78-0.87 / 0.96-1.01 (so causal only, up to 1k keys).
+    At hd64 the same shape lost everywhere (causal S512 0.71-0.85 / 0.86).
     """
     hd = functional["head_dim"]
     knobs = dict(NUM_CONSUMERS=2, LOADER_REGS=24, SCHED=0, Q_BUFS=2, CTAS_PER_SM=1)
@@ -862,7 +875,12 @@ def _attn_fwd_gluon_configs(arch: str, functional: dict[str, Any]) -> list[dict[
         persistent = 0 if functional.get("varlen") or functional.get("dropout") else 1
         if functional.get("dropout") and not functional.get("varlen"):
             knobs["SCHED"] = 1
-        return [_gluon_cfg(128, 128, 2, CONSUMER_REGS=240, PEEL_FULL=1, OVERLAP=1, PERSISTENT=persistent, **knobs)]
+        configs = [_gluon_cfg(128, 128, 2, CONSUMER_REGS=240, PEEL_FULL=1, OVERLAP=1, PERSISTENT=persistent, **knobs)]
+        if not functional.get("varlen") and not functional.get("dropout"):
+            short = dict(knobs, NUM_CONSUMERS=1, CTAS_PER_SM=2, SHORT_CAUSAL_MAX_SEQLEN_K=SHORT_CAUSAL_MAX_SEQLEN_K)
+            configs.append(_gluon_cfg(64, 64, 2, maxnreg=128, CONSUMER_REGS=232, PEEL_FULL=1, OVERLAP=1, PERSISTENT=1,
+                                      **short))
+        return configs
     return [_gluon_cfg(128, 64, 2, CONSUMER_REGS=240, PEEL_FULL=0, OVERLAP=1, PERSISTENT=0, **knobs)]
 
 

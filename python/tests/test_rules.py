@@ -43,9 +43,10 @@ FAMILY_COUNTS_SM90 = {
 #: AMD compiles two row tiles of attn_decode (no BLOCK_M 32), all at BLOCK_N 32, SMALL_PAGE 16 on the
 #: 16-row tile only: 3 kernels per dense functional, 5 per paged one.
 AMD_DECODE_FEWER = 2 * (3 * 4 + 2 * 4 * 3 + 4 * 2) - 2 * 3 * (3 + 5)
-#: The Gluon backend (sm_90 only): one aligned kernel per functional.
+#: The Gluon backend (sm_90 only): one aligned kernel per functional, and the forward's short causal
+#: kernel beside the main one at hd128 without packing or dropout (one per dtype).
 #: attn_bwd_gluon: dtype x (hd64, hd128 with and without dQ; hd256 without) x varlen x dropout.
-GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 5 * 2 * 2,
+GLUON_COUNTS_SM90 = {"attn_fwd_gluon": 2 * 3 * 2 * 2 + 2, "attn_bwd_gluon_preprocess": 2 * 3, "attn_bwd_gluon": 2 * 5 * 2 * 2,
                      "attn_bwd_gluon_dq": 2 * 1 * 2 * 2, "attn_bwd_gluon_dq_convert": 2 * 3,
                      "attn_bwd_gluon_dkdv_convert": 2 * 3, "attn_fwd_gluon_fp8": 3,
                      "transpose_v_fp8": 3}

@@ -19,10 +19,12 @@ cuDNN's dropout backward through SDPA (its own mask), ``do_bench`` medians.
 loop (1) at every head dim (default: a loop up to ``kernels/flash_gluon/dropout.py``'s
 ``BWD_ROUNDS_LOOP_MAX_HEAD_DIM``, its ``ROUNDS_LOOP`` above; sm_90 bf16 hd128 fused-dQ
 kernel: 170 -> 98 spill instructions), patched before anything compiles (and passed on to the consan
-children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``).
+children); ``--signs-from-words 0|1`` likewise (``dropout.py``'s ``SIGNS_FROM_WORDS``), and
+``--hoist-max-hd N`` (``BWD_HOIST_MAX_HEAD_DIM``: the round keys hoisted out of the step loop up to
+head dim N; 0: nowhere).
 
 usage: python test/gluon/check_bwd_dropout.py [--filter SUBSTR] [--consan] [--bench] [--rounds-loop 0|1]
-       [--signs-from-words 0|1]
+       [--signs-from-words 0|1] [--hoist-max-hd N]
 """
 import os
 import sys

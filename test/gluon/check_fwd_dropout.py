@@ -208,10 +208,12 @@ def bench():
     return True
 
 
-def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None):
+def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None, hoist_max_hd=None):
     """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` (None: the modules' values), before
     anything compiles."""
     from triton.experimental.gluon import language as gl
+    if hoist_max_hd is not None:
+        dropout_gluon.BWD_HOIST_MAX_HEAD_DIM = gl.constexpr(hoist_max_hd)
     if signs_from_words is not None:
         dropout_gluon.SIGNS_FROM_WORDS = gl.constexpr(signs_from_words)
     if rounds_loop is not None:
@@ -238,6 +240,9 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
         ap.add_argument("--signs-from-words", type=int, choices=(0, 1), default=None,
                         help="the backward's keep bits into P^T's signs on the Philox words (1) or through a bool "
                              "tile (0) (default: dropout.py's SIGNS_FROM_WORDS)")
+        ap.add_argument("--hoist-max-hd", type=int, default=None,
+                        help="the backward's round keys and unit indices hoisted out of the step loop up to this "
+                             "head dim (0: nowhere; default: dropout.py's BWD_HOIST_MAX_HEAD_DIM)")
     else:
         ap.add_argument("--one-loop", type=int, choices=(0, 1, 2, 3), default=None,
                         help="the forward's later key blocks in a full and a masked loop (0), one masked loop (1), "
@@ -245,7 +250,8 @@ def check_main(doc, path, name, what, Case, cases, consan_cases, run_case, bench
                              "walks a boundary block and 0 elsewhere (3) (default: fwd.py's DROPOUT_ONE_LOOP)")
     args = ap.parse_args()
     switches = {"rounds_loop": args.rounds_loop, "one_loop": getattr(args, "one_loop", None),
-                "signs_from_words": getattr(args, "signs_from_words", None)}
+                "signs_from_words": getattr(args, "signs_from_words", None),
+                "hoist_max_hd": getattr(args, "hoist_max_hd", None)}
     patch_switches(**switches)
     if args.bench:
         return 0 if bench() else 1

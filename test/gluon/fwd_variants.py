@@ -120,7 +120,7 @@ def _product():
     import rules
     out = {}
     for hd in HEAD_DIMS:
-        (c, ) = rules._attn_fwd_gluon_configs("sm_90", {"head_dim": hd})
+        c = rules._attn_fwd_gluon_configs("sm_90", {"head_dim": hd})[0]  # the main kernel (not the short causal one)
         c = dict(c)
         c.setdefault("PERSISTENT", 0)
         c.setdefault("Q_BUFS", 2)

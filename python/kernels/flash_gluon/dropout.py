@@ -46,6 +46,15 @@ ROUNDS_LOOP: gl.constexpr = gl.constexpr(0)
 #: test/gluon/check_bwd_dropout.py --rounds-loop patches it.
 BWD_ROUNDS_LOOP_MAX_HEAD_DIM: gl.constexpr = gl.constexpr(128)
 
+#: The head dims up to which the backward leaves the seed's round keys and the tile's unit indices to
+#: the compiler (``dropout_keep_tile``'s ``REFRESH`` off: hoisted out of the step loop and kept live),
+#: above which every step recomputes them.  ptxas, sm_90 bf16 with dQ: hd64's step loop 994 -> 950
+#: SASS instructions, no spill in it (4 spill instructions in the epilogue); at hd128 the kernel's
+#: spill instructions 110 -> 228.  H100, bf16 hd64 S4096 p 0.1, two alternating pairs, /cuDNN:
+#: full 0.873 / 0.893 hoisted vs 0.870 / 0.864, causal 0.936 / 0.947 vs 0.918 / 0.927 (2026-12-07).
+#: test/gluon/check_bwd_dropout.py --hoist-max-hd patches it.
+BWD_HOIST_MAX_HEAD_DIM: gl.constexpr = gl.constexpr(64)
+
 #: How the backward turns its keys-as-rows draws into ``P^T``'s signs (``sign_dropped``): 1 on the
 #: Philox words (each lane packs the 16-bit halves its partner needs with one ``prmt`` per word pair,
 #: two shuffles per block, then ``half - threshold``'s sign bit is XORed into ``P^T``: no predicate
@@ -208,16 +217,17 @@ def _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD
 
 @gluon.jit
 def dropout_sign_tile(seed, base, N_CTX_K, DROPOUT_THRESHOLD, layout: gl.constexpr, ROWS: gl.constexpr,
-                      COLS: gl.constexpr, ROUNDS: gl.constexpr):
+                      COLS: gl.constexpr, ROUNDS: gl.constexpr, REFRESH: gl.constexpr):
     """I32 ``[ROWS, COLS]`` in ``layout`` (an MMA accumulator layout) of a keys-as-rows tile: the sign bit
     (``0x80000000``) where the element is dropped, 0 where it is kept (``dropout_keep_tile``'s
-    arguments, its ``REFRESH`` on; ``ROUNDS`` 0 or 1)."""
+    arguments; ``ROUNDS`` 0 or 1)."""
     gl.static_assert(ROWS % 16 == 0 and COLS % 16 == 0, "dropout tiles are whole 16 x 16 blocks")
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
-    seed, zero = _per_call(seed, N_CTX_K)
-    rows += zero
-    cols += zero
+    if REFRESH:
+        seed, zero = _per_call(seed, N_CTX_K)
+        rows += zero
+        cols += zero
     zero = gl.zeros([ROWS, COLS], gl.int32, layout)
     d0, d1, d2, d3 = _swapped_unit_signs(seed, base, rows, cols, zero, N_CTX_K, DROPOUT_THRESHOLD, ROUNDS)
     # Word 2y + x: y the query's 8-offset (here the column's), x the key's (the row's).
@@ -293,6 +303,7 @@ def sign_dropped(pt, drop, h_off, q0, k0, HEAD_DIM: gl.constexpr):
     register stays live between the dV product and dS^T (``dropped_probs``, ``dropout_ds``).  ``HEAD_DIM``
     picks how Philox's rounds run (``BWD_ROUNDS_LOOP_MAX_HEAD_DIM``)."""
     ROUNDS: gl.constexpr = 1 if HEAD_DIM <= BWD_ROUNDS_LOOP_MAX_HEAD_DIM else ROUNDS_LOOP
+    REFRESH: gl.constexpr = HEAD_DIM > BWD_HOIST_MAX_HEAD_DIM
     seed, offset, b, h_first, n_heads_q, n_ctx_q_max, n_ctx_k_max, threshold, _scale, _keep_prob = drop
     head = dropout_head_offset(offset, b, h_first + h_off, n_heads_q, n_ctx_q_max, n_ctx_k_max)
     base = dropout_rows_offset(head, q0, n_ctx_k_max) + k0 // 4
@@ -300,9 +311,9 @@ def sign_dropped(pt, drop, h_off, q0, k0, HEAD_DIM: gl.constexpr):
     ROWS: gl.constexpr = pt.shape[0]
     COLS: gl.constexpr = pt.shape[1]
     if SIGNS_FROM_WORDS:
-        sign = dropout_sign_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, ROUNDS)
+        sign = dropout_sign_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, ROUNDS, REFRESH)
         return (pt.to(gl.int32, bitcast=True) ^ sign).to(gl.float32, bitcast=True)
-    keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, True, ROUNDS)
+    keep = dropout_keep_tile(seed, base, n_ctx_k_max, threshold, layout, ROWS, COLS, REFRESH, ROUNDS)
     return gl.where(keep, pt, -pt)
 
 

@@ -6,7 +6,7 @@ use super::{
     ATTENTION_INPUTS, AttnShape, Backend, Dropout, Mask, MaskArgs, ScoreModifiers, Varlen, axes, bias_args, check_qkv, check_rows,
     check_scalars, check_tensor, common_args, dropout_args, dropout_regions, mask_args, optional_input, strides3, strides4, varlen_regions,
 };
-use crate::archive::Functional;
+use crate::archive::{Functional, MaskKind};
 use crate::dispatch::{
     ArgList, ArgValue, Axes, KernelSet, Launcher, Request, TuningKey, config, heuristic_pool, preferred_variant,
 };
@@ -167,11 +167,17 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
     Ok(args)
 }
 
+/// The config key of a kernel that serves only causal (or windowed) calls with at most this many
+/// keys (python/rules.py `SHORT_CAUSAL_MAX_SEQLEN_K`: the Gluon forward's short causal kernel).
+const SHORT_CAUSAL_KEY: &str = "SHORT_CAUSAL_MAX_SEQLEN_K";
+
 /// The forward's config choice (python/rules.py, "Runtime choice"): among the kernels whose
 /// alignment hints fit, prefer the `aligned` variant; then the kernel the tuning database picked
-/// for the call's cell ([`TuningKey::tuned`]); else the documented heuristic: the largest BLOCK_M
-/// whose grid cdiv(Sq, BLOCK_M)·Hq·B gives every multiprocessor at least one program, or else the
-/// smallest BLOCK_M (more, smaller programs for small problems).
+/// for the call's cell ([`TuningKey::tuned`]); then a kernel for short causal calls
+/// ([`SHORT_CAUSAL_KEY`]) where the call is one, such kernels being left out otherwise; else the
+/// documented heuristic: the largest BLOCK_M whose grid cdiv(Sq, BLOCK_M)·Hq·B gives every
+/// multiprocessor at least one program, or else the smallest BLOCK_M (more, smaller programs for
+/// small problems).
 pub(crate) fn choose_kernel(
     functional: &Functional,
     fitting: KernelSet,
@@ -184,7 +190,18 @@ pub(crate) fn choose_kernel(
     if let Some(tuned) = key.tuned(functional, &pool) {
         return tuned;
     }
-    let pool = heuristic_pool(functional, pool);
+    let mut pool = heuristic_pool(functional, pool);
+    let short_causal_limit = |i: usize| config(&functional.kernels[i], SHORT_CAUSAL_KEY, 0).max(0) as u64;
+    if key.mask == MaskKind::Causal {
+        if let Some(short) = pool.iter().find(|&i| short_causal_limit(i) > 0 && key.seqlen_k <= short_causal_limit(i)) {
+            return short;
+        }
+    }
+    let mut general = pool;
+    general.retain(|i| short_causal_limit(i) == 0);
+    if !general.is_empty() {
+        pool = general;
+    }
     let programs = |i: usize| shape.seqlen_q.div_ceil(block_m(i)) * shape.heads_q * shape.batch;
     let filling = pool.iter().filter(|&i| programs(i) >= device.multiprocessors as u64);
     filling

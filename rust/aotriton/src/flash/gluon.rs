@@ -1327,6 +1327,39 @@ mod tests {
 
     /// Builds every Gluon functional's argument list the way `attn_fwd`/`attn_bwd` do and checks
     /// it against the compiled kernels' metadata (names, types, descriptor ranks and element
+    /// The short causal kernel (python/rules.py `SHORT_CAUSAL_MAX_SEQLEN_K`): compiled for hd128
+    /// without dropout or packing, taken by a causal call with at most that many keys and by no other.
+    #[test]
+    fn short_causal_calls_take_the_one_consumer_forward() {
+        use crate::dispatch::{TuningKey, fitting_kernels};
+        use crate::archive::MaskKind;
+        let Some(arch) = crate::images::built_archs().into_iter().find(|a| *a == ARCH) else {
+            eprintln!("skipped: this build carries no {ARCH} kernels");
+            return;
+        };
+        let loaded = crate::images::archive_for(arch).unwrap();
+        let p = fwd(128, DType::BF16);
+        let (shape, mask) = super::super::fwd::validate(&p).unwrap();
+        let g = fwd_inputs(&p, &shape).unwrap();
+        let axes = fwd_axes(&g, &shape, false);
+        let functional = &loaded.archive.functionals()[loaded.archive.find(FWD_FAMILY, axes.as_slice().unwrap()).unwrap()];
+        let list = fwd_args(&p, &shape, &mask).unwrap();
+        let fitting = fitting_kernels(functional, list.args().unwrap()).unwrap();
+        let limits: Vec<i64> = fitting.iter().map(|i| config(&functional.kernels[i], "SHORT_CAUSAL_MAX_SEQLEN_K", 0)).collect();
+        let limit = *limits.iter().max().unwrap();
+        assert!(limit > 0 && limits.contains(&0), "bf16 hd128: a short causal kernel beside the main one ({limits:?})");
+        let device = super::super::fwd::tests::h100_like();
+        let pick = |mask, seqlen| {
+            let key = TuningKey { mask, seqlen_q: seqlen, seqlen_k: seqlen };
+            let i = super::super::fwd::choose_kernel(functional, fitting, &shape, key, &device);
+            config(&functional.kernels[i], "SHORT_CAUSAL_MAX_SEQLEN_K", 0)
+        };
+        assert_eq!(pick(MaskKind::Causal, 512), limit);
+        assert_eq!(pick(MaskKind::Causal, limit as u64), limit);
+        assert_eq!(pick(MaskKind::Causal, limit as u64 + 1), 0);
+        assert_eq!(pick(MaskKind::None, 512), 0);
+    }
+
     /// sizes, the TMA encode parameters): the ABI contract, checked without a GPU.
     #[test]
     fn compiled_gluon_kernels_take_the_runtime_arguments() {
