@@ -1325,19 +1325,13 @@ mod tests {
         drop(counted);
     }
 
-    /// Builds every Gluon functional's argument list the way `attn_fwd`/`attn_bwd` do and checks
-    /// it against the compiled kernels' metadata (names, types, descriptor ranks and element
     /// The short causal kernel (python/rules.py `SHORT_CAUSAL_MAX_SEQLEN_K`): compiled for hd128
     /// without dropout or packing, taken by a causal call with at most that many keys and by no other.
     #[test]
     fn short_causal_calls_take_the_one_consumer_forward() {
         use crate::dispatch::{TuningKey, fitting_kernels};
         use crate::archive::MaskKind;
-        let Some(arch) = crate::images::built_archs().into_iter().find(|a| *a == ARCH) else {
-            eprintln!("skipped: this build carries no {ARCH} kernels");
-            return;
-        };
-        let loaded = crate::images::archive_for(arch).unwrap();
+        let Some(loaded) = built_archive() else { return };
         let p = fwd(128, DType::BF16);
         let (shape, mask) = super::super::fwd::validate(&p).unwrap();
         let g = fwd_inputs(&p, &shape).unwrap();
@@ -1360,19 +1354,26 @@ mod tests {
         assert_eq!(pick(MaskKind::None, 512), 0);
     }
 
+    /// This build's sm_90 archive, or None with a visible "skipped" line.
+    fn built_archive() -> Option<std::sync::Arc<crate::images::LoadedArchive>> {
+        let Some(arch) = crate::images::built_archs().into_iter().find(|a| *a == ARCH) else {
+            eprintln!("skipped: this build carries no {ARCH} kernels");
+            return None;
+        };
+        Some(crate::images::archive_for(arch).unwrap())
+    }
+
+    /// Builds every Gluon functional's argument list the way `attn_fwd`/`attn_bwd` do and checks
+    /// it against the compiled kernels' metadata (names, types, descriptor ranks and element
     /// sizes, the TMA encode parameters): the ABI contract, checked without a GPU.
     #[test]
     fn compiled_gluon_kernels_take_the_runtime_arguments() {
         use crate::dispatch::{fitting_kernels, plan_slots};
-        let Some(arch) = crate::images::built_archs().into_iter().find(|a| *a == ARCH) else {
-            eprintln!("skipped: this build carries no {ARCH} kernels");
-            return;
-        };
-        let loaded = crate::images::archive_for(arch).unwrap();
+        let Some(loaded) = built_archive() else { return };
         let families = [FWD_FAMILY, BWD_PREPROCESS_FAMILY, BWD_FAMILY, BWD_DQ_CONVERT_FAMILY, BWD_DQ_FAMILY, BWD_DKDV_CONVERT_FAMILY];
         let functionals: Vec<_> = loaded.archive.functionals().iter().filter(|f| families.contains(&f.family.as_str())).collect();
         if functionals.is_empty() {
-            eprintln!("skipped: the {arch} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
+            eprintln!("skipped: the {ARCH} archive has no Gluon functionals ({families:?}) yet; add them to python/rules.py");
             return;
         }
         // The fused-dQ main kernels are compiled exactly where the dispatch asks for them
