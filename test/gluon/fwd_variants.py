@@ -108,6 +108,10 @@ VARIANTS = {
     "n1_cta2_s3": _v(hd64=cfg(128, 3, consumers=1, peel=1, ctas_per_sm=2), hd128=cfg(64, 3, consumers=1, peel=1, ctas_per_sm=2)),
     "n1_cta2_pers": _v(hd64=cfg(128, 2, consumers=1, peel=1, ctas_per_sm=2, persistent=1),
                        hd128=cfg(64, 2, consumers=1, peel=1, ctas_per_sm=2, persistent=1)),
+    # Untimed alternatives: hd64 with 64-key blocks (the BLOCK_N 128 form above lost at every hd64
+    # cell), hd128 with a 3-stage K/V ring and one Q buffer set.
+    "n1_cta2_pers_alt": _v(hd64=cfg(64, 2, consumers=1, peel=1, ctas_per_sm=2, persistent=1),
+                            hd128=cfg(64, 3, consumers=1, peel=1, ctas_per_sm=2, persistent=1, q_bufs=1)),
 }
 
 
