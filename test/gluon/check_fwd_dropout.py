@@ -209,8 +209,8 @@ def bench():
 
 
 def patch_switches(rounds_loop=None, one_loop=None, signs_from_words=None, hoist_max_hd=None):
-    """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` (None: the modules' values), before
-    anything compiles."""
+    """``--rounds-loop`` / ``--one-loop`` / ``--signs-from-words`` / ``--hoist-max-hd`` (None: the modules'
+    values), before anything compiles."""
     from triton.experimental.gluon import language as gl
     if hoist_max_hd is not None:
         dropout_gluon.BWD_HOIST_MAX_HEAD_DIM = gl.constexpr(hoist_max_hd)

@@ -100,7 +100,7 @@ VARIANTS = {
     # Two CTAs per SM (hd64): serial order, as cta2_serial.
     "pers_cta2": _v(hd64=cfg(64, 2, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
     "pers_cta2_s3": _v(hd64=cfg(64, 3, peel=1, overlap=0, ctas_per_sm=2, persistent=1)),
-    # One consumer (BLOCK_M 64) with two or three CTAs per SM, for short causal sequences: the SM's
+    # One consumer (BLOCK_M 64) with two CTAs per SM, for short causal sequences: the SM's
     # scheduler interleaves independent CTAs, so one tile's softmax, prologue and epilogue run under
     # another's products (the lockstep of two consumers in one CTA cannot).  The default partition
     # gets what the loader leaves: 232 registers.  (Three CTAs per SM, maxnreg 80: ptxas needs 90.)

@@ -169,7 +169,7 @@ pub(crate) fn kernel_args(p: &FwdParams, shape: &AttnShape, mask: &MaskArgs) -> 
 
 /// The config key of a kernel that serves only causal (or windowed) calls with at most this many
 /// keys (python/rules.py `SHORT_CAUSAL_MAX_SEQLEN_K`: the Gluon forward's short causal kernel).
-const SHORT_CAUSAL_KEY: &str = "SHORT_CAUSAL_MAX_SEQLEN_K";
+pub(crate) const SHORT_CAUSAL_KEY: &str = "SHORT_CAUSAL_MAX_SEQLEN_K";
 
 /// The forward's config choice (python/rules.py, "Runtime choice"): among the kernels whose
 /// alignment hints fit, prefer the `aligned` variant; then the kernel the tuning database picked

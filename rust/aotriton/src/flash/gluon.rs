@@ -1339,14 +1339,14 @@ mod tests {
         let functional = &loaded.archive.functionals()[loaded.archive.find(FWD_FAMILY, axes.as_slice().unwrap()).unwrap()];
         let list = fwd_args(&p, &shape, &mask).unwrap();
         let fitting = fitting_kernels(functional, list.args().unwrap()).unwrap();
-        let limits: Vec<i64> = fitting.iter().map(|i| config(&functional.kernels[i], "SHORT_CAUSAL_MAX_SEQLEN_K", 0)).collect();
+        let limits: Vec<i64> = fitting.iter().map(|i| config(&functional.kernels[i], super::super::fwd::SHORT_CAUSAL_KEY, 0)).collect();
         let limit = *limits.iter().max().unwrap();
         assert!(limit > 0 && limits.contains(&0), "bf16 hd128: a short causal kernel beside the main one ({limits:?})");
         let device = super::super::fwd::tests::h100_like();
         let pick = |mask, seqlen| {
             let key = TuningKey { mask, seqlen_q: seqlen, seqlen_k: seqlen };
             let i = super::super::fwd::choose_kernel(functional, fitting, &shape, key, &device);
-            config(&functional.kernels[i], "SHORT_CAUSAL_MAX_SEQLEN_K", 0)
+            config(&functional.kernels[i], super::super::fwd::SHORT_CAUSAL_KEY, 0)
         };
         assert_eq!(pick(MaskKind::Causal, 512), limit);
         assert_eq!(pick(MaskKind::Causal, limit as u64), limit);
